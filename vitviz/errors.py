@@ -1,0 +1,23 @@
+"""Errors a user can cause. Their message is a sentence the UI and the CLI show as is."""
+
+
+class VitvizError(Exception):
+    """Base class: a problem with the user's input or setup, not a bug in vitviz."""
+
+
+class ImageError(VitvizError):
+    """An image file that cannot be used.
+
+    Args:
+        name: the file name as the user knows it.
+        reason: why it cannot be used, as a sentence fragment.
+    """
+
+    def __init__(self, name: str, reason: str):
+        self.name = name
+        self.reason = reason
+        super().__init__(f"{name}: {reason}")
+
+
+class ModelError(VitvizError):
+    """A model, checkpoint or setting that cannot be loaded or used."""

@@ -1,0 +1,118 @@
+"""Where each token of a ViT sequence comes from: the one place that knows the model's layout.
+
+Every analysis takes a :class:`TokenLayout` instead of re-deriving prefix tokens or the grid
+from the sequence length (never ``sqrt(N)``: grids need not be square, prefixes vary).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Layout of the token sequence ``[prefix tokens..., patch tokens in raster order]``.
+
+    Args:
+        prefix_tokens: names of the tokens before the patches, in sequence order:
+            ``"cls"``, ``"dist"`` (distilled DeiT) and ``"reg0"``, ``"reg1"``, ... (registers).
+        grid_size: (gh, gw) patch rows and columns.
+        patch_size: (ph, pw) pixels of the model input covered by one patch token (its stride).
+        global_pool: timm pooling of the head: ``"token"``, ``"avg"``, ``"map"`` or ``""``.
+        pos_embed_prefix_rows: rows of ``pos_embed`` that belong to prefix tokens
+            (0 for ``no_embed_class`` models such as DeiT-III and DINOv2 with registers).
+    """
+
+    prefix_tokens: tuple[str, ...]
+    grid_size: tuple[int, int]
+    patch_size: tuple[int, int]
+    global_pool: str
+    pos_embed_prefix_rows: int
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return len(self.prefix_tokens)
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_size[0] * self.grid_size[1]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefix_tokens + self.num_patches
+
+    @property
+    def has_class_token(self) -> bool:
+        return "cls" in self.prefix_tokens
+
+    @property
+    def cls_index(self) -> int | None:
+        return self.prefix_tokens.index("cls") if self.has_class_token else None
+
+    @property
+    def register_indices(self) -> tuple[int, ...]:
+        return tuple(i for i, name in enumerate(self.prefix_tokens) if name.startswith("reg"))
+
+    @property
+    def patch_slice(self) -> slice:
+        return slice(self.num_prefix_tokens, self.num_tokens)
+
+    @property
+    def input_size(self) -> tuple[int, int]:
+        """(H, W) in pixels of the model input that this layout covers."""
+        return (self.grid_size[0] * self.patch_size[0], self.grid_size[1] * self.patch_size[1])
+
+    def patch_centres(self) -> np.ndarray:
+        """Pixel coordinates (y, x) of every patch centre in raster order: (num_patches, 2)."""
+        gh, gw = self.grid_size
+        ph, pw = self.patch_size
+        rows, cols = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+        return np.stack([(rows.ravel() + 0.5) * ph, (cols.ravel() + 0.5) * pw], axis=1)
+
+    def to_grid(self, patch_values: np.ndarray) -> np.ndarray:
+        """Reshape values over patch tokens to the grid: (..., num_patches) -> (..., gh, gw)."""
+        if patch_values.shape[-1] != self.num_patches:
+            raise ValueError(f"expected {self.num_patches} patch values, got {patch_values.shape[-1]}")
+        return patch_values.reshape(*patch_values.shape[:-1], *self.grid_size)
+
+    def token_name(self, index: int) -> str:
+        """A readable name: ``"cls"``, ``"reg2"`` or ``"patch 17 (row 1, col 3)"``."""
+        if index < self.num_prefix_tokens:
+            return self.prefix_tokens[index]
+        p = index - self.num_prefix_tokens
+        return f"patch {p} (row {p // self.grid_size[1]}, col {p % self.grid_size[1]})"
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"num_prefix_tokens": self.num_prefix_tokens, "num_tokens": self.num_tokens}
+
+    @classmethod
+    def from_model(cls, model, input_hw: tuple[int, int] | None = None) -> "TokenLayout":
+        """Read the layout from a timm VisionTransformer (or VisionTransformerDistilled).
+
+        Args:
+            model: the timm model.
+            input_hw: the (H, W) of the input; default the model's configured image size.
+        """
+        patch_embed = model.patch_embed
+        if input_hw is None or tuple(input_hw) == tuple(patch_embed.img_size):
+            grid = tuple(patch_embed.grid_size)
+        else:
+            grid = tuple(patch_embed.dynamic_feat_size(tuple(input_hw)))
+        stride = tuple(int(s) for s in patch_embed.patch_size)
+        prefix = []
+        if getattr(model, "cls_token", None) is not None:
+            prefix.append("cls")
+        if getattr(model, "dist_token", None) is not None:
+            prefix.append("dist")
+        prefix += [f"reg{i}" for i in range(getattr(model, "num_reg_tokens", 0))]
+        if len(prefix) != model.num_prefix_tokens:
+            raise ValueError(f"token layout of {type(model).__name__} not understood: "
+                             f"{model.num_prefix_tokens} prefix tokens, found {prefix}")
+        return cls(
+            prefix_tokens=tuple(prefix),
+            grid_size=(int(grid[0]), int(grid[1])),
+            patch_size=(stride[0], stride[1]),
+            global_pool=str(model.global_pool),
+            pos_embed_prefix_rows=0 if model.no_embed_class else len(prefix),
+        )

@@ -1,0 +1,288 @@
+"""Load a model: the bundled default, any timm ViT by name, or a local checkpoint.
+
+All model construction and mutation happens here, once per :class:`ModelSpec`; the result is
+shared read-only (the app caches one per spec for every session and thread).
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import socket
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import bundled
+from .errors import ModelError
+from .layout import TokenLayout
+
+BUNDLED = "bundled"
+CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What to load. Hashable, so it can key a cache.
+
+    Args:
+        name: ``"bundled"`` or a timm model name, optionally with its pretrained tag
+            (``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``).
+        checkpoint: path of local weights for ``name``'s architecture (.safetensors, .pth, .pt, .bin).
+        img_size: input resolution in pixels (square); default the model's own.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
+        dtype: ``"float32"``, or ``"float16"`` / ``"bfloat16"`` on a GPU.
+    """
+
+    name: str = BUNDLED
+    checkpoint: str | None = None
+    img_size: int | None = None
+    device: str = "auto"
+    dtype: str = "float32"
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for :func:`vitviz.capture.capture`, with what the UI needs to describe it."""
+
+    model: torch.nn.Module
+    spec: ModelSpec
+    layout: TokenLayout
+    data_config: dict
+    weights_source: str
+    label: str
+    device: torch.device
+    dtype: torch.dtype
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def num_classes(self) -> int:
+        return int(getattr(self.model, "num_classes", 0))
+
+    @property
+    def has_head(self) -> bool:
+        return self.num_classes > 0
+
+    def card(self) -> dict:
+        """Facts about the model for a model card or settings.json."""
+        m = self.model
+        return {
+            "model": self.spec.name,
+            "label": self.label,
+            "timm_architecture": m.pretrained_cfg.get("architecture", type(m).__name__),
+            "weights_source": self.weights_source,
+            "layers": len(m.blocks),
+            "heads": m.blocks[0].attn.num_heads,
+            "embed_dim": m.embed_dim,
+            "parameters": sum(p.numel() for p in m.parameters()),
+            "num_classes": self.num_classes,
+            "device": str(self.device),
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "data_config": dict(self.data_config),
+            "token_layout": self.layout.to_dict(),
+            "spec": asdict(self.spec),
+        }
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto``: CUDA when available, else MPS, else CPU. A named device that is absent is an error."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ModelError(f"Device {name!r} is not a device name (use auto, cpu, cuda or mps).") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelError(f"Device {name!r} was asked for, but this machine has no CUDA GPU; use auto or cpu.")
+    if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ModelError(f"Device {name!r} was asked for, but MPS is not available here; use auto or cpu.")
+    return device
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name not in DTYPES:
+        raise ModelError(f"Precision {name!r} is not one of {', '.join(DTYPES)}.")
+    if name != "float32" and device.type == "cpu":
+        raise ModelError(f"Precision {name} is for GPUs; on the CPU vitviz runs float32.")
+    return DTYPES[name]
+
+
+def check_supported(model: torch.nn.Module, name: str) -> None:
+    """Raise ModelError unless capture can read this model's attention exactly."""
+    from timm.layers import Attention, PatchEmbed
+    from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
+
+    why = None
+    if not isinstance(model, VisionTransformer):
+        why = f"it is a {type(model).__name__}, not a timm VisionTransformer"
+    elif not isinstance(model.patch_embed, PatchEmbed):
+        why = f"its patch embedding is a {type(model.patch_embed).__name__} (hybrid/conv stem)"
+    else:
+        for i, blk in enumerate(model.blocks):
+            if type(blk) not in (Block, ResPostBlock) or type(blk.attn) is not Attention:
+                why = f"block {i} is a {type(blk).__name__} with {type(getattr(blk, 'attn', None)).__name__} attention"
+                break
+    if why:
+        raise ModelError(f"Model {name!r} is not supported yet: {why}. vitviz reads attention from "
+                         "timm VisionTransformer models with standard attention blocks (ViT, DeiT, DINO, "
+                         "DINOv2, CLIP, SigLIP).")
+
+
+def _data_config(model: torch.nn.Module) -> dict:
+    from timm.data import resolve_model_data_config
+
+    config = resolve_model_data_config(model)
+    config["input_size"] = (3, *model.patch_embed.img_size)
+    return config
+
+
+def _finish(model, spec: ModelSpec, weights_source: str, label: str, notes: list[str]) -> LoadedModel:
+    device = resolve_device(spec.device)
+    dtype = _resolve_dtype(spec.dtype, device)
+    check_supported(model, spec.name)
+    model = model.eval().requires_grad_(False).to(device=device, dtype=dtype)
+    return LoadedModel(model=model, spec=spec, layout=TokenLayout.from_model(model),
+                       data_config=_data_config(model), weights_source=weights_source,
+                       label=label, device=device, dtype=dtype, notes=notes)
+
+
+def _img_size_kwargs(img_size: int | None) -> dict:
+    if img_size is None:
+        return {}
+    if not 16 <= img_size <= 2048:
+        raise ModelError(f"Input resolution {img_size} px is outside 16..2048.")
+    return {"img_size": img_size}
+
+
+def _load_bundled(spec: ModelSpec) -> LoadedModel:
+    import timm
+
+    if spec.checkpoint:
+        raise ModelError("A checkpoint file needs a timm architecture name, not 'bundled'.")
+    img_size = spec.img_size or bundled.ONNX_INPUT_SIZE
+    if img_size % bundled.PATCH_SIZE:
+        raise ModelError(f"Input resolution {img_size} px is not a multiple of the bundled model's "
+                         f"patch size {bundled.PATCH_SIZE}.")
+    model = timm.create_model(bundled.TIMM_ARCH, pretrained=False, num_classes=0, **_img_size_kwargs(img_size))
+    state, where = bundled.load_state_dict()
+    state["pos_embed"] = bundled.resample_pos_embed(state["pos_embed"], model.patch_embed.grid_size)
+    model.load_state_dict(state, strict=True)
+    return _finish(model, spec, where, bundled.LABEL,
+                   ["No classifier head: class-specific views need another model."])
+
+
+def _hub_reachable(timeout: float = 2.0) -> bool:
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _unknown_model_error(name: str) -> ModelError:
+    import timm
+
+    close = difflib.get_close_matches(name, timm.list_models(pretrained=True), n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(close)}?" if close else " See timm.list_models('vit*', pretrained=True)."
+    return ModelError(f"Unknown model {name!r}: timm has no model of that name.{hint}")
+
+
+def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    """Tensors of a local weights file; never unpickles arbitrary objects."""
+    if not path.is_file():
+        raise ModelError(f"Checkpoint {path}: no such file.")
+    if path.suffix.lower() not in CHECKPOINT_SUFFIXES:
+        raise ModelError(f"Checkpoint {path.name}: unsupported file type; use {', '.join(CHECKPOINT_SUFFIXES)}.")
+    try:
+        if path.suffix.lower() == ".safetensors":
+            from safetensors.torch import load_file
+
+            state = load_file(str(path))
+        else:
+            state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to read a user's file is their file's problem
+        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
+            reason = "it contains Python objects other than tensors, which vitviz refuses to unpickle (unsafe)"
+        else:
+            reason = f"it could not be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        raise ModelError(f"Checkpoint {path.name}: {reason}.") from exc
+    for key in ("state_dict", "model", "module"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelError(f"Checkpoint {path.name}: it is not a dictionary of tensors (a state dict).")
+    return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+def _filter_checkpoint(state: dict, model: torch.nn.Module) -> dict:
+    """Adapt weights to the model (position embedding resampled to its grid) as timm does."""
+    module = importlib.import_module(type(model).__module__)
+    filter_fn = getattr(module, "checkpoint_filter_fn", None)
+    if filter_fn is None:
+        from timm.models.vision_transformer import checkpoint_filter_fn as filter_fn
+    return filter_fn(state, model)
+
+
+def _load_timm(spec: ModelSpec) -> LoadedModel:
+    import timm
+
+    if not timm.is_model(spec.name):
+        raise _unknown_model_error(spec.name)
+    kwargs = _img_size_kwargs(spec.img_size)
+    if spec.checkpoint:
+        path = Path(spec.checkpoint).expanduser()
+        state = _read_checkpoint(path)
+        try:
+            model = timm.create_model(spec.name, pretrained=False, **kwargs)
+        except (TypeError, AssertionError, ValueError) as exc:
+            raise ModelError(f"Model {spec.name!r} cannot be built with {kwargs or 'its defaults'}: {exc}") from exc
+        check_supported(model, spec.name)
+        try:
+            missing, unexpected = model.load_state_dict(_filter_checkpoint(state, model), strict=False)
+        except RuntimeError as exc:
+            raise ModelError(f"Checkpoint {path.name} does not fit {spec.name}: {str(exc).splitlines()[0][:300]}") from exc
+        if missing or unexpected:
+            raise ModelError(f"Checkpoint {path.name} does not fit {spec.name}: {len(missing)} missing keys "
+                             f"(e.g. {missing[:3]}), {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}).")
+        return _finish(model, spec, f"local file {path}", f"{spec.name} with weights from {path.name}", [])
+
+    if not _hub_reachable():
+        # Unreachable hub: answer from the local HF cache at once instead of timing out on retries.
+        from huggingface_hub import constants
+
+        constants.HF_HUB_OFFLINE = True
+    try:
+        model = timm.create_model(spec.name, pretrained=True, **kwargs)
+    except (OSError, RuntimeError) as exc:
+        offline = not _hub_reachable()
+        if "No pretrained weights" in str(exc):
+            reason = "timm has no pretrained weights for it"
+        elif offline:
+            reason = "its weights are not in the local Hugging Face cache and the hub cannot be reached (offline)"
+        else:
+            reason = f"downloading its weights failed ({type(exc).__name__})"
+        raise ModelError(f"Model {spec.name!r} could not be loaded: {reason}. Use the bundled model, "
+                         "or give a local checkpoint file for this architecture.") from exc
+    return _finish(model, spec, f"timm pretrained weights ({model.pretrained_cfg.get('hf_hub_id') or spec.name})",
+                   spec.name, [])
+
+
+def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
+    """Build the model a spec names, on its device, in eval mode.
+
+    Raises:
+        ModelError: with a sentence naming the model, file or setting at fault.
+    """
+    if spec.name == BUNDLED:
+        return _load_bundled(spec)
+    return _load_timm(spec)
+
