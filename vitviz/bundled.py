@@ -121,7 +121,7 @@ def convert_onnx_backbone(path: Path) -> dict[str, torch.Tensor]:
     if len(cls_rows) != 1 or len(grid_rows) != 1:
         raise ModelError("Unexpected bundled ONNX graph: position embedding not found.")
     state["pos_embed"] = np.concatenate([cls_rows[0], grid_rows[0]], axis=1)
-    return {k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in state.items()}
+    return {k: torch.from_numpy(np.array(v, dtype=np.float32, order="C")) for k, v in state.items()}
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, grid_size: tuple[int, int]) -> torch.Tensor:

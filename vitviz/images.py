@@ -113,7 +113,7 @@ def load_image(source: bytes | str | Path, name: str | None = None, *, max_pixel
     except UnidentifiedImageError as exc:
         raise ImageError(name, "is not an image file Pillow can read") from exc
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise ImageError(name, "is too large to decode safely (decompression-bomb guard)") from exc
+        raise ImageError(name, f"is over the limit of pixels Pillow decodes safely (decompression-bomb guard: {exc})") from exc
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise ImageError(name, f"is truncated or corrupt ({str(exc).splitlines()[0][:120]})") from exc
     rgb = _to_rgb(im, background, notes)

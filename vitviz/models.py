@@ -255,6 +255,8 @@ def _load_timm(spec: ModelSpec) -> LoadedModel:
                              f"(e.g. {missing[:3]}), {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}).")
         return _finish(model, spec, f"local file {path}", f"{spec.name} with weights from {path.name}", [])
 
+    with torch.device("meta"):  # the architecture alone, no memory, to refuse unsupported families early
+        check_supported(timm.create_model(spec.name, pretrained=False, **kwargs), spec.name)
     if not _hub_reachable():
         # Unreachable hub: answer from the local HF cache at once instead of timing out on retries.
         from huggingface_hub import constants

@@ -1,0 +1,55 @@
+"""Shared fixtures. Every test runs offline: the hub is unreachable and must never be needed."""
+import os
+import tempfile
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+# One converted copy of the bundled weights per test session, away from the user's cache.
+os.environ.setdefault("VITVIZ_CACHE", tempfile.mkdtemp(prefix="vitviz-test-cache-"))
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import timm  # noqa: E402
+import torch  # noqa: E402
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+
+# Tiny random models of each family capture must handle: (timm name, extra kwargs).
+TINY = dict(depth=2, embed_dim=64, num_heads=4, img_size=64)
+FAMILIES = {
+    "vit_augreg": ("vit_base_patch16_224.augreg_in21k_ft_in1k", {}),
+    "deit_distilled": ("deit_tiny_distilled_patch16_224", {}),
+    "deit3": ("deit3_small_patch16_224", {}),
+    "dino": ("vit_small_patch16_224.dino", {"num_classes": 0}),
+    "dinov2_reg": ("vit_small_patch14_reg4_dinov2", {"img_size": 70}),
+    "dinov2": ("vit_small_patch14_dinov2", {"img_size": 70}),
+    "clip": ("vit_base_patch16_clip_224.openai", {}),
+    "siglip": ("vit_base_patch16_siglip_224", {"num_classes": 10}),
+    "gap": ("vit_base_patch16_gap_224", {}),
+    "patch32_rect": ("vit_base_patch32_224", {"img_size": (64, 96)}),
+}
+
+
+def tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
+    name, extra = FAMILIES[family]
+    torch.manual_seed(seed)
+    model = timm.create_model(name, pretrained=False, **(TINY | extra))
+    # Random init leaves LayerScale/heads near zero; randomise so a wrong forward shows.
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def bundled():
+    from vitviz.models import ModelSpec, load_model
+
+    return load_model(ModelSpec())
+
+
+@pytest.fixture(scope="session")
+def sample_images():
+    from vitviz.images import load_image
+
+    return [load_image(ASSETS / n) for n in ("chelsea.jpg", "coffee.jpg", "astronaut.jpg", "rocket.jpg")]

