@@ -101,15 +101,17 @@ def capture(model, images: torch.Tensor) -> Capture:
         Capture with attention (B, L, H, N, N) and features (B, N, D), float32 on the CPU.
     """
     x = _to_model(model, images)
-    layers = []
-    h = None
-    for _, h, probs in iter_layers(model, x):
-        layers.append(probs.float().cpu())
+    layout = TokenLayout.from_model(model, tuple(images.shape[-2:]))
+    B, L, N = x.shape[0], len(model.blocks), layout.num_tokens
+    # Written in place layer by layer: no list of per-layer copies stacked at the end.
+    attention = torch.empty(B, L, model.blocks[0].attn.num_heads, N, N, dtype=torch.float32)
+    for i, h, probs in iter_layers(model, x):
+        attention[:, i] = probs
     features = model.norm(h)
     logits = model.forward_head(features) if getattr(model, "num_classes", 0) > 0 else None
     return Capture(
-        attention=torch.stack(layers, dim=1),
+        attention=attention,
         features=features.float().cpu(),
         logits=None if logits is None else logits.float().cpu(),
-        layout=TokenLayout.from_model(model, tuple(images.shape[-2:])),
+        layout=layout,
     )

@@ -1,0 +1,128 @@
+"""Capture overhead: vitviz capture vs the plain fused forward vs the usual hook baseline.
+
+Prints, per model and batch size, the median time of
+  plain    model(x) with timm's fused attention (what the model costs anyway),
+  capture  vitviz.capture.capture(model, x) (all layers' attention, features, logits),
+  hooks    fused attention turned off on a copy + forward hooks on attn_drop (vit-explain /
+           timm AttentionExtract style),
+and the ratios capture/plain and hooks/plain. Then peak extra RSS of capture over the plain
+forward for ViT-L/16 @384, each measured in a fresh subprocess.
+
+Random weights (timing does not depend on them). Usage:
+    .venv/bin/python benchmarks/capture_overhead.py [--quick] [--device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import timm
+import torch
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+from vitviz.capture import capture  # noqa: E402
+
+MODELS = [
+    ("bundled (vit_small_patch14_dinov2)", "vit_small_patch14_dinov2", 224),
+    ("ViT-B/16", "vit_base_patch16_224", 224),
+    ("ViT-L/16", "vit_large_patch16_384", 384),
+]
+
+
+def build(name: str, img_size: int, device: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model(name, pretrained=False, img_size=img_size).eval().to(device)
+
+
+def hook_baseline(model: torch.nn.Module):
+    """The usual way: a copy with fused attention off, softmax outputs caught at attn_drop."""
+    unfused = copy.deepcopy(model)
+    store = []
+    for blk in unfused.blocks:
+        blk.attn.fused_attn = False
+        blk.attn.attn_drop.register_forward_hook(lambda m, i, o: store.append(o.float().cpu()))
+
+    def run(x):
+        store.clear()
+        out = unfused(x)
+        return torch.stack(store, dim=1), out
+
+    return run
+
+
+def timed(fn, x, repeats: int, device: str) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            fn(x)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def peak_rss_child(name: str, img_size: int, batch: int) -> None:
+    """In a fresh process: peak RSS after the plain forward, then after capture (MiB)."""
+    model = build(name, img_size, "cpu")
+    x = torch.randn(batch, 3, img_size, img_size)
+    with torch.inference_mode():
+        model(x)
+    plain = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out = capture(model, x)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    attention_mib = out.attention.numel() * 4 / 2**20
+    print(json.dumps({"plain_peak_mib": plain, "capture_peak_mib": after, "attention_mib": attention_mib}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer repeats, batch 1 only")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.memory_child:
+        name, size, batch = args.memory_child
+        return peak_rss_child(name, int(size), int(batch))
+
+    print(f"torch {torch.__version__}, timm {timm.__version__}, device {args.device}, "
+          f"threads {torch.get_num_threads()}")
+    print(f"{'model':36s} {'B':>2s} {'plain s':>8s} {'capture s':>9s} {'hooks s':>8s} {'capture/plain':>13s} {'hooks/plain':>11s}")
+    for label, name, size in MODELS:
+        model = build(name, size, args.device)
+        hooks = hook_baseline(model)
+        for batch in (1,) if args.quick else (1, 8):
+            x = torch.randn(batch, 3, size, size, device=args.device)
+            repeats = 3 if (args.quick or size > 224 or batch > 1) else 7
+            runs = {"plain": model, "capture": lambda t: capture(model, t), "hooks": hooks}
+            for fn in runs.values():  # warm-up
+                timed(fn, x, 1, args.device)
+            times = {k: [] for k in runs}
+            for _ in range(repeats):  # interleaved so drift hits all three alike
+                for k, fn in runs.items():
+                    times[k] += timed(fn, x, 1, args.device)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            print(f"{label:36s} {batch:2d} {med['plain']:8.3f} {med['capture']:9.3f} {med['hooks']:8.3f} "
+                  f"{med['capture'] / med['plain']:13.2f} {med['hooks'] / med['plain']:11.2f}", flush=True)
+        del model, hooks
+
+    if args.device == "cpu":
+        for batch in (1,) if args.quick else (1, 8):
+            out = subprocess.run([sys.executable, __file__, "--memory-child", "vit_large_patch16_384", "384", str(batch)],
+                                 capture_output=True, text=True, check=True)
+            m = json.loads(out.stdout.strip().splitlines()[-1])
+            print(f"ViT-L/16 @384 B={batch}: peak RSS plain {m['plain_peak_mib']:.0f} MiB, with capture "
+                  f"{m['capture_peak_mib']:.0f} MiB: extra {m['capture_peak_mib'] - m['plain_peak_mib']:.0f} MiB "
+                  f"(the attention tensor itself is {m['attention_mib']:.0f} MiB)")
+
+
+if __name__ == "__main__":
+    main()
