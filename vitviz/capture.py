@@ -24,12 +24,14 @@ class Capture:
         attention: (B, L, H, N, N) float32 on the CPU; rows (last axis) sum to 1.
         features: (B, N, D) float32, the final-norm token features (``forward_features``).
         logits: (B, C) float32, or None when the model has no classifier head.
+        token_norms: (B, L, N) L2 norm of every token's output after each block (before the final norm).
         layout: the token layout of the sequence of length N.
     """
 
     attention: torch.Tensor
     features: torch.Tensor
     logits: torch.Tensor | None
+    token_norms: torch.Tensor
     layout: TokenLayout
 
 
@@ -105,13 +107,16 @@ def capture(model, images: torch.Tensor) -> Capture:
     B, L, N = x.shape[0], len(model.blocks), layout.num_tokens
     # Written in place layer by layer: no list of per-layer copies stacked at the end.
     attention = torch.empty(B, L, model.blocks[0].attn.num_heads, N, N, dtype=torch.float32)
+    norms = torch.empty(B, L, N, dtype=torch.float32)
     for i, h, probs in iter_layers(model, x):
         attention[:, i] = probs
+        norms[:, i] = h.float().norm(dim=-1)
     features = model.norm(h)
     logits = model.forward_head(features) if getattr(model, "num_classes", 0) > 0 else None
     return Capture(
         attention=attention,
         features=features.float().cpu(),
         logits=None if logits is None else logits.float().cpu(),
+        token_norms=norms,
         layout=layout,
     )

@@ -1,0 +1,88 @@
+"""Mean attention distance (ViT paper Fig. 7 right / Fig. 11; Raghu et al. 2021).
+
+For each head: sum_k a(q, k) * ||p_q - p_k|| in pixels of the model input, with p the patch
+centres, averaged over patch queries and then over images. Convention: queries and keys are
+patch tokens; attention to prefix tokens (CLS, registers) is dropped and each row renormalised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from .layout import TokenLayout
+
+CONVENTION = ("queries and keys are patch tokens; attention to prefix tokens (CLS, distillation, "
+              "registers) is dropped and each query's row renormalised to sum to 1; distances in "
+              "pixels of the model input between patch centres")
+
+
+def patch_distances(layout: TokenLayout) -> np.ndarray:
+    """(num_patches, num_patches) Euclidean distances between patch centres, pixels."""
+    c = layout.patch_centres()
+    return np.sqrt(((c[:, None, :] - c[None, :, :]) ** 2).sum(-1))
+
+
+def layer_attention_distance(attention: torch.Tensor | np.ndarray, layout: TokenLayout,
+                             distances: torch.Tensor | None = None) -> np.ndarray:
+    """Mean attention distance of one layer for each image and head.
+
+    attention: (B, H, N, N) -> (B, H) pixels.
+    """
+    a = attention[..., layout.patch_slice, layout.patch_slice]
+    a = a.double() if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=torch.float64)
+    a = a / a.sum(-1, keepdim=True)
+    d = torch.as_tensor(patch_distances(layout)) if distances is None else distances
+    return (a * d.to(a)).sum(-1).mean(-1).numpy()
+
+
+def mean_attention_distance(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
+    """All layers of captured attention: (B, L, H, N, N) -> per image (B, L, H) pixels."""
+    d = torch.as_tensor(patch_distances(layout))
+    return np.stack([layer_attention_distance(attention[:, l], layout, d) for l in range(attention.shape[1])], axis=1)
+
+
+@dataclass
+class DistanceResult:
+    """Attributes:
+        mean: (L, H) mean attention distance over all images, pixels.
+        per_image: (B, L, H) the same for each image (the spread).
+        convention: how prefix tokens and units are treated.
+    """
+
+    mean: np.ndarray
+    per_image: np.ndarray
+    convention: str = CONVENTION
+
+
+@torch.inference_mode()
+def stream_mean_attention_distance(model, batches: Iterable[torch.Tensor], layout: TokenLayout,
+                                   progress: Callable[[int], None] | None = None) -> DistanceResult:
+    """Mean attention distance over many images, one layer's attention in memory at a time.
+
+    Args:
+        model: a supported timm ViT.
+        batches: iterable of (b, 3, H, W) normalised inputs.
+        layout: the token layout for that input size.
+        progress: called with the number of images done after each batch.
+    """
+    from .capture import _to_model, iter_layers
+
+    d = torch.as_tensor(patch_distances(layout))
+    per_image, done = [], 0
+    for x in batches:
+        x = _to_model(model, x)
+        per_image.append(np.stack([layer_attention_distance(probs.float().cpu(), layout, d)
+                                   for _, _, probs in iter_layers(model, x)], axis=1))
+        done += x.shape[0]
+        if progress:
+            progress(done)
+    values = np.concatenate(per_image)
+    return DistanceResult(mean=values.mean(axis=0), per_image=values)
+
+
+def conv_receptive_field(depth: int, kernel: int = 3) -> np.ndarray:
+    """Receptive field width in pixels after 1..depth stacked stride-1 k x k convolutions: 1 + (k-1) l."""
+    return 1 + (kernel - 1) * np.arange(1, depth + 1)
