@@ -16,16 +16,17 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import resource
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import timm
 import torch
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vitviz.capture import capture  # noqa: E402
 
 MODELS = [
@@ -71,16 +72,20 @@ def timed(fn, x, repeats: int, device: str) -> list[float]:
 
 
 def peak_rss_child(name: str, img_size: int, batch: int) -> None:
-    """In a fresh process: peak RSS after the plain forward, then after capture (MiB)."""
+    """In a fresh process: peak extra RSS of the plain forward and of capture (MiB)."""
+    from _memory import peak_extra_mib
+
     model = build(name, img_size, "cpu")
     x = torch.randn(batch, 3, img_size, img_size)
     with torch.inference_mode():
         model(x)
-    plain = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out = capture(model, x)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    attention_mib = out.attention.numel() * 4 / 2**20
-    print(json.dumps({"plain_peak_mib": plain, "capture_peak_mib": after, "attention_mib": attention_mib}))
+        plain = peak_extra_mib(lambda: model(x))
+        hooks = hook_baseline(model)
+        hooked = peak_extra_mib(lambda: hooks(x))
+        del hooks
+    captured = peak_extra_mib(lambda: capture(model, x))
+    attention_mib = len(model.blocks) * model.blocks[0].attn.num_heads * batch * (x.shape[-1] // 16) ** 4 / 2**18
+    print(json.dumps({"plain": plain, "capture": captured, "hooks": hooked, "attention_mib": attention_mib}))
 
 
 def main() -> None:
@@ -119,9 +124,9 @@ def main() -> None:
             out = subprocess.run([sys.executable, __file__, "--memory-child", "vit_large_patch16_384", "384", str(batch)],
                                  capture_output=True, text=True, check=True)
             m = json.loads(out.stdout.strip().splitlines()[-1])
-            print(f"ViT-L/16 @384 B={batch}: peak RSS plain {m['plain_peak_mib']:.0f} MiB, with capture "
-                  f"{m['capture_peak_mib']:.0f} MiB: extra {m['capture_peak_mib'] - m['plain_peak_mib']:.0f} MiB "
-                  f"(the attention tensor itself is {m['attention_mib']:.0f} MiB)")
+            print(f"ViT-L/16 @384 B={batch}: peak extra RSS plain forward {m['plain']:.0f} MiB, capture "
+                  f"{m['capture']:.0f} MiB, hooks baseline {m['hooks']:.0f} MiB; capture - plain = "
+                  f"{m['capture'] - m['plain']:.0f} MiB (the attention itself is about {m['attention_mib']:.0f} MiB)")
 
 
 if __name__ == "__main__":

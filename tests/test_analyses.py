@@ -218,3 +218,40 @@ def test_top_classes_have_imagenet_labels():
     assert [t[0] for t in top] == [281, 285]
     assert "tabby" in top[0][1]
     assert top[0][2] == pytest.approx(np.exp(5) / (np.exp(5) + np.exp(4) + 998))
+
+
+# ---- raw attention views -------------------------------------------------------------------
+
+def test_query_and_key_maps_read_rows_and_columns():
+    from vitviz.maps import key_attention_map, query_attention_map
+
+    layout = _layout((2, 2))
+    a = np.zeros((1, 1, 5, 5))
+    a[0, 0, 0] = [0.2, 0.1, 0.2, 0.3, 0.2]      # CLS row
+    a[0, 0, 1:, 3] = [0.5, 0.25, 0.125, 1.0]    # every patch query's weight on key patch 2
+    np.testing.assert_allclose(query_attention_map(a, layout, 0, 0, "cls"), [[0.1, 0.2], [0.3, 0.2]])
+    np.testing.assert_allclose(key_attention_map(a, layout, 0, 0, key=2), [[0.5, 0.25], [0.125, 1.0]])
+    np.testing.assert_allclose(query_attention_map(a, layout, 0, 0, 0), [[0, 0], [0.5, 0]])
+
+
+def test_threshold_mask_keeps_the_smallest_set_holding_the_share():
+    from vitviz.maps import threshold_mask
+
+    grid = np.array([[0.5, 0.1], [0.3, 0.1]])
+    np.testing.assert_array_equal(threshold_mask(grid, 0.5), [[True, False], [False, False]])
+    np.testing.assert_array_equal(threshold_mask(grid, 0.6), [[True, False], [True, False]])
+    np.testing.assert_array_equal(threshold_mask(grid, 0.8), [[True, False], [True, False]])
+    assert threshold_mask(grid, 0.81).sum() == 3
+
+
+def test_entropy_and_cls_focus_known_answers():
+    from vitviz.maps import cls_focus, head_entropy
+
+    layout = _layout((2, 2))
+    uniform = np.full((1, 1, 5, 5), 0.2)
+    one_hot = np.zeros((1, 1, 5, 5))
+    one_hot[..., 1] = 1.0
+    assert head_entropy(uniform, layout)[0, 0] == pytest.approx(np.log(4))
+    assert head_entropy(one_hot, layout)[0, 0] == pytest.approx(0)
+    assert cls_focus(uniform, layout)[0, 0] == pytest.approx(0)
+    assert cls_focus(one_hot, layout)[0, 0] == pytest.approx(1)

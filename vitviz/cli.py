@@ -35,6 +35,17 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                          help="model precision; half precisions need a GPU")
     analyze.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward pass")
+    rollout = analyze.add_argument_group("rollout")
+    rollout.add_argument("--fusion", default="mean", choices=["mean", "max", "min"], help="head fusion")
+    rollout.add_argument("--discard", type=float, default=0.0, metavar="F",
+                         help="fraction of the lowest attention weights zeroed per layer (0 <= F < 1)")
+    rollout.add_argument("--start-layer", type=int, default=1, metavar="L", help="first layer, 1-based")
+    rollout.add_argument("--end-layer", type=int, metavar="L", help="last layer, 1-based inclusive (default: last)")
+    rollout.add_argument("--exclude-artifacts", action="store_true",
+                         help="keep high-norm artifact tokens (>10x median norm) out of rollout")
+    rollout.add_argument("--target-class", type=int, metavar="C",
+                         help="class for gradient rollout (models with a head; default top-1)")
+    analyze.add_argument("--report", action="store_true", help="also write a PNG per figure into DIR")
     return parser
 
 
@@ -46,11 +57,45 @@ def _versions() -> dict:
             "python": platform.python_version()}
 
 
-def analyze(args: argparse.Namespace) -> int:
-    import torch
+def write_report(result, names: list[str], out: Path) -> list[Path]:
+    """One PNG per figure: rollout and last-layer heads per image, distances, filters, position embeddings."""
+    from . import report
+    from .distance import conv_receptive_field
+    from .filters import minmax_tiles
+    from .maps import query_attention_map
 
-    from .capture import capture
-    from .images import load_images, preprocess
+    a, written = result.arrays, []
+
+    def save(image, name):
+        path = out / name
+        image.save(path)
+        written.append(path)
+
+    for i, (name, im) in enumerate(zip(names, result.input_images)):
+        stem = Path(name).stem
+        panels = [im, report.overlay(im, a["rollout"][i])]
+        if "gradient_rollout" in a:
+            panels.append(report.overlay(im, a["gradient_rollout"][i]))
+        save(report.side_by_side(panels), f"rollout_{i:03d}_{stem}.png")
+        query = "cls" if result.layout.has_class_token else "mean"
+        heads = [report.overlay(im, query_attention_map(a["attention"][i], result.layout, -1, h, query))
+                 for h in range(a["attention"].shape[2])]
+        save(report.side_by_side(heads), f"last_layer_heads_{i:03d}_{stem}.png")
+    save(report.distance_plot(a["mean_distance"], conv_receptive_field(len(a["mean_distance"]))), "mean_distance.png")
+    if "filter_pca" in a:
+        tiles = minmax_tiles(a["filter_pca"])
+        save(report.tile_grid(tiles, columns=7, scale=4), "filter_pca.png")
+    if "posembed_similarity" in a:
+        sim = a["posembed_similarity"]
+        gh, gw = sim.shape[:2]
+        maps = np.stack([report.colourise(sim[r, c], -1, 1, "RdBu_r") for r in range(gh) for c in range(gw)])
+        save(report.tile_grid(maps, columns=gw, scale=2, gap=1), "posembed_similarity.png")
+    return written
+
+
+def analyze(args: argparse.Namespace) -> int:
+    from .analysis import AnalysisSettings, analyze_images
+    from .images import load_images
     from .models import ModelSpec, load_model
 
     images, problems = load_images(args.images)
@@ -66,30 +111,30 @@ def analyze(args: argparse.Namespace) -> int:
     spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
                      img_size=args.img_size, device=args.device, dtype=args.dtype)
     loaded = load_model(spec)
-    batch = preprocess([im.image for im in images], loaded.data_config)
-    parts = [capture(loaded.model, batch.tensor[i:i + args.batch_size])
-             for i in range(0, len(images), args.batch_size)]
-
-    arrays = {
-        "input": batch.tensor.numpy().astype(np.float32),
-        "attention": torch.cat([p.attention for p in parts]).numpy(),
-        "features": torch.cat([p.features for p in parts]).numpy(),
-    }
-    if parts[0].logits is not None:
-        arrays["logits"] = torch.cat([p.logits for p in parts]).numpy()
+    settings = AnalysisSettings(fusion=args.fusion, discard=args.discard, start_layer=args.start_layer - 1,
+                                end_layer=args.end_layer, exclude_artifacts=args.exclude_artifacts,
+                                target_class=args.target_class, batch_size=args.batch_size)
+    try:
+        result = analyze_images(loaded, [im.image for im in images], settings)
+    except ValueError as exc:  # parameter out of range, e.g. a layer past the model's depth
+        raise VitvizError(f"Invalid analysis setting: {exc}") from exc
+    arrays = result.arrays
     args.out.mkdir(parents=True, exist_ok=True)
     np.savez(args.out / "analysis.npz", **arrays)
-    settings = {
+    settings_json = {
         "command": "analyze",
         "model": loaded.card(),
         "versions": _versions(),
         "images": [{"name": im.name, "sha256": im.sha256, "notes": im.notes} for im in images],
         "skipped": [{"name": p.name, "reason": p.reason} for p in problems],
         "arrays": {k: list(v.shape) for k, v in arrays.items()},
+        "analysis": result.info,
         "conventions": {"attention": "softmax probabilities, rows (last axis) sum to 1; token order = "
                                      "token_layout.prefix_tokens then patches in raster order"},
     }
-    (args.out / "settings.json").write_text(json.dumps(settings, indent=2, default=str))
+    (args.out / "settings.json").write_text(json.dumps(settings_json, indent=2, default=str))
+    if args.report:
+        write_report(result, [im.name for im in images], args.out)
     print(f"analysed {len(images)} image(s) with {loaded.label} on {loaded.device}; wrote {args.out}/analysis.npz")
     return 0
 

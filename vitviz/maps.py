@@ -30,3 +30,56 @@ def query_attention_map(attention: np.ndarray, layout: TokenLayout, layer: int, 
     else:
         row = rows[layout.num_prefix_tokens + int(query)]
     return layout.to_grid(row[layout.patch_slice])
+
+
+def key_attention_map(attention: np.ndarray, layout: TokenLayout, layer: int, head: int, key: int) -> np.ndarray:
+    """The transposed view: how much each patch query attends *to* one key patch.
+
+    attention: (L, H, N, N); key: patch index in raster order -> (gh, gw).
+    """
+    column = np.asarray(attention[layer, head])[layout.patch_slice, layout.num_prefix_tokens + int(key)]
+    return layout.to_grid(column)
+
+
+def threshold_mask(grid_map: np.ndarray, keep: float = 0.6) -> np.ndarray:
+    """DINO-style mask: the fewest highest-weight patches that hold ``keep`` of the map's mass.
+
+    grid_map: (gh, gw) non-negative -> (gh, gw) bool.
+    """
+    if not 0 < keep <= 1:
+        raise ValueError(f"the kept share of attention must be in (0, 1], not {keep}")
+    flat = grid_map.ravel().astype(np.float64)
+    order = np.argsort(-flat, kind="stable")
+    cumulative = np.cumsum(flat[order]) / flat.sum()
+    n_kept = int(np.searchsorted(cumulative, keep - 1e-12)) + 1
+    mask = np.zeros(flat.shape, dtype=bool)
+    mask[order[:n_kept]] = True
+    return mask.reshape(grid_map.shape)
+
+
+def _entropy(rows: np.ndarray) -> np.ndarray:
+    p = rows / rows.sum(axis=-1, keepdims=True)
+    return -(p * np.log(np.where(p > 0, p, 1))).sum(axis=-1)
+
+
+def head_entropy(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
+    """Mean entropy (nats) of the patch queries' attention over patch keys (renormalised).
+
+    attention: (L, H, N, N) -> (L, H). Uniform attention gives log(num_patches); one key gives 0.
+    """
+    patches = attention[..., layout.patch_slice, layout.patch_slice].astype(np.float64)
+    return _entropy(patches).mean(axis=-1)
+
+
+def cls_focus(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
+    """How concentrated the readout's attention over patches is: 1 - entropy / log(num_patches).
+
+    The readout is the CLS row, or the mean of the patch rows for models without CLS.
+    attention: (L, H, N, N) -> (L, H) in [0, 1]: 1 = all on one patch, 0 = uniform.
+    """
+    a = attention.astype(np.float64)
+    if layout.has_class_token:
+        row = a[..., layout.cls_index, layout.patch_slice]
+    else:
+        row = a[..., layout.patch_slice, layout.patch_slice].mean(axis=-2)
+    return 1 - _entropy(row) / np.log(layout.num_patches)
