@@ -29,13 +29,14 @@ def layer_attention_distance(attention: torch.Tensor | np.ndarray, layout: Token
                              distances: torch.Tensor | None = None) -> np.ndarray:
     """Mean attention distance of one layer for each image and head.
 
-    attention: (B, H, N, N) -> (B, H) pixels.
+    attention: (B, H, N, N) -> (B, H) pixels. Renormalising over patch keys is folded into a
+    ratio of sums, so no normalised copy of the attention is made.
     """
-    a = attention[..., layout.patch_slice, layout.patch_slice]
-    a = a.double() if isinstance(a, torch.Tensor) else torch.tensor(a, dtype=torch.float64)
-    a = a / a.sum(-1, keepdim=True)
+    a = torch.as_tensor(np.ascontiguousarray(attention) if isinstance(attention, np.ndarray) else attention)
+    a = a[..., layout.patch_slice, layout.patch_slice]
     d = torch.as_tensor(patch_distances(layout)) if distances is None else distances
-    return (a * d.to(a)).sum(-1).mean(-1).numpy()
+    weighted = (a * d.to(a)).sum(-1, dtype=torch.float64)
+    return (weighted / a.sum(-1, dtype=torch.float64)).mean(-1).cpu().numpy()
 
 
 def mean_attention_distance(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
@@ -56,6 +57,17 @@ class DistanceResult:
     per_image: np.ndarray
     convention: str = CONVENTION
 
+    @classmethod
+    def from_per_image(cls, per_image: list[np.ndarray]) -> "DistanceResult":
+        """From B per-image (L, H) results."""
+        values = np.stack(per_image)
+        return cls(mean=values.mean(axis=0), per_image=values)
+
+    @property
+    def spread(self) -> np.ndarray:
+        """(L, H) standard deviation over images."""
+        return self.per_image.std(axis=0)
+
 
 @torch.inference_mode()
 def stream_mean_attention_distance(model, batches: Iterable[torch.Tensor], layout: TokenLayout,
@@ -74,13 +86,12 @@ def stream_mean_attention_distance(model, batches: Iterable[torch.Tensor], layou
     per_image, done = [], 0
     for x in batches:
         x = _to_model(model, x)
-        per_image.append(np.stack([layer_attention_distance(probs.float().cpu(), layout, d)
+        per_image.append(np.stack([layer_attention_distance(probs, layout, d)
                                    for _, _, probs in iter_layers(model, x)], axis=1))
         done += x.shape[0]
         if progress:
             progress(done)
-    values = np.concatenate(per_image)
-    return DistanceResult(mean=values.mean(axis=0), per_image=values)
+    return DistanceResult.from_per_image(list(np.concatenate(per_image)))
 
 
 def conv_receptive_field(depth: int, kernel: int = 3) -> np.ndarray:

@@ -76,6 +76,12 @@ class TokenLayout:
             raise ValueError(f"expected {self.num_patches} patch values, got {patch_values.shape[-1]}")
         return patch_values.reshape(*patch_values.shape[:-1], *self.grid_size)
 
+    def patch_at(self, x: float, y: float, scale: float = 1.0) -> int:
+        """The patch under pixel (x, y) of the model input shown ``scale`` times enlarged (raster index)."""
+        row = min(max(int(y / scale // self.patch_size[0]), 0), self.grid_size[0] - 1)
+        col = min(max(int(x / scale // self.patch_size[1]), 0), self.grid_size[1] - 1)
+        return row * self.grid_size[1] + col
+
     def token_name(self, index: int) -> str:
         """A readable name: ``"cls"``, ``"reg2"`` or ``"patch 17 (row 1, col 3)"``."""
         if index < self.num_prefix_tokens:

@@ -88,3 +88,14 @@ def distance_plot(distance: np.ndarray, receptive_field: np.ndarray | None = Non
             x, y = xy(layer, float(value))
             draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=tuple(int(c) for c in colours[head]))
     return im
+
+
+def outline_patch(image: Image.Image, patch: int | None, grid_size: tuple[int, int], scale: int = 1,
+                  colour: str = "cyan") -> Image.Image:
+    """The image enlarged ``scale`` times with one patch outlined (for click-to-pick views)."""
+    out = image.convert("RGB").resize((image.width * scale, image.height * scale), Image.NEAREST)
+    if patch is not None:
+        ph, pw = out.height // grid_size[0], out.width // grid_size[1]
+        r, c = divmod(int(patch), grid_size[1])
+        ImageDraw.Draw(out).rectangle([c * pw, r * ph, (c + 1) * pw - 1, (r + 1) * ph - 1], outline=colour, width=3)
+    return out

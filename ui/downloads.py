@@ -1,0 +1,31 @@
+"""Every figure gets a data download (npz or CSV) and its settings as JSON; images also as PNG."""
+from __future__ import annotations
+
+import io
+import json
+
+import numpy as np
+import streamlit as st
+from PIL import Image
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **arrays)
+    return buf.getvalue()
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, "PNG")
+    return buf.getvalue()
+
+
+def download_row(name: str, arrays: dict[str, np.ndarray], settings: dict, png: Image.Image | None = None) -> None:
+    """Buttons under a figure. Plotly's own toolbar also saves any chart as PNG."""
+    cols = st.columns(3)
+    cols[0].download_button("Data (npz)", npz_bytes(arrays), f"{name}.npz", "application/octet-stream", key=f"npz-{name}")
+    cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
+                            "application/json", key=f"json-{name}")
+    if png is not None:
+        cols[2].download_button("Image (png)", png_bytes(png), f"{name}.png", "image/png", key=f"png-{name}")
