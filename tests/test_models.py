@@ -127,3 +127,11 @@ def test_half_precision_on_cpu_is_refused():
 def test_bundled_resolution_must_be_a_multiple_of_the_patch():
     with pytest.raises(ModelError, match="225 px is not a multiple of the bundled model's patch size 14"):
         load_model(ModelSpec(img_size=225))
+
+
+def test_search_models_finds_tagged_names_and_keeps_a_typed_name():
+    from vitviz.models import search_models
+
+    found = search_models("deit3_small_patch16_224")
+    assert "deit3_small_patch16_224.fb_in1k" in found
+    assert search_models("my_custom_vit")[0] == "my_custom_vit"

@@ -14,7 +14,7 @@ import torch
 
 from vitviz.errors import VitvizError
 from vitviz.images import LoadedImage, load_image
-from vitviz.models import BUNDLED, LoadedModel, ModelSpec
+from vitviz.models import BUNDLED, LoadedModel, ModelSpec, search_models
 
 from .cache import ImageResult, cached_image_result, cached_model
 
@@ -78,7 +78,9 @@ def _sidebar_spec() -> ModelSpec:
                                "the internet or the Hugging Face cache, or a local checkpoint.")
     name, checkpoint = BUNDLED, None
     if choice != BUNDLED:
-        name = sb.selectbox("timm name (type to search)", SUGGESTED_MODELS, accept_new_options=True, key="timm_name")
+        query = sb.text_input("Search timm models", SUGGESTED_MODELS[0], key="timm_query",
+                              help="Part of a name, e.g. dinov2, deit3, siglip, augreg")
+        name = sb.selectbox("timm model", search_models(query) or SUGGESTED_MODELS, key="timm_name")
         upload = sb.file_uploader("Local checkpoint (optional)", type=["safetensors", "pth", "pt", "bin"], key="ckpt")
         path = sb.text_input("... or checkpoint path", key="ckpt_path")
         if upload is not None:

@@ -49,7 +49,7 @@ def patch_filter_pca(filters: np.ndarray, n_components: int = 28) -> FilterPCA:
 
     D = filters.shape[0]
     k = min(n_components, D, int(np.prod(filters.shape[1:])))
-    pca = PCA(n_components=k).fit(filters.reshape(D, -1).astype(np.float64))
+    pca = PCA(n_components=k, svd_solver="full").fit(filters.reshape(D, -1).astype(np.float64))
     components = pca.components_.reshape(k, *filters.shape[1:])
     return FilterPCA(components=components, explained_variance_ratio=pca.explained_variance_ratio_,
                      tiles=minmax_tiles(components))

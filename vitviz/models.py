@@ -188,6 +188,15 @@ def _hub_reachable(timeout: float = 2.0) -> bool:
         return False
 
 
+def search_models(query: str, limit: int = 200) -> list[str]:
+    """timm model names with pretrained tags containing ``query``; the query itself first if it is not one."""
+    import timm
+
+    query = query.strip()
+    found = timm.list_models(f"*{query}*", pretrained=True)[:limit] if query else []
+    return found if query in found or not query else [query] + found
+
+
 def _unknown_model_error(name: str) -> ModelError:
     import timm
 

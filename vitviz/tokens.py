@@ -25,7 +25,7 @@ def feature_pca_rgb(features: np.ndarray, layout: TokenLayout) -> np.ndarray:
     from sklearn.decomposition import PCA
 
     patches = features[layout.patch_slice].astype(np.float64)
-    rgb = PCA(n_components=3).fit_transform(patches)
+    rgb = PCA(n_components=3, svd_solver="full").fit_transform(patches)
     lo, hi = rgb.min(0), rgb.max(0)
     rgb = (rgb - lo) / np.where(hi > lo, hi - lo, 1)
     return rgb.reshape(*layout.grid_size, 3)
