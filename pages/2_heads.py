@@ -39,7 +39,7 @@ with picker:
                                         key="patch_click")
     if click and click.get("unix_time") != st.session_state.get("last_click"):
         st.session_state["last_click"] = click.get("unix_time")
-        st.session_state["patch"] = layout.patch_at(click["x"], click["y"], CLICK_SCALE)
+        st.session_state["patch"] = layout.patch_at(click["x"], click["y"], click["width"] / r.model_input.width)
         st.rerun()
     st.caption(f"Selected: {layout.token_name(layout.num_prefix_tokens + patch) if patch is not None else 'none'}")
 
