@@ -6,7 +6,7 @@ from streamlit_image_coordinates import streamlit_image_coordinates
 from ui.downloads import download_row
 from ui.state import setup
 from vitviz.figures import overlay_grid
-from vitviz.maps import RANKINGS, head_scores, layer_maps, rank_heads, threshold_mask
+from vitviz.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
 from vitviz.report import outline_patch
 
 CLICK_SCALE = 2
@@ -36,7 +36,7 @@ with picker:
     st.caption("Click a patch to use it as the query (or the key).")
     patch = st.session_state.get("patch")
     click = streamlit_image_coordinates(outline_patch(r.model_input, patch, layout.grid_size, CLICK_SCALE),
-                                        key="patch_click")
+                                        key="patch_click", image_format="JPEG", jpeg_quality=85)
     if click and click.get("unix_time") != st.session_state.get("last_click"):
         st.session_state["last_click"] = click.get("unix_time")
         st.session_state["patch"] = layout.patch_at(click["x"], click["y"], click["width"] / r.model_input.width)
@@ -51,7 +51,7 @@ if direction == "keys → query":
     query = patch
 maps = layer_maps(r.attention, layout, layer, query, "key" if direction == "keys → query" else "query")
 order = list(range(H))
-scores = head_scores(r.attention, layout, r.distance)
+scores = r.head_scores
 if ranking != "head number":
     key = RANKINGS[ranking]
     order = list(rank_heads(scores[key][layer], descending=key != "entropy"))

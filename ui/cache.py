@@ -17,6 +17,7 @@ from vitviz.capture import capture
 from vitviz.distance import mean_attention_distance
 from vitviz.images import preprocess
 from vitviz.layout import TokenLayout
+from vitviz.maps import head_scores
 from vitviz.models import ModelSpec, load_model
 from vitviz.rollout import attention_gradients, gradient_rollout, rollout
 from vitviz.tokens import artifact_tokens, feature_pca_rgb, top_classes
@@ -39,6 +40,7 @@ class ImageResult:
     layout: TokenLayout
     artifacts: np.ndarray        # token indices, last layer >10x median norm
     distance: np.ndarray         # (L, H) mean attention distance, pixels
+    head_scores: dict            # name -> (L, H): entropy, cls_focus, distance (for ranking heads)
 
 
 # A resource, not data: st.cache_data would unpickle a copy of the attention (19 MB for the
@@ -49,11 +51,13 @@ def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> Im
     batch = preprocess([_image], loaded.data_config)
     out = capture(loaded.model, batch.tensor)
     norms = out.token_norms[0].numpy()
+    attention = out.attention[0].numpy()
+    distance = mean_attention_distance(out.attention.numpy(), out.layout)[0]
     return ImageResult(
-        attention=out.attention[0].numpy(), token_norms=norms, features=out.features[0].numpy(),
+        attention=attention, token_norms=norms, features=out.features[0].numpy(),
         logits=None if out.logits is None else out.logits[0].numpy(), model_input=batch.images[0],
         layout=out.layout, artifacts=artifact_tokens(norms[-1], out.layout),
-        distance=mean_attention_distance(out.attention.numpy(), out.layout)[0],
+        distance=distance, head_scores=head_scores(attention, out.layout, distance),
     )
 
 
