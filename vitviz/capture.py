@@ -86,7 +86,8 @@ def iter_layers(model, x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor, tor
         yield i, h, probs
 
 
-def _to_model(model, images: torch.Tensor) -> torch.Tensor:
+def to_model_input(model, images: torch.Tensor) -> torch.Tensor:
+    """The batch on the model's device and in its dtype."""
     param = next(model.parameters())
     return images.to(device=param.device, dtype=param.dtype)
 
@@ -102,7 +103,7 @@ def capture(model, images: torch.Tensor) -> Capture:
     Returns:
         Capture with attention (B, L, H, N, N) and features (B, N, D), float32 on the CPU.
     """
-    x = _to_model(model, images)
+    x = to_model_input(model, images)
     layout = TokenLayout.from_model(model, tuple(images.shape[-2:]))
     B, L, N = x.shape[0], len(model.blocks), layout.num_tokens
     # Written in place layer by layer: no list of per-layer copies stacked at the end.

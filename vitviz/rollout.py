@@ -123,12 +123,12 @@ def attention_gradients(model, images, target: int | None = None):
     """
     import torch
 
-    from .capture import _to_model, iter_layers
+    from .capture import to_model_input, iter_layers
 
     if getattr(model, "num_classes", 0) <= 0:
         raise ValueError("Gradient-weighted rollout needs a classifier head; this model has none.")
     with torch.enable_grad():
-        x = _to_model(model, images).detach().requires_grad_(True)
+        x = to_model_input(model, images).detach().requires_grad_(True)
         layers = []
         h = None
         for _, h, probs in iter_layers(model, x):
