@@ -51,17 +51,8 @@ class TokenLayout:
         return self.prefix_tokens.index("cls") if self.has_class_token else None
 
     @property
-    def register_indices(self) -> tuple[int, ...]:
-        return tuple(i for i, name in enumerate(self.prefix_tokens) if name.startswith("reg"))
-
-    @property
     def patch_slice(self) -> slice:
         return slice(self.num_prefix_tokens, self.num_tokens)
-
-    @property
-    def input_size(self) -> tuple[int, int]:
-        """(H, W) in pixels of the model input that this layout covers."""
-        return (self.grid_size[0] * self.patch_size[0], self.grid_size[1] * self.patch_size[1])
 
     def patch_centres(self) -> np.ndarray:
         """Pixel coordinates (y, x) of every patch centre in raster order: (num_patches, 2)."""
