@@ -82,7 +82,7 @@ def peak_rss_child(name: str, img_size: int, batch: int) -> None:
         plain = peak_extra_mib(lambda: model(x))
         hooks = hook_baseline(model)
         hooked = peak_extra_mib(lambda: hooks(x))
-        del hooks
+        del hooks  # free the unfused copy before capture is measured
     captured = peak_extra_mib(lambda: capture(model, x))
     attention_mib = len(model.blocks) * model.blocks[0].attn.num_heads * batch * (x.shape[-1] // 16) ** 4 / 2**18
     print(json.dumps({"plain": plain, "capture": captured, "hooks": hooked, "attention_mib": attention_mib}))
@@ -117,7 +117,6 @@ def main() -> None:
             med = {k: statistics.median(v) for k, v in times.items()}
             print(f"{label:36s} {batch:2d} {med['plain']:8.3f} {med['capture']:9.3f} {med['hooks']:8.3f} "
                   f"{med['capture'] / med['plain']:13.2f} {med['hooks'] / med['plain']:11.2f}", flush=True)
-        del model, hooks
 
     if args.device == "cpu":
         for batch in (1,) if args.quick else (1, 8):

@@ -22,10 +22,14 @@ def png_bytes(image: Image.Image) -> bytes:
 
 
 def download_row(name: str, arrays: dict[str, np.ndarray], settings: dict, png: Image.Image | None = None) -> None:
-    """Buttons under a figure. Plotly's own toolbar also saves any chart as PNG."""
+    """Buttons under a figure. Plotly's own toolbar also saves any chart as PNG.
+
+    The files are built only when a button is clicked (deferred data), not on every rerun.
+    """
     cols = st.columns(3)
-    cols[0].download_button("Data (npz)", npz_bytes(arrays), f"{name}.npz", "application/octet-stream", key=f"npz-{name}")
-    cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
+    cols[0].download_button("Data (npz)", lambda: npz_bytes(arrays), f"{name}.npz", "application/octet-stream",
+                            key=f"npz-{name}")
+    cols[1].download_button("Settings (json)", lambda: json.dumps(settings, indent=2, default=str), f"{name}.json",
                             "application/json", key=f"json-{name}")
     if png is not None:
-        cols[2].download_button("Image (png)", png_bytes(png), f"{name}.png", "image/png", key=f"png-{name}")
+        cols[2].download_button("Image (png)", lambda: png_bytes(png), f"{name}.png", "image/png", key=f"png-{name}")

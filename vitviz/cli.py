@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import __version__
 from .errors import VitvizError
 
 
@@ -53,7 +54,7 @@ def _versions() -> dict:
     import timm
     import torch
 
-    return {"vitviz": __import__("vitviz").__version__, "timm": timm.__version__, "torch": torch.__version__,
+    return {"vitviz": __version__, "timm": timm.__version__, "torch": torch.__version__,
             "python": platform.python_version()}
 
 

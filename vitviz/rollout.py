@@ -69,6 +69,11 @@ def rollout_step(attention: np.ndarray, exclude: tuple[int, ...] = ()) -> np.nda
     return a / a.sum(axis=-1, keepdims=True)
 
 
+def readout_row(R: np.ndarray, layout: TokenLayout) -> np.ndarray:
+    """The row read out of a rollout matrix: the CLS row, or the mean of the patch rows. (N, N) -> (N,)."""
+    return R[layout.cls_index] if layout.has_class_token else R[layout.patch_slice].mean(axis=0)
+
+
 def rollout(attention: np.ndarray, layout: TokenLayout, *, fusion: str = "mean", discard: float = 0.0,
             start: int = 0, end: int | None = None, exclude_tokens: tuple[int, ...] = ()) -> Rollout:
     """Attention rollout of one image.
@@ -88,22 +93,19 @@ def rollout(attention: np.ndarray, layout: TokenLayout, *, fusion: str = "mean",
     end = L if end is None else end
     if not 0 <= start < end <= L:
         raise ValueError(f"layer range must satisfy 0 <= start < end <= {L}, got ({start}, {end})")
-    readout = layout.cls_index
-    patches = layout.patch_slice
     R = np.eye(N)
     per_layer = []
     for layer in range(start, end):
-        fused = discard_lowest(fuse_heads(attention[layer], fusion), discard, readout)
+        fused = discard_lowest(fuse_heads(attention[layer], fusion), discard, layout.cls_index)
         R = rollout_step(fused, exclude_tokens) @ R
-        row = R[readout] if readout is not None else R[patches].mean(axis=0)
-        per_layer.append(layout.to_grid(row[patches]))
-    row = R[readout] if readout is not None else R[patches].mean(axis=0)
+        per_layer.append(layout.to_grid(readout_row(R, layout)[layout.patch_slice]))
+    row = readout_row(R, layout)
     return Rollout(
         map=per_layer[-1],
         per_layer=np.stack(per_layer),
         prefix_share={name: float(row[i]) for i, name in enumerate(layout.prefix_tokens)},
         layers=(start, end),
-        readout="cls" if readout is not None else "mean over patch rows",
+        readout="cls" if layout.has_class_token else "mean over patch rows",
     )
 
 
@@ -153,5 +155,4 @@ def gradient_rollout(attention: np.ndarray, gradients: np.ndarray, layout: Token
     R = np.eye(N)
     for a, g in zip(attention, gradients):
         R = R + np.clip(g * a, 0, None).mean(axis=0) @ R
-    row = R[layout.cls_index] if layout.has_class_token else R[layout.patch_slice].mean(axis=0)
-    return layout.to_grid(row[layout.patch_slice])
+    return layout.to_grid(readout_row(R, layout)[layout.patch_slice])

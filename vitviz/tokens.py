@@ -1,6 +1,8 @@
 """Token diagnostics: output-token norms, high-norm artifact tokens, feature PCA, top classes."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .layout import TokenLayout
@@ -40,11 +42,12 @@ def top_classes(logits: np.ndarray, k: int = 5) -> list[tuple[int, str, float]]:
     return [(int(i), labels[i] if labels else f"class {i}", float(p[i])) for i in order]
 
 
-def _imagenet_labels(num_classes: int) -> list[str] | None:
+@lru_cache(maxsize=4)
+def _imagenet_labels(num_classes: int) -> tuple[str, ...] | None:
     from timm.data import ImageNetInfo
 
     subsets = {1000: "imagenet-1k", 21843: "imagenet-21k", 11821: "imagenet-12k", 21841: "imagenet-21k-goog"}
     if num_classes not in subsets:
         return None
     info = ImageNetInfo(subsets[num_classes])
-    return [info.index_to_description(i) for i in range(num_classes)]
+    return tuple(info.index_to_description(i) for i in range(num_classes))
