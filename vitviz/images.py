@@ -7,8 +7,10 @@ beside the good images, so one bad file never stops the others.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
+import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from .errors import ImageError
 MAX_PIXELS = 40_000_000
 MIN_SIDE = 8
 BACKGROUND = (255, 255, 255)
+FRAMINGS = ("crop", "pad")
 
 
 @dataclass
@@ -31,7 +34,8 @@ class LoadedImage:
     Attributes:
         name: the file name the user gave.
         image: RGB, EXIF orientation applied.
-        sha256: hash of the file bytes (keys caches, recorded in settings.json).
+        sha256: hash of the file bytes (keys caches, recorded in settings.json); ``":pad"`` is
+            appended once :func:`frame_image` padded the image, so crop and pad results never mix.
         notes: sentences about conversions, e.g. transparency composited, first frame used.
     """
 
@@ -178,3 +182,80 @@ def preprocess(images: list[Image.Image], data_config: dict) -> ModelInput:
             t = step(t)
         tensors.append(t)
     return ModelInput(tensor=torch.stack(tensors), images=resized)
+
+
+def model_view(size: tuple[int, int], data_config: dict) -> tuple[float, float]:
+    """The part of an image the model's eval transform keeps, in the image's own pixels.
+
+    Mirrors timm's ``transforms_imagenet_eval``: scale to ``input_size / crop_pct`` (shorter side
+    for ``crop_mode="center"``, longer side for ``"border"``, each side for ``"squash"``), then
+    take the centred ``input_size``.
+
+    Args:
+        size: (width, height) of the image.
+        data_config: timm data config (``input_size``, ``crop_pct``, ``crop_mode``).
+
+    Returns:
+        (width, height) of the centred region the model sees, at most ``size``.
+    """
+    w, h = size
+    border = data_config.get("crop_border_pixels") or 0
+    w, h = w - 2 * border, h - 2 * border
+    _, height, width = data_config["input_size"]
+    crop_pct = data_config.get("crop_pct") or 0.875  # timm's DEFAULT_CROP_PCT
+    scale_h, scale_w = math.floor(height / crop_pct), math.floor(width / crop_pct)
+    mode = data_config.get("crop_mode") or "center"
+    if mode == "squash":
+        return w * width / scale_w, h * height / scale_h
+    factor = (min if mode == "border" else max)(scale_h / h, scale_w / w)
+    return min(width / factor, w), min(height / factor, h)
+
+
+def visible_share(size: tuple[int, int], data_config: dict) -> float:
+    """Share (0..1] of an image's area that the model sees after its resize and centre crop."""
+    seen_w, seen_h = model_view(size, data_config)
+    return seen_w * seen_h / (size[0] * size[1])
+
+
+def pad_to_square(image: Image.Image, fill: tuple[int, int, int] = (0, 0, 0)) -> Image.Image:
+    """The whole image centred on a square canvas of its longer side, so a centre crop keeps all of it.
+
+    Args:
+        image: RGB, W x H.
+        fill: RGB of the added bands; the model's mean colour (``round(255 * mean)``, as timm's
+            ``crop_mode="border"`` pads) normalises to zero, i.e. no signal.
+
+    Returns:
+        RGB, S x S with S = max(W, H); ``image`` itself when it is already square.
+    """
+    w, h = image.size
+    if w == h:
+        return image
+    side = max(w, h)
+    canvas = Image.new("RGB", (side, side), tuple(int(c) for c in fill))
+    canvas.paste(image, ((side - w) // 2, (side - h) // 2))
+    return canvas
+
+
+def mean_colour(data_config: dict) -> tuple[int, int, int]:
+    """The model's normalisation mean as an 8-bit RGB colour."""
+    return tuple(round(255 * m) for m in data_config["mean"])
+
+
+def frame_image(loaded: LoadedImage, framing: str, fill: tuple[int, int, int] = (0, 0, 0)) -> LoadedImage:
+    """The image as it goes into :func:`preprocess` for a framing choice.
+
+    Args:
+        loaded: a decoded image.
+        framing: ``"crop"`` (the model's own centre crop: ``loaded`` unchanged) or ``"pad"``
+            (:func:`pad_to_square` first, so the model sees the whole image, smaller).
+        fill: RGB of the padding.
+    """
+    if framing not in FRAMINGS:
+        raise ValueError(f"framing must be one of {FRAMINGS}, not {framing!r}")
+    if framing == "crop" or loaded.image.width == loaded.image.height:
+        return loaded
+    w, h = loaded.image.size
+    note = f"padded from {w}x{h} to {max(w, h)}x{max(w, h)} with RGB{tuple(fill)} so the model sees all of it"
+    return dataclasses.replace(loaded, image=pad_to_square(loaded.image, fill), sha256=f"{loaded.sha256}:pad",
+                               notes=[*loaded.notes, note])

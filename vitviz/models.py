@@ -8,6 +8,8 @@ from __future__ import annotations
 import difflib
 import importlib
 import socket
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -176,25 +178,79 @@ def _load_bundled(spec: ModelSpec) -> LoadedModel:
                    ["No classifier head: class-specific views need another model."])
 
 
-def _hub_reachable(timeout: float = 2.0) -> bool:
+_HUB = ("huggingface.co", 443)
+_PROBE_TTL = 30.0
+_probe: dict[str, float | bool] = {}
+_probe_lock = threading.Lock()
+
+
+def _hub_reachable(timeout: float = 1.0) -> bool:
+    """Whether the Hugging Face hub answers, decided within ``timeout`` seconds.
+
+    ``HF_HUB_OFFLINE`` answers at once. The probe runs in a daemon thread because
+    ``socket.create_connection``'s timeout does not bound the DNS lookup, which can hang for
+    many seconds on a machine without a network. The answer is reused for 30 s.
+    """
     from huggingface_hub import constants
 
     if constants.is_offline_mode():
         return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
+    with _probe_lock:
+        if time.monotonic() - _probe.get("at", -_PROBE_TTL) < _PROBE_TTL:
+            return bool(_probe["reachable"])
+        answer = {"reachable": False}
+
+        def connect():
+            try:
+                socket.create_connection(_HUB, timeout=timeout).close()
+                answer["reachable"] = True
+            except OSError:
+                pass
+
+        probe = threading.Thread(target=connect, daemon=True, name="vitviz-hub-probe")
+        probe.start()
+        probe.join(timeout)
+        _probe.update(at=time.monotonic(), reachable=answer["reachable"])
+        return answer["reachable"]
+
+
+def _local_weights(pretrained_cfg: dict) -> Path | None:
+    """The file holding a timm pretrained tag's weights if it is already on disk, else None.
+
+    Looks where timm would download to: the Hugging Face cache (``hf_hub_id``, safetensors
+    alternatives first, as timm prefers them) or torch hub's checkpoint folder (``url``).
+    """
+    from huggingface_hub import try_to_load_from_cache
+    from timm.models._hub import HF_WEIGHTS_NAME, _get_safe_alternatives
+
+    if pretrained_cfg.get("hf_hub_id"):
+        repo_id, _, revision = pretrained_cfg["hf_hub_id"].partition("@")
+        filename = pretrained_cfg.get("hf_hub_filename") or HF_WEIGHTS_NAME
+        for candidate in [*_get_safe_alternatives(filename), filename]:
+            found = try_to_load_from_cache(repo_id, candidate, revision=revision or None)
+            if isinstance(found, str):
+                return Path(found)
+    if pretrained_cfg.get("url"):
+        found = Path(torch.hub.get_dir()) / "checkpoints" / Path(pretrained_cfg["url"]).name
+        if found.is_file():
+            return found
+    return None
 
 
 def search_models(query: str, limit: int = 200) -> list[str]:
-    """timm model names with pretrained tags containing ``query``; the query itself first if it is not one."""
+    """timm model names with pretrained tags containing ``query`` (case-insensitive), at most ``limit``.
+
+    The query is a search, never itself a model name: it is in the result only when timm has a
+    model of exactly that name (an architecture without its tag, e.g. ``deit3_small_patch16_224``,
+    comes first, then its tags).
+    """
     import timm
 
-    query = query.strip()
-    found = timm.list_models(f"*{query}*", pretrained=True)[:limit] if query else []
-    return found if query in found or not query else [query] + found
+    query = query.strip().lower()
+    if not query:
+        return []
+    found = timm.list_models(f"*{query}*", pretrained=True)[:limit]
+    return [query] + found if query not in found and timm.is_model(query) else found
 
 
 def _unknown_model_error(name: str) -> ModelError:
@@ -265,26 +321,31 @@ def _load_timm(spec: ModelSpec) -> LoadedModel:
         return _finish(model, spec, f"local file {path}", f"{spec.name} with weights from {path.name}", [])
 
     with torch.device("meta"):  # the architecture alone, no memory, to refuse unsupported families early
-        check_supported(timm.create_model(spec.name, pretrained=False, **kwargs), spec.name)
-    if not _hub_reachable():
-        # Unreachable hub: answer from the local HF cache at once instead of timing out on retries.
-        from huggingface_hub import constants
-
-        constants.HF_HUB_OFFLINE = True
+        architecture = timm.create_model(spec.name, pretrained=False, **kwargs)
+    check_supported(architecture, spec.name)
+    cfg = architecture.pretrained_cfg
+    local = _local_weights(cfg)
+    if local is None and not _hub_reachable():
+        # Fail before building the model: offline, timm would only find out after building it.
+        raise ModelError(f"Model {spec.name!r} could not be loaded: its weights are not in the local Hugging Face "
+                         "cache and the hub cannot be reached (no internet, or offline mode). Use the bundled "
+                         "model, or give a local checkpoint file for this architecture.")
+    # A cached file is read directly, so a slow or absent network is never asked about it.
+    overlay = {"file": str(local)} if local and not cfg.get("custom_load") else None
     try:
-        model = timm.create_model(spec.name, pretrained=True, **kwargs)
+        model = timm.create_model(spec.name, pretrained=True, pretrained_cfg_overlay=overlay, **kwargs)
     except (OSError, RuntimeError) as exc:
-        offline = not _hub_reachable()
         if "No pretrained weights" in str(exc):
             reason = "timm has no pretrained weights for it"
-        elif offline:
+        elif not _hub_reachable():
             reason = "its weights are not in the local Hugging Face cache and the hub cannot be reached (offline)"
         else:
             reason = f"downloading its weights failed ({type(exc).__name__})"
         raise ModelError(f"Model {spec.name!r} could not be loaded: {reason}. Use the bundled model, "
                          "or give a local checkpoint file for this architecture.") from exc
-    return _finish(model, spec, f"timm pretrained weights ({model.pretrained_cfg.get('hf_hub_id') or spec.name})",
-                   spec.name, [])
+    source = f"timm pretrained weights ({cfg.get('hf_hub_id') or spec.name})"
+    source += f", read from {local}" if overlay else ""
+    return _finish(model, spec, source, spec.name, [])
 
 
 def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
