@@ -175,27 +175,112 @@ def bars(values: np.ndarray, title: str, x_title: str, y_title: str, labels=None
     return fig
 
 
-def similarity_grid(similarity: np.ndarray, gap: int = 1) -> go.Figure:
-    """ViT paper Fig. 7 centre: (gh, gw, gh, gw) cosine maps tiled in one heatmap, fixed -1..1 scale."""
+def similarity_grid(similarity: np.ndarray, selected: tuple[int, int] | None = None, *, height: int = 660,
+                    image_px: int = 1400) -> go.Figure:
+    """ViT paper Fig. 7 centre: every position's cosine-similarity map as a small tile, with gaps.
+
+    similarity: (gh, gw, gh, gw); tile [r, c] is position (r, c)'s map. The tiles are one image
+    coloured here with RdBu_r on a fixed -1..1 scale (no front-end theme can change a stop), under a
+    colour bar, 1-based row/column labels and one invisible marker per tile centre whose
+    ``customdata`` is [row, col] 0-based (then 1-based row, col and the hovered value), so a click
+    on a tile can select it (``on_select``). ``selected`` (0-based) is outlined; hovering a tile
+    tells its cosine similarity with the selected position.
+
+    Args:
+        height: figure height in pixels; the grid is square inside it.
+        image_px: about how many pixels wide the tile image is drawn (the toolbar PNG scales it).
+    """
+    from .colour import DIVERGING, lookup_table, reference_stops
+
     gh, gw = similarity.shape[:2]
-    H, W = gh * (gh + gap) - gap, gw * (gw + gap) - gap
-    canvas = np.full((H, W), np.nan, dtype=np.float32)
-    for r in range(gh):
-        for c in range(gw):
-            canvas[r * (gh + gap):r * (gh + gap) + gh, c * (gw + gap):c * (gw + gap) + gw] = similarity[r, c]
-    fig = go.Figure(go.Heatmap(z=canvas, zmin=-1, zmax=1, colorscale="RdBu", reversescale=True,
-                               colorbar=dict(title="cosine"), hoverongaps=False,
-                               hovertemplate="%{z:.2f}<extra></extra>"))
-    fig.update_layout(xaxis=AXES_OFF, yaxis=dict(visible=False, autorange="reversed", scaleanchor="x"),
-                      margin=dict(l=0, r=0, t=0, b=0), height=640)
+    cell = max(1, round(image_px / (gw * gw)))
+    th, tw = gh * cell, gw * cell
+    gap = max(2, round(0.12 * tw))
+    idx = np.round((np.clip(similarity, -1, 1) + 1) * 127.5).astype(np.intp)
+    tiles = lookup_table(DIVERGING)[idx].repeat(cell, axis=2).repeat(cell, axis=3)  # (gh, gw, th, tw, 3)
+    tiles = np.pad(tiles, ((0, 0), (0, 0), (0, gap), (0, gap), (0, 0)), constant_values=255)
+    canvas = tiles.transpose(0, 2, 1, 3, 4).reshape(gh * (th + gap), gw * (tw + gap), 3)[:-gap, :-gap]
+
+    sel = selected if selected is not None else (gh // 2, gw // 2)
+    rows, cols = np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij")
+    values = similarity[sel[0], sel[1]].ravel()
+    custom = np.stack([rows.ravel(), cols.ravel(), rows.ravel() + 1, cols.ravel() + 1, values], axis=1)
+    yc, xc = rows.ravel() * (th + gap) + th / 2, cols.ravel() * (tw + gap) + tw / 2
+    plot_px = height - 70
+    fig = go.Figure(go.Image(source=image_data_uri(Image.fromarray(canvas)), hoverinfo="skip"))
+    fig.add_trace(go.Scatter(
+        x=xc, y=yc, mode="markers", showlegend=False, customdata=custom,
+        marker=dict(symbol="square", size=max(6.0, 0.9 * plot_px / gw), opacity=0, color=values,
+                    colorscale=reference_stops(DIVERGING), cmin=-1, cmax=1, showscale=True,
+                    colorbar=dict(title=dict(text="cosine similarity", side="right"), thickness=16, len=0.85,
+                                  tickvals=[-1, -0.5, 0, 0.5, 1])),
+        hovertemplate=f"position (row %{{customdata[2]}}, col %{{customdata[3]}})<br>cosine similarity with "
+                      f"row {sel[0] + 1}, col {sel[1] + 1}: %{{customdata[4]:.3f}}<br>click to enlarge<extra></extra>",
+    ))
+    x0, y0 = sel[1] * (tw + gap) - gap / 2, sel[0] * (th + gap) - gap / 2
+    fig.add_shape(type="rect", x0=x0, x1=x0 + tw + gap, y0=y0, y1=y0 + th + gap, line=dict(color="black", width=2))
+    step = 1 if max(gh, gw) <= 20 else (2 if max(gh, gw) <= 40 else 5)
+    ticks = lambda n, pitch, size: dict(  # noqa: E731 - 1-based labels at tile centres: 1, then every step
+        tickvals=[i * pitch + size / 2 for i in range(n) if i == 0 or (i + 1) % step == 0],
+        ticktext=[str(i + 1) for i in range(n) if i == 0 or (i + 1) % step == 0],
+        showgrid=False, zeroline=False, ticks="", tickfont=dict(size=11))
+    fig.update_layout(
+        xaxis=dict(side="top", title=dict(text="column (1-based)", standoff=4),
+                   range=[-gap, canvas.shape[1] + gap], **ticks(gw, tw + gap, tw)),
+        yaxis=dict(title=dict(text="row (1-based)", standoff=4), scaleanchor="x", autorange=False,
+                   range=[canvas.shape[0] + gap, -gap], **ticks(gh, th + gap, th)),
+        height=height, margin=dict(l=55, r=10, t=55, b=10), plot_bgcolor="white", paper_bgcolor="white",
+        dragmode=False, hoverlabel=dict(bgcolor="white"),
+    )
     return fig
 
 
-def similarity_map(grid_map: np.ndarray, position: tuple[int, int]) -> go.Figure:
-    """One position's cosine-similarity map, enlarged, fixed -1..1 scale, the position marked."""
-    fig = go.Figure(go.Heatmap(z=grid_map.astype(np.float32), zmin=-1, zmax=1, colorscale="RdBu", reversescale=True,
-                               colorbar=dict(title="cosine"), hovertemplate="row %{y}, col %{x}<br>%{z:.3f}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=[position[1]], y=[position[0]], mode="markers", showlegend=False,
-                             marker=dict(symbol="square-open", size=14, color="black")))
-    fig.update_layout(yaxis=dict(autorange="reversed", scaleanchor="x"), margin=dict(l=0, r=0, t=0, b=0))
+def similarity_map(grid_map: np.ndarray, position: tuple[int, int], *, height: int = 420) -> go.Figure:
+    """One position's cosine-similarity map, enlarged: (gh, gw) on a fixed -1..1 RdBu_r scale.
+
+    position: (row, col) 0-based; drawn, titled and hovered 1-based.
+    """
+    from .colour import DIVERGING, reference_stops
+
+    gh, gw = grid_map.shape
+    r, c = position
+    fig = go.Figure(go.Heatmap(
+        z=grid_map.astype(np.float32), x=np.arange(1, gw + 1), y=np.arange(1, gh + 1), zmin=-1, zmax=1,
+        colorscale=reference_stops(DIVERGING),
+        colorbar=dict(title=dict(text="cosine similarity", side="right"), thickness=16, tickvals=[-1, -0.5, 0, 0.5, 1]),
+        hovertemplate=f"row %{{y}}, col %{{x}}<br>cosine similarity with row {r + 1}, col {c + 1}: "
+                      "%{z:.3f}<extra></extra>"))
+    fig.add_shape(type="rect", x0=c + 0.5, x1=c + 1.5, y0=r + 0.5, y1=r + 1.5, line=dict(color="black", width=2))
+    fig.update_layout(
+        title=dict(text=f"position (row {r + 1}, col {c + 1})", x=0.5, xanchor="center"),
+        xaxis=dict(title="column (1-based)", constrain="domain", showgrid=False, zeroline=False),
+        yaxis=dict(title="row (1-based)", autorange="reversed", scaleanchor="x", constrain="domain",
+                   showgrid=False, zeroline=False),
+        height=height, margin=dict(l=50, r=10, t=40, b=40), plot_bgcolor="white", paper_bgcolor="white")
     return fig
+
+
+def labelled_tile_image(tiles: np.ndarray, labels: list[str], title: str, *, columns: int, tile_px: int = 84,
+                        gap: int = 10, font_size: int = 15) -> Image.Image:
+    """ViT paper Fig. 7 left: small RGB tiles in a grid, each with its label underneath, a title on top.
+
+    tiles: (k, h, w, 3) floats in [0, 1] or uint8, enlarged to ``tile_px`` without smoothing.
+    One Pillow image, so the PNG download is the picture on the screen.
+    """
+    from PIL import ImageDraw, ImageFont
+
+    tiles = tiles if tiles.dtype == np.uint8 else np.round(np.clip(tiles, 0, 1) * 255).astype(np.uint8)
+    k, h, w, _ = tiles.shape
+    th, tw = tile_px, round(tile_px * w / h)
+    font, title_font = ImageFont.load_default(size=font_size), ImageFont.load_default(size=font_size + 3)
+    label_h, head = font_size + 8, font_size + 18
+    rows = -(-k // columns)
+    width = max(columns * (tw + gap) + gap, int(title_font.getlength(title)) + 2 * gap)
+    out = Image.new("RGB", (width, head + rows * (th + label_h + gap)), "white")
+    draw = ImageDraw.Draw(out)
+    draw.text((gap, 6), title, fill="black", font=title_font)
+    for i, (tile, label) in enumerate(zip(tiles, labels)):
+        x, y = gap + (i % columns) * (tw + gap), head + (i // columns) * (th + label_h + gap)
+        out.paste(Image.fromarray(tile).resize((tw, th), Image.NEAREST), (x, y))
+        draw.text((x + tw / 2, y + th + 3), label, fill="black", font=font, anchor="mt")
+    return out

@@ -9,7 +9,8 @@ import numpy as np
 @dataclass
 class FilterPCA:
     """Attributes:
-        components: (k, C, P, P) principal components of the filters, as filters.
+        components: (k, C, P, P) principal components of the filters, as filters; each signed so
+            that its largest-magnitude entry is positive (see :func:`fix_signs`).
         explained_variance_ratio: (k,) share of variance each explains, decreasing.
         tiles: (k, P, P, C) each component min-max scaled to [0, 1] for display as RGB.
     """
@@ -50,6 +51,18 @@ def patch_filter_pca(filters: np.ndarray, n_components: int = 28) -> FilterPCA:
     D = filters.shape[0]
     k = min(n_components, D, int(np.prod(filters.shape[1:])))
     pca = PCA(n_components=k, svd_solver="full").fit(filters.reshape(D, -1).astype(np.float64))
-    components = pca.components_.reshape(k, *filters.shape[1:])
+    components = fix_signs(pca.components_).reshape(k, *filters.shape[1:])
     return FilterPCA(components=components, explained_variance_ratio=pca.explained_variance_ratio_,
                      tiles=minmax_tiles(components))
+
+
+def fix_signs(components: np.ndarray) -> np.ndarray:
+    """Flip each component so that its largest-magnitude entry is positive: (k, F) -> (k, F).
+
+    A principal component's sign is arbitrary, and scikit-learn's rule for it changed after 1.4
+    (from the left to the right singular vectors), so the same filters gave inverted colours
+    depending on the installed version. Ties go to the first largest entry.
+    """
+    flat = components.reshape(len(components), -1)
+    largest = flat[np.arange(len(flat)), np.abs(flat).argmax(axis=1)]
+    return components * np.where(largest < 0, -1.0, 1.0).reshape(-1, *([1] * (components.ndim - 1)))

@@ -18,6 +18,7 @@ import torch
 from . import bundled
 from .errors import ModelError
 from .layout import TokenLayout
+from .posembed import NativePosEmbed
 
 BUNDLED = "bundled"
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
@@ -57,6 +58,7 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     notes: list[str] = field(default_factory=list)
+    native_pos_embed: NativePosEmbed | None = None  # the stored grid, before fitting to img_size
 
     @property
     def num_classes(self) -> int:
@@ -143,14 +145,27 @@ def _data_config(model: torch.nn.Module) -> dict:
     return config
 
 
-def _finish(model, spec: ModelSpec, weights_source: str, label: str, notes: list[str]) -> LoadedModel:
+def _finish(model, spec: ModelSpec, weights_source: str, label: str, notes: list[str],
+            native_pos_embed: NativePosEmbed | None = None) -> LoadedModel:
     device = resolve_device(spec.device)
     dtype = _resolve_dtype(spec.dtype, device)
     check_supported(model, spec.name)
     model = model.eval().requires_grad_(False).to(device=device, dtype=dtype)
     return LoadedModel(model=model, spec=spec, layout=TokenLayout.from_model(model),
                        data_config=_data_config(model), weights_source=weights_source,
-                       label=label, device=device, dtype=dtype, notes=notes)
+                       label=label, device=device, dtype=dtype, notes=notes, native_pos_embed=native_pos_embed)
+
+
+def _timm_native_pos_embed(model, pos_embed, name: str = "") -> NativePosEmbed | None:
+    """Stored ``pos_embed`` rows with the settings timm's ``checkpoint_filter_fn`` resamples them with.
+
+    ``name``: the timm model name for pretrained weights (timm picks the filter per name); empty for
+    local checkpoints, which :func:`_filter_checkpoint` fits with the filter's defaults.
+    """
+    # timm's _create_vision_transformer: FlexiViT weights bilinear without antialias, all others bicubic with.
+    interpolation, antialias = ("bilinear", False) if "flexi" in name else ("bicubic", True)
+    prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+    return NativePosEmbed.from_weights(pos_embed, prefix, interpolation=interpolation, antialias=antialias)
 
 
 def _img_size_kwargs(img_size: int | None) -> dict:
@@ -172,10 +187,11 @@ def _load_bundled(spec: ModelSpec) -> LoadedModel:
                          f"patch size {bundled.PATCH_SIZE}.")
     model = timm.create_model(bundled.TIMM_ARCH, pretrained=False, num_classes=0, **_img_size_kwargs(img_size))
     state, where = bundled.load_state_dict()
+    native = NativePosEmbed.from_weights(state["pos_embed"], 1, bundled.NATIVE_GRID, "bicubic", antialias=False)
     state["pos_embed"] = bundled.resample_pos_embed(state["pos_embed"], model.patch_embed.grid_size)
     model.load_state_dict(state, strict=True)
     return _finish(model, spec, where, bundled.LABEL,
-                   ["No classifier head: class-specific views need another model."])
+                   ["No classifier head: class-specific views need another model."], native)
 
 
 _HUB = ("huggingface.co", 443)
@@ -318,7 +334,9 @@ def _load_timm(spec: ModelSpec) -> LoadedModel:
         if missing or unexpected:
             raise ModelError(f"Checkpoint {path.name} does not fit {spec.name}: {len(missing)} missing keys "
                              f"(e.g. {missing[:3]}), {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}).")
-        return _finish(model, spec, f"local file {path}", f"{spec.name} with weights from {path.name}", [])
+        # A checkpoint in another library's layout (no "pos_embed" key) leaves the native grid unknown.
+        native = _timm_native_pos_embed(model, state["pos_embed"]) if "pos_embed" in state else None
+        return _finish(model, spec, f"local file {path}", f"{spec.name} with weights from {path.name}", [], native)
 
     with torch.device("meta"):  # the architecture alone, no memory, to refuse unsupported families early
         architecture = timm.create_model(spec.name, pretrained=False, **kwargs)
@@ -345,7 +363,12 @@ def _load_timm(spec: ModelSpec) -> LoadedModel:
                          "or give a local checkpoint file for this architecture.") from exc
     source = f"timm pretrained weights ({cfg.get('hf_hub_id') or spec.name})"
     source += f", read from {local}" if overlay else ""
-    return _finish(model, spec, source, spec.name, [])
+    native_model = model
+    if tuple(cfg.get("input_size", (3, *model.patch_embed.img_size))[-2:]) != tuple(model.patch_embed.img_size):
+        # timm keeps only the grid fitted to img_size; other grids are resampled from the stored one.
+        native_model = timm.create_model(spec.name, pretrained=True, pretrained_cfg_overlay=overlay)
+    native = _timm_native_pos_embed(native_model, native_model.pos_embed, spec.name)
+    return _finish(model, spec, source, spec.name, [], native)
 
 
 def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
