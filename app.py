@@ -2,6 +2,9 @@
 import streamlit as st
 
 st.set_page_config(page_title="vitviz", layout="wide")
+# Streamlit's default side padding costs the head grid ~90 px at 1440 px: tiles stay >= 220 px.
+st.markdown("<style>.block-container, [data-testid='stMainBlockContainer'] {padding: 2.5rem 1.5rem 2rem;}</style>",
+            unsafe_allow_html=True)
 PAGES = [
     st.Page("pages/1_overview.py", title="Overview & tokens", default=True),
     st.Page("pages/2_heads.py", title="Attention heads"),

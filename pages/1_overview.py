@@ -1,10 +1,15 @@
 """Overview: the image as the model sees it, the model card, classes, token norms, feature PCA."""
+from dataclasses import replace
+
+import numpy as np
 import streamlit as st
 
 from ui.cache import cached_feature_pca, cached_top_classes
+from ui.charts import file_stem, show_chart
+from ui.display import Display, map_figure
 from ui.downloads import download_row
 from ui.state import setup
-from vitviz.figures import bars, patch_grid_image, rgb_image, token_norm_map
+from vitviz.figures import bars, patch_grid_image, rgb_image
 
 ctx = setup()
 if ctx is None:
@@ -14,7 +19,8 @@ st.header(f"{ctx.image.name} as the model sees it")
 
 left, right = st.columns([3, 2])
 with left:
-    st.plotly_chart(patch_grid_image(r.model_input, layout, st.toggle("Token indices", True)), key="grid")
+    show_chart(patch_grid_image(r.model_input, layout, st.toggle("Token indices", True)), "grid",
+               file_stem("patch_grid", ctx.image.name))
     st.caption(f"{layout.grid_size[0]}x{layout.grid_size[1]} patches of {layout.patch_size[0]} px after resize and "
                f"crop; token indices in raster order after the prefix tokens {list(layout.prefix_tokens) or 'none'}.")
 with right:
@@ -27,19 +33,47 @@ with right:
         st.caption(note)
     if r.logits is not None:
         top = cached_top_classes(ctx.spec, ctx.image.sha256, r)
-        st.plotly_chart(bars([p for _, _, p in top], "Top-5 classes", "", "probability",
-                             labels=[f"{label} ({i})" for i, label, _ in top]), key="top5")
+        show_chart(bars([p for _, _, p in top], "Top-5 classes", "", "probability",
+                        labels=[f"{label} ({i})" for i, label, _ in top]), "top5", file_stem("top5", ctx.image.name))
 
-st.subheader("Output-token norms")
+st.subheader("Tokens that distort maps: high norms and attention sinks")
 layer = st.slider("Layer", 1, len(r.token_norms), len(r.token_norms), key="norm_layer") - 1
-st.plotly_chart(token_norm_map(r.token_norms[layer], layout, r.artifacts), key="norms")
-st.caption(f"High-norm artifact tokens (last layer, over 10x the median patch norm; Darcet et al. 2023): "
-           f"{[layout.token_name(int(t)) for t in r.artifacts] or 'none'}.")
-download_row("token_norms", {"token_norms": r.token_norms, "artifact_tokens": r.artifacts},
-             {"image": ctx.image.name, "sha256": ctx.image.sha256, "model": card["spec"], "layer_shown": layer + 1})
+norms = layout.to_grid(r.token_norms[layer][layout.patch_slice])[None]
+received = layout.to_grid(r.sinks.received[layer][layout.patch_slice] * layout.num_tokens)[None]
+sinks = r.sinks.sinks[layer]
+patch_sinks = r.sinks.patch_sinks(layout, [layer])
+artifacts = np.asarray(r.artifacts, dtype=int) - layout.num_prefix_tokens
+plain = Display(cmap="Viridis", scale_mode="full range per map", style="heatmap", opacity=0.85)
+norm_col, sink_col = st.columns(2)
+with norm_col:
+    _, fig = map_figure(r.model_input, norms, layout, plain, titles=[""], value_name="output norm",
+                        title=f"Output-token norms, layer {layer + 1}", sinks=artifacts if layer == len(r.token_norms) - 1 else None,
+                        tile_px=360)
+    show_chart(fig, "norms", file_stem("token_norms", ctx.image.name, f"layer{layer + 1}"))
+    st.caption("High-norm artifact tokens (last layer, over 10x the median patch norm; Darcet et al. 2023), "
+               f"crossed: {[layout.token_name(int(t)) for t in r.artifacts] or 'none'}.")
+with sink_col:
+    _, fig = map_figure(r.model_input, received, layout, replace(plain, cmap="Inferno", scale_mode="log"), titles=[""],
+                        value_name="received ÷ uniform", title=f"Attention received per token, layer {layer + 1}",
+                        sinks=patch_sinks, tile_px=360)
+    show_chart(fig, "received", file_stem("attention_received", ctx.image.name, f"layer{layer + 1}"))
+    st.caption("Mean share of a query's attention each patch receives (all heads and queries), as a multiple of "
+               "the uniform share 1/N, log scale. Attention sinks (robust z-score > 8 and over 10x uniform), "
+               "crossed here and on the other pages' maps: "
+               + (", ".join(f"{layout.token_name(int(t))} ({r.sinks.received[layer, t]:.1%} of all attention)"
+                            for t in sinks) or "none") + ".")
+sink_table = {f"layer {l + 1}": ", ".join(f"{layout.token_name(int(t))}: {r.sinks.received[l, t]:.1%}" for t in s) or "—"
+              for l, s in enumerate(r.sinks.sinks)}
+with st.expander("Attention sinks in every layer (share of all attention they receive)"):
+    st.table(sink_table)
+download_row(file_stem("tokens", ctx.image.name), {"token_norms": r.token_norms, "artifact_tokens": r.artifacts,
+                                                    "received_share": r.sinks.received, "sink_zscore": r.sinks.z},
+             {"image": ctx.image.name, "sha256": ctx.image.sha256, "model": card["spec"],
+              "layer_shown (1-based)": layer + 1, "token_indices": "0-based sequence indices, prefix tokens first",
+              "attention_sinks_per_layer (0-based layers)": [s.tolist() for s in r.sinks.sinks]})
 
 st.subheader("Patch features, first 3 principal components as RGB")
 pca = cached_feature_pca(ctx.spec, ctx.image.sha256, r)
-st.plotly_chart(rgb_image(pca, scale=8), key="pca")
+show_chart(rgb_image(pca, scale=8), "pca", file_stem("feature_pca", ctx.image.name))
 st.caption("Patches with similar last-layer features get similar colours: they group into object parts.")
-download_row("feature_pca", {"feature_pca_rgb": pca}, {"image": ctx.image.name, "model": card["spec"]})
+download_row(file_stem("feature_pca", ctx.image.name), {"feature_pca_rgb": pca}, {"image": ctx.image.name, "model": card["spec"]})

@@ -1,15 +1,19 @@
 """Rollout: attention rollout with its settings, gradient rollout for models with a head, raw attention."""
+import numpy as np
 import streamlit as st
 
 from ui.cache import cached_gradient_rollout, cached_rollout
+from ui.charts import file_stem, show_chart
+from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
 from ui.state import setup
 from vitviz.analysis import AnalysisSettings
-from vitviz.figures import attention_overlay
 from vitviz.maps import layer_maps
-from vitviz.report import overlay
 from vitviz.rollout import FUSIONS
 from vitviz.tokens import top_classes
+
+EXCLUDE = {"nothing": (False, False), "attention sinks": (True, False), "high-norm tokens": (False, True),
+           "sinks and high-norm tokens": (True, True)}
 
 ctx = setup()
 if ctx is None:
@@ -22,28 +26,55 @@ c1, c2, c3, c4 = st.columns(4)
 fusion = c1.selectbox("Head fusion", FUSIONS, key="fusion")
 discard = c2.slider("Discard lowest share", 0.0, 0.95, 0.0, 0.05, key="discard")
 start, end = c3.slider("Layers", 1, L, (1, L), key="layer_range")
-exclude = c4.toggle("Exclude artifact tokens", False, key="exclude",
-                    help=f"High-norm tokens (>10x median): {[int(t) for t in r.artifacts] or 'none'}")
-opacity = st.slider("Opacity", 0.0, 1.0, 0.6, 0.05, key="rollout_opacity")
-settings = AnalysisSettings(fusion=fusion, discard=discard, start_layer=start - 1, end_layer=end, exclude_artifacts=exclude)
+exclude = c4.selectbox("Keep out of rollout", list(EXCLUDE), key="rollout_exclude",
+                       help="Attention sinks: patches receiving a disproportionate share of attention in a layer of "
+                            "the range. High-norm tokens: last-layer output norm > 10x the median (Darcet et al.).")
+exclude_sinks, exclude_artifacts = EXCLUDE[exclude]
+settings = AnalysisSettings(fusion=fusion, discard=discard, start_layer=start - 1, end_layer=end,
+                            exclude_artifacts=exclude_artifacts, exclude_sinks=exclude_sinks)
 result = cached_rollout(ctx.spec, ctx.image.sha256, r, settings)
+plain = cached_rollout(ctx.spec, ctx.image.sha256, r, AnalysisSettings(fusion=fusion, discard=discard,
+                                                                       start_layer=start - 1, end_layer=end))
+sinks = r.sinks.patch_sinks(layout, range(start - 1, end))
+artifacts = np.asarray(r.artifacts, dtype=int) - layout.num_prefix_tokens
+dropped = sorted(set(sinks.tolist() if exclude_sinks else []) | set(artifacts.tolist() if exclude_artifacts else []))
+held = float(plain.map.ravel()[dropped].sum()) if dropped else 0.0
+display = display_controls()
+marked = sinks if display.exclude_sinks else None
 
 left, right = st.columns(2)
 with left:
     depth = st.slider("Show cumulative rollout after layer", start, end, end, key="rollout_depth")
-    shown = result.per_layer[depth - start]
-    st.plotly_chart(attention_overlay(r.model_input, shown, layout, opacity=opacity, name="rollout",
-                                      title=f"rollout, layers {start}–{depth}"), key="rollout_fig")
+    shown = result.per_layer[depth - start][None]
+    title = f"Rollout, layers {start}–{depth} ({fusion} over heads" + (f", discard {discard:.0%})" if discard else ")")
+    rendered, fig = map_figure(r.model_input, shown, layout, display, titles=[""], title=title, sinks=marked,
+                               columns=1, value_name="rollout mass")
+    stem = file_stem("rollout", ctx.image.name, f"layers{start}-{depth}", fusion)
+    show_chart(fig, "rollout_fig", stem)
     st.caption(f"Readout: {result.readout}. Share of the readout's mass on prefix tokens: "
-               + ", ".join(f"{k} {v:.1%}" for k, v in result.prefix_share.items()) + ".")
-    download_row("rollout", {"rollout": result.map, "rollout_per_layer": result.per_layer},
-                 {"image": ctx.image.name, "model": ctx.loaded.card()["spec"], **settings.__dict__,
-                  "readout": result.readout, "prefix_share": result.prefix_share}, overlay(r.model_input, shown, opacity))
+               + ", ".join(f"{k} {v:.1%}" for k, v in result.prefix_share.items()) + ". "
+               + (f"Kept out of rollout: patches {dropped}, which held {held:.1%} of the readout's patch mass "
+                  "without the exclusion. " if dropped else
+                  f"Attention sinks in these layers: patches {sinks.tolist() or 'none'}; "
+                  f"they hold {float(plain.map.ravel()[sinks].sum()):.1%} of the readout's patch mass. ")
+               + rendered.caption())
+    download_row(stem, {"rollout": result.map, "rollout_per_layer": result.per_layer},
+                 display.settings(rendered) | {"image": ctx.image.name, "model": ctx.loaded.card()["spec"],
+                                               "fusion": fusion, "discard": discard,
+                                               "layers (1-based, inclusive)": [start, end], "shown_depth (1-based)": depth,
+                                               "kept_out_patches (0-based)": dropped, "kept_out_mass": held,
+                                               "readout": result.readout, "prefix_share": result.prefix_share},
+                 panel_download(r.model_input, shown, display, [""], title, sinks=marked, columns=1,
+                                value_name="rollout mass"))
 with right:
     query = "cls" if layout.has_class_token else "mean"
-    raw = layer_maps(r.attention, layout, L - 1, query).mean(axis=0)
-    st.plotly_chart(attention_overlay(r.model_input, raw, layout, opacity=opacity, name="attention",
-                                      title=f"last layer, {query} query, mean over heads"), key="raw_fig")
+    raw = layer_maps(r.attention, layout, L - 1, query).mean(axis=0)[None]
+    raw_title = f"Last layer ({L}), {query} query, mean over heads"
+    rendered_raw, fig_raw = map_figure(r.model_input, raw, layout, display, titles=[""], title=raw_title,
+                                       sinks=r.sinks.patch_sinks(layout, [L - 1]) if display.exclude_sinks else None,
+                                       columns=1)
+    show_chart(fig_raw, "raw_fig", file_stem("attention", ctx.image.name, f"layer{L}", query, "meanheads"))
+    st.caption("For comparison: the raw attention of the last layer alone. " + rendered_raw.caption())
 
 st.subheader("Class-specific gradient rollout")
 if not ctx.loaded.has_head:
@@ -54,7 +85,14 @@ else:
     label = st.selectbox("Class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="target")
     target = int(label.split(":")[0])
     grad_map, _ = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, target)
-    st.plotly_chart(attention_overlay(r.model_input, grad_map, layout, opacity=opacity, name="relevance",
-                                      title=f"gradient rollout for class {label}"), key="grad_fig")
-    download_row("gradient_rollout", {"gradient_rollout": grad_map}, {"image": ctx.image.name, "target_class": target,
-                                                                      "model": ctx.loaded.card()["spec"]})
+    grad_title = f"Gradient rollout for class {label}"
+    rendered_grad, fig_grad = map_figure(r.model_input, grad_map[None], layout, display, titles=[""], title=grad_title,
+                                         columns=1, value_name="relevance")
+    stem = file_stem("gradient_rollout", ctx.image.name, f"class{target}")
+    show_chart(fig_grad, "grad_fig", stem)
+    st.caption(rendered_grad.caption())
+    download_row(stem, {"gradient_rollout": grad_map},
+                 display.settings(rendered_grad) | {"image": ctx.image.name, "target_class": target,
+                                                    "model": ctx.loaded.card()["spec"]},
+                 panel_download(r.model_input, grad_map[None], display, [""], grad_title, columns=1,
+                                value_name="relevance"))

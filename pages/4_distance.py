@@ -2,9 +2,10 @@
 import streamlit as st
 
 from ui.cache import cached_image_result
+from ui.charts import file_stem, point_customdata, show_chart
 from ui.downloads import download_row
 from ui.state import setup
-from vitviz.distance import CONVENTION, DistanceResult, conv_receptive_field
+from vitviz.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
 from vitviz.figures import distance_scatter, layer_head_heatmap
 
 ctx = setup()
@@ -23,25 +24,32 @@ if scope.startswith("all"):
         bar.progress((i + 1) / len(ctx.images), text=f"{i + 1} of {len(ctx.images)} images")
     bar.empty()
     summary = DistanceResult.from_per_image(per_image)
-    distance, spread = summary.mean, summary.spread
+    distance, spread = summary.mean, summary.spread if len(per_image) > 1 else None
 else:
     distance, spread = r.distance, None
+uniform = uniform_attention_distance(r.layout)
+names = [im.name for im in ctx.images] if scope.startswith("all") else [ctx.image.name]
+stem = file_stem("mean_distance", names[0] if len(names) == 1 else f"{len(names)}images")
 
 view = st.radio("View", ["depth plot", "layer × head heatmap"], horizontal=True, key="distance_view")
 if view == "depth plot":
-    event = st.plotly_chart(distance_scatter(distance, conv_receptive_field(L), spread), key="distance_plot",
-                            on_select="rerun", selection_mode="points")
-    picked = event.selection.points if event and event.selection else []
-    if picked and "customdata" in picked[0]:
-        layer, head = int(picked[0]["customdata"][0]), int(picked[0]["customdata"][1])
-        if st.button(f"Open layer {layer}, head {head} on the heads page"):
-            st.session_state["heads_layer"] = layer
-            st.session_state["compare_head"] = head
-            st.switch_page("pages/2_heads.py")
+    event = show_chart(distance_scatter(distance, conv_receptive_field(L), spread, uniform, len(names)),
+                       "distance_plot", stem, on_select="rerun", selection_mode="points")
+    points = event.selection.points if event and event.selection else []
+    picked = point_customdata(points[0]) if points else []
+    if len(picked) >= 2:
+        layer, head = int(picked[0]), int(picked[1])
+        st.session_state["heads_layer"] = layer
+        st.session_state["compare_head"] = head
+        st.session_state["opened_from_distance"] = (layer, head)
+        st.switch_page("pages/2_heads.py")
 else:
-    st.plotly_chart(layer_head_heatmap(distance, "mean attention distance", "pixels"), key="distance_heatmap")
-st.caption(f"Convention: {CONVENTION}. Grey dashes: receptive field of a stack of 3x3 stride-1 convolutions "
-           "of the same depth, for comparison.")
-download_row("mean_distance", {"mean_distance": distance} | ({"mean_distance_std": spread} if spread is not None else {}),
-             {"images": [im.name for im in ctx.images] if spread is not None else [ctx.image.name],
-              "model": ctx.loaded.card()["spec"], "convention": CONVENTION})
+    show_chart(layer_head_heatmap(distance, "mean attention distance", "pixels"), "distance_heatmap", stem)
+st.caption(f"Convention: {CONVENTION}. Dotted line: a head attending uniformly to every patch of this "
+           f"{r.layout.grid_size[0]}x{r.layout.grid_size[1]} grid ({uniform:.1f} px). Grey dashes: receptive field "
+           "of a stack of 3x3 stride-1 convolutions of the same depth, for comparison. "
+           + (f"Error bars: ± one standard deviation over the {len(names)} images." if spread is not None else
+              "Pick all images in the set for the spread over images."))
+download_row(stem, {"mean_distance": distance} | ({"mean_distance_std": spread} if spread is not None else {}),
+             {"images": names, "model": ctx.loaded.card()["spec"], "convention": CONVENTION,
+              "uniform_attention_px": uniform, "axes": "mean_distance[layer - 1, head - 1] (0-based arrays)"})

@@ -13,9 +13,14 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
 fi
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
 
+# Explicit if: an assignment from `$( [ ... ] && echo ...)` takes the substitution's status 1
+# when the test is false, and `set -e` then ended the start command silently.
 files=("$root/requirements.txt")
-[ "$want_dev" = "--dev" ] && files+=("$root/requirements-dev.txt")
-stamp="$venv/.vitviz-installed$( [ "$want_dev" = "--dev" ] && echo -dev )"
+stamp="$venv/.vitviz-installed"
+if [ "$want_dev" = "--dev" ]; then
+    files+=("$root/requirements-dev.txt")
+    stamp="$venv/.vitviz-installed-dev"
+fi
 digest="$(cat "${files[@]}" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     echo "Installing vitviz dependencies into $venv (first run takes a few minutes) ..." >&2

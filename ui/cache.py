@@ -12,7 +12,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
-from vitviz.analysis import AnalysisSettings
+from vitviz.analysis import AnalysisSettings, excluded_tokens
 from vitviz.capture import capture
 from vitviz.distance import mean_attention_distance
 from vitviz.images import preprocess
@@ -20,7 +20,7 @@ from vitviz.layout import TokenLayout
 from vitviz.maps import head_scores
 from vitviz.models import ModelSpec, load_model
 from vitviz.rollout import attention_gradients, gradient_rollout, rollout
-from vitviz.tokens import artifact_tokens, feature_pca_rgb, top_classes
+from vitviz.tokens import AttentionSinks, artifact_tokens, attention_sinks, feature_pca_rgb, top_classes
 
 
 @st.cache_resource(show_spinner="Loading the model ...", max_entries=3)
@@ -41,6 +41,7 @@ class ImageResult:
     artifacts: np.ndarray        # token indices, last layer >10x median norm
     distance: np.ndarray         # (L, H) mean attention distance, pixels
     head_scores: dict            # name -> (L, H): entropy, cls_focus, distance (for ranking heads)
+    sinks: AttentionSinks        # tokens receiving a disproportionate share of attention, per layer
 
 
 # A resource, not data: st.cache_data would unpickle a copy of the attention (19 MB for the
@@ -58,12 +59,13 @@ def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> Im
         logits=None if out.logits is None else out.logits[0].numpy(), model_input=batch.images[0],
         layout=out.layout, artifacts=artifact_tokens(norms[-1], out.layout),
         distance=distance, head_scores=head_scores(attention, out.layout, distance),
+        sinks=attention_sinks(attention, out.layout),
     )
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def cached_rollout(spec: ModelSpec, sha256: str, _result: ImageResult, settings: AnalysisSettings):
-    exclude = tuple(int(t) for t in _result.artifacts) if settings.exclude_artifacts else ()
+    exclude = excluded_tokens(settings, _result.artifacts, _result.sinks, _result.layout)
     return rollout(_result.attention, _result.layout, fusion=settings.fusion, discard=settings.discard,
                    start=settings.start_layer, end=settings.end_layer, exclude_tokens=exclude)
 

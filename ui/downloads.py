@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+from typing import Callable
 
 import numpy as np
 import streamlit as st
@@ -21,10 +22,12 @@ def png_bytes(image: Image.Image) -> bytes:
     return buf.getvalue()
 
 
-def download_row(name: str, arrays: dict[str, np.ndarray], settings: dict, png: Image.Image | None = None) -> None:
-    """Buttons under a figure. Plotly's own toolbar also saves any chart as PNG.
+def download_row(name: str, arrays: dict[str, np.ndarray], settings: dict,
+                 png: Image.Image | Callable[[], Image.Image] | None = None) -> None:
+    """Buttons under a figure, files named ``name.*``. Plotly's own toolbar also saves any chart as PNG.
 
-    The files are built only when a button is clicked (deferred data), not on every rerun.
+    The files are built only when a button is clicked (deferred data), not on every rerun;
+    ``png`` may be a function returning the image.
     """
     cols = st.columns(3)
     cols[0].download_button("Data (npz)", lambda: npz_bytes(arrays), f"{name}.npz", "application/octet-stream",
@@ -32,4 +35,4 @@ def download_row(name: str, arrays: dict[str, np.ndarray], settings: dict, png: 
     cols[1].download_button("Settings (json)", lambda: json.dumps(settings, indent=2, default=str), f"{name}.json",
                             "application/json", key=f"json-{name}")
     if png is not None:
-        cols[2].download_button("Image (png)", lambda: png_bytes(png), f"{name}.png", "image/png", key=f"png-{name}")
+        cols[2].download_button("Image (png)", lambda: png_bytes(png() if callable(png) else png), f"{name}.png", "image/png", key=f"png-{name}")

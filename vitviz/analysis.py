@@ -19,7 +19,7 @@ from .layout import TokenLayout
 from .models import LoadedModel
 from .posembed import patch_position_embeddings, position_embedding_similarity
 from .rollout import attention_gradients, gradient_rollout, rollout
-from .tokens import artifact_tokens
+from .tokens import AttentionSinks, artifact_tokens, attention_sinks
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class AnalysisSettings:
         discard: fraction of the lowest weights zeroed per layer in rollout.
         start_layer, end_layer: rollout layer range [start, end); None = the last layer.
         exclude_artifacts: keep high-norm artifact tokens (last layer, >10x median) out of rollout.
+        exclude_sinks: keep patch attention sinks (any layer of the range) out of rollout.
         target_class: class for gradient rollout; None = each image's top-1.
         batch_size: images per forward pass.
     """
@@ -40,6 +41,7 @@ class AnalysisSettings:
     start_layer: int = 0
     end_layer: int | None = None
     exclude_artifacts: bool = False
+    exclude_sinks: bool = False
     target_class: int | None = None
     batch_size: int = 8
 
@@ -61,6 +63,16 @@ class Analysis:
     layout: TokenLayout
 
 
+def excluded_tokens(settings: AnalysisSettings, artifacts: np.ndarray, sinks: AttentionSinks,
+                     layout: TokenLayout) -> tuple[int, ...]:
+    """Token indices kept out of rollout by the settings: artifacts and/or patch sinks of the layer range."""
+    tokens = set(artifacts.tolist()) if settings.exclude_artifacts else set()
+    if settings.exclude_sinks:
+        layers = range(settings.start_layer, settings.end_layer or len(sinks.sinks))
+        tokens |= {int(p) + layout.num_prefix_tokens for p in sinks.patch_sinks(layout, layers)}
+    return tuple(sorted(tokens))
+
+
 def analyze_images(loaded: LoadedModel, images: list[Image.Image],
                    settings: AnalysisSettings = AnalysisSettings()) -> Analysis:
     """Capture B RGB images once and run every analysis on the result."""
@@ -80,9 +92,10 @@ def analyze_images(loaded: LoadedModel, images: list[Image.Image],
         arrays["logits"] = torch.cat([p.logits for p in parts]).numpy()
 
     artifacts = [artifact_tokens(n[-1], layout) for n in norms]
+    sinks = [attention_sinks(a, layout) for a in attention]
     rollouts = [rollout(a, layout, fusion=settings.fusion, discard=settings.discard, start=settings.start_layer,
-                        end=settings.end_layer, exclude_tokens=tuple(art) if settings.exclude_artifacts else ())
-                for a, art in zip(attention, artifacts)]
+                        end=settings.end_layer, exclude_tokens=excluded_tokens(settings, art, sink, layout))
+                for a, art, sink in zip(attention, artifacts, sinks)]
     arrays["rollout"] = np.stack([r.map for r in rollouts])
     arrays["rollout_per_layer"] = np.stack([r.per_layer for r in rollouts])
     arrays["mean_distance_per_image"] = mean_attention_distance(attention, layout)
@@ -92,6 +105,7 @@ def analyze_images(loaded: LoadedModel, images: list[Image.Image],
         "settings": asdict(settings),
         "token_layout": layout.to_dict(),
         "artifact_tokens": [a.tolist() for a in artifacts],
+        "attention_sinks_per_layer": [[s.tolist() for s in sink.sinks] for sink in sinks],
         "rollout": {"layers": list(rollouts[0].layers), "readout": rollouts[0].readout,
                     "prefix_share": [r.prefix_share for r in rollouts],
                     "definition": "per layer: fuse heads, discard lowest fraction (never the readout column), "

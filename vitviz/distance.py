@@ -98,3 +98,11 @@ def stream_mean_attention_distance(model, batches: Iterable[torch.Tensor], layou
 def conv_receptive_field(depth: int, kernel: int = 3) -> np.ndarray:
     """Receptive field width in pixels after 1..depth stacked stride-1 k x k convolutions: 1 + (k-1) l."""
     return 1 + (kernel - 1) * np.arange(1, depth + 1)
+
+
+def uniform_attention_distance(layout: TokenLayout) -> float:
+    """Mean attention distance of a head that attends uniformly to every patch: the grid's reference line.
+
+    116.5 px for a 14x14 grid of 16 px patches; a head above it looks farther than uniform.
+    """
+    return float(patch_distances(layout).mean())

@@ -13,7 +13,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from PIL import Image
 
+from .colour import ColourScale, reference_stops
 from .layout import TokenLayout
+from .overlay import colour_bar_ticks
 
 AXES_OFF = dict(visible=False)
 
@@ -25,64 +27,65 @@ def image_data_uri(image: Image.Image, fmt: str = "PNG") -> str:
     return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _map_trace(grid_map, layout: TokenLayout, opacity: float, colorscale: str, zmin=None, zmax=None,
-               showscale=True, name="attention") -> go.Heatmap:
+def _hover_trace(grid_map: np.ndarray, layout: TokenLayout, value_name: str) -> go.Heatmap:
+    """An invisible heatmap over the tile: hover names the token and its value; tests read ``z``."""
     ph, pw = layout.patch_size
     rows, cols = np.indices(grid_map.shape)
+    token = rows * grid_map.shape[1] + cols + layout.num_prefix_tokens
     return go.Heatmap(
-        z=np.asarray(grid_map, dtype=np.float32), x0=pw / 2, dx=pw, y0=ph / 2, dy=ph, opacity=opacity,
-        colorscale=colorscale, zmin=zmin, zmax=zmax, showscale=showscale, name=name,
-        colorbar=dict(title=name, thickness=12),
-        customdata=np.stack([rows, cols, rows * grid_map.shape[1] + cols], axis=-1),
-        hovertemplate="patch %{customdata[2]} (row %{customdata[0]}, col %{customdata[1]})<br>"
-                      + name + " %{z:.4f}<extra></extra>",
+        z=np.asarray(grid_map, dtype=np.float32), x0=pw / 2, dx=pw, y0=ph / 2, dy=ph, opacity=0,
+        showscale=False, name=value_name, hoverongaps=False,
+        customdata=np.stack([token, rows + 1, cols + 1], axis=-1),
+        hovertemplate="token %{customdata[0]} · patch row %{customdata[1]}, col %{customdata[2]}<br>"
+                      + value_name + " %{z:.4g}<extra></extra>",
     )
 
 
-def _patch_box(layout: TokenLayout, patch: int, colour: str = "cyan") -> dict:
-    gh, gw = layout.grid_size
-    ph, pw = layout.patch_size
-    r, c = divmod(int(patch), gw)
-    return dict(type="rect", x0=c * pw, x1=(c + 1) * pw, y0=r * ph, y1=(r + 1) * ph,
-                line=dict(color=colour, width=2))
+def colour_bar_trace(scale: ColourScale, cmap: str, title: str, *, relative: bool = False) -> go.Scatter:
+    """A trace that draws only a colour bar: exactly ``cmap``'s reference stops, ticks for ``scale``.
 
-
-def attention_overlay(image: Image.Image, grid_map: np.ndarray, layout: TokenLayout, *, opacity: float = 0.6,
-                      colorscale: str = "Inferno", title: str = "", mask: np.ndarray | None = None,
-                      highlight: int | None = None, name: str = "attention", zmin=None, zmax=None) -> go.Figure:
-    """A (gh, gw) map drawn over the model-input image, one cell per patch.
-
-    mask: (gh, gw) bool; cells outside it are left transparent. highlight: a patch index to outline.
+    relative: the bar spans 0..1 of each tile's own scale top (per-tile scales share one bar).
     """
-    shown = np.where(mask, grid_map, np.nan) if mask is not None else grid_map
-    fig = go.Figure(go.Image(source=image_data_uri(image, "JPEG")))
-    fig.add_trace(_map_trace(shown, layout, opacity, colorscale, zmin, zmax, name=name))
-    if highlight is not None:
-        fig.add_shape(_patch_box(layout, highlight))
-    fig.update_layout(title=title, margin=dict(l=0, r=0, t=30 if title else 0, b=0),
-                      xaxis=AXES_OFF, yaxis=dict(visible=False, scaleanchor="x"))
-    return fig
+    lo, hi = (0.0, 1.0) if relative else (scale.lo, scale.hi)
+    ticks = colour_bar_ticks(scale, relative)
+    return go.Scatter(
+        x=[None], y=[None], mode="markers", showlegend=False, hoverinfo="skip",
+        marker=dict(colorscale=reference_stops(cmap), cmin=lo, cmax=hi, color=[lo], showscale=True,
+                    colorbar=dict(title=dict(text=title, side="right"), thickness=14, len=0.9,
+                                  tickvals=[lo + p * (hi - lo) for p, _ in ticks], ticktext=[t for _, t in ticks])),
+    )
 
 
-def overlay_grid(image: Image.Image, maps: np.ndarray, layout: TokenLayout, titles: list[str], *,
-                 columns: int = 3, opacity: float = 0.6, colorscale: str = "Inferno",
-                 masks: np.ndarray | None = None, highlight: int | None = None, shared_scale: bool = False) -> go.Figure:
-    """Several (gh, gw) maps, e.g. every head of a layer, each over the image. maps: (k, gh, gw)."""
-    k = len(maps)
+def map_panel(tiles: list[Image.Image], maps: np.ndarray, scales: list[ColourScale], titles: list[str],
+              layout: TokenLayout, *, cmap: str, value_name: str, columns: int, tile_px: int = 240,
+              title: str = "") -> go.Figure:
+    """Finished tiles (see :func:`vitviz.overlay.render_overlay`) in a grid with one colour bar.
+
+    tiles: k images of the model-input size; maps: (k, gh, gw) their values (for hover);
+    scales: one per tile, all equal when the tiles share a scale.
+    """
+    k = len(tiles)
+    columns = min(columns, k)
     rows = -(-k // columns)
-    fig = make_subplots(rows=rows, cols=columns, subplot_titles=titles, horizontal_spacing=0.02, vertical_spacing=0.06)
-    uri = image_data_uri(image, "JPEG")
-    zmin, zmax = (float(np.min(maps)), float(np.max(maps))) if shared_scale else (None, None)
-    for i, grid_map in enumerate(maps):
+    shared = all(s == scales[0] for s in scales)
+    fig = make_subplots(rows=rows, cols=columns, subplot_titles=titles, horizontal_spacing=0.012,
+                        vertical_spacing=0.05 / max(rows - 1, 1) if rows > 1 else 0)
+    for i, (tile, grid_map) in enumerate(zip(tiles, maps)):
         r, c = divmod(i, columns)
-        shown = np.where(masks[i], grid_map, np.nan) if masks is not None else grid_map
-        fig.add_trace(go.Image(source=uri), row=r + 1, col=c + 1)
-        fig.add_trace(_map_trace(shown, layout, opacity, colorscale, zmin, zmax, showscale=False), row=r + 1, col=c + 1)
-        if highlight is not None:
-            fig.add_shape(_patch_box(layout, highlight), row=r + 1, col=c + 1)
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False, autorange="reversed")
-    fig.update_layout(height=260 * rows, margin=dict(l=0, r=0, t=30, b=0))
+        fig.add_trace(go.Image(source=image_data_uri(tile, "JPEG"), hoverinfo="skip"), row=r + 1, col=c + 1)
+        fig.add_trace(_hover_trace(grid_map, layout, value_name), row=r + 1, col=c + 1)
+    bar_title = value_name if shared else f"{value_name} / tile's top"
+    fig.add_trace(colour_bar_trace(scales[0], cmap, bar_title, relative=not shared), row=1, col=1)
+    fig.update_xaxes(visible=False, range=[0, tiles[0].width])
+    fig.update_yaxes(visible=False, range=[tiles[0].height, 0], scaleanchor="x")
+    for i in range(k):
+        axis = "" if i == 0 else str(i + 1)
+        fig.layout[f"yaxis{axis}"].scaleanchor = f"x{axis}"
+    fig.update_annotations(font_size=12)
+    top = 50 if title else 24
+    fig.update_layout(title=dict(text=title, font_size=14, x=0, y=0.995, yanchor="top"),
+                      height=rows * (tile_px + 22) + top, margin=dict(l=0, r=0, t=top, b=0),
+                      plot_bgcolor="white", paper_bgcolor="white", font_color="black")
     return fig
 
 
@@ -119,42 +122,54 @@ def rgb_image(array: np.ndarray | Image.Image, title: str = "", scale: int = 1) 
     return fig
 
 
-def token_norm_map(norms: np.ndarray, layout: TokenLayout, artifacts: np.ndarray) -> go.Figure:
-    """Output-token norms of the patches as a (gh, gw) heatmap; artifact tokens marked with x."""
-    grid = layout.to_grid(norms[layout.patch_slice])
-    fig = go.Figure(go.Heatmap(z=grid.astype(np.float32), colorscale="Viridis", colorbar=dict(title="norm"),
-                               hovertemplate="row %{y}, col %{x}<br>norm %{z:.1f}<extra></extra>"))
-    if len(artifacts):
-        p = np.asarray(artifacts) - layout.num_prefix_tokens
-        fig.add_trace(go.Scatter(x=p % layout.grid_size[1], y=p // layout.grid_size[1], mode="markers",
-                                 marker=dict(symbol="x", size=12, color="red"), name="artifact (>10x median)",
-                                 hovertemplate="artifact token %{text}<extra></extra>", text=[str(t) for t in artifacts]))
-    fig.update_layout(margin=dict(l=0, r=0, t=0, b=0), yaxis=dict(autorange="reversed", scaleanchor="x"),
-                      legend=dict(orientation="h"))
-    return fig
-
-
 def distance_scatter(distance: np.ndarray, receptive_field: np.ndarray | None = None,
-                     spread: np.ndarray | None = None) -> go.Figure:
+                     spread: np.ndarray | None = None, uniform: float | None = None,
+                     n_images: int = 1) -> go.Figure:
     """ViT paper Fig. 7 right: network depth on x, mean attention distance on y, one dot per head.
 
-    distance: (L, H) pixels; receptive_field: (L,) pixels; spread: (L, H) std over images (hover).
+    distance: (L, H) pixels; receptive_field: (L,) pixels; spread: (L, H) std over images, drawn
+    as error bars; uniform: the distance of uniform attention on this grid (a reference line).
+    Every point's customdata is [layer (1-based), head (1-based)], for click handling.
     """
     L, H = distance.shape
-    layers, heads = np.meshgrid(np.arange(1, L + 1), np.arange(1, H + 1), indexing="ij")
-    custom = np.stack([layers.ravel(), heads.ravel()] + ([spread.ravel()] if spread is not None else []), -1)
-    hover = "layer %{customdata[0]}, head %{customdata[1]}<br>%{y:.1f} px"
-    if spread is not None:
-        hover += " (std over images %{customdata[2]:.1f})"
-    fig = go.Figure(go.Scatter(x=layers.ravel(), y=distance.ravel(), mode="markers", name="heads",
-                               marker=dict(color=heads.ravel(), colorscale="Viridis", size=9),
-                               customdata=custom, hovertemplate=hover + "<extra></extra>"))
+    colours = qualitative_colours(H)
+    fig = go.Figure()
+    for h in range(H):
+        layers = np.arange(1, L + 1)
+        x = layers + (h - (H - 1) / 2) * min(0.6 / H, 0.08)  # a small offset so heads do not hide each other
+        custom = np.stack([layers, np.full(L, h + 1)] + ([spread[:, h]] if spread is not None else []), -1)
+        hover = "layer %{customdata[0]}, head %{customdata[1]}<br>%{y:.1f} px"
+        if spread is not None:
+            hover += f" (± %{{customdata[2]:.1f}} std over {n_images} images)"
+        fig.add_trace(go.Scatter(
+            x=x, y=distance[:, h], mode="markers", name=f"head {h + 1}", customdata=custom,
+            marker=dict(color=colours[h], size=10, line=dict(color="white", width=0.5)),
+            error_y=dict(type="data", array=spread[:, h], thickness=1, width=2, color=colours[h])
+            if spread is not None else None,
+            hovertemplate=hover + "<extra></extra>"))
+    if uniform is not None:
+        fig.add_trace(go.Scatter(x=[0.5, L + 0.5], y=[uniform, uniform], mode="lines", hoverinfo="skip",
+                                 name=f"uniform attention on this grid ({uniform:.0f} px)",
+                                 line=dict(color="black", dash="dot", width=1.5)))
     if receptive_field is not None:
-        fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=receptive_field, mode="lines", name="3x3 conv stack receptive field",
-                                 line=dict(color="grey", dash="dash")))
-    fig.update_layout(xaxis_title="network depth (layer)", yaxis_title="mean attention distance (pixels)",
-                      legend=dict(orientation="h"), margin=dict(l=0, r=0, t=10, b=0))
+        fig.add_trace(go.Scatter(x=np.arange(1, L + 1), y=receptive_field, mode="lines", hoverinfo="skip",
+                                 name="3x3 conv stack receptive field", line=dict(color="grey", dash="dash")))
+    fig.update_layout(xaxis=dict(title="network depth (layer)", tickmode="linear", dtick=1, range=[0.5, L + 0.5]),
+                      yaxis=dict(title="mean attention distance (pixels)", rangemode="tozero"),
+                      legend=dict(title="click a dot to open that head", orientation="v"), height=460,
+                      margin=dict(l=70, r=10, t=10, b=50), plot_bgcolor="white", paper_bgcolor="white",
+                      font_color="black", clickmode="event+select")
+    fig.update_xaxes(showgrid=False, linecolor="black", ticks="outside")
+    fig.update_yaxes(gridcolor="#e5e5e5", linecolor="black", ticks="outside")
     return fig
+
+
+def qualitative_colours(n: int) -> list[str]:
+    """n distinguishable colours for categories (heads): Plotly's D3 / Alphabet palettes."""
+    from plotly.colors import qualitative
+
+    palette = qualitative.D3 if n <= 10 else qualitative.Alphabet
+    return [palette[i % len(palette)] for i in range(n)]
 
 
 def layer_head_heatmap(values: np.ndarray, title: str, colorbar: str) -> go.Figure:
@@ -164,14 +179,14 @@ def layer_head_heatmap(values: np.ndarray, title: str, colorbar: str) -> go.Figu
                                colorscale="Viridis", colorbar=dict(title=colorbar),
                                hovertemplate="layer %{y}, head %{x}<br>%{z:.2f}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="head", yaxis_title="layer", yaxis=dict(autorange="reversed"),
-                      margin=dict(l=0, r=0, t=30, b=0))
+                      margin=dict(l=60, r=10, t=30, b=50))
     return fig
 
 
 def bars(values: np.ndarray, title: str, x_title: str, y_title: str, labels=None) -> go.Figure:
     x = labels if labels is not None else np.arange(1, len(values) + 1)
     fig = go.Figure(go.Bar(x=x, y=values))
-    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, margin=dict(l=0, r=0, t=30, b=0))
+    fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, margin=dict(l=60, r=10, t=30, b=50))
     return fig
 
 
@@ -272,7 +287,13 @@ def labelled_tile_image(tiles: np.ndarray, labels: list[str], title: str, *, col
     tiles = tiles if tiles.dtype == np.uint8 else np.round(np.clip(tiles, 0, 1) * 255).astype(np.uint8)
     k, h, w, _ = tiles.shape
     th, tw = tile_px, round(tile_px * w / h)
-    font, title_font = ImageFont.load_default(size=font_size), ImageFont.load_default(size=font_size + 3)
+    def font_of(size):  # DejaVu has × and –, Pillow's built-in font does not
+        try:
+            return ImageFont.truetype("DejaVuSans.ttf", size)
+        except OSError:
+            return ImageFont.load_default(size=size)
+
+    font, title_font = font_of(font_size), font_of(font_size + 2)
     label_h, head = font_size + 8, font_size + 18
     rows = -(-k // columns)
     width = max(columns * (tw + gap) + gap, int(title_font.getlength(title)) + 2 * gap)

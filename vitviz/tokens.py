@@ -1,6 +1,7 @@
 """Token diagnostics: output-token norms, high-norm artifact tokens, feature PCA, top classes."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -8,6 +9,35 @@ import numpy as np
 from .layout import TokenLayout
 
 ARTIFACT_FACTOR = 10.0
+SINK_Z = 8.0
+SINK_MIN_SHARE = 10.0
+
+
+@dataclass
+class AttentionSinks:
+    """Tokens that receive a disproportionate share of attention, per layer.
+
+    Attributes:
+        received: (L, N) mean share of a query's attention that each token receives
+            (mean over heads and all queries; each layer's row sums to 1).
+        z: (L, N) robust z-score of ``received`` against the patch tokens of that layer
+            ((x - median) / (1.4826 * MAD)).
+        sinks: per layer, sorted token indices (full sequence) flagged as sinks.
+    """
+
+    received: np.ndarray
+    z: np.ndarray
+    sinks: list[np.ndarray]
+
+    def patch_sinks(self, layout: TokenLayout, layers=None) -> np.ndarray:
+        """Sink patches (raster indices over the grid) in any of ``layers`` (default all)."""
+        picked = range(len(self.sinks)) if layers is None else layers
+        tokens = np.unique(np.concatenate([self.sinks[layer] for layer in picked] + [np.zeros(0, int)]))
+        return (tokens[tokens >= layout.num_prefix_tokens] - layout.num_prefix_tokens).astype(int)
+
+    def share(self, layer: int, tokens) -> float:
+        """The share of all attention in ``layer`` that ``tokens`` (full-sequence indices) receive."""
+        return float(self.received[layer, list(tokens)].sum()) if len(tokens) else 0.0
 
 
 def artifact_tokens(norms: np.ndarray, layout: TokenLayout, factor: float = ARTIFACT_FACTOR) -> np.ndarray:
@@ -17,6 +47,26 @@ def artifact_tokens(norms: np.ndarray, layout: TokenLayout, factor: float = ARTI
     """
     patch = norms[layout.patch_slice]
     return np.flatnonzero(patch > factor * np.median(patch)) + layout.num_prefix_tokens
+
+
+def attention_sinks(attention: np.ndarray, layout: TokenLayout, z_threshold: float = SINK_Z,
+                    min_share: float = SINK_MIN_SHARE) -> AttentionSinks:
+    """Attention sinks: tokens receiving far more attention than a typical patch, layer by layer.
+
+    A token is a sink in a layer when its received share is a robust outlier among the patch
+    tokens (z > ``z_threshold``) and at least ``min_share`` times the uniform share 1/N. Prefix
+    tokens (CLS, registers) are scored against the same patch statistics. High-norm tokens
+    (:func:`artifact_tokens`) are one cause; sinks are what actually distorts maps.
+
+    attention: (L, H, N, N) -> :class:`AttentionSinks`.
+    """
+    received = attention.astype(np.float64).mean(axis=(1, 2))  # (L, N): mean over heads and queries
+    patch = received[:, layout.patch_slice]
+    median = np.median(patch, axis=1, keepdims=True)
+    mad = 1.4826 * np.median(np.abs(patch - median), axis=1, keepdims=True)
+    z = (received - median) / np.maximum(mad, 1e-12)
+    flagged = (z > z_threshold) & (received > min_share / layout.num_tokens)
+    return AttentionSinks(received=received, z=z, sinks=[np.flatnonzero(row) for row in flagged])
 
 
 def feature_pca_rgb(features: np.ndarray, layout: TokenLayout) -> np.ndarray:

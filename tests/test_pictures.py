@@ -1,0 +1,175 @@
+"""What the user sees: exact colour maps, robust colour scales, attention sinks, click payloads, figures sent."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vitviz.colour import ColourScale, colour_scale, colourise, lookup_table, reference_stops
+from vitviz.distance import uniform_attention_distance
+from vitviz.layout import TokenLayout
+from vitviz.overlay import colour_bar_ticks, render_maps, render_overlay
+from vitviz.tokens import attention_sinks
+
+LAYOUT = TokenLayout(("cls",), (16, 16), (14, 14), "token", 1)
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def _rgb(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text[text.index("(") + 1:-1].split(","))
+
+
+def test_inferno_reference_stops_start_at_its_true_black_not_a_theme_colour():
+    stops = reference_stops("Inferno")
+    assert stops[0] == [0.0, "rgb(0, 0, 4)"] and stops[-1][0] == 1.0
+    lut = lookup_table("Inferno")
+    assert tuple(lut[0]) == (0, 0, 4) and tuple(lut[-1]) == _rgb(stops[-1][1])
+    # Lightness (sum of RGB) rises monotonically along Inferno: a swapped low stop would break it.
+    assert np.all(np.diff(lut.astype(int).sum(1)) >= -1)
+
+
+def test_colourise_maps_scale_ends_to_the_first_and_last_stop():
+    scale = ColourScale(0.0, 2.0)
+    out = colourise(np.array([[0.0, 2.0, 5.0]]), scale, "Viridis")
+    stops = reference_stops("Viridis")
+    assert tuple(out[0, 0]) == _rgb(stops[0][1])
+    assert tuple(out[0, 1]) == tuple(out[0, 2]) == _rgb(stops[-1][1])  # 5 is clipped to the top colour
+
+
+def test_robust_scale_top_is_the_99th_percentile_not_the_hot_patch():
+    rng = np.random.default_rng(0)
+    maps = rng.uniform(0, 0.01, size=(2, 16, 16))
+    maps[0, 3, 4] = 0.5  # one hot patch, 50x the rest
+    scales = colour_scale(maps, "robust per head")
+    assert scales[0].hi == pytest.approx(np.percentile(maps[0], 99))
+    assert scales[0].hi < 0.02 and scales[0].above(maps[0])[3, 4]
+    assert colour_scale(maps, "full range per map")[0].hi == pytest.approx(0.5)
+    shared = colour_scale(maps, "shared across heads")
+    assert shared[0] is shared[1] and shared[0].hi == pytest.approx(np.percentile(maps, 99))
+
+
+def test_query_patch_self_attention_sets_no_limit():
+    maps = np.full((1, 16, 16), 0.001)
+    maps[0, 0, :8] = 0.004
+    maps[0, 5, 5] = 0.9  # the query attending to itself
+    query = 5 * 16 + 5
+    rendered = render_maps(Image.new("RGB", (224, 224)), maps, scale_mode="full range per map", query=query)
+    assert rendered.scales[0].hi == pytest.approx(0.004)
+    assert query in rendered.excluded and query not in rendered.clipped[0]
+
+
+def test_log_scale_spans_the_positive_values_and_ticks_are_inside():
+    maps = np.geomspace(1e-4, 1e-1, 256).reshape(1, 16, 16)
+    scale = colour_scale(maps, "log")[0]
+    assert scale.log and -4.1 < scale.lo < -3.9 and -1.1 < scale.hi < -0.9
+    ticks = colour_bar_ticks(scale)
+    assert len(ticks) >= 3 and all(0 <= p <= 1 for p, _ in ticks)
+
+
+def test_heatmap_overlay_at_full_opacity_shows_the_colour_map_exactly():
+    grid = np.zeros((16, 16))
+    grid[0, 0] = 1.0
+    tile = np.asarray(render_overlay(Image.new("RGB", (224, 224), "white"), grid, ColourScale(0.0, 1.0),
+                                     cmap="Inferno", style="heatmap", opacity=1.0))
+    assert tuple(tile[7, 7]) == tuple(lookup_table("Inferno")[-1])
+    assert tuple(tile[100, 100]) == (0, 0, 4)
+
+
+def test_transparent_where_low_leaves_the_image_where_the_map_is_zero():
+    grid = np.zeros((16, 16))
+    grid[8, 8] = 1.0
+    tile = np.asarray(render_overlay(Image.new("RGB", (224, 224), (200, 100, 50)), grid, ColourScale(0.0, 1.0)))
+    assert tuple(tile[5, 5]) == (200, 100, 50)
+    assert tuple(tile[8 * 14 + 7, 8 * 14 + 7]) != (200, 100, 50)
+
+
+def _attention_with_sink(sink_token: int, layers: int = 3, heads: int = 2, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    N = LAYOUT.num_tokens
+    a = rng.uniform(0.5, 1.5, size=(layers, heads, N, N))
+    a[1, :, :, sink_token] += 60.0  # layer 2: every query pours attention into one token
+    return a / a.sum(-1, keepdims=True)
+
+
+def test_sink_detection_finds_the_planted_sink_in_its_layer_only():
+    sink = LAYOUT.num_prefix_tokens + 37
+    found = attention_sinks(_attention_with_sink(sink), LAYOUT)
+    assert found.sinks[1].tolist() == [sink]
+    assert found.sinks[0].size == 0 and found.sinks[2].size == 0
+    assert found.patch_sinks(LAYOUT).tolist() == [37]
+    assert found.share(1, [sink]) == pytest.approx(found.received[1, sink]) and found.share(1, [sink]) > 0.15
+    np.testing.assert_allclose(found.received.sum(1), 1.0)
+
+
+def test_uniform_attention_distance_is_the_papers_116_5_px_on_14x14_patch_16():
+    layout = TokenLayout(("cls",), (14, 14), (16, 16), "token", 1)
+    assert uniform_attention_distance(layout) == pytest.approx(116.5, abs=0.1)
+
+
+def test_clicked_point_customdata_is_read_from_a_dict_or_a_list():
+    from ui.charts import point_customdata
+
+    assert point_customdata({"customdata": {"0": 7, "1": 3, "10": 9, "2": 1.5}}) == [7, 3, 1.5, 9]
+    assert point_customdata({"customdata": [7, 3]}) == [7, 3]
+    assert point_customdata({"x": 1}) == []
+
+
+def test_file_names_say_what_the_figure_is():
+    from ui.charts import file_stem
+
+    assert file_stem("heads", "my photo.JPG", "layer12", "cls") == "heads_myphoto_layer12_cls"
+
+
+# ---------------------------------------------------------------- the figures the app sends (AppTest)
+
+def _chart(at, key):
+    return next(c for c in at.get("plotly_chart") if key in (c.proto.id or ""))
+
+
+def _page(page):
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=240).run()
+    if page:
+        at.switch_page(page).run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", ["pages/1_overview.py", "pages/2_heads.py", "pages/3_rollout.py",
+                                  "pages/4_distance.py"])
+def test_every_chart_is_sent_without_the_streamlit_theme_and_with_exact_stops(bundled, page):
+    at = _page(page)
+    charts = at.get("plotly_chart")
+    assert charts
+    for chart in charts:
+        assert chart.proto.theme == "", f"{chart.proto.id} is drawn with the Streamlit theme, which swaps colours"
+        for trace in json.loads(chart.proto.spec)["data"]:
+            marker = trace.get("marker") or {}
+            if marker.get("showscale"):
+                name = "Inferno" if "rgb(0, 0, 4)" in str(marker["colorscale"]) else "Viridis"
+                assert [[p, c] for p, c in marker["colorscale"]] == reference_stops(name)
+
+
+@pytest.mark.slow
+def test_heads_grid_top_colour_is_each_maps_99th_percentile(bundled):
+    from vitviz.capture import capture
+    from vitviz.images import load_image, preprocess
+    from vitviz.maps import layer_maps
+
+    at = _page("pages/2_heads.py")
+    spec = json.loads(_chart(at, "heads_grid").proto.spec)
+    tops = [float(a["text"].split("top ")[1].split("<")[0]) for a in spec["layout"]["annotations"] if "top " in a["text"]]
+    batch = preprocess([load_image(Path(APP).parent / "assets" / "astronaut.jpg").image], bundled.data_config)
+    out = capture(bundled.model, batch.tensor)
+    attention, layout = out.attention[0].numpy(), out.layout
+    maps = layer_maps(attention, layout, attention.shape[0] - 1, "cls")
+    sinks = attention_sinks(attention, layout).patch_sinks(layout, [attention.shape[0] - 1])
+    keep = np.ones(layout.num_patches, bool)
+    keep[sinks] = False
+    expected = [np.percentile(m.ravel()[keep], 99) for m in maps]
+    assert len(tops) == len(maps)
+    np.testing.assert_allclose(tops, expected, rtol=2e-3)  # titles print 3 significant digits
+    assert all(t < m.max() for t, m in zip(tops, maps))

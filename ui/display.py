@@ -1,0 +1,95 @@
+"""How maps look, chosen once per page: colour map, colour scale, overlay style, opacity, sinks.
+
+The page asks :func:`display_controls` for the user's choices, then :func:`map_figure` for the
+figure and :func:`panel_download` for the matching publication PNG (built only on click).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import streamlit as st
+from PIL import Image
+
+from vitviz.colour import SCALE_MODES, SEQUENTIAL
+from vitviz.figures import map_panel
+from vitviz.layout import TokenLayout
+from vitviz.overlay import OVERLAY_STYLES, RenderedMaps, colour_bar, panel_png, render_maps
+
+TILE_PX = 230
+SINGLE_TILE_PX = 400
+VALUE_NAME = "attention weight"
+
+
+@dataclass(frozen=True)
+class Display:
+    cmap: str = "Inferno"
+    scale_mode: str = SCALE_MODES[0]
+    style: str = OVERLAY_STYLES[0]
+    opacity: float = 0.8
+    smooth: bool = False
+    exclude_sinks: bool = True
+
+    def settings(self, rendered: RenderedMaps) -> dict:
+        """What the settings JSON records about the picture: display choices and the colour scales used."""
+        return {"display": asdict(self), "colour_scales": [s.to_dict() for s in rendered.scales],
+                "clipped_patches": [c.tolist() for c in rendered.clipped],
+                "patches_setting_no_limit": rendered.excluded.tolist(), "patch_indices": "0-based raster order"}
+
+
+def display_controls(prefix: str = "") -> Display:
+    """The display choices, in an expander (shared keys, so a choice holds across pages)."""
+    with st.expander("Display", expanded=False):
+        cmap = st.selectbox("Colour map", SEQUENTIAL, key=f"{prefix}cmap")
+        scale_mode = st.selectbox("Colour scale", SCALE_MODES, key=f"{prefix}scale_mode",
+                                  help="robust: the 99th percentile sets the top colour, so one hot patch cannot "
+                                       "flatten the rest; clipped patches are outlined in cyan")
+        style = st.selectbox("Overlay", OVERLAY_STYLES, key=f"{prefix}style",
+                             help="transparent where low: the colour's opacity follows the value")
+        opacity = st.slider("Opacity", 0.0, 1.0, 0.8, 0.05, key=f"{prefix}opacity")
+        smooth = st.toggle("Smooth (bilinear between patch centres)", False, key=f"{prefix}smooth")
+        exclude_sinks = st.toggle("Mark attention sinks, keep them out of the colour scale", True,
+                                  key=f"{prefix}exclude_sinks",
+                                  help="Tokens that receive a disproportionate share of attention in the layer "
+                                       "(robust z-score > 8 and over 10x the uniform share)")
+    return Display(cmap, scale_mode, style, opacity, smooth, exclude_sinks)
+
+
+def map_figure(image: Image.Image, maps: np.ndarray, layout: TokenLayout, display: Display, *, titles: list[str],
+               title: str = "", notes: list[str] | None = None, masks=None, query=None, sinks=None, columns: int = 3,
+               highlight: int | None = None, value_name: str = VALUE_NAME, tile_px: int | None = None):
+    """(rendered tiles, plotly figure) for (k, gh, gw) maps drawn as the display says."""
+    rendered = render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
+                           opacity=display.opacity, smooth=display.smooth, masks=masks, query=query, sinks=sinks)
+    shown = maps if masks is None else np.where(masks, maps, np.nan)
+    labels = [_label(t, s, rendered.shared, n) for t, s, n in
+              zip(titles, rendered.scales, notes or [None] * len(titles))]
+    fig = map_panel(rendered.tiles, shown, rendered.scales, labels, layout, cmap=display.cmap, value_name=value_name,
+                    columns=columns, tile_px=(tile_px or (TILE_PX if len(maps) > 1 else SINGLE_TILE_PX)) + (14 if notes else 0),
+                    title=title)
+    if highlight is not None and f"head {highlight + 1}" in titles:
+        i = titles.index(f"head {highlight + 1}")
+        axis = "" if i == 0 else str(i + 1)
+        fig.add_shape(type="rect", xref=f"x{axis} domain", yref=f"y{axis} domain", x0=0, x1=1, y0=0, y1=1,
+                      line=dict(color="#00c853", width=4))
+    return rendered, fig
+
+
+def _label(title: str, scale, shared: bool, note: str | None) -> str:
+    text = title if shared else f"{title} · top {10 ** scale.hi if scale.log else scale.hi:.3g}"
+    return f"{text}<br><span style='font-size:11px'>{note}</span>" if note else text
+
+
+def panel_download(image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str, *,
+                   masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME):
+    """A callable building the publication PNG of the same panel (tiles at ``zoom``x, titles, colour bar)."""
+    def build() -> Image.Image:
+        rendered = render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
+                               opacity=display.opacity, smooth=display.smooth, masks=masks, query=query,
+                               sinks=sinks, zoom=zoom)
+        labels = titles if rendered.shared else [f"{t} · top {s.hi:.3g}" for t, s in zip(titles, rendered.scales)]
+        bar_title = value_name if rendered.shared else f"{value_name} / tile's top"
+        bar = colour_bar(rendered.scales[0], display.cmap, bar_title, rendered.tiles[0].height,
+                         relative=not rendered.shared)
+        return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)))
+    return build
