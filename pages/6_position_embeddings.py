@@ -1,34 +1,104 @@
 """Position embeddings: cosine similarity of every position with every other (ViT paper Fig. 7 centre)."""
+import numpy as np
 import streamlit as st
 
+from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.state import setup
 from vitviz.figures import similarity_grid, similarity_map
-from vitviz.posembed import patch_position_embeddings, position_embedding_similarity
+from vitviz.posembed import patch_position_embeddings, position_at, position_embedding_similarity, position_fraction
+
+MAX_GRID = 40  # a 40x40 grid is 1600 tiles of 1600 cells; beyond that nothing is legible
+SELECTED = "pos_selected"  # the chosen position as fractions of the grid height/width: survives a grid change
+
+
+def _shape() -> tuple[int, int]:
+    return tuple(st.session_state["pos_shape"])
+
+
+def _select_from_sliders() -> None:
+    position = (st.session_state["pos_row"] - 1, st.session_state["pos_col"] - 1)
+    st.session_state[SELECTED] = position_fraction(position, _shape())
+
+
+def _select_from_click() -> None:
+    """A click on a tile of the grid: its marker's customdata is [row, col, ...] 0-based."""
+    event = st.session_state.get("pos_grid_fig") or {}
+    points = (event.get("selection") or {}).get("points") or []
+    if not points:
+        return
+    point = points[0]
+    data = point.get("customdata")
+    if isinstance(data, dict):  # some traces send customdata as {"0": row, "1": col, ...}
+        data = [data.get(0, data.get("0")), data.get(1, data.get("1"))]
+    try:
+        position = (int(data[0]), int(data[1]))
+    except (TypeError, IndexError, ValueError):
+        index = point.get("point_index", point.get("point_number"))
+        if index is None:
+            return
+        position = divmod(int(index), _shape()[1])
+    st.session_state[SELECTED] = position_fraction(position, _shape())
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _similarity(spec, shape: tuple[int, int], _loaded) -> tuple[np.ndarray, np.ndarray]:
+    embeddings = patch_position_embeddings(_loaded.model, _loaded.layout, shape, native=_loaded.native_pos_embed)
+    return embeddings, position_embedding_similarity(embeddings, shape)
+
 
 ctx = setup()
 if ctx is None:
     st.stop()
-layout = ctx.result.layout
+loaded, layout = ctx.loaded, ctx.loaded.layout
 gh, gw = layout.grid_size
+native = loaded.native_pos_embed
 st.header("Position-embedding similarity")
-grid = st.slider("Grid (patches per side): the model's own, or resampled as for a higher-resolution fine-tune",
-                 gh, max(gh, 2 * gh), gh, key="pos_grid")
+left, right = st.columns([2, 1], gap="small")
+
+with right:
+    top = min(max(2 * gh, native.grid_size[0] if native else gh), max(gh, MAX_GRID))
+    grid = gh if top == gh else st.slider(
+        "Grid rows: the model's own, or resampled from the stored weights as for another input size",
+        gh, top, gh, key="pos_grid")
+shape = (grid, grid * gw // gh)
 try:
-    embeddings = patch_position_embeddings(ctx.loaded.model, layout, grid_size=(grid, grid * gw // gh))
+    embeddings, similarity = _similarity(ctx.spec, shape, loaded)
 except ValueError as exc:
     st.error(str(exc))
     st.stop()
-shape = (grid, grid * gw // gh)
-similarity = position_embedding_similarity(embeddings, shape)
-left, right = st.columns([3, 2])
+st.session_state["pos_shape"] = shape
+row, col = position_at(st.session_state.setdefault(SELECTED, (0.5, 0.5)), shape)
+st.session_state["pos_row"], st.session_state["pos_col"] = row + 1, col + 1
+
 with left:
-    st.plotly_chart(similarity_grid(similarity), key="pos_grid_fig")
-    st.caption("Tile (i, j) shows the cosine similarity of position (i, j)'s embedding with every position; "
-               "colour scale fixed at −1..1." + (" Resampled as timm does for this model." if grid != gh else ""))
+    show_chart(similarity_grid(similarity, (row, col), height=690), "pos_grid_fig",
+               file_stem("posembed_similarity", f"{shape[0]}x{shape[1]}"),
+               on_select=_select_from_click, selection_mode="points")
 with right:
-    row = st.slider("Row", 1, shape[0], shape[0] // 2, key="pos_row") - 1
-    col = st.slider("Column", 1, shape[1], shape[1] // 2, key="pos_col") - 1
-    st.plotly_chart(similarity_map(similarity[row, col], (row, col)), key="pos_one")
-download_row("posembed_similarity", {"posembed_similarity": similarity},
-             {"model": ctx.loaded.card()["spec"], "grid": shape, "prefix_rows_dropped": layout.pos_embed_prefix_rows})
+    st.slider("Row (1-based)", 1, shape[0], key="pos_row", on_change=_select_from_sliders)
+    st.slider("Column (1-based)", 1, shape[1], key="pos_col", on_change=_select_from_sliders)
+    show_chart(similarity_map(similarity[row, col], (row, col), height=360), "pos_one",
+               file_stem("posembed_similarity", f"{shape[0]}x{shape[1]}", f"row{row + 1}_col{col + 1}"))
+
+ph, pw = layout.patch_size
+if shape == layout.grid_size:
+    how = f"the {gh}×{gw} grid this model runs with at {gh * ph}×{gw * pw} px"
+elif native is not None:
+    how = (f"resampled from the stored {native.grid_size[0]}×{native.grid_size[1]} weights ({native.interpolation}, "
+           f"antialias {'on' if native.antialias else 'off'}), exactly as loading this model at "
+           f"{shape[0] * ph}×{shape[1] * pw} px fits them")
+else:
+    how = (f"resampled from the {gh}×{gw} grid this model runs with (bicubic, antialias on): this checkpoint's "
+           "stored grid is unknown")
+with left:
+    st.caption(f"Tile (row r, col c) shows the cosine similarity of that position's embedding with every position; "
+               f"one fixed −1..1 scale; rows and columns counted from 1. Click a tile to enlarge it. Grid: {how}.")
+download_row("posembed_similarity", {"posembed_similarity": similarity, "position_embeddings": embeddings},
+             {"model": ctx.loaded.card()["spec"], "grid": list(shape), "grid_source": how,
+              "native_pos_embed": native.to_dict() if native else None,
+              "prefix_rows_dropped": layout.pos_embed_prefix_rows,
+              "array_indices": "0-based: posembed_similarity[r, c, i, j] is cos(position (r, c), position (i, j))",
+              "rows_cols_on_screen": "1-based (row r on screen is index r - 1)",
+              "selected_position_1_based": {"row": row + 1, "col": col + 1},
+              "colour_scale": {"colormap": "RdBu_r", "lo": -1, "hi": 1, "unit": "cosine similarity"}})

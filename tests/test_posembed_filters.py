@@ -207,3 +207,20 @@ def test_position_similarity_of_a_resampled_grid_keeps_ones_on_the_diagonal():
     native = NativePosEmbed.from_weights(torch.randn(1, 1 + 25, 16), prefix_rows=1)
     sim = position_embedding_similarity(native.grid_rows((7, 7)).numpy(), (7, 7))
     np.testing.assert_allclose(np.diagonal(sim.reshape(49, 49)), 1.0, atol=1e-12)
+
+
+def test_labelled_tiles_are_enlarged_without_smoothing_and_labels_get_room():
+    from vitviz.figures import labelled_tile_image
+
+    tiles = np.zeros((3, 2, 2, 3))
+    tiles[1, 0, 0] = 1.0  # tile 2: top-left weight white, the rest black
+    image = np.asarray(labelled_tile_image(tiles, ["PC1 · 50.0%", "PC2 · 30.0%", "PC3 · 20.0%"], "t",
+                                           columns=3, tile_px=20, gap=10))
+    top = 15 + 18  # below the title: font size + 18 px
+    dark = np.flatnonzero(np.all(image[top + 15] == 0, axis=1))  # a pixel row through the tiles' lower half
+    runs = np.split(dark, np.flatnonzero(np.diff(dark) > 1) + 1)
+    assert [len(r) for r in runs] == [20, 20, 20]
+    assert all(b[0] - a[-1] - 1 >= 40 for a, b in zip(runs, runs[1:]))  # the labels, not the tiles, set the pitch
+    x2 = runs[1][0]
+    assert np.all(image[top:top + 10, x2:x2 + 10] == 255) and np.all(image[top:top + 10, x2 + 10:x2 + 20] == 0)
+    assert np.all(image[top - 1, x2:x2 + 20] == 255) and np.all(image[top + 20, x2:x2 + 20] == 255)

@@ -282,26 +282,31 @@ def labelled_tile_image(tiles: np.ndarray, labels: list[str], title: str, *, col
     tiles: (k, h, w, 3) floats in [0, 1] or uint8, enlarged to ``tile_px`` without smoothing.
     One Pillow image, so the PNG download is the picture on the screen.
     """
-    from PIL import ImageDraw, ImageFont
+    from PIL import ImageDraw
 
     tiles = tiles if tiles.dtype == np.uint8 else np.round(np.clip(tiles, 0, 1) * 255).astype(np.uint8)
     k, h, w, _ = tiles.shape
     th, tw = tile_px, round(tile_px * w / h)
-    def font_of(size):  # DejaVu has × and –, Pillow's built-in font does not
-        try:
-            return ImageFont.truetype("DejaVuSans.ttf", size)
-        except OSError:
-            return ImageFont.load_default(size=size)
-
-    font, title_font = font_of(font_size), font_of(font_size + 2)
+    font, title_font = _label_font(font_size), _label_font(font_size + 2)
+    cell_w = max(tw, max(int(font.getlength(label)) + 4 for label in labels))  # labels never overlap
     label_h, head = font_size + 8, font_size + 18
     rows = -(-k // columns)
-    width = max(columns * (tw + gap) + gap, int(title_font.getlength(title)) + 2 * gap)
+    width = max(columns * (cell_w + gap) + gap, int(title_font.getlength(title)) + 2 * gap)
     out = Image.new("RGB", (width, head + rows * (th + label_h + gap)), "white")
     draw = ImageDraw.Draw(out)
     draw.text((gap, 6), title, fill="black", font=title_font)
     for i, (tile, label) in enumerate(zip(tiles, labels)):
-        x, y = gap + (i % columns) * (tw + gap), head + (i // columns) * (th + label_h + gap)
+        x, y = gap + (i % columns) * (cell_w + gap) + (cell_w - tw) // 2, head + (i // columns) * (th + label_h + gap)
         out.paste(Image.fromarray(tile).resize((tw, th), Image.NEAREST), (x, y))
         draw.text((x + tw / 2, y + th + 3), label, fill="black", font=font, anchor="mt")
     return out
+
+
+def _label_font(size: int):
+    """DejaVu Sans where installed (it has × and –, Pillow's built-in font does not)."""
+    from PIL import ImageFont
+
+    try:
+        return ImageFont.truetype("DejaVuSans.ttf", size)
+    except OSError:
+        return ImageFont.load_default(size=size)
