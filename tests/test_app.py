@@ -77,7 +77,7 @@ def test_heads_page_threshold_mask_and_ranking(bundled):
     at.selectbox(key="ranking").set_value("entropy (low = focused)").run()
     titles = [a["text"] for a in json.loads(next(c for c in at.get("plotly_chart")
                                                  if "heads_grid" in c.proto.id).proto.spec)["layout"]["annotations"]]
-    entropies = [float(t.split("H=")[1].split(" ")[0]) for t in titles]
+    entropies = [float(t.split(">H ")[1].split(" nats")[0]) for t in titles]
     assert entropies == sorted(entropies)
 
 
@@ -120,10 +120,11 @@ def test_rollout_page_follows_its_sliders(bundled):
 
 def test_distance_page_dots_equal_the_cli(tmp_path):
     at = _page("pages/4_distance.py")
-    scatter = next(t for t in _traces(at, "distance_plot") if t.get("mode") == "markers")
+    heads = [t for t in _traces(at, "distance_plot") if t.get("mode") == "markers"]
     assert cli_main(["analyze", str(ASSETS / "astronaut.jpg"), "--out", str(tmp_path)]) == 0
     expected = np.load(tmp_path / "analysis.npz")["mean_distance"]
-    np.testing.assert_allclose(_decode(scatter["y"]), expected.ravel(), rtol=1e-6)
+    assert [t["name"] for t in heads] == [f"head {h + 1}" for h in range(expected.shape[1])]
+    np.testing.assert_allclose(np.stack([_decode(t["y"]) for t in heads], axis=1), expected, rtol=1e-6)
     at.radio(key="distance_scope").set_value(at.radio(key="distance_scope").options[1]).run()
     assert not at.exception
 

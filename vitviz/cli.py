@@ -58,10 +58,22 @@ def _versions() -> dict:
             "python": platform.python_version()}
 
 
+def _panel(image, maps: np.ndarray, titles: list[str], title: str, sinks: np.ndarray):
+    """Maps over the image as on screen: robust per-map scale, sinks crossed, titles, colour bar."""
+    from .overlay import colour_bar, panel_png, render_maps
+
+    rendered = render_maps(image, maps, sinks=sinks, zoom=2)
+    labels = [f"{t} · top {s.hi:.3g}" for t, s in zip(titles, rendered.scales)]
+    bar = colour_bar(rendered.scales[0], "Inferno", "value / tile's top", rendered.tiles[0].height, relative=True)
+    return panel_png(rendered.tiles, labels, title, bar, columns=min(len(maps), 6))
+
+
 def write_report(result, names: list[str], out: Path) -> list[Path]:
     """One PNG per figure: rollout and last-layer heads per image, distances, filters, position embeddings."""
     from . import report
+    from .colour import DIVERGING, ColourScale, colourise
     from .distance import conv_receptive_field
+    from .tokens import attention_sinks
     from .filters import minmax_tiles
     from .maps import query_attention_map
 
@@ -72,16 +84,20 @@ def write_report(result, names: list[str], out: Path) -> list[Path]:
         image.save(path)
         written.append(path)
 
+    layout = result.layout
     for i, (name, im) in enumerate(zip(names, result.input_images)):
         stem = Path(name).stem
-        panels = [im, report.overlay(im, a["rollout"][i])]
-        if "gradient_rollout" in a:
-            panels.append(report.overlay(im, a["gradient_rollout"][i]))
-        save(report.side_by_side(panels), f"rollout_{i:03d}_{stem}.png")
-        query = "cls" if result.layout.has_class_token else "mean"
-        heads = [report.overlay(im, query_attention_map(a["attention"][i], result.layout, -1, h, query))
-                 for h in range(a["attention"].shape[2])]
-        save(report.side_by_side(heads), f"last_layer_heads_{i:03d}_{stem}.png")
+        sinks = attention_sinks(a["attention"][i], layout)
+        maps = [a["rollout"][i]] + ([a["gradient_rollout"][i]] if "gradient_rollout" in a else [])
+        titles = ["attention rollout"] + (["gradient rollout"] if "gradient_rollout" in a else [])
+        save(_panel(im, np.stack(maps), titles, f"{name}: rollout (all layers)", sinks.patch_sinks(layout)),
+             f"rollout_{i:03d}_{stem}.png")
+        query = "cls" if layout.has_class_token else "mean"
+        heads = np.stack([query_attention_map(a["attention"][i], layout, -1, h, query)
+                          for h in range(a["attention"].shape[2])])
+        save(_panel(im, heads, [f"head {h + 1}" for h in range(len(heads))],
+                    f"{name}: last layer, {query} query", sinks.patch_sinks(layout, [-1])),
+             f"last_layer_heads_{i:03d}_{stem}.png")
     save(report.distance_plot(a["mean_distance"], conv_receptive_field(len(a["mean_distance"]))), "mean_distance.png")
     if "filter_pca" in a:
         tiles = minmax_tiles(a["filter_pca"])
@@ -89,7 +105,7 @@ def write_report(result, names: list[str], out: Path) -> list[Path]:
     if "posembed_similarity" in a:
         sim = a["posembed_similarity"]
         gh, gw = sim.shape[:2]
-        maps = np.stack([report.colourise(sim[r, c], -1, 1, "RdBu_r") for r in range(gh) for c in range(gw)])
+        maps = np.stack([colourise(sim[r, c], ColourScale(-1.0, 1.0), DIVERGING) for r in range(gh) for c in range(gw)])
         save(report.tile_grid(maps, columns=gw, scale=2, gap=1), "posembed_similarity.png")
     return written
 

@@ -142,7 +142,7 @@ def colour_bar(scale: ColourScale, cmap: str, title: str, height: int, *, relati
 def colour_bar_ticks(scale: ColourScale, relative: bool = False) -> list[tuple[float, str]]:
     """(position in [0, 1], label) ticks for a colour bar of ``scale``."""
     if relative:
-        return [(p, f"{p:.2f}".rstrip("0").rstrip(".") + (" (≥, clipped)" if p == 1 else "")) for p in (0, .25, .5, .75, 1)]
+        return [(p, f"{p:.2f}".rstrip("0").rstrip(".") + (" (and above)" if p == 1 else "")) for p in (0, .25, .5, .75, 1)]
     if scale.log:
         candidates = [m * 10.0 ** e for e in range(int(np.floor(scale.lo)), int(np.ceil(scale.hi)) + 1) for m in (1, 2, 5)]
         inside = [v for v in candidates if scale.lo - 1e-9 <= np.log10(v) <= scale.hi + 1e-9]

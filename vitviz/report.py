@@ -1,44 +1,10 @@
 """PNG renderings of the analyses for ``--report``, drawn with Pillow (no browser needed)."""
 from __future__ import annotations
 
-from functools import lru_cache
-
 import numpy as np
 from PIL import Image, ImageDraw
 
-
-@lru_cache(maxsize=8)
-def colormap(name: str = "Inferno") -> np.ndarray:
-    """(256, 3) uint8 lookup table sampled from a plotly colour scale."""
-    from plotly.colors import sample_colorscale, unlabel_rgb
-
-    colours = sample_colorscale(name, list(np.linspace(0, 1, 256)))
-    return np.array([unlabel_rgb(c) for c in colours], dtype=np.uint8)
-
-
-def colourise(values: np.ndarray, lo: float | None = None, hi: float | None = None,
-              cmap: str = "Inferno") -> np.ndarray:
-    """(h, w) values -> (h, w, 3) uint8, scaled from lo..hi (default the data's range)."""
-    lo = float(values.min()) if lo is None else lo
-    hi = float(values.max()) if hi is None else hi
-    scaled = np.clip((values - lo) / (hi - lo if hi > lo else 1), 0, 1)
-    return colormap(cmap)[np.round(scaled * 255).astype(int)]
-
-
-def overlay(image: Image.Image, grid_map: np.ndarray, opacity: float = 0.6) -> Image.Image:
-    """A (gh, gw) map, one block per patch, blended over the model-input image."""
-    heat = Image.fromarray(colourise(grid_map)).resize(image.size, Image.NEAREST)
-    return Image.blend(image.convert("RGB"), heat, opacity)
-
-
-def side_by_side(images: list[Image.Image], gap: int = 4) -> Image.Image:
-    width = sum(im.width for im in images) + gap * (len(images) - 1)
-    out = Image.new("RGB", (width, max(im.height for im in images)), "white")
-    x = 0
-    for im in images:
-        out.paste(im, (x, 0))
-        x += im.width + gap
-    return out
+from .colour import lookup_table
 
 
 def tile_grid(tiles: np.ndarray, columns: int, scale: int = 1, gap: int = 2) -> Image.Image:
@@ -82,7 +48,7 @@ def distance_plot(distance: np.ndarray, receptive_field: np.ndarray | None = Non
     draw.text((4, 2), "mean attention distance (px)", fill="black")
     if receptive_field is not None:
         draw.line([xy(l, v) for l, v in enumerate(receptive_field)], fill=(150, 150, 150), width=2)
-    colours = colormap("Viridis")[np.linspace(0, 255, distance.shape[1]).astype(int)]
+    colours = lookup_table("Viridis")[np.linspace(0, 255, distance.shape[1]).astype(int)]
     for layer in range(L):
         for head, value in enumerate(distance[layer]):
             x, y = xy(layer, float(value))
