@@ -84,6 +84,9 @@ with right:
 ph, pw = layout.patch_size
 if shape == layout.grid_size:
     how = f"the {gh}×{gw} grid this model runs with at {gh * ph}×{gw * pw} px"
+elif native is not None and shape == native.grid_size:
+    how = (f"the stored {shape[0]}×{shape[1]} weights themselves, which this model uses unchanged at "
+           f"{shape[0] * ph}×{shape[1] * pw} px")
 elif native is not None:
     how = (f"resampled from the stored {native.grid_size[0]}×{native.grid_size[1]} weights ({native.interpolation}, "
            f"antialias {'on' if native.antialias else 'off'}), exactly as loading this model at "

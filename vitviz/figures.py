@@ -234,7 +234,7 @@ def similarity_grid(similarity: np.ndarray, selected: tuple[int, int] | None = N
     ))
     x0, y0 = sel[1] * (tw + gap) - gap / 2, sel[0] * (th + gap) - gap / 2
     fig.add_shape(type="rect", x0=x0, x1=x0 + tw + gap, y0=y0, y1=y0 + th + gap, line=dict(color="black", width=2))
-    step = 1 if max(gh, gw) <= 20 else (2 if max(gh, gw) <= 40 else 5)
+    step = 1 if max(gh, gw) <= 20 else (5 if max(gh, gw) <= 60 else 10)
     ticks = lambda n, pitch, size: dict(  # noqa: E731 - 1-based labels at tile centres: 1, then every step
         tickvals=[i * pitch + size / 2 for i in range(n) if i == 0 or (i + 1) % step == 0],
         ticktext=[str(i + 1) for i in range(n) if i == 0 or (i + 1) % step == 0],
