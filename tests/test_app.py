@@ -148,12 +148,15 @@ def test_filters_and_position_pages(bundled):
     assert _heatmaps(at, "pos_one")[0].shape == (24, 24)
 
 
-def test_unknown_model_keeps_the_previous_one():
+def test_a_model_that_cannot_load_keeps_the_previous_one():
     at = _page("pages/2_heads.py")
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
     at.sidebar.text_input(key="timm_query").input("vit_not_a_model").run()
-    assert at.sidebar.selectbox(key="timm_name").value == "vit_not_a_model"
-    assert any("Unknown model 'vit_not_a_model'" in e.value for e in at.error)
+    assert any("No timm model" in w.value and "vit_not_a_model" in w.value for w in at.sidebar.warning)
+    at.sidebar.text_input(key="timm_query").input("deit3_small").run()
+    at.sidebar.selectbox(key="timm_name").set_value("deit3_small_patch16_224.fb_in1k").run()
+    # Offline and not in the cache: a sentence naming the model, and the bundled model stays.
+    assert any("deit3_small_patch16_224.fb_in1k" in e.value and "bundled" in e.value for e in at.error)
     assert any("previous model" in i.value for i in at.info)
     assert len(_heatmaps(at, "heads_grid")) == 6
 

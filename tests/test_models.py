@@ -128,9 +128,9 @@ def test_bundled_resolution_must_be_a_multiple_of_the_patch():
         load_model(ModelSpec(img_size=225))
 
 
-def test_search_models_finds_tagged_names_and_keeps_a_typed_name():
+def test_search_models_finds_tagged_names_and_never_invents_one():
     from vitviz.models import search_models
 
     found = search_models("deit3_small_patch16_224")
     assert "deit3_small_patch16_224.fb_in1k" in found
-    assert search_models("my_custom_vit")[0] == "my_custom_vit"
+    assert search_models("my_custom_vit") == []  # the query is a search, not a model name
