@@ -11,6 +11,7 @@ from vitviz.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
 from vitviz.report import outline_patch
 
 CLICK_SCALE = 2
+DINO_KEEP = 0.6
 
 ctx = setup()
 if ctx is None:
@@ -59,6 +60,8 @@ def heads_view() -> None:
     if ranking != "head number":
         key = RANKINGS[ranking]
         order = list(rank_heads(scores[key][layer], descending=key != "entropy"))
+    if display.style == "DINO mask" and keep == 0:
+        keep = DINO_KEEP  # the mask style needs a mask: DINO's own 60% of the mass
     masks = np.stack([threshold_mask(maps[h], keep) for h in order]) if keep > 0 else None
     sinks = r.sinks.patch_sinks(layout, [layer]) if display.exclude_sinks else None
     what = {"cls": "CLS query", "mean": "mean over patch queries"}.get(query, f"patch {patch} as " + mode)

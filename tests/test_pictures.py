@@ -173,3 +173,26 @@ def test_heads_grid_top_colour_is_each_maps_99th_percentile(bundled):
     assert len(tops) == len(maps)
     np.testing.assert_allclose(tops, expected, rtol=2e-3)  # titles print 3 significant digits
     assert all(t < m.max() for t, m in zip(tops, maps))
+
+
+def test_dino_mask_style_keeps_the_image_inside_the_mask_dims_outside_and_clips_nothing():
+    maps = np.zeros((1, 16, 16))
+    maps[0, :2, :2] = 1.0
+    mask = maps[0] > 0
+    image = Image.new("RGB", (224, 224), (200, 200, 200))
+    rendered = render_maps(image, maps, style="DINO mask", opacity=0.5, masks=mask[None])
+    tile = np.asarray(rendered.tiles[0])
+    assert tuple(tile[10, 10]) == (200, 200, 200) and tuple(tile[150, 150]) == (100, 100, 100)
+    assert rendered.clipped[0].size == 0
+
+
+def test_a_panel_without_values_in_its_colours_has_no_colour_bar():
+    from vitviz.figures import map_panel
+
+    maps = np.random.default_rng(1).random((2, 16, 16))
+    rendered = render_maps(Image.new("RGB", (224, 224)), maps)
+    kwargs = dict(cmap="Inferno", value_name="attention", columns=2)
+    with_bar = map_panel(rendered.tiles, maps, rendered.scales, ["a", "b"], LAYOUT, **kwargs)
+    without = map_panel(rendered.tiles, maps, rendered.scales, ["a", "b"], LAYOUT, colour_bar=False, **kwargs)
+    assert sum(bool(getattr(t, "marker", None) and t.marker.showscale) for t in with_bar.data) == 1
+    assert not any(getattr(t, "marker", None) and t.marker.showscale for t in without.data)

@@ -66,7 +66,7 @@ def map_figure(image: Image.Image, maps: np.ndarray, layout: TokenLayout, displa
               zip(titles, rendered.scales, notes or [None] * len(titles))]
     fig = map_panel(rendered.tiles, shown, rendered.scales, labels, layout, cmap=display.cmap, value_name=value_name,
                     columns=columns, tile_px=(tile_px or (TILE_PX if len(maps) > 1 else SINGLE_TILE_PX)) + (14 if notes else 0),
-                    title=title)
+                    title=title, colour_bar=display.style != "DINO mask")
     if highlight is not None and f"head {highlight + 1}" in titles:
         i = titles.index(f"head {highlight + 1}")
         axis = "" if i == 0 else str(i + 1)
@@ -90,6 +90,6 @@ def panel_download(image: Image.Image, maps: np.ndarray, display: Display, title
         labels = titles if rendered.shared else [f"{t} · top {s.hi:.3g}" for t, s in zip(titles, rendered.scales)]
         bar_title = value_name if rendered.shared else f"{value_name} / tile's top"
         bar = colour_bar(rendered.scales[0], display.cmap, bar_title, rendered.tiles[0].height,
-                         relative=not rendered.shared)
+                         relative=not rendered.shared) if display.style != "DINO mask" else Image.new("RGB", (1, 1), "white")
         return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)))
     return build

@@ -58,11 +58,12 @@ def colour_bar_trace(scale: ColourScale, cmap: str, title: str, *, relative: boo
 
 def map_panel(tiles: list[Image.Image], maps: np.ndarray, scales: list[ColourScale], titles: list[str],
               layout: TokenLayout, *, cmap: str, value_name: str, columns: int, tile_px: int = 240,
-              title: str = "") -> go.Figure:
+              title: str = "", colour_bar: bool = True) -> go.Figure:
     """Finished tiles (see :func:`vitviz.overlay.render_overlay`) in a grid with one colour bar.
 
     tiles: k images of the model-input size; maps: (k, gh, gw) their values (for hover);
-    scales: one per tile, all equal when the tiles share a scale.
+    scales: one per tile, all equal when the tiles share a scale; colour_bar: False when no
+    colour carries a value (a DINO mask over the plain image).
     """
     k = len(tiles)
     columns = min(columns, k)
@@ -74,8 +75,9 @@ def map_panel(tiles: list[Image.Image], maps: np.ndarray, scales: list[ColourSca
         r, c = divmod(i, columns)
         fig.add_trace(go.Image(source=image_data_uri(tile, "JPEG"), hoverinfo="skip"), row=r + 1, col=c + 1)
         fig.add_trace(_hover_trace(grid_map, layout, value_name), row=r + 1, col=c + 1)
-    bar_title = value_name if shared else f"{value_name} / tile's top"
-    fig.add_trace(colour_bar_trace(scales[0], cmap, bar_title, relative=not shared), row=1, col=1)
+    if colour_bar:
+        bar_title = value_name if shared else f"{value_name} / tile's top"
+        fig.add_trace(colour_bar_trace(scales[0], cmap, bar_title, relative=not shared), row=1, col=1)
     fig.update_xaxes(visible=False, range=[0, tiles[0].width])
     fig.update_yaxes(visible=False, range=[tiles[0].height, 0], scaleanchor="x")
     for i in range(k):

@@ -227,7 +227,8 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
     scales = colour_scale(maps, scale_mode, exclude=excluded.reshape(gh, gw))
     tiles, clipped = [], []
     for i in range(k):
-        above = np.flatnonzero(scales[i].above(maps[i]).ravel() & ~excluded)
+        # A DINO mask draws no colours, so nothing is clipped there.
+        above = np.zeros(0, int) if style == "DINO mask" else np.flatnonzero(scales[i].above(maps[i]).ravel() & ~excluded)
         clipped.append(above)
         tiles.append(render_overlay(image, maps[i], scales[i], cmap=cmap, style=style, opacity=opacity,
                                     smooth=smooth, mask=None if masks is None else masks[i],
