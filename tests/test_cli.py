@@ -108,3 +108,23 @@ def test_python_dash_m_help_is_useful():
     assert result.returncode == 0
     for flag in ("--model", "--checkpoint", "--img-size", "--device", "--out", "bundled"):
         assert flag in result.stdout
+
+
+def test_cli_exclude_sinks_removes_the_first_layer_sink_from_rollout(tmp_path, bundled):
+    from vitviz.tokens import attention_sinks
+
+    assert main(["analyze", str(ASSETS / "coffee.jpg"), "--out", str(tmp_path), "--exclude-sinks"]) == 0
+    data = np.load(tmp_path / "analysis.npz")
+    info = json.loads((tmp_path / "settings.json").read_text())
+    attention = data["attention"][0]
+    layout = bundled.layout
+    sinks = attention_sinks(attention, layout)
+    listed = info["analysis"]["attention_sinks_per_layer"][0]
+    assert [s.tolist() for s in sinks.sinks] == listed and any(t >= 1 for t in listed[0])
+    patches = tuple(int(t) for layer in listed for t in layer if t >= 1)
+    np.testing.assert_allclose(data["rollout"][0], rollout(attention, layout, exclude_tokens=tuple(sorted(set(patches)))).map)
+    plain = rollout(attention, layout).map
+    # The sink patch held the plain rollout's top value; without it, the map has no such outlier.
+    assert plain.ravel()[patches[0] - 1] == plain.max() and plain.max() > 10 * np.median(plain)
+    assert data["rollout"][0].max() < 10 * np.median(data["rollout"][0])
+

@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     rollout.add_argument("--end-layer", type=int, metavar="L", help="last layer, 1-based inclusive (default: last)")
     rollout.add_argument("--exclude-artifacts", action="store_true",
                          help="keep high-norm artifact tokens (>10x median norm) out of rollout")
+    rollout.add_argument("--exclude-sinks", action="store_true",
+                         help="keep attention-sink patches (of the rollout's layers) out of rollout")
     rollout.add_argument("--target-class", type=int, metavar="C",
                          help="class for gradient rollout (models with a head; default top-1)")
     analyze.add_argument("--report", action="store_true", help="also write a PNG per figure into DIR")
@@ -130,6 +132,7 @@ def analyze(args: argparse.Namespace) -> int:
     loaded = load_model(spec)
     settings = AnalysisSettings(fusion=args.fusion, discard=args.discard, start_layer=args.start_layer - 1,
                                 end_layer=args.end_layer, exclude_artifacts=args.exclude_artifacts,
+                                exclude_sinks=args.exclude_sinks,
                                 target_class=args.target_class, batch_size=args.batch_size)
     try:
         result = analyze_images(loaded, [im.image for im in images], settings)
