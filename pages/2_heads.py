@@ -95,7 +95,7 @@ def heads_view() -> None:
     compare_layers = [col.slider(f"Layer {chr(65 + i)}", 1, L, round(1 + i * (L - 1) / (panels - 1)), key=f"compare_{i}") - 1
                       for i, col in enumerate(cols)]
     compare = np.stack([layer_maps(r.attention, layout, l, query, mode)[head] for l in compare_layers])
-    compare_sinks = r.sinks.patch_sinks(layout, compare_layers) if display.exclude_sinks else None
+    compare_sinks = [r.sinks.patch_sinks(layout, [l]) for l in compare_layers] if display.exclude_sinks else None
     compare_titles = [f"layer {l + 1}, head {head + 1}" for l in compare_layers]
     compare_title = f"Head {head + 1} across layers, {what}"
     rendered_cmp, fig_cmp = map_figure(r.model_input, compare, layout, display, titles=compare_titles, title=compare_title,

@@ -196,3 +196,17 @@ def test_a_panel_without_values_in_its_colours_has_no_colour_bar():
     without = map_panel(rendered.tiles, maps, rendered.scales, ["a", "b"], LAYOUT, colour_bar=False, **kwargs)
     assert sum(bool(getattr(t, "marker", None) and t.marker.showscale) for t in with_bar.data) == 1
     assert not any(getattr(t, "marker", None) and t.marker.showscale for t in without.data)
+
+
+def test_sinks_are_marked_on_their_own_tile_and_none_sets_a_limit():
+    maps = np.full((2, 16, 16), 0.01)
+    maps[0, 0, 0] = 5.0   # a sink of the first tile's layer
+    maps[1, 15, 15] = 5.0  # a sink of the second tile's layer
+    image = Image.new("RGB", (224, 224), "white")
+    rendered = render_maps(image, maps, scale_mode="full range per map", sinks=[np.array([0]), np.array([255])],
+                           style="heatmap", opacity=1.0)
+    assert [s.hi for s in rendered.scales] == [pytest.approx(0.01)] * 2
+    first, second = (np.asarray(t) for t in rendered.tiles)
+    # A white cross runs through the sink's cell on its own tile only.
+    assert tuple(first[7, 7]) == (255, 255, 255) and tuple(second[7, 7]) != (255, 255, 255)
+    assert tuple(second[217, 217]) == (255, 255, 255) and tuple(first[217, 217]) != (255, 255, 255)

@@ -208,13 +208,14 @@ class RenderedMaps:
 
 def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robust per head", cmap: str = "Inferno",
                 style: str = "transparent where low", opacity: float = 0.8, smooth: bool = False,
-                masks: np.ndarray | None = None, query: int | None = None, sinks: np.ndarray | None = None,
-                zoom: int = 1) -> RenderedMaps:
+                masks: np.ndarray | None = None, query: int | None = None,
+                sinks: np.ndarray | list[np.ndarray] | None = None, zoom: int = 1) -> RenderedMaps:
     """Colour scales and tiles for maps meant to be compared (every head of a layer, layers side by side).
 
     maps: (k, gh, gw); masks: (k, gh, gw) bool or None; query: the query (or key) patch, which
     never sets a limit (its self-attention would); sinks: patch indices marked with a cross and
-    kept out of the limits.
+    kept out of the limits, one array for every tile or a list with one array per tile (e.g. the
+    sinks of each tile's layer; their union sets no limit).
     """
     from .colour import colour_scale
 
@@ -222,8 +223,11 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
     excluded = np.zeros(gh * gw, dtype=bool)
     if query is not None:
         excluded[int(query)] = True
-    sinks = np.zeros(0, dtype=int) if sinks is None else np.asarray(sinks, dtype=int)
-    excluded[sinks] = True
+    if sinks is None or isinstance(sinks, np.ndarray) or not len(sinks) or np.isscalar(sinks[0]):
+        sinks = [np.zeros(0, dtype=int) if sinks is None else np.asarray(sinks, dtype=int)] * k
+    sinks = [np.asarray(s, dtype=int) for s in sinks]
+    for tile_sinks in sinks:
+        excluded[tile_sinks] = True
     scales = colour_scale(maps, scale_mode, exclude=excluded.reshape(gh, gw))
     tiles, clipped = [], []
     for i in range(k):
@@ -232,5 +236,5 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
         clipped.append(above)
         tiles.append(render_overlay(image, maps[i], scales[i], cmap=cmap, style=style, opacity=opacity,
                                     smooth=smooth, mask=None if masks is None else masks[i],
-                                    marks=Marks(query=query, clipped=above, sinks=sinks), zoom=zoom))
+                                    marks=Marks(query=query, clipped=above, sinks=sinks[i]), zoom=zoom))
     return RenderedMaps(tiles=tiles, scales=scales, clipped=clipped, excluded=np.flatnonzero(excluded))
