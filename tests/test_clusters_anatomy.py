@@ -1,0 +1,133 @@
+"""Token clusters and the anatomy of an attention row: known answers, the model's own numbers, both pages."""
+import json
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+from conftest import ASSETS, FAMILIES, TINY, tiny_model
+from vitviz.anatomy import attention_anatomy, block_output, layer_qkv, softmax
+from vitviz.capture import capture
+from vitviz.clusters import cluster_overlay, inertia_of, order_by_size, token_clusters
+
+
+def _planted(sizes=(40, 25, 15), dim=8, seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(len(sizes), dim)) * 10
+    labels = np.concatenate([np.full(n, c) for c, n in enumerate(sizes)])
+    order = rng.permutation(len(labels))  # groups scattered over the grid, not in blocks
+    labels = labels[order]
+    return centres[labels] + rng.normal(size=(len(labels), dim)) * 0.1, labels
+
+
+def test_kmeans_recovers_planted_groups_numbered_by_size():
+    points, planted = _planted()
+    result = token_clusters(points, (8, 10), 3)
+    # Label 0 is the largest planted group (40), 1 the next (25), 2 the smallest (15): exact, not up to permutation.
+    np.testing.assert_array_equal(result.labels.ravel(), planted)
+    np.testing.assert_array_equal(result.sizes, [40, 25, 15])
+    assert result.inertia == pytest.approx(inertia_of(points, planted))
+
+
+def test_order_by_size_breaks_ties_by_first_patch():
+    np.testing.assert_array_equal(order_by_size(np.array([5, 5, 2, 9, 9, 9, 2])), [1, 1, 2, 0, 0, 0, 2])
+    np.testing.assert_array_equal(order_by_size(np.array([3, 1, 1, 3])), [0, 1, 1, 0])
+
+
+def test_kmeans_reruns_give_identical_labels():
+    rng = np.random.default_rng(3)
+    points = rng.normal(size=(256, 32))  # no structure: the init matters, the seed must fix it
+    first = token_clusters(points, (16, 16), 7)
+    np.testing.assert_array_equal(first.labels, token_clusters(points, (16, 16), 7).labels)
+
+
+def test_cluster_k_outside_two_to_twelve_is_a_sentence():
+    with pytest.raises(ValueError, match="between 2 and 12"):
+        token_clusters(np.zeros((16, 4)), (4, 4), 13)
+
+
+def test_cluster_overlay_colours_regions_and_draws_boundaries():
+    from PIL import Image
+
+    image = Image.new("RGB", (4, 2), (0, 0, 0))
+    labels = np.array([[0, 1]])  # left half cluster 0, right half cluster 1
+    out = np.asarray(cluster_overlay(image, labels, [(200, 0, 0), (0, 0, 200)], opacity=0.5))
+    np.testing.assert_array_equal(out[0, 0], [100, 0, 0])
+    np.testing.assert_array_equal(out[0, 3], [0, 0, 100])
+    np.testing.assert_array_equal(out[:, 2], [[255, 255, 255]] * 2)  # the boundary column
+
+
+def _tiny_cases():
+    cases = [(f, None) for f in FAMILIES]
+    # A q/k-norm family (the anatomy shows the norm as a step): not in the capture list's pretrained set.
+    return cases + [("qk_norm", ("vit_small_patch16_224", {"qk_norm": True}))]
+
+
+def _model(family, spec):
+    if spec is None:
+        return tiny_model(family)
+    torch.manual_seed(0)
+    model = timm.create_model(spec[0], pretrained=False, **(TINY | spec[1]))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+@pytest.mark.parametrize("family,spec", _tiny_cases(), ids=[c[0] for c in _tiny_cases()])
+def test_anatomy_softmax_and_weighted_values_match_the_model(family, spec):
+    model = _model(family, spec)
+    torch.manual_seed(1)
+    images = torch.randn(1, 3, *model.patch_embed.img_size)
+    out = capture(model, images)
+    layer, head = len(model.blocks) - 1, 1
+    query = out.layout.num_tokens - 3  # a patch query
+    qkv = layer_qkv(model, images, layer)
+    if family == "qk_norm":
+        assert any("normalised per head" in s for s in qkv.steps)
+    # The attention block's own output before the projection, through timm's fused forward.
+    seen = {}
+    hook = model.blocks[layer].attn.proj.register_forward_pre_hook(lambda m, a: seen.setdefault("x", a[0].detach()))
+    try:
+        with torch.no_grad():
+            model.forward_features(images)
+    finally:
+        hook.remove()
+    d = qkv.head_dim
+    for q in (query, 0):
+        a = attention_anatomy(qkv, head, q)
+        np.testing.assert_allclose(softmax(a.scaled), out.attention[0, layer, head, q].numpy(), atol=1e-6)
+        np.testing.assert_allclose(a.scaled, a.scores * a.scale)
+        assert a.scale == pytest.approx(d ** -0.5)
+        np.testing.assert_allclose(a.contributions.sum(0), seen["x"][0, q, head * d:(head + 1) * d].numpy(),
+                                   atol=1e-5)
+
+
+def test_anatomy_without_scaling_is_sharper_on_a_known_row():
+    from vitviz.anatomy import LayerQKV
+
+    # One head, d = 4, three tokens: scores q·k = 0, 4, 8; the scale 1/2 halves them.
+    q = np.zeros((1, 3, 4))
+    q[0, 0] = [2, 0, 0, 0]
+    k = np.zeros((1, 3, 4))
+    k[0, :, 0] = [0, 2, 4]
+    v = np.eye(3, 4)[None]
+    a = attention_anatomy(LayerQKV(q=q, k=k, v=v, scale=0.5, steps=[]), head=0, query=0)
+    np.testing.assert_allclose(a.scores, [0, 4, 8])
+    np.testing.assert_allclose(a.weights, np.exp([0, 2, 4]) / np.exp([0, 2, 4]).sum())
+    np.testing.assert_allclose(a.unscaled_weights, np.exp([0, 4, 8]) / np.exp([0, 4, 8]).sum())
+    assert a.entropy(a.unscaled_weights) < a.entropy(a.weights)
+    np.testing.assert_allclose(a.output, a.weights @ v[0])
+    assert list(a.top_contributors(2)) == [2, 1]
+
+
+def test_block_output_of_last_layer_is_what_capture_normalises():
+    model = tiny_model("deit3")
+    images = torch.randn(1, 3, 64, 64)
+    out = capture(model, images)
+    tokens = block_output(model, images, len(model.blocks) - 1)
+    with torch.inference_mode():
+        final = model.norm(tokens)
+    np.testing.assert_allclose(final.numpy(), out.features.numpy(), atol=1e-5)
+    np.testing.assert_allclose(tokens.norm(dim=-1).numpy(), out.token_norms[:, -1].numpy(), rtol=1e-5)

@@ -1,0 +1,158 @@
+"""One attention row taken apart: q, the scores q·k, the 1/sqrt(d) scaling, the softmax, the weighted values.
+
+The queries, keys and values are recomputed from the block's own input with the block's own
+modules, along the path :func:`vitviz.capture.attention_forward` takes (``norm1``, ``qkv``,
+``q_norm``/``k_norm``), so the row shown here is the row that capture returns. timm's
+VisionTransformer blocks (the families vitviz supports) have no rotary or relative-position
+term in their attention; families that add one (EVA, BEiT, Swin) are not supported by capture yet.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .capture import embed, iter_layers, to_model_input
+
+
+def _check_layer(model, layer: int) -> None:
+    if not 0 <= layer < len(model.blocks):
+        raise ValueError(f"layer {layer + 1} is outside the model's {len(model.blocks)} layers")
+
+
+@torch.inference_mode()
+def block_output(model, images: torch.Tensor, layer: int) -> torch.Tensor:
+    """The tokens leaving block ``layer`` (0-based; before the final norm): (B, 3, H, W) -> (B, N, D).
+
+    In the model's dtype and on its device; the blocks after ``layer`` are not run.
+    """
+    _check_layer(model, layer)
+    for i, tokens, _ in iter_layers(model, to_model_input(model, images)):
+        if i == layer:
+            return tokens
+
+
+@torch.inference_mode()
+def block_input(model, images: torch.Tensor, layer: int) -> torch.Tensor:
+    """The tokens entering block ``layer`` (0-based): (B, 3, H, W) -> (B, N, D)."""
+    _check_layer(model, layer)
+    return embed(model, to_model_input(model, images)) if layer == 0 else block_output(model, images, layer - 1)
+
+
+@dataclass
+class LayerQKV:
+    """Queries, keys and values of every head of one layer, for one image.
+
+    Attributes:
+        q, k, v: (H, N, d_head) float64, q and k after the block's ``q_norm``/``k_norm``.
+        scale: the factor the block multiplies the scores by (1/sqrt(d_head) unless the model says otherwise).
+        steps: the block's extra steps in words (query/key norm, output norm, gate), in order.
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    scale: float
+    steps: list[str]
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[-1]
+
+
+def _attention_steps(blk) -> list[str]:
+    from timm.models.vision_transformer import ResPostBlock
+
+    attn = blk.attn
+    steps = [] if isinstance(blk, ResPostBlock) else [f"the block's input goes through norm1 ({type(blk.norm1).__name__})"]
+    if not isinstance(attn.q_norm, torch.nn.Identity):
+        steps.append(f"q and k are normalised per head ({type(attn.q_norm).__name__}) before the dot product")
+    if not isinstance(attn.norm, torch.nn.Identity):
+        steps.append(f"the heads' output goes through {type(attn.norm).__name__} before the projection")
+    if getattr(attn, "gate", None) is not None:
+        steps.append("the output is gated (sigmoid) before the projection")
+    return steps
+
+
+@torch.inference_mode()
+def layer_qkv(model, images: torch.Tensor, layer: int) -> LayerQKV:
+    """q, k, v of layer ``layer`` (0-based) for a batch of one image: (1, 3, H, W) -> :class:`LayerQKV`."""
+    if images.shape[0] != 1:
+        raise ValueError(f"layer_qkv takes one image, got a batch of {images.shape[0]}")
+    blk = model.blocks[layer]
+    attn = blk.attn
+    from timm.models.vision_transformer import ResPostBlock
+
+    x = block_input(model, images, layer)
+    x = x if isinstance(blk, ResPostBlock) else blk.norm1(x)
+    B, N, _ = x.shape
+    qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv.unbind(0)
+    q, k = attn.q_norm(q), attn.k_norm(k)
+
+    def arr(t: torch.Tensor) -> np.ndarray:
+        return t[0].detach().double().cpu().numpy()
+
+    return LayerQKV(q=arr(q), k=arr(k), v=arr(v), scale=float(attn.scale), steps=_attention_steps(blk))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+@dataclass
+class AttentionAnatomy:
+    """The steps of one query's attention in one head, with the model's numbers.
+
+    Attributes:
+        head, query: 0-based head and query token (index into the full sequence).
+        q: (d,) the query vector.
+        scores: (N,) q·k_j for every token j, before scaling.
+        scale: the scaling factor (1/sqrt(d_head)).
+        scaled: (N,) scores x scale — the logits the softmax sees.
+        unscaled_weights: (N,) softmax(scores): what the row would be without the scaling.
+        weights: (N,) softmax(scaled): the attention row.
+        values: (N, d) the value vectors.
+        contributions: (N, d) weights[j] x v_j.
+        output: (d,) sum of the contributions: this head's output for the query, before the projection.
+    """
+
+    head: int
+    query: int
+    q: np.ndarray
+    scores: np.ndarray
+    scale: float
+    scaled: np.ndarray
+    unscaled_weights: np.ndarray
+    weights: np.ndarray
+    values: np.ndarray
+    contributions: np.ndarray
+    output: np.ndarray
+
+    def entropy(self, weights: np.ndarray) -> float:
+        """Entropy of a row in nats (ln N for uniform attention, 0 for one token)."""
+        p = weights[weights > 0]
+        return float(-(p * np.log(p)).sum())
+
+    def top_contributors(self, k: int = 10) -> np.ndarray:
+        """Token indices of the ``k`` largest weights, largest first."""
+        return np.argsort(-self.weights, kind="stable")[:k]
+
+
+def attention_anatomy(qkv: LayerQKV, head: int, query: int) -> AttentionAnatomy:
+    """Take apart the attention of token ``query`` in ``head`` (both 0-based) of one layer."""
+    H, N, _ = qkv.q.shape
+    if not 0 <= head < H:
+        raise ValueError(f"head {head + 1} is outside the layer's {H} heads")
+    if not 0 <= query < N:
+        raise ValueError(f"token {query} is outside the sequence of {N} tokens")
+    q, keys, values = qkv.q[head, query], qkv.k[head], qkv.v[head]
+    scores = keys @ q
+    scaled = scores * qkv.scale
+    weights = softmax(scaled)
+    contributions = weights[:, None] * values
+    return AttentionAnatomy(head=head, query=query, q=q, scores=scores, scale=qkv.scale, scaled=scaled,
+                            unscaled_weights=softmax(scores), weights=weights, values=values,
+                            contributions=contributions, output=contributions.sum(axis=0))
