@@ -131,3 +131,45 @@ def test_block_output_of_last_layer_is_what_capture_normalises():
         final = model.norm(tokens)
     np.testing.assert_allclose(final.numpy(), out.features.numpy(), atol=1e-5)
     np.testing.assert_allclose(tokens.norm(dim=-1).numpy(), out.token_norms[:, -1].numpy(), rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_cli_clusters_match_sklearn_and_rerun_identically(tmp_path, bundled):
+    from sklearn.cluster import KMeans
+
+    from vitviz.cli import main
+
+    image = str(ASSETS / "chelsea.jpg")
+    runs = {"a": ["--clusters", "5"], "layer": ["--clusters", "4", "--cluster-layer", "6"]}
+    for name, extra in runs.items():
+        assert main(["analyze", image, "--out", str(tmp_path / name), *extra]) == 0
+    data = np.load(tmp_path / "a" / "analysis.npz")
+    labels = data["clusters"]
+    assert labels.shape == (1, 16, 16) and labels.dtype.kind == "i"
+    sizes = np.bincount(labels.ravel())
+    assert len(sizes) == 5 and (np.diff(sizes) <= 0).all()
+
+    patches = data["features"][0, 1:].astype(np.float64)
+    ours = inertia_of(patches, labels[0].ravel())
+    reference = KMeans(n_clusters=5, n_init=10, random_state=1).fit(patches).inertia_
+    assert ours <= reference * 1.01, (ours, reference)
+    info = json.loads((tmp_path / "a" / "settings.json").read_text())["analysis"]["clusters"]
+    assert info["k"] == 5 and info["layer (1-based)"] == "final features"
+    assert info["inertia_per_image"][0] == pytest.approx(ours)
+    # A rerun on the same features gives the same labels (the app clusters these features the same way).
+    np.testing.assert_array_equal(token_clusters(patches, (16, 16), 5).labels, labels[0])
+
+    # --cluster-layer 6: the output of block 6 (index 5), not the final features.
+    layer = np.load(tmp_path / "layer" / "analysis.npz")["clusters"][0]
+    tokens = block_output(bundled.model, torch.from_numpy(data["input"]), 5)[0, 1:].float().numpy()
+    np.testing.assert_array_equal(layer, token_clusters(tokens, (16, 16), 4).labels)
+    assert json.loads((tmp_path / "layer" / "settings.json").read_text())["analysis"]["clusters"]["layer (1-based)"] == 6
+
+
+def test_cli_cluster_layer_without_clusters_is_a_sentence(tmp_path, capsys):
+    from vitviz.cli import main
+
+    image = str(ASSETS / "chelsea.jpg")
+    assert main(["analyze", image, "--out", str(tmp_path), "--cluster-layer", "3"]) == 2
+    assert "--cluster-layer needs --clusters K" in capsys.readouterr().err
+

@@ -11,9 +11,12 @@ import torch
 from PIL import Image
 
 from .capture import capture
+from .clusters import batch_clusters
 from .distance import CONVENTION as DISTANCE_CONVENTION
 from .distance import mean_attention_distance
+from .faithfulness import PROTOCOL, attention_maps, default_fractions, perturbation_curves
 from .filters import patch_filter_pca, patch_filters
+from .flow import FLOW_DEFINITION, attention_flow
 from .images import preprocess
 from .layout import TokenLayout
 from .models import LoadedModel
@@ -34,6 +37,11 @@ class AnalysisSettings:
         exclude_sinks: keep patch attention sinks (any layer of the range) out of rollout.
         target_class: class for gradient rollout; None = each image's top-1.
         batch_size: images per forward pass.
+        faithfulness: deletion/insertion curves of every attribution map (see vitviz.faithfulness).
+        faithfulness_steps: fractions 0..1 of the curves, evenly spaced.
+        flow: attention flow (exact max-flow) with the rollout's fusion, discard, layers and exclusions.
+        clusters: k-means clusters of each image's patch tokens (2..12); None = no clustering.
+        cluster_layer: 0-based block whose output is clustered; None = the final features.
     """
 
     fusion: str = "mean"
@@ -44,6 +52,11 @@ class AnalysisSettings:
     exclude_sinks: bool = False
     target_class: int | None = None
     batch_size: int = 8
+    faithfulness: bool = False
+    faithfulness_steps: int = 11
+    flow: bool = False
+    clusters: int | None = None
+    cluster_layer: int | None = None
 
 
 @dataclass
@@ -90,6 +103,17 @@ def analyze_images(loaded: LoadedModel, images: list[Image.Image],
     }
     if parts[0].logits is not None:
         arrays["logits"] = torch.cat([p.logits for p in parts]).numpy()
+    cluster_info = None
+    if settings.clusters is not None:
+        arrays["clusters"], inertia = batch_clusters(loaded.model, batch.tensor, arrays["features"], layout,
+                                                     settings.clusters, settings.cluster_layer, settings.batch_size)
+        cluster_info = {"k": settings.clusters, "inertia_per_image": inertia,
+                        "layer (1-based)": "final features" if settings.cluster_layer is None
+                        else settings.cluster_layer + 1,
+                        "features": "final-norm patch tokens (npz 'features')" if settings.cluster_layer is None
+                        else "patch tokens leaving that block, before the final norm",
+                        "method": "k-means per image (scikit-learn, k-means++, 10 inits, seed 0), "
+                                  "labels 0..K-1 by cluster size, largest first"}
 
     artifacts = [artifact_tokens(n[-1], layout) for n in norms]
     sinks = [attention_sinks(a, layout) for a in attention]
@@ -113,6 +137,8 @@ def analyze_images(loaded: LoadedModel, images: list[Image.Image],
         "mean_distance_convention": DISTANCE_CONVENTION,
         "notes": [],
     }
+    if cluster_info is not None:
+        info["clusters"] = cluster_info
     try:
         pca = patch_filter_pca(patch_filters(loaded.model))
         arrays["filter_pca"], arrays["filter_pca_explained"] = pca.components, pca.explained_variance_ratio
@@ -133,4 +159,41 @@ def analyze_images(loaded: LoadedModel, images: list[Image.Image],
         info["gradient_rollout_targets"] = targets
     else:
         info["notes"].append("Gradient rollout needs a classifier head; this model has none.")
+    if settings.flow:
+        flows = [attention_flow(a, layout, fusion=settings.fusion, discard=settings.discard,
+                                start=settings.start_layer, end=settings.end_layer,
+                                exclude_tokens=excluded_tokens(settings, art, sink, layout))
+                 for a, art, sink in zip(attention, artifacts, sinks)]
+        arrays["attention_flow"] = np.stack([f.map for f in flows])
+        info["attention_flow"] = {"layers": list(flows[0].layers), "readout": flows[0].readout,
+                                  "capacity_scale": flows[0].scale, "definition": FLOW_DEFINITION,
+                                  "max_error_bound": float(max(f.error_bound.max() for f in flows))}
+    if settings.faithfulness:
+        info["faithfulness"] = add_faithfulness(loaded, batch.tensor, arrays, layout, settings)
     return Analysis(arrays=arrays, info=info, input_images=batch.images, layout=layout)
+
+
+def add_faithfulness(loaded: LoadedModel, inputs: torch.Tensor, arrays: dict[str, np.ndarray], layout: TokenLayout,
+                     settings: AnalysisSettings) -> dict:
+    """Deletion/insertion curves of every map in ``arrays`` on every image; adds ``faithfulness_fractions`` (S,),
+    ``deletion`` and ``insertion`` (B, M, S) to ``arrays`` and returns their description for settings.json."""
+    fractions = default_fractions(settings.faithfulness_steps)
+    results = []
+    for i in range(len(inputs)):
+        maps = attention_maps(arrays["attention"][i], layout, rollout_map=arrays["rollout"][i],
+                              gradient_map=arrays["gradient_rollout"][i] if "gradient_rollout" in arrays else None,
+                              flow_map=arrays["attention_flow"][i] if "attention_flow" in arrays else None)
+        results.append(perturbation_curves(loaded.model, inputs[i], maps, layout, fractions=fractions,
+                                           target=settings.target_class, batch_size=settings.batch_size))
+    arrays["faithfulness_fractions"] = fractions
+    arrays["deletion"] = np.stack([r.deletion for r in results])
+    arrays["insertion"] = np.stack([r.insertion for r in results])
+    return {"protocol": PROTOCOL, "methods": results[0].methods,
+            "method_maps": "rollout, gradient_rollout, attention_flow: the npz arrays of those names; "
+                           "last_layer_*: the readout's raw attention in the last layer (heads 1-based); "
+                           "random: uniform noise, numpy default_rng(0)",
+            "score": [r.score for r in results], "target_class": [r.target for r in results],
+            "patches_per_step": results[0].counts.tolist(),
+            "auc": [{m: {"deletion": float(d), "insertion": float(s)}
+                     for m, d, s in zip(r.methods, r.deletion_auc, r.insertion_auc)} for r in results],
+            "reference": [r.reference() for r in results]}

@@ -101,3 +101,30 @@ def cluster_overlay(image: Image.Image, labels: np.ndarray, colours: list[tuple[
         edge[1:, :] |= per_pixel[1:, :] != per_pixel[:-1, :]
         out[edge] = 255.0
     return Image.fromarray(np.clip(out, 0, 255).round().astype(np.uint8))
+
+
+def batch_clusters(model, images, features: np.ndarray, layout, k: int, layer: int | None = None,
+                   batch_size: int = 8) -> tuple[np.ndarray, list[float]]:
+    """Cluster every image's patch tokens on its own, as the CLI's ``--clusters`` does.
+
+    Args:
+        model: the timm model (needed only when ``layer`` is set).
+        images: (B, 3, H, W) model input.
+        features: (B, N, D) final features (``analysis.npz``'s ``features``), used when ``layer`` is None.
+        layout: the token layout.
+        k: clusters per image, 2..12.
+        layer: 0-based block whose output is clustered; None = the final features.
+
+    Returns:
+        labels (B, gh, gw) int64 and the inertia of each image.
+    """
+    import torch
+
+    from .anatomy import block_output
+
+    check_k(k, layout.num_patches)
+    if layer is not None:
+        features = torch.cat([block_output(model, images[i:i + batch_size], layer).float().cpu()
+                              for i in range(0, len(images), batch_size)]).numpy()
+    results = [token_clusters(f[layout.patch_slice], layout.grid_size, k) for f in features]
+    return np.stack([r.labels for r in results]), [r.inertia for r in results]

@@ -1,0 +1,245 @@
+"""Deletion/insertion faithfulness and attention flow: known answers, independent recomputation, CLI and page."""
+import itertools
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import ASSETS, tiny_model
+from vitviz.faithfulness import (attention_maps, auc, patch_order, perturbation_curves, perturbed_at, random_map,
+                                 step_counts)
+from vitviz.flow import FlowNetwork, attention_flow, layer_capacities, readout_weights
+from vitviz.layout import TokenLayout
+
+GRID = TokenLayout(prefix_tokens=("cls",), grid_size=(4, 4), patch_size=(2, 2), global_pool="token",
+                   pos_embed_prefix_rows=1)
+KNOWN = [5, 6, 9, 10]  # the patches the hand-built model reads (raster order, 4x4 grid)
+
+
+class KnownPatchModel(torch.nn.Module):
+    """A model whose output depends only on the pixels of ``KNOWN`` patches (8x8 input, 2x2 patches).
+
+    With a head: logits (w * sum of those pixels, 0). Headless: pre-logits (sum of those pixels, 1).
+    """
+
+    def __init__(self, head: bool):
+        super().__init__()
+        self.num_classes = 2 if head else 0
+        self.weight = torch.nn.Parameter(torch.ones(1))
+        mask = torch.zeros(4, 4)
+        mask.view(-1)[KNOWN] = 1
+        self.register_buffer("pixels", mask.repeat_interleave(2, 0).repeat_interleave(2, 1))
+
+    def forward_features(self, x):
+        return (x * self.pixels).sum(dim=(1, 2, 3))[:, None]
+
+    def forward_head(self, feats, pre_logits=False):
+        if pre_logits or not self.num_classes:
+            return torch.cat([feats, torch.ones_like(feats)], dim=1)
+        return torch.cat([0.1 * self.weight * feats, torch.zeros_like(feats)], dim=1)
+
+    def forward(self, x):
+        return self.forward_head(self.forward_features(x))
+
+
+def test_patch_order_is_descending_with_ties_to_the_lower_index():
+    grid = np.array([[0.5, 0.9], [0.5, 0.9]])
+    np.testing.assert_array_equal(patch_order(grid), [1, 3, 0, 2])
+    np.testing.assert_array_equal(step_counts(np.linspace(0, 1, 11), 256), [0, 26, 51, 77, 102, 128, 154, 179, 205,
+                                                                            230, 256])
+    np.testing.assert_array_equal(step_counts([0, 0.1, 0.5, 1], 5), [0, 1, 3, 5])  # halves round up
+    np.testing.assert_allclose(auc(np.array([0.0, 1.0, 1.0]), np.array([0, 0.5, 1.0])), 0.75)
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["class probability", "pre-logits cosine"])
+def test_the_map_that_ranks_the_read_patches_first_is_the_most_faithful(head):
+    model = KnownPatchModel(head).eval()
+    image = torch.ones(3, 8, 8)
+    right = np.zeros(16)
+    right[KNOWN] = [4, 3, 2, 1]
+    maps = {"right": right.reshape(4, 4), "reversed": -right.reshape(4, 4) + np.arange(16).reshape(4, 4) * 1e-3,
+            "random": random_map((4, 4), seed=0)}
+    result = perturbation_curves(model, image, maps, GRID, fractions=np.linspace(0, 1, 9))
+    d, i = dict(zip(result.methods, result.deletion_auc)), dict(zip(result.methods, result.insertion_auc))
+    assert d["right"] < d["random"] < d["reversed"]
+    assert i["right"] > i["random"] > i["reversed"]
+    # Deleting the 4 read patches (step 2 of 8 = 4 patches) leaves nothing of the signal: the score of the blank input.
+    np.testing.assert_allclose(result.deletion[0, 2], result.deletion[0, -1])
+    np.testing.assert_allclose(result.insertion[0, 2], result.insertion[0, -1])
+    assert ("class 0" in result.score) == head and result.target == (0 if head else None)
+    reference = result.reference()
+    assert reference["best"] == {"deletion": "right", "insertion": "right"}
+    assert reference["worst"] == {"deletion": "reversed", "insertion": "reversed"}
+
+
+def _independent_curve(model, image, grid_map, layout, fractions, mode, target):
+    """The protocol spelled out one input at a time, with no code shared with vitviz.faithfulness."""
+    values = grid_map.ravel()
+    order = sorted(range(len(values)), key=lambda p: (-values[p], p))
+    gw, (ph, pw) = layout.grid_size[1], layout.patch_size
+    with torch.no_grad():
+        reference = model.forward_head(model.forward_features(image[None]), pre_logits=True)[0]
+        out = []
+        for f in fractions:
+            k = math.floor(f * len(values) + 0.5)
+            x = image.clone() if mode == "deletion" else torch.zeros_like(image)
+            for p in order[:k]:
+                r, c = divmod(p, gw)
+                block = (slice(None), slice(r * ph, (r + 1) * ph), slice(c * pw, (c + 1) * pw))
+                x[block] = 0 if mode == "deletion" else image[block]
+            if target is None:
+                feats = model.forward_head(model.forward_features(x[None]), pre_logits=True)[0]
+                out.append(float(torch.dot(feats, reference) / (feats.norm() * reference.norm())))
+            else:
+                out.append(float(model(x[None]).softmax(-1)[0, target]))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("family", ["vit_augreg", "dino"])
+def test_curves_equal_an_independent_recomputation_of_the_protocol(family):
+    from vitviz.capture import capture
+    from vitviz.rollout import rollout
+
+    model = tiny_model(family)
+    torch.manual_seed(1)
+    image = torch.randn(3, 64, 64)
+    out = capture(model, image[None])
+    attention, layout = out.attention[0].numpy(), out.layout
+    maps = attention_maps(attention, layout, rollout_map=rollout(attention, layout).map)
+    fractions = np.array([0, 0.1, 0.25, 0.5, 0.8, 1.0])
+    result = perturbation_curves(model, image, maps, layout, fractions=fractions, batch_size=3)
+    target = None if family == "dino" else int(out.logits[0].argmax())
+    assert result.target == target
+    for m, name in enumerate(result.methods):
+        for mode in ("deletion", "insertion"):
+            expected = _independent_curve(model, image, maps[name], layout, fractions, mode, target)
+            np.testing.assert_allclose(getattr(result, mode)[m], expected, atol=1e-5, err_msg=f"{name} {mode}")
+    # The perturbed input shown on the page is the one scored.
+    shown = perturbed_at(image, maps["rollout"], layout, 0.25)["deletion"]
+    assert (shown == 0).all(dim=0).sum() == 4 * 16 * 16  # 4 of 16 patches (16x16 px each) set to the mean
+
+
+# --- attention flow ----------------------------------------------------------------------------------------------
+
+def _brute_force_min_cut(capacity: dict, nodes: list, source, sink) -> float:
+    """Minimum over every source/sink partition of the capacity leaving the source side."""
+    others = [n for n in nodes if n not in (source, sink)]
+    best = math.inf
+    for r in range(len(others) + 1):
+        for side in itertools.combinations(others, r):
+            s = {source, *side}
+            best = min(best, sum(c for (u, v), c in capacity.items() if u in s and v not in s))
+    return best
+
+
+def _layered_graph(mats, readout):
+    """Every node and edge of the layered graph, bottom tokens included: (layer, token) nodes, sink 'out'."""
+    N = mats[0].shape[0]
+    capacity = {((k, i), (k + 1, j)): m[j, i] for k, m in enumerate(mats) for i in range(N) for j in range(N)}
+    capacity |= {((len(mats), j), "out"): w for j, w in enumerate(readout) if w > 0}
+    nodes = [(k, t) for k in range(len(mats) + 1) for t in range(N)] + ["out"]
+    return capacity, nodes
+
+
+@pytest.mark.parametrize("readout", ["cls", "mean"])
+def test_attention_flow_is_the_brute_force_min_cut_on_a_two_layer_graph(readout):
+    # CLS + 2 patches, or a register + 2 patches (no CLS: the readout takes 1/2 of each top patch).
+    layout = TokenLayout(prefix_tokens=("cls",) if readout == "cls" else ("reg0",), grid_size=(1, 2),
+                         patch_size=(1, 1), global_pool="token", pos_embed_prefix_rows=1)
+    # Rows in eighths: 0.5 A + 0.5 I is in sixteenths, so the integer scaling is exact.
+    attention = np.random.default_rng(3).multinomial(8, [1 / 3] * 3, size=(2, 1, 3)) / 8
+    mats = layer_capacities(attention, layout)
+    result = attention_flow(attention, layout)
+    top = np.array([1.0, 0, 0]) if readout == "cls" else np.array([0, 0.5, 0.5])
+    capacity, nodes = _layered_graph(mats, top)
+    for p in range(2):
+        expected = _brute_force_min_cut(capacity, nodes, (0, 1 + p), "out")
+        assert result.map.ravel()[p] >= 0
+        assert result.map.ravel()[p] == expected
+    assert result.readout == ("cls" if readout == "cls" else "mean over patch rows")
+    if readout == "cls":  # not saturated: the cut is inside the graph, not at the readout
+        np.testing.assert_array_equal(result.map, [[0.4375, 0.5625]])
+
+
+def test_attention_flow_error_bound_brackets_the_true_min_cut():
+    layout = TokenLayout(prefix_tokens=("cls",), grid_size=(1, 3), patch_size=(1, 1), global_pool="token",
+                         pos_embed_prefix_rows=1)
+    rng = np.random.default_rng(0)
+    attention = rng.random((2, 2, 4, 4)) ** 3
+    attention /= attention.sum(-1, keepdims=True)
+    coarse = attention_flow(attention, layout, scale=1000)
+    mats = layer_capacities(attention, layout)
+    for p in range(3):
+        capacity, nodes = _layered_graph(mats, np.eye(4)[0])
+        exact = _brute_force_min_cut(capacity, nodes, (0, 1 + p), (2, 0))
+        lo, bound = coarse.map.ravel()[p], coarse.error_bound.ravel()[p]
+        assert lo <= exact + 1e-12 <= lo + bound + 1e-12
+        assert 0 < bound < 0.02
+        assert abs(attention_flow(attention, layout).map.ravel()[p] - exact) < 1e-6
+
+
+def test_attention_flow_with_a_layer_range_uses_only_those_layers():
+    model = tiny_model("vit_augreg")
+    from vitviz.capture import capture
+
+    out = capture(model, torch.randn(1, 3, 64, 64))
+    attention, layout = out.attention[0].numpy(), out.layout
+    calls = []
+    full = attention_flow(attention, layout, progress=lambda done, total: calls.append((done, total)))
+    last = attention_flow(attention, layout, start=1)
+    assert calls[-1] == (16, 16) and len(calls) == 16
+    np.testing.assert_allclose(last.map, attention_flow(attention[1:], layout).map)
+    assert not np.allclose(full.map, last.map)
+    assert (full.map >= 0).all() and (full.map <= 1 + 1e-9).all()
+    network = FlowNetwork(layer_capacities(attention, layout), readout_weights(layout))
+    assert network.edges < 2 * 17 * 17 + 17  # the top layer keeps only the CLS row
+
+
+# --- CLI -----------------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_cli_faithfulness_and_flow_equal_the_protocol_recomputed(tmp_path):
+    import timm
+    from safetensors.torch import save_file
+
+    from vitviz.cli import main
+    from vitviz.models import ModelSpec, load_model
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    weights = tmp_path / "tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    out = tmp_path / "out"
+    assert main(["analyze", str(ASSETS / "coffee.jpg"), "--model", "vit_tiny_patch16_224", "--checkpoint",
+                 str(weights), "--img-size", "64", "--out", str(out), "--faithfulness", "--faithfulness-steps", "5",
+                 "--flow", "--start-layer", "9"]) == 0
+    data = np.load(out / "analysis.npz")
+    info = json.loads((out / "settings.json").read_text())["analysis"]
+    methods = info["faithfulness"]["methods"]
+    assert methods == ["last_layer_mean", "last_layer_head_1", "last_layer_head_2", "last_layer_head_3", "rollout",
+                       "gradient_rollout", "attention_flow", "random"]
+    np.testing.assert_allclose(data["faithfulness_fractions"], [0, 0.25, 0.5, 0.75, 1])
+    assert data["deletion"].shape == data["insertion"].shape == (1, 8, 5)
+    assert data["attention_flow"].shape == (1, 4, 4) and info["attention_flow"]["layers"] == [8, 12]
+
+    loaded = load_model(ModelSpec(name="vit_tiny_patch16_224", checkpoint=str(weights), img_size=64))
+    image = torch.from_numpy(data["input"][0])
+    flow = attention_flow(data["attention"][0], loaded.layout, start=8)
+    np.testing.assert_allclose(data["attention_flow"][0], flow.map, atol=1e-12)
+    target = int(data["logits"][0].argmax())
+    assert info["faithfulness"]["target_class"] == [target]
+    for m, name in enumerate(methods):
+        grid = data[name][0] if name in data.files else None
+        if grid is None:
+            continue
+        for mode in ("deletion", "insertion"):
+            expected = _independent_curve(loaded.model, image, grid, loaded.layout, data["faithfulness_fractions"],
+                                          mode, target)
+            np.testing.assert_allclose(data[mode][0, m], expected, atol=1e-5, err_msg=f"{name} {mode}")
+        assert math.isclose(info["faithfulness"]["auc"][0][name]["deletion"],
+                            float(auc(data["deletion"][0, m], data["faithfulness_fractions"])), abs_tol=1e-12)
