@@ -12,5 +12,6 @@ PAGES = [
     st.Page("pages/4_distance.py", title="Attention distance"),
     st.Page("pages/5_filters.py", title="Embedding filters"),
     st.Page("pages/6_position_embeddings.py", title="Position embeddings"),
+    st.Page("pages/7_anatomy.py", title="Attention anatomy"),
 ]
 st.navigation(PAGES).run()

@@ -1,4 +1,4 @@
-"""Overview: the image as the model sees it, the model card, classes, token norms, feature PCA."""
+"""Overview: the image as the model sees it, the model card, classes, token norms, feature PCA, token clusters."""
 from dataclasses import replace
 
 import numpy as np
@@ -8,7 +8,10 @@ from ui.cache import cached_feature_pca, cached_top_classes
 from ui.charts import file_stem, show_chart
 from ui.display import Display, map_figure
 from ui.downloads import download_row
+from ui.explain import BLOCK, CLUSTER_SOURCES, FINAL, KEYS, cached_clusters
 from ui.state import setup
+from vitviz.clusters import K_RANGE
+from vitviz.explain_figures import cluster_figure
 from vitviz.figures import bars, patch_grid_image, rgb_image
 
 ctx = setup()
@@ -72,8 +75,34 @@ download_row(file_stem("tokens", ctx.image.name), {"token_norms": r.token_norms,
               "layer_shown (1-based)": layer + 1, "token_indices": "0-based sequence indices, prefix tokens first",
               "attention_sinks_per_layer (0-based layers)": [s.tolist() for s in r.sinks.sinks]})
 
-st.subheader("Patch features, first 3 principal components as RGB")
-pca = cached_feature_pca(ctx.spec, ctx.image.sha256, r)
-show_chart(rgb_image(pca, scale=8), "pca", file_stem("feature_pca", ctx.image.name))
-st.caption("Patches with similar last-layer features get similar colours: they group into object parts.")
-download_row(file_stem("feature_pca", ctx.image.name), {"feature_pca_rgb": pca}, {"image": ctx.image.name, "model": card["spec"]})
+st.subheader("Patch features: first 3 principal components as RGB, and token clusters")
+k_col, source_col, layer_col, head_col = st.columns(4)
+k = k_col.slider("Clusters K", K_RANGE[0], K_RANGE[1], 4, key="cluster_k")
+source = source_col.selectbox("Cluster on", CLUSTER_SOURCES, key="cluster_source",
+                              help="final features: the model's output tokens after its last norm (as the PCA); "
+                                   "output of a block: the tokens leaving that layer; keys: one head's key vectors")
+L, H = r.attention.shape[:2]
+cluster_layer = layer_col.slider("Cluster layer", 1, L, L, key="cluster_layer", disabled=source == FINAL) - 1
+cluster_head = head_col.selectbox("Cluster head", list(range(1, H + 1)), key="cluster_head",
+                                  disabled=source != KEYS) - 1
+pca_col, cluster_col = st.columns(2)
+with pca_col:
+    pca = cached_feature_pca(ctx.spec, ctx.image.sha256, r)
+    show_chart(rgb_image(pca, scale=8), "pca", file_stem("feature_pca", ctx.image.name))
+    st.caption("Patches with similar last-layer features get similar colours: they group into object parts.")
+    download_row(file_stem("feature_pca", ctx.image.name), {"feature_pca_rgb": pca}, {"image": ctx.image.name, "model": card["spec"]})
+with cluster_col:
+    clusters = cached_clusters(ctx.spec, ctx.image.sha256, ctx.image.image, r, source, cluster_layer, cluster_head, k)
+    what = {FINAL: "final features", BLOCK: f"output of layer {cluster_layer + 1}",
+            KEYS: f"keys of layer {cluster_layer + 1}, head {cluster_head + 1}"}[source]
+    show_chart(cluster_figure(r.model_input, clusters.labels, layout, title=f"{k} token clusters, {what}", height=450),
+               "clusters", file_stem("clusters", ctx.image.name, f"k{k}", what))
+    st.caption("k-means of the patch tokens (k-means++, best of 10 starts, seed 0: the same image and settings "
+               "give the same clusters), numbered by size, largest first; white lines separate clusters. "
+               f"Inertia (sum of squared distances to the cluster means): {clusters.inertia:.4g}.")
+    download_row(file_stem("clusters", ctx.image.name, f"k{k}", what), {"clusters": clusters.labels,
+                                                                         "sizes": clusters.sizes},
+                 {"image": ctx.image.name, "sha256": ctx.image.sha256, "model": card["spec"], "k": k, "features": what,
+                  "layer (1-based)": None if source == FINAL else cluster_layer + 1,
+                  "head (1-based)": cluster_head + 1 if source == KEYS else None, "inertia": clusters.inertia,
+                  "labels": "0-based, 0 = largest cluster; on screen 1-based", "grid": "(gh, gw) patch rows, cols"})

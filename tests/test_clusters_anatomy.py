@@ -173,3 +173,52 @@ def test_cli_cluster_layer_without_clusters_is_a_sentence(tmp_path, capsys):
     assert main(["analyze", image, "--out", str(tmp_path), "--cluster-layer", "3"]) == 2
     assert "--cluster-layer needs --clusters K" in capsys.readouterr().err
 
+
+@pytest.mark.slow
+def test_overview_clusters_view_shows_the_core_labels(bundled):
+    from test_app import _heatmaps, _page, _traces
+    from vitviz.images import load_image, preprocess
+
+    at = _page(None)
+    z = _heatmaps(at, "clusters")[0]
+    batch = preprocess([load_image(ASSETS / "astronaut.jpg").image], bundled.data_config)
+    features = capture(bundled.model, batch.tensor).features[0, 1:].numpy()
+    np.testing.assert_array_equal(z - 1, token_clusters(features, (16, 16), 4).labels)
+    at.slider(key="cluster_k").set_value(6).run()
+    at.selectbox(key="cluster_source").set_value("keys of one head").run()
+    assert not at.exception
+    legend = [t["name"] for t in _traces(at, "clusters") if t["type"] == "scatter"]
+    assert len(legend) == 6 and legend[0].startswith("1: ")
+    assert len(np.unique(_heatmaps(at, "clusters")[0])) == 6
+
+
+@pytest.mark.slow
+def test_anatomy_page_row_equals_the_heads_page_map(bundled):
+    from test_app import _core_attention, _heatmaps, _page
+    from vitviz.maps import query_attention_map
+
+    heads = _page("pages/2_heads.py")
+    heads.slider(key="heads_layer").set_value(3).run()
+    heads_map = _heatmaps(heads, "heads_grid")[1]  # layer 3, head 2, CLS query
+
+    at = _page("pages/7_anatomy.py")
+    at.slider(key="anatomy_layer").set_value(3).run()
+    at.selectbox(key="anatomy_head").set_value(2).run()
+    assert not at.exception
+    row = _heatmaps(at, "anatomy_row")[0]
+    np.testing.assert_allclose(row, heads_map, atol=1e-6)
+    attention, layout = _core_attention(bundled, "astronaut.jpg")
+    np.testing.assert_allclose(row, query_attention_map(attention, layout, 2, 1, "cls"), atol=1e-6)
+
+    at.session_state["patch"] = 40
+    at.radio(key="anatomy_query").set_value("clicked patch").run()
+    assert not at.exception
+    np.testing.assert_allclose(_heatmaps(at, "anatomy_row")[0], query_attention_map(attention, layout, 2, 1, 40),
+                               atol=1e-6)
+    # The score map shows q·k of the clicked patch's query with every patch key, from the model's own q and k.
+    from vitviz.images import load_image, preprocess
+
+    batch = preprocess([load_image(ASSETS / "astronaut.jpg").image], bundled.data_config)
+    a = attention_anatomy(layer_qkv(bundled.model, batch.tensor, 2), head=1, query=layout.num_prefix_tokens + 40)
+    np.testing.assert_allclose(_heatmaps(at, "anatomy_scores")[0], layout.to_grid(a.scores[layout.patch_slice]),
+                               rtol=1e-5, atol=1e-4)
