@@ -71,6 +71,25 @@ POINT_JS = """(pt) => {
 }"""
 
 
+# Which tile of the heads grid carries the green outline (#00c853): the "head k" subplot title nearest
+# above the outline's top edge. None when no outline is drawn.
+OUTLINED_HEAD_JS = """(plot) => {
+  const rects = [...plot.querySelectorAll('.shapelayer path')].filter(p =>
+    /0,\\s*200,\\s*83|#00c853/i.test(p.style.stroke || p.getAttribute('stroke') || ''));
+  if (!rects.length) return null;
+  const r = rects.map(p => p.getBoundingClientRect()).sort((a, b) => b.width * b.height - a.width * a.height)[0];
+  let best = null, bestD = Infinity;
+  for (const a of plot.querySelectorAll('.annotation')) {
+    const m = /^head (\\d+)/.exec(a.textContent.trim());
+    if (!m) continue;
+    const b = a.getBoundingClientRect();
+    const d = Math.abs((b.left + b.right) / 2 - (r.left + r.right) / 2) + Math.abs(b.bottom - r.top);
+    if (d < bestD) { bestD = d; best = Number(m[1]); }
+  }
+  return best;
+}"""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -297,3 +316,5 @@ def test_distance_plot_click_opens_the_head(page):
     assert page.locator("h2").first.inner_text().startswith("Attention heads")
     value = page.get_by_test_id("stSliderThumbValue").first.inner_text()
     assert int(value) == layer, f"Layer slider shows {value}, the message says layer {layer}"
+    outlined = page.locator(".js-plotly-plot").first.evaluate(OUTLINED_HEAD_JS)
+    assert outlined == head, f"the message says head {head}, the grid outlines head {outlined}"
