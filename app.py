@@ -1,6 +1,8 @@
 """vitviz, the Streamlit app: `scripts/app.sh` (sets everything up) or `streamlit run app.py`."""
 import streamlit as st
 
+import ui.warmup  # noqa: F401  (before any session draws a figure: see its docstring)
+
 st.set_page_config(page_title="vitviz", layout="wide")
 # Streamlit's default side padding costs the head grid ~90 px at 1440 px: tiles stay >= 220 px.
 st.markdown("<style>.block-container, [data-testid='stMainBlockContainer'] {padding: 2.5rem 1.5rem 2rem;}</style>",

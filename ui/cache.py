@@ -1,8 +1,9 @@
 """Cached model and per-image analysis. All model mutation happens inside ``cached_model``.
 
-``st.cache_resource`` holds one model per ModelSpec for every session and thread; capture never
-writes to it. Per-image results are keyed by (spec, image SHA-256) and derived analyses by
-(spec, SHA-256, parameters), all bounded: a slider move never runs the model again.
+Everything lives in one byte-bounded LRU (:mod:`ui.memo`) shared by every session and thread,
+budget ``VITVIZ_CACHE_MB``: models, per-image results keyed by (spec, image SHA-256) and derived
+analyses keyed by (spec, SHA-256, parameters). Capture never writes to a cached model; pages only
+read cached values. A slider move never runs the model again while its result fits the budget.
 """
 from __future__ import annotations
 
@@ -20,12 +21,38 @@ from vitviz.layout import TokenLayout
 from vitviz.maps import head_scores
 from vitviz.models import ModelSpec, load_model
 from vitviz.rollout import attention_gradients, gradient_rollout, rollout
+from vitviz.settings import Settings
 from vitviz.tokens import AttentionSinks, artifact_tokens, attention_sinks, feature_pca_rgb, top_classes
 
+from .memo import ByteLRU
 
-@st.cache_resource(show_spinner="Loading the model ...", max_entries=3)
+
+@st.cache_resource(show_spinner=False)
+def operator_settings() -> Settings:
+    """The operator's settings, read once per server from the environment."""
+    return Settings.from_env()
+
+
+@st.cache_resource(show_spinner=False)
+def store() -> ByteLRU:
+    """The one cache every session shares (a resource, so it survives script reloads)."""
+    return ByteLRU(operator_settings().cache_bytes)
+
+
+def _spinning(message: str, compute):
+    """``compute`` under a spinner: shown only when something actually runs, not on a cache hit."""
+    def run():
+        with st.spinner(message):
+            return compute()
+    return run
+
+
 def cached_model(spec: ModelSpec):
-    return load_model(spec)
+    return store().get_or_compute(("model", spec), _spinning("Loading the model ...", lambda: load_model(spec)))
+
+
+def model_is_cached(spec: ModelSpec) -> bool:
+    return ("model", spec) in store()
 
 
 @dataclass
@@ -44,10 +71,14 @@ class ImageResult:
     sinks: AttentionSinks        # tokens receiving a disproportionate share of attention, per layer
 
 
-# A resource, not data: st.cache_data would unpickle a copy of the attention (19 MB for the
+# Shared, not copied: st.cache_data would unpickle a copy of the attention (19 MB for the
 # bundled model, ~500 MB for ViT-L/16 @384) on every rerun. Pages only read it.
-@st.cache_resource(max_entries=32, show_spinner="Running the model ...")
 def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> ImageResult:
+    return store().get_or_compute(("image", spec, sha256),
+                                  _spinning("Running the model ...", lambda: _image_result(spec, _image)))
+
+
+def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageResult:
     loaded = cached_model(spec)
     batch = preprocess([_image], loaded.data_config)
     out = capture(loaded.model, batch.tensor)
@@ -63,26 +94,30 @@ def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> Im
     )
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
 def cached_rollout(spec: ModelSpec, sha256: str, _result: ImageResult, settings: AnalysisSettings):
-    exclude = excluded_tokens(settings, _result.artifacts, _result.sinks, _result.layout)
-    return rollout(_result.attention, _result.layout, fusion=settings.fusion, discard=settings.discard,
-                   start=settings.start_layer, end=settings.end_layer, exclude_tokens=exclude)
+    def compute():
+        exclude = excluded_tokens(settings, _result.artifacts, _result.sinks, _result.layout)
+        return rollout(_result.attention, _result.layout, fusion=settings.fusion, discard=settings.discard,
+                       start=settings.start_layer, end=settings.end_layer, exclude_tokens=exclude)
+
+    return store().get_or_compute(("rollout", spec, sha256, settings), compute)
 
 
-@st.cache_data(max_entries=32, show_spinner="Computing gradients ...")
 def cached_gradient_rollout(spec: ModelSpec, sha256: str, _image: Image.Image, target: int | None):
-    loaded = cached_model(spec)
-    batch = preprocess([_image], loaded.data_config)
-    attention, grads, target = attention_gradients(loaded.model, batch.tensor, target)
-    return gradient_rollout(attention, grads, loaded.layout), target
+    def compute():
+        loaded = cached_model(spec)
+        batch = preprocess([_image], loaded.data_config)
+        attention, grads, chosen = attention_gradients(loaded.model, batch.tensor, target)
+        return gradient_rollout(attention, grads, loaded.layout), chosen
+
+    return store().get_or_compute(("gradient_rollout", spec, sha256, target),
+                                  _spinning("Computing gradients ...", compute))
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
 def cached_feature_pca(spec: ModelSpec, sha256: str, _result: ImageResult) -> np.ndarray:
-    return feature_pca_rgb(_result.features, _result.layout)
+    return store().get_or_compute(("feature_pca", spec, sha256),
+                                  lambda: feature_pca_rgb(_result.features, _result.layout))
 
 
-@st.cache_data(max_entries=32, show_spinner=False)
 def cached_top_classes(spec: ModelSpec, sha256: str, _result: ImageResult, k: int = 5):
-    return top_classes(_result.logits, k)
+    return store().get_or_compute(("top_classes", spec, sha256, k), lambda: top_classes(_result.logits, k))

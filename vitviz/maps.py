@@ -67,8 +67,9 @@ def head_entropy(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
 
     attention: (L, H, N, N) -> (L, H). Uniform attention gives log(num_patches); one key gives 0.
     """
-    patches = attention[..., layout.patch_slice, layout.patch_slice].astype(np.float64)
-    return _entropy(patches).mean(axis=-1)
+    # One layer at a time in float64: never a float64 copy of the whole (L, H, N, N) array.
+    return np.stack([_entropy(layer[..., layout.patch_slice, layout.patch_slice].astype(np.float64)).mean(axis=-1)
+                     for layer in attention])
 
 
 def cls_focus(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
@@ -77,11 +78,10 @@ def cls_focus(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
     The readout is the CLS row, or the mean of the patch rows for models without CLS.
     attention: (L, H, N, N) -> (L, H) in [0, 1]: 1 = all on one patch, 0 = uniform.
     """
-    a = attention.astype(np.float64)
     if layout.has_class_token:
-        row = a[..., layout.cls_index, layout.patch_slice]
+        row = attention[..., layout.cls_index, layout.patch_slice].astype(np.float64)
     else:
-        row = a[..., layout.patch_slice, layout.patch_slice].mean(axis=-2)
+        row = attention[..., layout.patch_slice, layout.patch_slice].mean(axis=-2, dtype=np.float64)
     return 1 - _entropy(row) / np.log(layout.num_patches)
 
 

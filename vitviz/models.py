@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from . import bundled
-from .errors import ModelError
+from .errors import ModelError, first_line
 from .layout import TokenLayout
 from .posembed import NativePosEmbed
 
@@ -253,6 +253,43 @@ def _local_weights(pretrained_cfg: dict) -> Path | None:
     return None
 
 
+def _download_weights(pretrained_cfg: dict, name: str) -> Path | None:
+    """Fetch a pretrained tag's weights into the cache timm reads from, before any model is built.
+
+    timm builds the full model first and downloads after; a failed download (or a name whose
+    weights are huge) then costs the whole build. Returns the file, or None when timm loads this
+    tag some other way (it then downloads itself).
+
+    Raises:
+        ModelError: the download failed.
+    """
+    from timm.models._hub import HF_WEIGHTS_NAME, _get_safe_alternatives
+
+    try:
+        if pretrained_cfg.get("hf_hub_id"):
+            from huggingface_hub import hf_hub_download
+            from huggingface_hub.utils import EntryNotFoundError
+
+            repo_id, _, revision = pretrained_cfg["hf_hub_id"].partition("@")
+            filename = pretrained_cfg.get("hf_hub_filename") or HF_WEIGHTS_NAME
+            candidates = [*_get_safe_alternatives(filename), filename]
+            for candidate in candidates:
+                try:
+                    return Path(hf_hub_download(repo_id, candidate, revision=revision or None))
+                except EntryNotFoundError:
+                    if candidate == candidates[-1]:
+                        raise
+        if pretrained_cfg.get("url"):
+            from timm.models._hub import download_cached_file
+
+            return Path(download_cached_file(pretrained_cfg["url"]))
+    except Exception as exc:  # noqa: BLE001 - network and hub errors alike mean "no weights"
+        raise ModelError(f"Model {name!r} could not be loaded: downloading its weights failed "
+                         f"({first_line(exc)}). Use the bundled model, or give a local checkpoint file for "
+                         "this architecture.") from exc
+    return None
+
+
 def search_models(query: str, limit: int = 200) -> list[str]:
     """timm model names with pretrained tags containing ``query`` (case-insensitive), at most ``limit``.
 
@@ -277,12 +314,32 @@ def _unknown_model_error(name: str) -> ModelError:
     return ModelError(f"Unknown model {name!r}: timm has no model of that name.{hint}")
 
 
-def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
-    """Tensors of a local weights file; never unpickles arbitrary objects."""
-    if not path.is_file():
-        raise ModelError(f"Checkpoint {path}: no such file.")
+def _read_checkpoint(path: Path, max_bytes: int | None = None, needed: str = "") -> dict[str, torch.Tensor]:
+    """Tensors of a local weights file; never unpickles arbitrary objects, never unpacks a bomb.
+
+    Args:
+        path: the file.
+        max_bytes: refuse a file whose contents would take more than this once unpacked (read
+            from its index, see :func:`vitviz.checkpoints.declared_bytes`); None: no limit.
+        needed: what the architecture needs, for the sentence (e.g. ``"deit_tiny (22 MiB)"``).
+    """
+    # The type is checked before the file system is asked anything: the path box must not tell
+    # "exists" from "does not exist" for files that are not checkpoints.
     if path.suffix.lower() not in CHECKPOINT_SUFFIXES:
         raise ModelError(f"Checkpoint {path.name}: unsupported file type; use {', '.join(CHECKPOINT_SUFFIXES)}.")
+    if not path.is_file():
+        raise ModelError(f"Checkpoint {path}: no such file.")
+    if path.stat().st_size == 0:
+        raise ModelError(f"Checkpoint {path.name}: it is empty (0 bytes).")
+    if max_bytes is not None:
+        from .checkpoints import declared_bytes
+        from .settings import megabytes
+
+        unpacked = declared_bytes(path)
+        if unpacked > max_bytes:
+            raise ModelError(f"Checkpoint {path.name}: its contents would take {megabytes(unpacked)} once unpacked, "
+                             f"more than {needed or 'the architecture'} can use (at most {megabytes(max_bytes)}); "
+                             "vitviz does not unpack it.")
     try:
         if path.suffix.lower() == ".safetensors":
             from safetensors.torch import load_file
@@ -294,7 +351,7 @@ def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
         if "weights_only" in str(exc) or "Unsupported global" in str(exc):
             reason = "it contains Python objects other than tensors, which vitviz refuses to unpickle (unsafe)"
         else:
-            reason = f"it could not be read ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+            reason = f"it could not be read ({first_line(exc)})"
         raise ModelError(f"Checkpoint {path.name}: {reason}.") from exc
     for key in ("state_dict", "model", "module"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
@@ -302,6 +359,12 @@ def _read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ModelError(f"Checkpoint {path.name}: it is not a dictionary of tensors (a state dict).")
     return {k.removeprefix("module."): v for k, v in state.items()}
+
+
+# A checkpoint may hold more than the weights (an EMA copy, optimizer moments): up to this many
+# times the architecture's float32 weights, plus a little for metadata, is read; more is refused.
+CHECKPOINT_SLACK = 4
+CHECKPOINT_EXTRA_BYTES = 64 << 20
 
 
 def _filter_checkpoint(state: dict, model: torch.nn.Module) -> dict:
@@ -321,16 +384,20 @@ def _load_timm(spec: ModelSpec) -> LoadedModel:
     kwargs = _img_size_kwargs(spec.img_size)
     if spec.checkpoint:
         path = Path(spec.checkpoint).expanduser()
-        state = _read_checkpoint(path)
         try:
-            model = timm.create_model(spec.name, pretrained=False, **kwargs)
+            with torch.device("meta"):  # the architecture alone: what its weights may take, before reading any
+                architecture = timm.create_model(spec.name, pretrained=False, **kwargs)
         except (TypeError, AssertionError, ValueError) as exc:
             raise ModelError(f"Model {spec.name!r} cannot be built with {kwargs or 'its defaults'}: {exc}") from exc
-        check_supported(model, spec.name)
+        check_supported(architecture, spec.name)
+        weights = sum(p.numel() for p in architecture.state_dict().values()) * 4
+        state = _read_checkpoint(path, CHECKPOINT_SLACK * weights + CHECKPOINT_EXTRA_BYTES,
+                                 needed=f"{spec.name} ({weights / (1 << 20):.0f} MiB of float32 weights)")
+        model = timm.create_model(spec.name, pretrained=False, **kwargs)
         try:
             missing, unexpected = model.load_state_dict(_filter_checkpoint(state, model), strict=False)
-        except RuntimeError as exc:
-            raise ModelError(f"Checkpoint {path.name} does not fit {spec.name}: {str(exc).splitlines()[0][:300]}") from exc
+        except Exception as exc:  # noqa: BLE001 - weights that do not fit are the file's problem
+            raise ModelError(f"Checkpoint {path.name} does not fit {spec.name}: {first_line(exc, 300)}") from exc
         if missing or unexpected:
             raise ModelError(f"Checkpoint {path.name} does not fit {spec.name}: {len(missing)} missing keys "
                              f"(e.g. {missing[:3]}), {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}).")
@@ -348,6 +415,8 @@ def _load_timm(spec: ModelSpec) -> LoadedModel:
         raise ModelError(f"Model {spec.name!r} could not be loaded: its weights are not in the local Hugging Face "
                          "cache and the hub cannot be reached (no internet, or offline mode). Use the bundled "
                          "model, or give a local checkpoint file for this architecture.")
+    if local is None:
+        local = _download_weights(cfg, spec.name)
     # A cached file is read directly, so a slow or absent network is never asked about it.
     overlay = {"file": str(local)} if local and not cfg.get("custom_load") else None
     try:

@@ -60,7 +60,7 @@ def attention_sinks(attention: np.ndarray, layout: TokenLayout, z_threshold: flo
 
     attention: (L, H, N, N) -> :class:`AttentionSinks`.
     """
-    received = attention.astype(np.float64).mean(axis=(1, 2))  # (L, N): mean over heads and queries
+    received = attention.mean(axis=(1, 2), dtype=np.float64)  # (L, N): mean over heads and queries, no copy
     patch = received[:, layout.patch_slice]
     median = np.median(patch, axis=1, keepdims=True)
     mad = 1.4826 * np.median(np.abs(patch - median), axis=1, keepdims=True)

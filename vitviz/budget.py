@@ -1,0 +1,128 @@
+"""How much memory a setting will take, decided before anything runs.
+
+One image's attention is an (L, H, N, N) float32 tensor: at 1036 px the bundled model's is
+8.6 GiB. The input resolution is refused when that tensor would not fit the operator's limit
+(:attr:`vitviz.settings.Settings.attention_limit_bytes`), with the largest size that fits.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ModelError
+from .settings import megabytes
+
+FLOAT32_BYTES = 4  # capture stores attention as float32 whatever the model's precision
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What fixes the attention's size: depth, heads, patch size, prefix tokens, the model's own input size."""
+
+    depth: int
+    heads: int
+    patch: tuple[int, int]
+    prefix_tokens: int
+    default_size: int
+
+    def tokens(self, img_size: int) -> int:
+        """N for a square input of ``img_size`` pixels (timm's grid: size // patch per side)."""
+        return (img_size // self.patch[0]) * (img_size // self.patch[1]) + self.prefix_tokens
+
+    def attention_bytes(self, img_size: int) -> int:
+        """Bytes of one image's attention, L * H * N * N float32."""
+        n = self.tokens(img_size)
+        return self.depth * self.heads * n * n * FLOAT32_BYTES
+
+    def largest_size(self, limit_bytes: int, step: int | None = None) -> int | None:
+        """The largest multiple of ``step`` (default the patch height) whose attention fits ``limit_bytes``."""
+        step = step or self.patch[0]
+        size = step
+        if self.attention_bytes(size) > limit_bytes:
+            return None
+        while self.attention_bytes(size + step) <= limit_bytes:
+            size += step
+        return size
+
+
+@functools.lru_cache(maxsize=64)
+def architecture(name: str) -> Architecture | None:
+    """The architecture of a timm model name or ``"bundled"``, built on the meta device (no memory).
+
+    None when timm cannot build it (the loader then says why).
+    """
+    import timm
+
+    from . import bundled
+
+    arch = bundled.TIMM_ARCH if name == "bundled" else name
+    if not timm.is_model(arch):
+        return None
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(arch, pretrained=False)
+    except Exception:  # noqa: BLE001 - an architecture timm cannot build is reported by the loader
+        return None
+    blocks = getattr(model, "blocks", None)
+    attn = getattr(blocks[0], "attn", None) if blocks else None
+    patch_embed = getattr(model, "patch_embed", None)
+    if attn is None or not hasattr(attn, "num_heads") or patch_embed is None:
+        return None
+    default = bundled.ONNX_INPUT_SIZE if name == "bundled" else int(patch_embed.img_size[0])
+    return Architecture(depth=len(blocks), heads=int(attn.num_heads), patch=tuple(patch_embed.patch_size),
+                        prefix_tokens=int(getattr(model, "num_prefix_tokens", 1)), default_size=default)
+
+
+def check_resolution(name: str, img_size: int | None, limit_bytes: int, max_img_size: int | None = None) -> None:
+    """Refuse an input resolution whose attention for one image would exceed ``limit_bytes``.
+
+    Args:
+        name: ``"bundled"`` or a timm model name.
+        img_size: the requested input resolution; None for the model's own.
+        limit_bytes: the largest attention tensor of one image allowed.
+        max_img_size: an operator's cap on the resolution (shared mode), or None.
+
+    Raises:
+        ModelError: a sentence with the size the setting needs and the largest size that fits.
+    """
+    arch = architecture(name)
+    if arch is None:
+        return
+    size = img_size or arch.default_size
+    label = "the bundled model" if name == "bundled" else name
+    if max_img_size is not None and size > max_img_size:
+        raise ModelError(f"Input resolution {size} px is over this server's cap of {max_img_size} px "
+                         "(VITVIZ_MAX_IMG_SIZE); choose a smaller size.")
+    needed = arch.attention_bytes(size)
+    if needed <= limit_bytes:
+        return
+    n = arch.tokens(size)
+    largest = arch.largest_size(limit_bytes)
+    way_out = (f"the largest size that fits is {largest} px" if largest
+               else "no input size fits; ask the operator for a larger VITVIZ_CACHE_MB")
+    raise ModelError(f"Input resolution {size} px: {label}'s attention for one image would take {megabytes(needed)} "
+                     f"({arch.depth} layers x {arch.heads} heads x {n}x{n} tokens x 4 bytes), over this server's "
+                     f"limit of {megabytes(limit_bytes)} per image (half of VITVIZ_CACHE_MB); {way_out}.")
+
+
+def admit(spec, settings) -> None:
+    """Refuse a :class:`vitviz.models.ModelSpec` the operator's settings do not allow, before anything is built.
+
+    Checks the model allow-list, devices, precisions, the resolution cap and the attention budget.
+    The bundled model is always allowed (it is offline and small).
+
+    Raises:
+        ModelError: a sentence naming the setting and the way out.
+    """
+    if spec.name != "bundled" and not settings.allows_model(spec.name):
+        raise ModelError(f"Model {spec.name!r} is not on this server's allow-list (VITVIZ_MODELS: "
+                         f"{', '.join(settings.models)}); nothing was loaded.")
+    if settings.devices is not None and spec.device not in settings.devices:
+        raise ModelError(f"Device {spec.device!r} is not allowed on this server (VITVIZ_DEVICES: "
+                         f"{', '.join(settings.devices)}).")
+    if settings.dtypes is not None and spec.dtype not in settings.dtypes:
+        raise ModelError(f"Precision {spec.dtype!r} is not allowed on this server (VITVIZ_DTYPES: "
+                         f"{', '.join(settings.dtypes)}).")
+    check_resolution(spec.name, spec.img_size, settings.attention_limit_bytes, settings.max_img_size)
