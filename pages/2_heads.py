@@ -24,6 +24,12 @@ if opened := st.session_state.pop("opened_from_distance", None):
                "picked below under Compare layers).")
 
 
+def _compare_head() -> int | None:
+    """The head picked under Compare layers (0-based; the selectbox counts from 1), to outline in the grid."""
+    head = st.session_state.get("compare_head")
+    return None if head is None else int(head) - 1
+
+
 # A fragment: moving a slider here redraws this view only, not the sidebar and its caches.
 @st.fragment
 def heads_view() -> None:
@@ -72,7 +78,7 @@ def heads_view() -> None:
     with grid_col:
         rendered, fig = map_figure(r.model_input, maps[order], layout, display, titles=titles, notes=notes, title=title,
                                    masks=masks, query=patch if by_patch else None, sinks=sinks,
-                                   columns=3 if H <= 9 else 4, highlight=st.session_state.get("compare_head"))
+                                   columns=3 if H <= 9 else 4, highlight=_compare_head())
         stem = file_stem("heads", ctx.image.name, f"layer{layer + 1}", str(query))
         show_chart(fig, "heads_grid", stem)
         st.caption(rendered.caption() + " H: entropy of the patch queries' attention over patches (nats; uniform = "

@@ -42,9 +42,9 @@ held = float(plain.map.ravel()[dropped].sum()) if dropped else 0.0
 display = display_controls()
 marked = sinks if display.exclude_sinks else None
 
+depth = st.slider("Show cumulative rollout after layer", start, end, end, key="rollout_depth")
 left, right = st.columns(2)
 with left:
-    depth = st.slider("Show cumulative rollout after layer", start, end, end, key="rollout_depth")
     shown = result.per_layer[depth - start][None]
     title = f"Rollout, layers {start}–{depth} ({fusion} over heads" + (f", discard {discard:.0%})" if discard else ")")
     rendered, fig = map_figure(r.model_input, shown, layout, display, titles=[""], title=title, sinks=marked,

@@ -65,14 +65,15 @@ def map_figure(image: Image.Image, maps: np.ndarray, layout: TokenLayout, displa
     labels = [_label(t, s, rendered.shared, n) for t, s, n in
               zip(titles, rendered.scales, notes or [None] * len(titles))]
     fig = map_panel(rendered.tiles, shown, rendered.scales, labels, layout, cmap=display.cmap, value_name=value_name,
-                    columns=columns, tile_px=(tile_px or (TILE_PX if len(maps) > 1 else SINGLE_TILE_PX)) + (14 if notes else 0),
-                    title=title, colour_bar=display.style != "DINO mask")
-    if highlight is not None and f"head {highlight + 1}" in titles:
-        i = titles.index(f"head {highlight + 1}")
-        axis = "" if i == 0 else str(i + 1)
-        fig.add_shape(type="rect", xref=f"x{axis} domain", yref=f"y{axis} domain", x0=0, x1=1, y0=0, y1=1,
-                      line=dict(color="#00c853", width=4))
+                    columns=columns, tile_px=tile_px or (TILE_PX if len(maps) > 1 else SINGLE_TILE_PX), title=title,
+                    colour_bar=display.style != "DINO mask", highlight=_tile_of_head(titles, highlight))
     return rendered, fig
+
+
+def _tile_of_head(titles: list[str], head: int | None) -> int | None:
+    """The tile showing ``head`` (0-based), if any: tiles may be ordered by a ranking."""
+    name = None if head is None else f"head {head + 1}"
+    return titles.index(name) if name in titles else None
 
 
 def _label(title: str, scale, shared: bool, note: str | None) -> str:

@@ -10,7 +10,6 @@ import io
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 from PIL import Image
 
 from .colour import ColourScale, reference_stops
@@ -20,10 +19,10 @@ from .overlay import colour_bar_ticks
 AXES_OFF = dict(visible=False)
 
 
-def image_data_uri(image: Image.Image, fmt: str = "PNG") -> str:
+def image_data_uri(image: Image.Image, fmt: str = "PNG", quality: int = 90) -> str:
     """The image inline: a few kB to the browser instead of a JSON array of pixels."""
     buf = io.BytesIO()
-    image.convert("RGB").save(buf, fmt, **({"quality": 90} if fmt == "JPEG" else {}))
+    image.convert("RGB").save(buf, fmt, **({"quality": quality} if fmt == "JPEG" else {}))
     return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
 
 
@@ -58,35 +57,53 @@ def colour_bar_trace(scale: ColourScale, cmap: str, title: str, *, relative: boo
 
 def map_panel(tiles: list[Image.Image], maps: np.ndarray, scales: list[ColourScale], titles: list[str],
               layout: TokenLayout, *, cmap: str, value_name: str, columns: int, tile_px: int = 240,
-              title: str = "", colour_bar: bool = True) -> go.Figure:
+              title: str = "", colour_bar: bool = True, highlight: int | None = None) -> go.Figure:
     """Finished tiles (see :func:`vitviz.overlay.render_overlay`) in a grid with one colour bar.
 
-    tiles: k images of the model-input size; maps: (k, gh, gw) their values (for hover);
-    scales: one per tile, all equal when the tiles share a scale; colour_bar: False when no
-    colour carries a value (a DINO mask over the plain image).
+    The tiles travel as ONE image on one pair of axes (no subplots): the browser decodes one JPEG
+    and Plotly lays out one plot, which keeps a slider move close to the framework's floor.
+
+    tiles: k images of the model-input size; maps: (k, gh, gw) their values (one invisible hover
+    heatmap per tile); scales: one per tile, all equal when the tiles share a scale; titles: one
+    per tile, drawn above it; colour_bar: False when no colour carries a value (a DINO mask over
+    the plain image); highlight: a tile index to outline.
     """
     k = len(tiles)
     columns = min(columns, k)
     rows = -(-k // columns)
-    shared = all(s == scales[0] for s in scales)
-    fig = make_subplots(rows=rows, cols=columns, subplot_titles=titles, horizontal_spacing=0.012,
-                        vertical_spacing=0.05 / max(rows - 1, 1) if rows > 1 else 0)
-    for i, (tile, grid_map) in enumerate(zip(tiles, maps)):
+    tw, th = tiles[0].size
+    lines = max(t.count("<br>") + 1 for t in titles) if any(titles) else 0
+    band = 16 * lines + (4 if lines else 0)  # title band above each tile, in tile pixels
+    gap = 8
+    width, height = columns * (tw + gap) - gap, rows * (th + band + gap) - gap
+    canvas = Image.new("RGB", (width, height), "white")
+    origins = []
+    for i, tile in enumerate(tiles):
         r, c = divmod(i, columns)
-        fig.add_trace(go.Image(source=image_data_uri(tile, "JPEG"), hoverinfo="skip"), row=r + 1, col=c + 1)
-        fig.add_trace(_hover_trace(grid_map, layout, value_name), row=r + 1, col=c + 1)
+        origins.append((c * (tw + gap), r * (th + band + gap) + band))
+        canvas.paste(tile, origins[-1])
+    fig = go.Figure(go.Image(source=image_data_uri(canvas, "JPEG", quality=85), hoverinfo="skip"))
+    for (x0, y0), grid_map, text in zip(origins, maps, titles):
+        trace = _hover_trace(grid_map, layout, value_name)
+        trace.update(x0=x0 + trace.x0, y0=y0 + trace.y0)
+        fig.add_trace(trace)
+        if text:
+            fig.add_annotation(x=x0 + tw / 2, y=y0 - 2, text=text, showarrow=False, yanchor="bottom",
+                               font=dict(size=12, color="black"))
+    if highlight is not None:
+        x0, y0 = origins[highlight]
+        fig.add_shape(type="rect", x0=x0 - 3, x1=x0 + tw + 3, y0=y0 - 3, y1=y0 + th + 3,
+                      line=dict(color="#00c853", width=4))
     if colour_bar:
+        shared = all(s == scales[0] for s in scales)
         bar_title = value_name if shared else f"{value_name} / tile's top"
-        fig.add_trace(colour_bar_trace(scales[0], cmap, bar_title, relative=not shared), row=1, col=1)
-    fig.update_xaxes(visible=False, range=[0, tiles[0].width])
-    fig.update_yaxes(visible=False, range=[tiles[0].height, 0], scaleanchor="x")
-    for i in range(k):
-        axis = "" if i == 0 else str(i + 1)
-        fig.layout[f"yaxis{axis}"].scaleanchor = f"x{axis}"
-    fig.update_annotations(font_size=12)
-    top = 50 if title else 24
+        fig.add_trace(colour_bar_trace(scales[0], cmap, bar_title, relative=not shared))
+    top = 34 if title else 24  # the toolbar appears in this band on hover, not over a tile title
+    scale = tile_px / th
     fig.update_layout(title=dict(text=title, font_size=14, x=0, y=0.995, yanchor="top"),
-                      height=rows * (tile_px + 22) + top, margin=dict(l=0, r=0, t=top, b=0),
+                      xaxis=dict(visible=False, range=[-4, width + 4]),
+                      yaxis=dict(visible=False, range=[height + 2, -2], scaleanchor="x"),
+                      height=round(height * scale) + top, margin=dict(l=0, r=0, t=top, b=0),
                       plot_bgcolor="white", paper_bgcolor="white", font_color="black")
     return fig
 
@@ -178,7 +195,7 @@ def layer_head_heatmap(values: np.ndarray, title: str, colorbar: str) -> go.Figu
     """(L, H) values, layers down, heads across (1-based labels)."""
     L, H = values.shape
     fig = go.Figure(go.Heatmap(z=values.astype(np.float32), x=np.arange(1, H + 1), y=np.arange(1, L + 1),
-                               colorscale="Viridis", colorbar=dict(title=colorbar),
+                               colorscale=reference_stops("Viridis"), colorbar=dict(title=colorbar),
                                hovertemplate="layer %{y}, head %{x}<br>%{z:.2f}<extra></extra>"))
     fig.update_layout(title=title, xaxis_title="head", yaxis_title="layer", yaxis=dict(autorange="reversed"),
                       margin=dict(l=60, r=10, t=30, b=50))
