@@ -88,67 +88,75 @@ def excluded_tokens(settings: AnalysisSettings, artifacts: np.ndarray, sinks: At
 
 def analyze_images(loaded: LoadedModel, images: list[Image.Image],
                    settings: AnalysisSettings = AnalysisSettings()) -> Analysis:
-    """Capture B RGB images once and run every analysis on the result."""
+    """Capture B RGB images and run every analysis on the result, all in memory.
+
+    The same per-batch steps as the CLI's streamed ``analyze`` (:func:`analyze_batch`), concatenated.
+    """
+    run = AnalysisRun(loaded, settings)
+    parts = []
+    for i in range(0, len(images), settings.batch_size):
+        part = analyze_batch(loaded, images[i:i + settings.batch_size], settings)
+        run.add(part)
+        parts.append(part)
+    arrays = {name: np.concatenate([p.arrays[name] for p in parts]) for name in parts[0].arrays}
+    arrays |= run.final_arrays()
+    return Analysis(arrays=arrays, info=run.info(), input_images=[im for p in parts for im in p.input_images],
+                    layout=run.layout)
+
+
+@dataclass
+class BatchAnalysis:
+    """Every per-image analysis of one batch (what :func:`analyze_batch` returns).
+
+    Attributes:
+        arrays: per-image arrays, leading axis b: input, attention, features, token_norms, logits,
+            clusters, rollout, rollout_per_layer, mean_distance_per_image, gradient_rollout,
+            attention_flow, deletion, insertion (those that apply).
+        facts: per-image JSON facts, each a list of length b, gathered by :class:`AnalysisRun`.
+        run_facts: facts that are the same for every batch of a run (rollout layers, flow scale, ...).
+        input_images: the b model-input images.
+        layout: the token layout.
+    """
+
+    arrays: dict[str, np.ndarray]
+    facts: dict[str, list]
+    run_facts: dict
+    input_images: list[Image.Image]
+    layout: TokenLayout
+
+
+def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: AnalysisSettings) -> BatchAnalysis:
+    """One forward for b images (b <= settings.batch_size) and every per-image analysis of it.
+
+    Nothing is kept across batches, so a run's memory does not grow with its image count.
+    """
     batch = preprocess(images, loaded.data_config)
-    parts = [capture(loaded.model, batch.tensor[i:i + settings.batch_size])
-             for i in range(0, len(images), settings.batch_size)]
-    layout = parts[0].layout
-    attention = torch.cat([p.attention for p in parts]).numpy()
-    norms = torch.cat([p.token_norms for p in parts]).numpy()
-    arrays = {
-        "input": batch.tensor.numpy(),
-        "attention": attention,
-        "features": torch.cat([p.features for p in parts]).numpy(),
-        "token_norms": norms,
-    }
-    if parts[0].logits is not None:
-        arrays["logits"] = torch.cat([p.logits for p in parts]).numpy()
-    cluster_info = None
+    out = capture(loaded.model, batch.tensor)
+    layout = out.layout
+    attention, norms = out.attention.numpy(), out.token_norms.numpy()
+    arrays = {"input": batch.tensor.numpy(), "attention": attention, "features": out.features.numpy(),
+              "token_norms": norms}
+    facts: dict[str, list] = {}
+    run_facts: dict = {}
+    if out.logits is not None:
+        arrays["logits"] = out.logits.numpy()
     if settings.clusters is not None:
-        arrays["clusters"], inertia = batch_clusters(loaded.model, batch.tensor, arrays["features"], layout,
-                                                     settings.clusters, settings.cluster_layer, settings.batch_size)
-        cluster_info = {"k": settings.clusters, "inertia_per_image": inertia,
-                        "layer (1-based)": "final features" if settings.cluster_layer is None
-                        else settings.cluster_layer + 1,
-                        "features": "final-norm patch tokens (npz 'features')" if settings.cluster_layer is None
-                        else "patch tokens leaving that block, before the final norm",
-                        "method": "k-means per image (scikit-learn, k-means++, 10 inits, seed 0), "
-                                  "labels 0..K-1 by cluster size, largest first"}
+        arrays["clusters"], facts["inertia_per_image"] = batch_clusters(
+            loaded.model, batch.tensor, arrays["features"], layout, settings.clusters, settings.cluster_layer,
+            settings.batch_size)
 
     artifacts = [artifact_tokens(n[-1], layout) for n in norms]
     sinks = [attention_sinks(a, layout) for a in attention]
+    excluded = [excluded_tokens(settings, art, sink, layout) for art, sink in zip(artifacts, sinks)]
     rollouts = [rollout(a, layout, fusion=settings.fusion, discard=settings.discard, start=settings.start_layer,
-                        end=settings.end_layer, exclude_tokens=excluded_tokens(settings, art, sink, layout))
-                for a, art, sink in zip(attention, artifacts, sinks)]
+                        end=settings.end_layer, exclude_tokens=ex) for a, ex in zip(attention, excluded)]
     arrays["rollout"] = np.stack([r.map for r in rollouts])
     arrays["rollout_per_layer"] = np.stack([r.per_layer for r in rollouts])
     arrays["mean_distance_per_image"] = mean_attention_distance(attention, layout)
-    arrays["mean_distance"] = arrays["mean_distance_per_image"].mean(axis=0)
-
-    info = {
-        "settings": asdict(settings),
-        "token_layout": layout.to_dict(),
-        "artifact_tokens": [a.tolist() for a in artifacts],
-        "attention_sinks_per_layer": [[s.tolist() for s in sink.sinks] for sink in sinks],
-        "rollout": {"layers": list(rollouts[0].layers), "readout": rollouts[0].readout,
-                    "prefix_share": [r.prefix_share for r in rollouts],
-                    "definition": "per layer: fuse heads, discard lowest fraction (never the readout column), "
-                                  "0.5 A + 0.5 I, rows renormalised; R = A'_end ... A'_start"},
-        "mean_distance_convention": DISTANCE_CONVENTION,
-        "notes": [],
-    }
-    if cluster_info is not None:
-        info["clusters"] = cluster_info
-    try:
-        pca = patch_filter_pca(patch_filters(loaded.model))
-        arrays["filter_pca"], arrays["filter_pca_explained"] = pca.components, pca.explained_variance_ratio
-    except ValueError as exc:
-        info["notes"].append(str(exc))
-    try:
-        emb = patch_position_embeddings(loaded.model, layout)
-        arrays["posembed_similarity"] = position_embedding_similarity(emb, layout.grid_size)
-    except ValueError as exc:
-        info["notes"].append(str(exc))
+    facts["artifact_tokens"] = [a.tolist() for a in artifacts]
+    facts["attention_sinks_per_layer"] = [[s.tolist() for s in sink.sinks] for sink in sinks]
+    facts["prefix_share"] = [r.prefix_share for r in rollouts]
+    run_facts["rollout"] = {"layers": list(rollouts[0].layers), "readout": rollouts[0].readout}
     if loaded.has_head:
         maps, targets = [], []
         for i in range(len(images)):
@@ -156,27 +164,31 @@ def analyze_images(loaded: LoadedModel, images: list[Image.Image],
             maps.append(gradient_rollout(a, g, layout))
             targets.append(target)
         arrays["gradient_rollout"] = np.stack(maps)
-        info["gradient_rollout_targets"] = targets
-    else:
-        info["notes"].append("Gradient rollout needs a classifier head; this model has none.")
+        facts["gradient_rollout_targets"] = targets
     if settings.flow:
         flows = [attention_flow(a, layout, fusion=settings.fusion, discard=settings.discard,
-                                start=settings.start_layer, end=settings.end_layer,
-                                exclude_tokens=excluded_tokens(settings, art, sink, layout))
-                 for a, art, sink in zip(attention, artifacts, sinks)]
+                                start=settings.start_layer, end=settings.end_layer, exclude_tokens=ex)
+                 for a, ex in zip(attention, excluded)]
         arrays["attention_flow"] = np.stack([f.map for f in flows])
-        info["attention_flow"] = {"layers": list(flows[0].layers), "readout": flows[0].readout,
-                                  "capacity_scale": flows[0].scale, "definition": FLOW_DEFINITION,
-                                  "max_error_bound": float(max(f.error_bound.max() for f in flows))}
+        facts["flow_error_bound"] = [float(f.error_bound.max()) for f in flows]
+        run_facts["attention_flow"] = {"layers": list(flows[0].layers), "readout": flows[0].readout,
+                                       "capacity_scale": flows[0].scale, "definition": FLOW_DEFINITION}
     if settings.faithfulness:
-        info["faithfulness"] = add_faithfulness(loaded, batch.tensor, arrays, layout, settings)
-    return Analysis(arrays=arrays, info=info, input_images=batch.images, layout=layout)
+        results = faithfulness_curves(loaded, batch.tensor, arrays, layout, settings)
+        arrays["deletion"] = np.stack([r.deletion for r in results])
+        arrays["insertion"] = np.stack([r.insertion for r in results])
+        facts["score"] = [r.score for r in results]
+        facts["target_class"] = [r.target for r in results]
+        facts["auc"] = [{m: {"deletion": float(d), "insertion": float(s)}
+                         for m, d, s in zip(r.methods, r.deletion_auc, r.insertion_auc)} for r in results]
+        facts["reference"] = [r.reference() for r in results]
+        run_facts["faithfulness"] = {"methods": results[0].methods, "patches_per_step": results[0].counts.tolist()}
+    return BatchAnalysis(arrays=arrays, facts=facts, run_facts=run_facts, input_images=batch.images, layout=layout)
 
 
-def add_faithfulness(loaded: LoadedModel, inputs: torch.Tensor, arrays: dict[str, np.ndarray], layout: TokenLayout,
-                     settings: AnalysisSettings) -> dict:
-    """Deletion/insertion curves of every map in ``arrays`` on every image; adds ``faithfulness_fractions`` (S,),
-    ``deletion`` and ``insertion`` (B, M, S) to ``arrays`` and returns their description for settings.json."""
+def faithfulness_curves(loaded: LoadedModel, inputs: torch.Tensor, arrays: dict[str, np.ndarray],
+                        layout: TokenLayout, settings: AnalysisSettings) -> list:
+    """Deletion/insertion curves (vitviz.faithfulness) of every map in one batch's ``arrays``, one result per image."""
     fractions = default_fractions(settings.faithfulness_steps)
     results = []
     for i in range(len(inputs)):
@@ -185,15 +197,87 @@ def add_faithfulness(loaded: LoadedModel, inputs: torch.Tensor, arrays: dict[str
                               flow_map=arrays["attention_flow"][i] if "attention_flow" in arrays else None)
         results.append(perturbation_curves(loaded.model, inputs[i], maps, layout, fractions=fractions,
                                            target=settings.target_class, batch_size=settings.batch_size))
-    arrays["faithfulness_fractions"] = fractions
-    arrays["deletion"] = np.stack([r.deletion for r in results])
-    arrays["insertion"] = np.stack([r.insertion for r in results])
-    return {"protocol": PROTOCOL, "methods": results[0].methods,
-            "method_maps": "rollout, gradient_rollout, attention_flow: the npz arrays of those names; "
-                           "last_layer_*: the readout's raw attention in the last layer (heads 1-based); "
-                           "random: uniform noise, numpy default_rng(0)",
-            "score": [r.score for r in results], "target_class": [r.target for r in results],
-            "patches_per_step": results[0].counts.tolist(),
-            "auc": [{m: {"deletion": float(d), "insertion": float(s)}
-                     for m, d, s in zip(r.methods, r.deletion_auc, r.insertion_auc)} for r in results],
-            "reference": [r.reference() for r in results]}
+    return results
+
+
+class AnalysisRun:
+    """What the batches of one run add up to: the run-wide arrays and the facts for settings.json.
+
+    Args:
+        loaded: the model.
+        settings: the analysis settings.
+    """
+
+    def __init__(self, loaded: LoadedModel, settings: AnalysisSettings):
+        self.loaded, self.settings = loaded, settings
+        self.facts: dict[str, list] = {}
+        self.run_facts: dict = {}
+        self.mean_distance: list[np.ndarray] = []
+        self.layout: TokenLayout | None = None
+
+    def add(self, batch: BatchAnalysis) -> None:
+        """Keep the small per-image facts of one batch (never its arrays, but the (L, H) mean distances)."""
+        self.layout = batch.layout
+        self.run_facts = batch.run_facts
+        for key, values in batch.facts.items():
+            self.facts.setdefault(key, []).extend(values)
+        self.mean_distance.extend(batch.arrays["mean_distance_per_image"])
+
+    def final_arrays(self) -> dict[str, np.ndarray]:
+        """Arrays known once every batch is in: mean_distance, and those of the model alone."""
+        arrays = {"mean_distance": np.stack(self.mean_distance).mean(axis=0)}
+        self.notes = []
+        try:
+            pca = patch_filter_pca(patch_filters(self.loaded.model))
+            arrays["filter_pca"], arrays["filter_pca_explained"] = pca.components, pca.explained_variance_ratio
+        except ValueError as exc:
+            self.notes.append(str(exc))
+        try:
+            emb = patch_position_embeddings(self.loaded.model, self.layout)
+            arrays["posembed_similarity"] = position_embedding_similarity(emb, self.layout.grid_size)
+        except ValueError as exc:
+            self.notes.append(str(exc))
+        if self.settings.faithfulness:
+            arrays["faithfulness_fractions"] = default_fractions(self.settings.faithfulness_steps)
+        return arrays
+
+    def info(self) -> dict:
+        """JSON-able facts for settings.json (call after :meth:`final_arrays`)."""
+        settings, facts, layout = self.settings, self.facts, self.layout
+        info = {
+            "settings": asdict(settings),
+            "token_layout": layout.to_dict(),
+            "artifact_tokens": facts["artifact_tokens"],
+            "attention_sinks_per_layer": facts["attention_sinks_per_layer"],
+            "rollout": self.run_facts["rollout"] | {
+                "prefix_share": facts["prefix_share"],
+                "definition": "per layer: fuse heads, discard lowest fraction (never the readout column), "
+                              "0.5 A + 0.5 I, rows renormalised; R = A'_end ... A'_start"},
+            "mean_distance_convention": DISTANCE_CONVENTION,
+            "notes": list(self.notes),
+        }
+        if settings.clusters is not None:
+            info["clusters"] = {
+                "k": settings.clusters, "inertia_per_image": facts["inertia_per_image"],
+                "layer (1-based)": "final features" if settings.cluster_layer is None else settings.cluster_layer + 1,
+                "features": "final-norm patch tokens (npz 'features')" if settings.cluster_layer is None
+                else "patch tokens leaving that block, before the final norm",
+                "method": "k-means per image (scikit-learn, k-means++, 10 inits, seed 0), "
+                          "labels 0..K-1 by cluster size, largest first"}
+        if self.loaded.has_head:
+            info["gradient_rollout_targets"] = facts["gradient_rollout_targets"]
+        else:
+            info["notes"].append("Gradient rollout needs a classifier head; this model has none.")
+        if settings.flow:
+            info["attention_flow"] = self.run_facts["attention_flow"] | {
+                "max_error_bound": max(facts["flow_error_bound"])}
+        if settings.faithfulness:
+            info["faithfulness"] = {
+                "protocol": PROTOCOL, "methods": self.run_facts["faithfulness"]["methods"],
+                "method_maps": "rollout, gradient_rollout, attention_flow: the npz arrays of those names; "
+                               "last_layer_*: the readout's raw attention in the last layer (heads 1-based); "
+                               "random: uniform noise, numpy default_rng(0)",
+                "score": facts["score"], "target_class": facts["target_class"],
+                "patches_per_step": self.run_facts["faithfulness"]["patches_per_step"],
+                "auc": facts["auc"], "reference": facts["reference"]}
+        return info
