@@ -206,6 +206,8 @@ def bars(values: np.ndarray, title: str, x_title: str, y_title: str, labels=None
     x = labels if labels is not None else np.arange(1, len(values) + 1)
     fig = go.Figure(go.Bar(x=x, y=values))
     fig.update_layout(title=title, xaxis_title=x_title, yaxis_title=y_title, margin=dict(l=60, r=10, t=30, b=50))
+    if labels is None:  # whole first and last bars, not half of each
+        fig.update_xaxes(range=[0.4, len(values) + 0.6])
     return fig
 
 
