@@ -262,10 +262,10 @@ def test_patch_picker_last_column_visible_and_clickable(page):
     _wait_idle(page)
     m = re.search(r"Selected: patch (\d+) \(row (\d+), col (\d+)\)", caption.inner_text())
     assert m, caption.inner_text()
-    patch, row, col = map(int, m.groups())
-    assert col == GRID_WIDTH - 1, f"clicked 3 px from the right edge but got {m.group(0)!r}"
-    assert row == GRID_WIDTH // 2 or abs(row - GRID_WIDTH // 2) <= 1, m.group(0)
-    assert patch == row * GRID_WIDTH + col
+    patch, row, col = map(int, m.groups())  # patch: 0-based raster index; row, col: 1-based on screen
+    assert col == GRID_WIDTH, f"clicked 3 px from the right edge but got {m.group(0)!r}"
+    assert abs(row - (GRID_WIDTH // 2 + 1)) <= 1, m.group(0)
+    assert patch == (row - 1) * GRID_WIDTH + (col - 1)
     page.screenshot(path=SHOTS / "heads_patch_clicked.png")
 
     grid = page.locator(".js-plotly-plot").first

@@ -87,7 +87,7 @@ def test_patch_centres_are_in_pixels_in_raster_order():
     layout = TokenLayout(("cls",), (2, 3), (16, 16), "token", 1)
     np.testing.assert_array_equal(layout.patch_centres(),
                                   [[8, 8], [8, 24], [8, 40], [24, 8], [24, 24], [24, 40]])
-    assert layout.token_name(0) == "cls" and layout.token_name(5) == "patch 4 (row 1, col 1)"
+    assert layout.token_name(0) == "cls" and layout.token_name(5) == "patch 4 (row 2, col 2)"  # rows/cols 1-based
 
 
 def test_capture_is_thread_safe_and_matches_serial_bit_for_bit():

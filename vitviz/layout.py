@@ -10,6 +10,17 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 
+def patch_stride(patch_embed) -> tuple[int, int]:
+    """Pixels of the model input per patch token: (sh, sw).
+
+    A plain ViT's is its patch size. A hybrid's (timm ``HybridEmbed``: a CNN stem, then patches
+    of its feature map) is the stem's reduction times the patch size on the feature map, e.g.
+    16 x 1 for R50+ViT-B/16.
+    """
+    ratio = getattr(patch_embed, "feature_ratio", (1, 1))
+    return (int(ratio[0]) * int(patch_embed.patch_size[0]), int(ratio[1]) * int(patch_embed.patch_size[1]))
+
+
 @dataclass(frozen=True)
 class TokenLayout:
     """Layout of the token sequence ``[prefix tokens..., patch tokens in raster order]``.
@@ -74,11 +85,15 @@ class TokenLayout:
         return row * self.grid_size[1] + col
 
     def token_name(self, index: int) -> str:
-        """A readable name: ``"cls"``, ``"reg2"`` or ``"patch 17 (row 1, col 3)"``."""
+        """A readable name: ``"cls"``, ``"reg2"`` or ``"patch 17 (row 2, col 2)"`` on a 16-wide grid.
+
+        The patch number is the 0-based raster index (as in arrays); row and column count from 1,
+        as everywhere on screen.
+        """
         if index < self.num_prefix_tokens:
             return self.prefix_tokens[index]
         p = index - self.num_prefix_tokens
-        return f"patch {p} (row {p // self.grid_size[1]}, col {p % self.grid_size[1]})"
+        return f"patch {p} (row {p // self.grid_size[1] + 1}, col {p % self.grid_size[1] + 1})"
 
     def to_dict(self) -> dict:
         return asdict(self) | {"num_prefix_tokens": self.num_prefix_tokens, "num_tokens": self.num_tokens}
@@ -96,7 +111,7 @@ class TokenLayout:
             grid = tuple(patch_embed.grid_size)
         else:
             grid = tuple(patch_embed.dynamic_feat_size(tuple(input_hw)))
-        stride = tuple(int(s) for s in patch_embed.patch_size)
+        stride = patch_stride(patch_embed)
         prefix = []
         if getattr(model, "cls_token", None) is not None:
             prefix.append("cls")
@@ -112,4 +127,37 @@ class TokenLayout:
             patch_size=(stride[0], stride[1]),
             global_pool=str(model.global_pool),
             pos_embed_prefix_rows=0 if model.no_embed_class else len(prefix),
+        )
+
+    @classmethod
+    def from_hf_config(cls, config, input_hw: tuple[int, int] | None = None) -> "TokenLayout":
+        """Read the layout from a transformers vision config (ViT, DeiT, DINOv2 (+registers), CLIP, SigLIP).
+
+        The prefix tokens follow the family's embeddings: DeiT always adds a distillation token
+        after CLS; DINOv2 with registers puts ``num_register_tokens`` after CLS (registers carry no
+        position embedding); SigLIP has no CLS (its head pools with attention, ``"map"``).
+
+        Args:
+            config: a transformers config (a full CLIP/SigLIP config's ``vision_config`` is used).
+            input_hw: the (H, W) of the input; default the config's ``image_size``.
+        """
+        model_type = config.model_type
+        vision = getattr(config, "vision_config", None) or config
+        patch = vision.patch_size if not isinstance(vision.patch_size, int) else (vision.patch_size,) * 2
+        size = vision.image_size if not isinstance(vision.image_size, int) else (vision.image_size,) * 2
+        h, w = input_hw or size
+        prefixes = {
+            "vit": ("cls",), "deit": ("cls", "dist"), "dinov2": ("cls",),
+            "dinov2_with_registers": ("cls", *(f"reg{i}" for i in range(getattr(config, "num_register_tokens", 0)))),
+            "clip": ("cls",), "clip_vision_model": ("cls",), "siglip": (), "siglip_vision_model": (),
+        }
+        if model_type not in prefixes:
+            raise ValueError(f"token layout of transformers model type {model_type!r} not known")
+        prefix = prefixes[model_type]
+        return cls(
+            prefix_tokens=prefix,
+            grid_size=(int(h) // int(patch[0]), int(w) // int(patch[1])),
+            patch_size=(int(patch[0]), int(patch[1])),
+            global_pool="map" if not prefix else "token",
+            pos_embed_prefix_rows=int("cls" in prefix) + int("dist" in prefix),
         )
