@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import ModelError
+from .layout import patch_stride
 from .settings import megabytes
 
 FLOAT32_BYTES = 4  # capture stores attention as float32 whatever the model's precision
@@ -71,7 +72,7 @@ def architecture(name: str) -> Architecture | None:
     if attn is None or not hasattr(attn, "num_heads") or patch_embed is None:
         return None
     default = bundled.ONNX_INPUT_SIZE if name == "bundled" else int(patch_embed.img_size[0])
-    return Architecture(depth=len(blocks), heads=int(attn.num_heads), patch=tuple(patch_embed.patch_size),
+    return Architecture(depth=len(blocks), heads=int(attn.num_heads), patch=patch_stride(patch_embed),
                         prefix_tokens=int(getattr(model, "num_prefix_tokens", 1)), default_size=default)
 
 

@@ -79,11 +79,44 @@ def iter_layers(model, x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor, tor
     """Run the blocks one by one: yields (layer index, tokens after it (B, N, D), attention (B, H, N, N)).
 
     Streaming analyses consume this directly, so memory does not grow with the depth.
+    transformers models are read by their adapter, :func:`vitviz.hf.iter_layers`.
     """
+    if is_hf_model(model):
+        from . import hf
+
+        yield from hf.iter_layers(model, x)
+        return
     h = embed(model, x)
     for i, blk in enumerate(model.blocks):
         h, probs = block_forward(blk, h)
         yield i, h, probs
+
+
+def is_hf_model(model) -> bool:
+    """Whether ``model`` is a Hugging Face transformers model (read by :mod:`vitviz.hf`)."""
+    return type(model).__module__.startswith("transformers.")
+
+
+def num_classes(model) -> int:
+    """Classes of the model's classifier head; 0 without one."""
+    if is_hf_model(model):
+        from . import hf
+
+        return hf.num_classes(model)
+    return int(getattr(model, "num_classes", 0))
+
+
+def attention_and_logits(model, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The attention of every layer [(B, H, N, N)] and the logits (B, C) of one forward, in one graph
+    (gradients of the logits reach each layer's attention)."""
+    if is_hf_model(model):
+        from . import hf
+
+        return hf.attention_and_logits(model, x)
+    layers, h = [], None
+    for _, h, probs in iter_layers(model, x):
+        layers.append(probs)
+    return layers, model.forward_head(model.norm(h))
 
 
 def to_model_input(model, images: torch.Tensor) -> torch.Tensor:
@@ -97,12 +130,17 @@ def capture(model, images: torch.Tensor) -> Capture:
     """Attention of every layer and head, the final features and the logits, in one pass.
 
     Args:
-        model: a timm VisionTransformer accepted by :func:`vitviz.models.check_supported`, in eval mode.
+        model: a timm VisionTransformer accepted by :func:`vitviz.models.check_supported`, or a
+            transformers model loaded by :func:`vitviz.hf.load`, in eval mode.
         images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
 
     Returns:
         Capture with attention (B, L, H, N, N) and features (B, N, D), float32 on the CPU.
     """
+    if is_hf_model(model):
+        from . import hf
+
+        return hf.capture(model, images)
     x = to_model_input(model, images)
     layout = TokenLayout.from_model(model, tuple(images.shape[-2:]))
     B, L, N = x.shape[0], len(model.blocks), layout.num_tokens
@@ -113,7 +151,7 @@ def capture(model, images: torch.Tensor) -> Capture:
         attention[:, i] = probs
         norms[:, i] = h.float().norm(dim=-1)
     features = model.norm(h)
-    logits = model.forward_head(features) if getattr(model, "num_classes", 0) > 0 else None
+    logits = model.forward_head(features) if num_classes(model) > 0 else None
     return Capture(
         attention=attention,
         features=features.float().cpu(),

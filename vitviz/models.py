@@ -1,4 +1,5 @@
-"""Load a model: the bundled default, any timm ViT by name, or a local checkpoint.
+"""Load a model: the bundled default, any timm ViT by name, a local checkpoint, or a Hugging Face
+transformers model (a ``save_pretrained`` folder or an ``hf:`` hub id, see :mod:`vitviz.hf`).
 
 All model construction and mutation happens here, once per :class:`ModelSpec`; the result is
 shared read-only (the app caches one per spec for every session and thread).
@@ -30,8 +31,9 @@ class ModelSpec:
     """What to load. Hashable, so it can key a cache.
 
     Args:
-        name: ``"bundled"`` or a timm model name, optionally with its pretrained tag
-            (``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``).
+        name: ``"bundled"``, a timm model name, optionally with its pretrained tag
+            (``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``), a folder saved with transformers'
+            ``save_pretrained`` or a transformers hub id as ``"hf:google/vit-base-patch16-224"``.
         checkpoint: path of local weights for ``name``'s architecture (.safetensors, .pth, .pt, .bin).
         img_size: input resolution in pixels (square); default the model's own.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
@@ -59,9 +61,15 @@ class LoadedModel:
     dtype: torch.dtype
     notes: list[str] = field(default_factory=list)
     native_pos_embed: NativePosEmbed | None = None  # the stored grid, before fitting to img_size
+    library: str = "timm"
+    hf_family: object = None  # vitviz.hf.Family for transformers models
 
     @property
     def num_classes(self) -> int:
+        if self.library == "transformers":
+            from . import hf
+
+            return hf.num_classes(self.model)
         return int(getattr(self.model, "num_classes", 0))
 
     @property
@@ -71,21 +79,22 @@ class LoadedModel:
     def card(self) -> dict:
         """Facts about the model for a model card or settings.json."""
         m = self.model
-        return {
-            "model": self.spec.name,
-            "label": self.label,
+        common = {"model": self.spec.name, "label": self.label, "weights_source": self.weights_source,
+                  "parameters": sum(p.numel() for p in m.parameters()), "num_classes": self.num_classes,
+                  "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                  "data_config": dict(self.data_config), "token_layout": self.layout.to_dict(),
+                  "spec": asdict(self.spec)}
+        if self.library == "transformers":
+            from . import hf
+
+            return common | hf.card(m, self.hf_family, self.weights_source)
+        return common | {
+            "library": "timm",
+            "family": type(m).__name__,
             "timm_architecture": m.pretrained_cfg.get("architecture", type(m).__name__),
-            "weights_source": self.weights_source,
             "layers": len(m.blocks),
             "heads": m.blocks[0].attn.num_heads,
             "embed_dim": m.embed_dim,
-            "parameters": sum(p.numel() for p in m.parameters()),
-            "num_classes": self.num_classes,
-            "device": str(self.device),
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "data_config": dict(self.data_config),
-            "token_layout": self.layout.to_dict(),
-            "spec": asdict(self.spec),
         }
 
 
@@ -118,14 +127,14 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def check_supported(model: torch.nn.Module, name: str) -> None:
     """Raise ModelError unless capture can read this model's attention exactly."""
-    from timm.layers import Attention, PatchEmbed
+    from timm.layers import Attention, HybridEmbed, PatchEmbed
     from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 
     why = None
     if not isinstance(model, VisionTransformer):
         why = f"it is a {type(model).__name__}, not a timm VisionTransformer"
-    elif not isinstance(model.patch_embed, PatchEmbed):
-        why = f"its patch embedding is a {type(model.patch_embed).__name__} (hybrid/conv stem)"
+    elif not isinstance(model.patch_embed, (PatchEmbed, HybridEmbed)):
+        why = f"its patch embedding is a {type(model.patch_embed).__name__}"
     else:
         for i, blk in enumerate(model.blocks):
             if type(blk) not in (Block, ResPostBlock) or type(blk.attn) is not Attention:
@@ -134,7 +143,7 @@ def check_supported(model: torch.nn.Module, name: str) -> None:
     if why:
         raise ModelError(f"Model {name!r} is not supported yet: {why}. vitviz reads attention from "
                          "timm VisionTransformer models with standard attention blocks (ViT, DeiT, DINO, "
-                         "DINOv2, CLIP, SigLIP).")
+                         "DINOv2, CLIP, SigLIP, hybrid ResNet+ViT).")
 
 
 def _data_config(model: torch.nn.Module) -> dict:
@@ -448,5 +457,30 @@ def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
     """
     if spec.name == BUNDLED:
         return _load_bundled(spec)
+    from . import hf
+
+    if hf.is_hf_name(spec.name):
+        return _load_hf(spec)
     return _load_timm(spec)
+
+
+def _load_hf(spec: ModelSpec) -> LoadedModel:
+    """A transformers model at its image processor's resolution (see :mod:`vitviz.hf`)."""
+    from . import hf
+
+    if spec.checkpoint:
+        raise ModelError(f"Model {spec.name!r}: a Hugging Face model brings its weights in its folder or hub "
+                         "repository; a separate checkpoint file is for timm architectures.")
+    if spec.img_size is not None:
+        raise ModelError(f"Model {spec.name!r}: the input resolution of a Hugging Face model is its image "
+                         "processor's; leave the resolution at the model's own.")
+    device = resolve_device(spec.device)
+    dtype = _resolve_dtype(spec.dtype, device)
+    model, family, source = hf.load(spec.name, device, dtype)
+    config, notes = hf.data_config(model, source)
+    layout = hf.token_layout(model, tuple(config["input_size"][-2:]))
+    label = f"{family.label} ({type(model).__name__}) from {spec.name.removeprefix(hf.PREFIX)}"
+    return LoadedModel(model=model, spec=spec, layout=layout, data_config=config,
+                       weights_source=f"transformers from_pretrained({source!r})", label=label, device=device,
+                       dtype=dtype, notes=notes, library=hf.LIBRARY, hf_family=family)
 

@@ -157,7 +157,7 @@ def attention_gradients(model, images, target: int | None = None):
     them with the wrong layers). The model is not changed: gradients flow from the input.
 
     Args:
-        model: a supported timm ViT with a classifier head.
+        model: a supported ViT (timm or transformers) with a classifier head.
         images: (1, 3, H, W) normalised input.
         target: class index; default the top-1 class.
 
@@ -166,18 +166,15 @@ def attention_gradients(model, images, target: int | None = None):
     """
     import torch
 
-    from .capture import to_model_input, iter_layers
+    from .capture import attention_and_logits, num_classes, to_model_input
 
-    if getattr(model, "num_classes", 0) <= 0:
+    if num_classes(model) <= 0:
         raise ValueError("Gradient-weighted rollout needs a classifier head; this model has none.")
     with torch.enable_grad():
         x = to_model_input(model, images).detach().requires_grad_(True)
-        layers = []
-        h = None
-        for _, h, probs in iter_layers(model, x):
+        layers, logits = attention_and_logits(model, x)
+        for probs in layers:
             probs.retain_grad()
-            layers.append(probs)
-        logits = model.forward_head(model.norm(h))
         target = int(logits[0].argmax()) if target is None else int(target)
         logits[0, target].backward()
     attention = np.stack([p[0].detach().double().cpu().numpy() for p in layers])

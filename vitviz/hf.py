@@ -1,0 +1,328 @@
+"""Hugging Face ``transformers`` vision transformers: load, preprocess and read their attention.
+
+The one place that knows how to run a transformers ViT family. It yields what
+:mod:`vitviz.capture` yields for timm models — a :class:`~vitviz.capture.Capture` with the
+attention of every layer and a :class:`~vitviz.layout.TokenLayout` — so the analyses, pages and
+CLI stay family-blind.
+
+transformers computes attention with SDPA by default and then returns *no* probabilities for
+``output_attentions=True`` (an empty tuple, no error). The loader therefore builds every model
+with ``attn_implementation="eager"`` once; nothing is switched per request, so one model is
+shared by every session and thread. The probabilities are exactly those the eager forward
+multiplies the values with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .errors import ModelError, first_line
+from .layout import TokenLayout
+
+PREFIX = "hf:"
+LIBRARY = "transformers"
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one transformers ``model_type`` is loaded.
+
+    Args:
+        label: what a reader of the papers calls it.
+        base: the vision model class without a head (loads a full CLIP/SigLIP folder's vision tower too).
+        heads: classifier classes accepted from ``config.architectures``.
+    """
+
+    label: str
+    base: str
+    heads: tuple[str, ...] = ()
+
+
+FAMILIES = {
+    "vit": Family("ViT", "ViTModel", ("ViTForImageClassification",)),
+    "deit": Family("DeiT", "DeiTModel", ("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher")),
+    "dinov2": Family("DINOv2", "Dinov2Model", ("Dinov2ForImageClassification",)),
+    "dinov2_with_registers": Family("DINOv2 with registers", "Dinov2WithRegistersModel",
+                                    ("Dinov2WithRegistersForImageClassification",)),
+    "clip": Family("CLIP vision tower", "CLIPVisionModel"),
+    "clip_vision_model": Family("CLIP vision tower", "CLIPVisionModel"),
+    "siglip": Family("SigLIP vision tower", "SiglipVisionModel"),
+    "siglip_vision_model": Family("SigLIP vision tower", "SiglipVisionModel"),
+}
+# Families whose forward resamples the position embedding itself (no interpolate_pos_encoding argument).
+_ALWAYS_INTERPOLATE = {"dinov2", "dinov2_with_registers"}
+
+
+def is_hf_name(name: str) -> bool:
+    """Whether a model box entry names a transformers model: ``hf:<hub id>`` or a folder path."""
+    return name.startswith(PREFIX) or "/" in name or "\\" in name or Path(name).expanduser().is_dir()
+
+
+def vision_config(config):
+    """The vision part of a config (a full CLIP/SigLIP config holds it as ``vision_config``)."""
+    return getattr(config, "vision_config", None) or config
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _resolve(name: str) -> tuple[str, bool]:
+    """(what ``from_pretrained`` takes, whether it is a hub id) for a model box entry.
+
+    Raises:
+        ModelError: a folder that does not exist or lacks config.json; an uncached hub id offline.
+    """
+    if name.startswith(PREFIX):
+        repo_id = name[len(PREFIX):].strip()
+        if not repo_id:
+            raise ModelError("Hugging Face model 'hf:' names no hub id (e.g. hf:google/vit-base-patch16-224).")
+        from huggingface_hub import try_to_load_from_cache
+
+        from .models import _hub_reachable
+
+        cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+        if not cached and not _hub_reachable():
+            raise ModelError(f"Model {name!r} could not be loaded: it is not in the local Hugging Face cache and the "
+                             "hub cannot be reached (no internet, or offline mode). Use the bundled model, or a "
+                             "local folder saved with save_pretrained.")
+        return repo_id, True
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        raise ModelError(f"Model folder {folder}: no such folder (for a hub id write hf:owner/name).")
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"Model folder {folder}: it has no config.json, so it is not a folder saved with "
+                         "transformers' save_pretrained.")
+    return str(folder), False
+
+
+def _family(config, name: str) -> Family:
+    model_type = getattr(config, "model_type", "")
+    if model_type not in FAMILIES:
+        raise ModelError(f"Model {name!r} is not supported yet: its config is a {model_type or 'unknown'!r} "
+                         f"({', '.join(config.architectures or []) or type(config).__name__}) model. vitviz reads "
+                         f"attention from transformers {', '.join(sorted({f.label for f in FAMILIES.values()}))} "
+                         "models.")
+    return FAMILIES[model_type]
+
+
+def load(name: str, device: torch.device, dtype: torch.dtype):
+    """Build a transformers vision model with eager attention, in eval mode, on ``device``.
+
+    Returns:
+        (model, family, source): ``source`` is the folder or hub id the weights came from.
+
+    Raises:
+        ModelError: with a sentence naming the folder or hub id and the reason.
+    """
+    import transformers
+    from transformers import AutoConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the CLI and the app say what is loading
+
+    source, hub = _resolve(name)
+    local_only = not hub
+    if hub:
+        from .models import _hub_reachable
+
+        local_only = not _hub_reachable()
+    try:
+        config = AutoConfig.from_pretrained(source, local_files_only=local_only)
+    except Exception as exc:  # noqa: BLE001 - an unreadable config is the folder's / id's problem
+        raise ModelError(f"Model {name!r}: its config could not be read ({first_line(exc)}).") from exc
+    family = _family(config, name)
+    arch = next((a for a in (config.architectures or []) if a in family.heads), family.base)
+    cls = getattr(transformers, arch)
+    try:
+        model, info = cls.from_pretrained(source, attn_implementation="eager", local_files_only=local_only,
+                                          output_loading_info=True)
+    except Exception as exc:  # noqa: BLE001 - weights that do not fit, a missing weights file
+        raise ModelError(f"Model {name!r}: its weights could not be loaded as {arch} ({first_line(exc, 300)}).") from exc
+    missing = list(info.get("missing_keys", []))
+    mismatched = list(info.get("mismatched_keys", []))
+    if missing or mismatched:
+        raise ModelError(f"Model {name!r}: its weights do not fit its config ({arch}): {len(missing)} missing keys "
+                         f"(e.g. {missing[:3]}), {len(mismatched)} of the wrong shape (e.g. {mismatched[:2]}).")
+    model = model.eval().requires_grad_(False).to(device=device, dtype=dtype)
+    return model, family, source
+
+
+def num_classes(model) -> int:
+    """Classes of the model's classifier head; 0 without one."""
+    return len(model.config.id2label) if type(model).__name__ in _HEAD_CLASSES else 0
+
+
+_HEAD_CLASSES = {h for f in FAMILIES.values() for h in f.heads}
+
+
+def class_labels(model) -> tuple[str, ...] | None:
+    """``config.id2label`` in class order, or None without a head."""
+    n = num_classes(model)
+    return tuple(str(model.config.id2label[i]) for i in range(n)) if n else None
+
+
+def card(model, family: Family, source: str) -> dict:
+    """Facts about the model for a model card or settings.json."""
+    config = vision_config(model.config)
+    return {
+        "library": LIBRARY,
+        "family": family.label,
+        "transformers_architecture": type(model).__name__,
+        "model_type": model.config.model_type,
+        "attn_implementation": model.config._attn_implementation,
+        "layers": int(config.num_hidden_layers),
+        "heads": int(config.num_attention_heads),
+        "embed_dim": int(config.hidden_size),
+        "source": source,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Preprocessing: the model's own image processor, keeping the exact model-input image
+
+
+@lru_cache(maxsize=8)
+def image_processor(source: str):
+    """The image processor saved with the model (``preprocessor_config.json``); None without one."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(source, local_files_only=True)
+    except Exception:  # noqa: BLE001 - no preprocessor_config.json: the loader says so and uses the config
+        return None
+
+
+def _side(size, key_pair=("height", "width")) -> tuple[int, int] | None:
+    h, w = (getattr(size, k, None) if not isinstance(size, dict) else size.get(k) for k in key_pair)
+    return (int(h), int(w)) if h and w else None
+
+
+def data_config(model, source: str) -> tuple[dict, list[str]]:
+    """A timm-style data config (``input_size``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``) for the
+    model's image processor, plus ``hf_processor`` (where to read it) and notes.
+
+    The timm keys let :func:`vitviz.images.model_view` say which part of an upload the model sees;
+    :func:`preprocess` runs the processor itself.
+    """
+    config = vision_config(model.config)
+    side = int(config.image_size) if isinstance(config.image_size, int) else int(config.image_size[0])
+    processor = image_processor(source)
+    notes = []
+    if processor is None:
+        notes.append(f"No preprocessor_config.json with the model: images are resized to {side} px and "
+                     "normalised with mean 0.5, std 0.5 (the ViTImageProcessor defaults).")
+        return ({"input_size": (3, side, side), "mean": (0.5, 0.5, 0.5), "std": (0.5, 0.5, 0.5),
+                 "crop_pct": 1.0, "crop_mode": "squash", "interpolation": "bilinear", "hf_processor": ""}, notes)
+    crop = _side(getattr(processor, "crop_size", None)) if getattr(processor, "do_center_crop", False) else None
+    size = getattr(processor, "size", None)
+    fixed = _side(size)
+    shortest = size.get("shortest_edge") if isinstance(size, dict) else getattr(size, "shortest_edge", None)
+    if crop and shortest:
+        input_hw, crop_pct, mode = crop, crop[0] / shortest, "center"
+    elif fixed:
+        input_hw, crop_pct, mode = crop or fixed, 1.0, "squash"
+    else:
+        input_hw, crop_pct, mode = (side, side), 1.0, "squash"
+    return ({"input_size": (3, *input_hw), "mean": tuple(float(m) for m in processor.image_mean),
+             "std": tuple(float(s) for s in processor.image_std), "crop_pct": float(crop_pct), "crop_mode": mode,
+             "interpolation": _resample_name(getattr(processor, "resample", None)), "hf_processor": source}, notes)
+
+
+def _resample_name(resample) -> str:
+    try:
+        return Image.Resampling(int(resample)).name.lower()
+    except (TypeError, ValueError):
+        return str(resample)
+
+
+def preprocess(images: list[Image.Image], data_config: dict):
+    """The model's own image processor: (B, 3, H, W) ``pixel_values`` and the exact model-input images.
+
+    The images are the processor's resize and crop with rescaling and normalisation off, so
+    overlays line up with the pixels the model saw.
+    """
+    from .images import ModelInput
+
+    processor = image_processor(data_config["hf_processor"]) if data_config.get("hf_processor") else None
+    if processor is None:
+        _, h, w = data_config["input_size"]
+        resized = [im.resize((w, h), Image.Resampling.BILINEAR) for im in images]
+        x = torch.as_tensor(np.stack([np.asarray(im, dtype=np.float32) / 255 for im in resized])).permute(0, 3, 1, 2)
+        mean = torch.tensor(data_config["mean"]).view(1, 3, 1, 1)
+        std = torch.tensor(data_config["std"]).view(1, 3, 1, 1)
+        return ModelInput(tensor=((x - mean) / std).contiguous(), images=resized)
+    tensor = processor(images=images, return_tensors="pt")["pixel_values"].float()
+    raw = processor(images=images, return_tensors="pt", do_rescale=False, do_normalize=False)["pixel_values"]
+    pixels = raw.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return ModelInput(tensor=tensor, images=[Image.fromarray(p) for p in pixels])
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention
+
+
+def token_layout(model, input_hw: tuple[int, int] | None = None) -> TokenLayout:
+    return TokenLayout.from_hf_config(model.config, input_hw)
+
+
+def _forward(model, x: torch.Tensor):
+    config = vision_config(model.config)
+    side = config.image_size if not isinstance(config.image_size, int) else (config.image_size, config.image_size)
+    kwargs = {}
+    if tuple(x.shape[-2:]) != tuple(side) and model.config.model_type not in _ALWAYS_INTERPOLATE:
+        kwargs["interpolate_pos_encoding"] = True
+    return model(pixel_values=x, output_attentions=True, output_hidden_states=True, **kwargs)
+
+
+def _final_features(model, out) -> torch.Tensor:
+    """The last layer's tokens as the model's own output gives them (after its final norm).
+
+    Classifier outputs carry no ``last_hidden_state``; their base model's final ``layernorm`` is
+    applied to the last hidden state, as the classifier's own forward does before its head.
+    """
+    if getattr(out, "last_hidden_state", None) is not None:
+        return out.last_hidden_state
+    return model.base_model.layernorm(out.hidden_states[-1])
+
+
+def iter_layers(model, x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """Yields (layer index, tokens after it (B, N, D), attention (B, H, N, N)), as
+    :func:`vitviz.capture.iter_layers` does for timm (one forward; the layers are read from it)."""
+    out = _forward(model, x)
+    for i, probs in enumerate(out.attentions):
+        yield i, out.hidden_states[i + 1], probs
+
+
+def capture(model, images: torch.Tensor):
+    """:func:`vitviz.capture.capture` for a transformers model: the same :class:`~vitviz.capture.Capture`.
+
+    ``features`` are the model's own final tokens (:func:`_final_features`; CLIP's
+    ``last_hidden_state`` comes before its ``post_layernorm``, as transformers returns it).
+    """
+    from .capture import Capture, to_model_input
+
+    x = to_model_input(model, images)
+    out = _forward(model, x)
+    B, L = x.shape[0], len(out.attentions)
+    layout = token_layout(model, tuple(x.shape[-2:]))
+    attention = torch.empty(B, L, *out.attentions[0].shape[1:], dtype=torch.float32)
+    norms = torch.empty(B, L, layout.num_tokens, dtype=torch.float32)
+    for i, probs in enumerate(out.attentions):
+        attention[:, i] = probs
+        norms[:, i] = out.hidden_states[i + 1].float().norm(dim=-1)
+    logits = out.logits if num_classes(model) else None
+    return Capture(attention=attention, features=_final_features(model, out).float().cpu(),
+                   logits=None if logits is None else logits.float().cpu(), token_norms=norms, layout=layout)
+
+
+def attention_and_logits(model, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """See :func:`vitviz.capture.attention_and_logits`."""
+    out = _forward(model, x)
+    return list(out.attentions), out.logits
