@@ -15,5 +15,6 @@ PAGES = [
     st.Page("pages/5_filters.py", title="Embedding filters"),
     st.Page("pages/6_position_embeddings.py", title="Position embeddings"),
     st.Page("pages/7_anatomy.py", title="Attention anatomy"),
+    st.Page("pages/8_faithfulness.py", title="Faithfulness"),
 ]
 st.navigation(PAGES).run()

@@ -7,7 +7,9 @@ from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
 from ui.state import setup
-from vitviz.analysis import AnalysisSettings
+from ui.progress import cached, with_progress
+from vitviz.analysis import AnalysisSettings, excluded_tokens
+from vitviz.flow import FLOW_DEFINITION, attention_flow
 from vitviz.maps import layer_maps
 from vitviz.rollout import FUSIONS
 from vitviz.tokens import top_classes
@@ -96,3 +98,40 @@ else:
                                                     "model": ctx.loaded.card()["spec"]},
                  panel_download(r.model_input, grad_map[None], display, [""], grad_title, columns=1,
                                 value_name="relevance"))
+
+st.subheader("Attention flow (Abnar & Zuidema 2020)")
+st.caption("The companion of rollout: the same per-layer graph (fusion, discard, 0.5 A + 0.5 I, layers and exclusions "
+           "above) read as capacities; each patch's value is the maximum flow from it to the readout, solved exactly "
+           "(one max-flow per patch, so it takes a while; a shorter layer range is faster).")
+flow_tokens = excluded_tokens(settings, r.artifacts, r.sinks, layout)
+flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, start - 1, end, flow_tokens)
+if cached(flow_key) is None and not st.button(f"Compute attention flow, layers {start}–{end} ({layout.num_patches} "
+                                              "max-flow problems)", key="flow_run"):
+    st.info("Attention flow is computed on demand; the result is kept for this image and these settings.")
+else:
+    flow = with_progress(flow_key, f"Attention flow, layers {start}–{end}: patch",
+                         lambda progress: attention_flow(r.attention, layout, fusion=fusion, discard=discard,
+                                                         start=start - 1, end=end, exclude_tokens=flow_tokens,
+                                                         progress=progress))
+    flow_left, flow_right = st.columns(2)
+    for column, grid, name, key in ((flow_left, flow.map, "Attention flow", "flow_fig"),
+                                    (flow_right, result.map, "Rollout", "flow_rollout_fig")):
+        with column:
+            title = f"{name}, layers {start}–{end} ({fusion} over heads" + (f", discard {discard:.0%})" if discard else ")")
+            rendered_flow, fig_flow = map_figure(r.model_input, grid[None], layout, display, titles=[""], title=title,
+                                                 sinks=marked, columns=1, value_name="flow" if name != "Rollout"
+                                                 else "rollout mass")
+            show_chart(fig_flow, key, file_stem(name.lower().replace(" ", "_"), ctx.image.name, f"layers{start}-{end}",
+                                                fusion))
+            st.caption(rendered_flow.caption())
+    st.caption(f"Flow values are in attention mass (at most 1, what the readout takes in). Exact up to the integer "
+               f"scaling of the capacities (S = {flow.scale}): each value is at most {flow.error_bound.max():.1e} "
+               f"below the true flow.")
+    stem = file_stem("attention_flow", ctx.image.name, f"layers{start}-{end}", fusion)
+    download_row(stem, {"attention_flow": flow.map, "error_bound": flow.error_bound},
+                 {"image": ctx.image.name, "model": ctx.loaded.card()["spec"], "definition": FLOW_DEFINITION,
+                  "fusion": fusion, "discard": discard, "layers (1-based, inclusive)": [start, end],
+                  "kept_out_tokens (0-based sequence index)": list(flow_tokens), "readout": flow.readout,
+                  "capacity_scale": flow.scale},
+                 panel_download(r.model_input, flow.map[None], display, [""], f"Attention flow, layers {start}–{end}",
+                                sinks=marked, columns=1, value_name="flow"))

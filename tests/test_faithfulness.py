@@ -243,3 +243,64 @@ def test_cli_faithfulness_and_flow_equal_the_protocol_recomputed(tmp_path):
             np.testing.assert_allclose(data[mode][0, m], expected, atol=1e-5, err_msg=f"{name} {mode}")
         assert math.isclose(info["faithfulness"]["auc"][0][name]["deletion"],
                             float(auc(data["deletion"][0, m], data["faithfulness_fractions"])), abs_tol=1e-12)
+
+
+# --- the page ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_faithfulness_page_shows_the_cores_curves_and_aucs(bundled):
+    from streamlit.testing.v1 import AppTest
+
+    from test_app import APP, _decode, _traces
+    from vitviz.capture import capture
+    from vitviz.images import load_image, preprocess
+    from vitviz.rollout import rollout
+
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.switch_page("pages/8_faithfulness.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    at.multiselect(key="faith_methods").set_value(["rollout", "last_layer_head_2", "random"])
+    at.number_input(key="faith_steps").set_value(3)
+    at.slider(key="faith_layers").set_value((3, 12)).run()
+    assert not at.get("plotly_chart")  # nothing runs before the button
+    at.button(key="faith_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+
+    image = preprocess([load_image(ASSETS / "astronaut.jpg").image], bundled.data_config).tensor
+    out = capture(bundled.model, image)
+    attention, layout = out.attention[0].numpy(), out.layout
+    maps = attention_maps(attention, layout, rollout_map=rollout(attention, layout, start=2).map)
+    expected = perturbation_curves(bundled.model, image[0], {m: maps[m] for m in
+                                                             ("rollout", "last_layer_head_2", "random")},
+                                   layout, fractions=np.array([0, 0.5, 1]))
+    traces = [t for t in _traces(at, "faith_curves") if t["type"] == "scatter"]
+    assert len(traces) == 6  # 3 methods x (deletion, insertion)
+    for k, t in enumerate(traces):
+        curves = expected.deletion if k < 3 else expected.insertion
+        np.testing.assert_allclose(_decode(t["y"]), curves[k % 3], atol=1e-5)
+    table = at.dataframe[0].value
+    assert list(table["method"]) == ["rollout", "last layer, head 2", "random"]
+    np.testing.assert_allclose(table["deletion AUC ↓"], expected.deletion_auc, atol=1e-5)
+    np.testing.assert_allclose(table["insertion AUC ↑"], expected.insertion_auc, atol=1e-5)
+    assert "pre-logits" in at.caption[0].value
+
+
+@pytest.mark.slow
+def test_rollout_page_shows_attention_flow_equal_to_the_core(bundled):
+    from streamlit.testing.v1 import AppTest
+
+    from test_app import APP, _heatmaps
+    from vitviz.capture import capture
+    from vitviz.images import load_image, preprocess
+
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.switch_page("pages/3_rollout.py").run()
+    at.slider(key="layer_range").set_value((11, 12)).run()
+    assert not any("flow_fig" in (c.proto.id or "") for c in at.get("plotly_chart"))  # on demand only
+    at.button(key="flow_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    image = preprocess([load_image(ASSETS / "astronaut.jpg").image], bundled.data_config).tensor
+    out = capture(bundled.model, image)
+    expected = attention_flow(out.attention[0].numpy(), out.layout, start=10, end=12)
+    np.testing.assert_allclose(_heatmaps(at, "flow_fig")[0], expected.map, atol=1e-6)
+    assert (expected.map > 0).all() and expected.error_bound.max() < 1e-4

@@ -1,0 +1,161 @@
+"""Faithfulness: which map to trust, by deleting and inserting patches in the order each map ranks them."""
+import csv
+import io
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+import torch
+
+from ui.cache import cached_gradient_rollout, cached_model, cached_rollout
+from ui.charts import file_stem, show_chart
+from ui.display import display_controls, map_figure, panel_download
+from ui.downloads import download_row
+from ui.progress import cached, with_progress
+from ui.state import setup
+from vitviz.analysis import AnalysisSettings
+from vitviz.faithfulness import (PROTOCOL, attention_maps, default_fractions, perturbation_curves, perturbed_at,
+                                 to_rgb)
+from vitviz.faithfulness_figures import curves_figure, method_curve_figure, method_label, method_unit
+from vitviz.flow import FLOW_DEFINITION, attention_flow
+from vitviz.images import preprocess
+from vitviz.rollout import FUSIONS
+from vitviz.tokens import top_classes
+
+ctx = setup()
+if ctx is None:
+    st.stop()
+r, layout, loaded = ctx.result, ctx.result.layout, ctx.loaded
+L, H = r.attention.shape[:2]
+st.header(f"Faithfulness · {ctx.image.name}")
+score_text = ("softmax probability of the target class" if loaded.has_head else
+              "cosine similarity of the pre-logits vector with the original's (this model has no classifier head)")
+st.caption(f"Protocol: {PROTOCOL}. Score: {score_text}. Random map: the floor; a map below it on deletion "
+           "(or above it on insertion) ranks patches better than chance.")
+
+c1, c2, c3 = st.columns([3, 1, 2])
+with c3:
+    with st.expander("Rollout and attention-flow settings"):
+        fusion = st.selectbox("Head fusion", FUSIONS, key="faith_fusion")
+        discard = st.slider("Discard lowest share", 0.0, 0.95, 0.0, 0.05, key="faith_discard")
+        start, end = st.slider("Rollout layers", 1, L, (1, L), key="faith_layers")
+        flow_start, flow_end = st.slider("Attention-flow layers", 1, L, (1, L), key="faith_flow_layers",
+                                         help="Max-flow costs about one solve per patch, growing with the layers: "
+                                              "a shorter range is faster.")
+        seed = int(st.number_input("Random map seed", 0, 2**31 - 1, 0, key="faith_seed"))
+target = None
+if loaded.has_head:
+    top = top_classes(r.logits, k=10)
+    label = c2.selectbox("Target class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="faith_target")
+    target = int(label.split(":")[0])
+steps = int(c2.number_input("Steps", 2, 41, 11, key="faith_steps", help="fractions 0, 1/(S-1), ..., 1"))
+options = (["last_layer_mean"] + [f"last_layer_head_{h + 1}" for h in range(H)] + ["rollout"]
+           + (["gradient_rollout"] if loaded.has_head else []) + ["attention_flow", "random"])
+methods = c1.multiselect("Methods", options, default=options, format_func=method_label, key="faith_methods")
+if not methods:
+    st.info("Choose at least one method.")
+    st.stop()
+
+flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, flow_start - 1, flow_end)
+key = ("faithfulness", ctx.spec, ctx.image.sha256, tuple(methods), steps, target, fusion, discard, start - 1, end,
+       flow_start - 1, flow_end, seed)
+forwards = len(methods) * 2 * (steps - 2) + 2
+if cached(key) is None and not st.button(f"Run the perturbation test ({len(methods)} methods, {forwards} forward "
+                                         "passes)", type="primary", key="faith_run"):
+    st.info("Each method's curves need its perturbed inputs run through the model; press the button to start. "
+            "Results are kept for this image and these settings.")
+    st.stop()
+
+
+def flow_map():
+    return with_progress(flow_key, f"Attention flow, layers {flow_start}–{flow_end}: patch",
+                         lambda progress: attention_flow(r.attention, layout, fusion=fusion, discard=discard,
+                                                         start=flow_start - 1, end=flow_end, progress=progress))
+
+
+def run(progress):
+    model_input = preprocess([ctx.image.image], loaded.data_config).tensor[0]
+    roll = cached_rollout(ctx.spec, ctx.image.sha256, r, AnalysisSettings(fusion=fusion, discard=discard,
+                                                                          start_layer=start - 1, end_layer=end))
+    grad = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, target)[0] \
+        if "gradient_rollout" in methods else None
+    flow = flow_map().map if "attention_flow" in methods else None
+    maps = attention_maps(r.attention, layout, rollout_map=roll.map, gradient_map=grad, flow_map=flow, seed=seed)
+    return perturbation_curves(cached_model(ctx.spec).model, model_input, {m: maps[m] for m in methods}, layout,
+                               fractions=default_fractions(steps), target=target, progress=progress)
+
+
+result = with_progress(key, "Perturbation test: method", run)
+auc = {m: (d, i) for m, d, i in zip(result.methods, result.deletion_auc, result.insertion_auc)}
+stem = file_stem("faithfulness", ctx.image.name, f"{steps}steps")
+show_chart(curves_figure(result.fractions, result.deletion, result.insertion, result.methods, result.score, auc),
+           "faith_curves", stem)
+
+st.subheader("AUC per method")
+table = pd.DataFrame(result.table()).assign(method=lambda t: t["method"].map(method_label))
+st.dataframe(table.rename(columns={"deletion_auc": "deletion AUC ↓", "insertion_auc": "insertion AUC ↑",
+                                   "insertion_minus_deletion": "insertion − deletion ↑"}),
+             hide_index=True, key="faith_table",
+             column_config={c: st.column_config.NumberColumn(format="%.4f") for c in
+                            ("deletion AUC ↓", "insertion AUC ↑", "insertion − deletion ↑")})
+reference = result.reference()
+st.caption(f"Score: {result.score}. Best on deletion: {method_label(reference['best']['deletion'])}; best on "
+           f"insertion: {method_label(reference['best']['insertion'])}; worst on deletion: "
+           f"{method_label(reference['worst']['deletion'])}; worst on insertion: "
+           f"{method_label(reference['worst']['insertion'])}. Click a column header to sort. One image: no claim "
+           "beyond it.")
+settings = {"image": ctx.image.name, "model": loaded.card()["spec"], "protocol": PROTOCOL, "score": result.score,
+            "target_class": result.target, "methods": result.methods, "fractions": result.fractions.tolist(),
+            "patches_per_step": result.counts.tolist(), "rollout": {"fusion": fusion, "discard": discard,
+                                                                    "layers (1-based, inclusive)": [start, end]},
+            "attention_flow": {"layers (1-based, inclusive)": [flow_start, flow_end], "definition": FLOW_DEFINITION},
+            "random_seed": seed, "heads": "1-based in method names", "auc": {m: {"deletion": d, "insertion": i}
+                                                                            for m, (d, i) in auc.items()},
+            "reference": reference}
+buf = io.StringIO()
+writer = csv.DictWriter(buf, fieldnames=list(result.table()[0]))
+writer.writeheader()
+writer.writerows(result.table())
+download_row(stem, {"fractions": result.fractions, "deletion": result.deletion, "insertion": result.insertion,
+                    "maps": result.maps, "methods": np.array(result.methods)}, settings)
+st.download_button("AUC table (csv)", buf.getvalue(), f"{stem}_auc.csv", "text/csv", key="faith_csv")
+
+st.subheader("What the model saw")
+m1, m2 = st.columns([2, 3])
+shown_method = m1.selectbox("Order of", result.methods, format_func=method_label, key="faith_shown_method")
+step = m2.select_slider("Step", options=list(range(len(result.fractions))), value=len(result.fractions) // 2,
+                        format_func=lambda s: f"{result.fractions[s]:.0%} ({result.counts[s]} patches)",
+                        key="faith_step")
+m = result.methods.index(shown_method)
+inputs = perturbed_at(preprocess([ctx.image.image], loaded.data_config).tensor[0], result.maps[m], layout,
+                      float(result.fractions[step]))
+pictures = to_rgb(torch.stack([inputs["deletion"], inputs["insertion"]]), loaded.data_config)
+p1, p2, _ = st.columns([1, 1, 1])
+p1.image(pictures[0], caption=f"deletion: top {result.counts[step]} of {layout.num_patches} patches set to the mean "
+                              f"colour · score {result.deletion[m, step]:.4f}", width="stretch")
+p2.image(pictures[1], caption=f"insertion: only the top {result.counts[step]} patches kept · score "
+                              f"{result.insertion[m, step]:.4f}", width="stretch")
+
+st.subheader("Each method's map and its curves")
+display = display_controls("faith_")
+floor = result.methods.index("random") if "random" in result.methods else None
+for m, name in enumerate(result.methods):
+    left, right = st.columns([2, 3])
+    with left:
+        rendered, fig = map_figure(r.model_input, result.maps[m][None], layout, display, titles=[""],
+                                   title=method_label(name), columns=1, value_name=method_unit(name), tile_px=260)
+        map_stem = file_stem("faithfulness_map", ctx.image.name, name)
+        show_chart(fig, f"faith_map_{name}", map_stem)
+    with right:
+        show_chart(method_curve_figure(result.fractions, result.deletion[m], result.insertion[m], name, result.score,
+                                       None if floor is None or floor == m else
+                                       (result.deletion[floor], result.insertion[floor])),
+                   f"faith_curve_{name}", file_stem("faithfulness_curve", ctx.image.name, name))
+        d, i = auc[name]
+        st.caption(f"AUC deletion {d:.4f} · insertion {i:.4f}. " + rendered.caption())
+        download_row(map_stem, {"map": result.maps[m], "deletion": result.deletion[m], "insertion": result.insertion[m],
+                                "fractions": result.fractions},
+                     display.settings(rendered) | {"method": name, "image": ctx.image.name,
+                                                   "auc": {"deletion": d, "insertion": i}},
+                     panel_download(r.model_input, result.maps[m][None], display, [""], method_label(name), columns=1,
+                                    value_name=method_unit(name)))
