@@ -17,7 +17,7 @@ the two inputs every method shares (the original and the all-zero input) are sco
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -184,7 +184,6 @@ class Faithfulness:
     insertion: np.ndarray
     score: str
     target: int | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
     def deletion_auc(self) -> np.ndarray:
