@@ -105,7 +105,8 @@ st.caption("The companion of rollout: the same per-layer graph (fusion, discard,
            "(one max-flow per patch, so it takes a while; a shorter layer range is faster).")
 flow_tokens = excluded_tokens(settings, r.artifacts, r.sinks, layout)
 flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, start - 1, end, flow_tokens)
-if cached(flow_key) is None and not st.button(f"Compute attention flow, layers {start}–{end} ({layout.num_patches} "
+flow_slot = st.empty()  # the button goes away once the result is there
+if cached(flow_key) is None and not flow_slot.button(f"Compute attention flow, layers {start}–{end} ({layout.num_patches} "
                                               "max-flow problems)", key="flow_run"):
     st.info("Attention flow is computed on demand; the result is kept for this image and these settings.")
 else:
@@ -113,6 +114,7 @@ else:
                          lambda progress: attention_flow(r.attention, layout, fusion=fusion, discard=discard,
                                                          start=start - 1, end=end, exclude_tokens=flow_tokens,
                                                          progress=progress))
+    flow_slot.empty()
     flow_left, flow_right = st.columns(2)
     for column, grid, name, key in ((flow_left, flow.map, "Attention flow", "flow_fig"),
                                     (flow_right, result.map, "Rollout", "flow_rollout_fig")):

@@ -60,7 +60,8 @@ flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, flow_start - 1,
 key = ("faithfulness", ctx.spec, ctx.image.sha256, tuple(methods), steps, target, fusion, discard, start - 1, end,
        flow_start - 1, flow_end, seed)
 forwards = len(methods) * 2 * (steps - 2) + 2
-if cached(key) is None and not st.button(f"Run the perturbation test ({len(methods)} methods, {forwards} forward "
+run_slot = st.empty()  # the button goes away once the result is there
+if cached(key) is None and not run_slot.button(f"Run the perturbation test ({len(methods)} methods, {forwards} forward "
                                          "passes)", type="primary", key="faith_run"):
     st.info("Each method's curves need its perturbed inputs run through the model; press the button to start. "
             "Results are kept for this image and these settings.")
@@ -86,6 +87,7 @@ def run(progress):
 
 
 result = with_progress(key, "Perturbation test: method", run)
+run_slot.empty()
 auc = {m: (d, i) for m, d, i in zip(result.methods, result.deletion_auc, result.insertion_auc)}
 stem = file_stem("faithfulness", ctx.image.name, f"{steps}steps")
 show_chart(curves_figure(result.fractions, result.deletion, result.insertion, result.methods, result.score, auc),
