@@ -319,3 +319,29 @@ def test_r50_hybrid_layout_and_budget_use_stride_16():
         assert _rel(out.logits, model(x)) < 1e-5
     assert out.layout == TokenLayout(("cls",), (4, 4), (16, 16), "token", 1)
     assert architecture("vit_base_r50_s16_224").patch == (16, 16)
+
+
+@pytest.mark.slow
+def test_app_loads_an_hf_folder_from_the_sidebar_and_the_heads_page_shows_its_maps(hf_folders):
+    from streamlit.testing.v1 import AppTest
+
+    from test_app import APP, _heatmaps
+    from vitviz.maps import query_attention_map
+
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    at.switch_page("pages/2_heads.py").run()
+    at.sidebar.selectbox(key="model_choice").set_value("Hugging Face (hub id or local folder)").run()
+    at.sidebar.text_input(key="hf_name").input(hf_folders["dinov2_registers"]).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    at.slider(key="heads_layer").set_value(2).run()
+    loaded = load_model(ModelSpec(name=hf_folders["dinov2_registers"]))
+    out = capture(loaded.model, preprocess([load_image(ASSETS / "astronaut.jpg").image], loaded.data_config).tensor)
+    maps = _heatmaps(at, "heads_grid")
+    assert len(maps) == 4 and maps[0].shape == (5, 5)
+    np.testing.assert_allclose(maps[3], query_attention_map(out.attention[0].numpy(), out.layout, 1, 3, "cls"),
+                               atol=1e-6)
+    # A folder without a config: a sentence, and the folder's model stays.
+    at.sidebar.text_input(key="hf_name").input("/nonexistent/vitviz-model").run()
+    assert any("no such folder" in e.value for e in at.error)
+    assert len(_heatmaps(at, "heads_grid")) == 4

