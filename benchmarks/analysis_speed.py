@@ -1,8 +1,10 @@
 """Full-analysis cost vs the plain fused forward, streamed mean-distance throughput, peak memory.
 
 Prints
-  1. one image, bundled architecture @224: (capture + rollout + mean distance + every raw
-     head map) / plain fused forward;
+  1. bundled architecture @224, batch 1 and 8: (capture + rollout of every image + mean distance
+     + every raw head map) / plain fused forward, with the row-vector-chain rollout and with the
+     matrix-product reference (the version before issue 10), in the same run; rollout alone, chain
+     vs matrix;
   2. mean attention distance streamed over 32 images in batches of 8, throughput relative to
      the plain batched forward over the same batches (ViT-B/16 @224);
   3. peak extra RSS (fresh subprocess) of a full analysis of one image for ViT-L/16 @384, and of
@@ -28,7 +30,7 @@ from vitviz.capture import capture  # noqa: E402
 from vitviz.distance import mean_attention_distance, stream_mean_attention_distance  # noqa: E402
 from vitviz.layout import TokenLayout  # noqa: E402
 from vitviz.maps import query_attention_map  # noqa: E402
-from vitviz.rollout import rollout  # noqa: E402
+from vitviz.rollout import rollout, rollout_reference  # noqa: E402
 
 
 def build(name, size):
@@ -36,15 +38,17 @@ def build(name, size):
     return timm.create_model(name, pretrained=False, img_size=size).eval()
 
 
-def full_analysis(model, x):
+def full_analysis(model, x, rollout_fn=rollout):
     out = capture(model, x)
-    attention = out.attention[0].numpy()
-    rollout(attention, out.layout)
-    mean_attention_distance(out.attention.numpy(), out.layout)
-    L, H = attention.shape[:2]
-    for layer in range(L):
-        for head in range(H):
-            query_attention_map(attention, out.layout, layer, head, "cls")
+    attention = out.attention.numpy()
+    for a in attention:
+        rollout_fn(a, out.layout)
+    mean_attention_distance(attention, out.layout)
+    L, H = attention.shape[1:3]
+    for a in attention:
+        for layer in range(L):
+            for head in range(H):
+                query_attention_map(a, out.layout, layer, head, "cls")
     return out
 
 
@@ -86,12 +90,19 @@ def measure_child(mode: str) -> float:
 def main() -> None:
     print(f"torch {torch.__version__}, timm {timm.__version__}, threads {torch.get_num_threads()}")
     model = build("vit_small_patch14_dinov2", 224)
-    x = torch.randn(1, 3, 224, 224)
-    median_time(lambda: model(x), 2)
-    plain = median_time(lambda: model(x))
-    full = median_time(lambda: full_analysis(model, x))
-    print(f"1. full analysis of one image (bundled arch @224): {full:.3f} s vs plain {plain:.3f} s: "
-          f"ratio {full / plain:.2f}")
+    for batch in (1, 8):
+        x = torch.randn(batch, 3, 224, 224)
+        median_time(lambda: model(x), 2)
+        plain = median_time(lambda: model(x))
+        chain = median_time(lambda: full_analysis(model, x))
+        matrix = median_time(lambda: full_analysis(model, x, rollout_reference))
+        print(f"1. full analysis, bundled arch @224, batch {batch}: plain {plain:.3f} s; chain rollout {chain:.3f} s "
+              f"(ratio {chain / plain:.2f}); matrix rollout {matrix:.3f} s (ratio {matrix / plain:.2f})")
+    attention, layout = capture(model, x[:1]).attention[0].numpy(), TokenLayout.from_model(model)
+    chain = median_time(lambda: rollout(attention, layout), 11)
+    matrix = median_time(lambda: rollout_reference(attention, layout), 11)
+    print(f"   rollout alone (N = {layout.num_tokens}, 12 layers, per-layer maps): chain {chain * 1e3:.1f} ms vs "
+          f"matrix {matrix * 1e3:.1f} ms: ratio {chain / matrix:.2f}")
 
     model = build("vit_base_patch16_224", 224)
     layout = TokenLayout.from_model(model)

@@ -82,3 +82,164 @@ def test_rollout_chain_hand_example_cumulative_maps():
     # After layer 2: [0.5, 0, 0.5] @ A1' = 0.25 CLS + 0.25 patch 0 + 0.5 patch 1.
     np.testing.assert_allclose(r.per_layer[1], [[0.25, 0.5]])
     assert r.prefix_share == {"cls": pytest.approx(0.25)}
+
+
+# ---------------------------------------------------------------- analyze: streaming, atomic, interruptible
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from PIL import Image  # noqa: E402
+
+from vitviz.output import run_id_of  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "deit_tiny_patch16_224"
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """A random deit-tiny (12 layers, 3 heads, a head: gradient rollout runs too) saved as safetensors."""
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = timm.create_model(MODEL, pretrained=False)
+    path = tmp_path_factory.mktemp("ckpt") / "deit_tiny.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return path
+
+
+def make_images(folder: Path, n: int) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(n)
+    paths = []
+    for i in range(n):
+        path = folder / f"img{i:03d}.png"
+        Image.fromarray(rng.integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return paths
+
+
+def cli_args(images, out, checkpoint, *extra):
+    return ["analyze", *map(str, images), "--out", str(out), "--model", MODEL, "--checkpoint", str(checkpoint),
+            "--batch-size", "4", *extra]
+
+
+def run_cli_measuring_peak(args) -> tuple[int, int, str]:
+    """Run the CLI in a fresh process; return (exit code, peak RSS VmHWM in kB, stderr)."""
+    code = ("import sys, json; from vitviz.cli import main; rc = main(json.loads(sys.argv[1])); "
+            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]; "
+            "print('HWM', hwm); sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
+                            env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    hwm = int(result.stdout.split("HWM")[-1]) if "HWM" in result.stdout else -1
+    return result.returncode, hwm, result.stderr
+
+
+def test_streamed_analyze_equals_an_in_memory_computation(tmp_path, tiny_checkpoint):
+    from vitviz.analysis import AnalysisSettings, analyze_images
+    from vitviz.cli import main
+    from vitviz.distance import mean_attention_distance
+    from vitviz.images import load_image
+    from vitviz.models import ModelSpec, load_model
+
+    images = make_images(tmp_path / "img", 5)  # batches of 4: one full, one partial
+    out = tmp_path / "out"
+    assert main(cli_args(images, out, tiny_checkpoint, "--discard", "0.3", "--start-layer", "2")) == 0
+    data = np.load(out / "analysis.npz")
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["run_id"] == run_id_of(out / "analysis.npz")
+    assert settings["arrays"] == {k: list(data[k].shape) for k in data.files}
+
+    loaded = load_model(ModelSpec(name=MODEL, checkpoint=str(tiny_checkpoint)))
+    pil = [load_image(p).image for p in images]
+    # Not streamed: every image in one forward, every analysis on the whole attention.
+    whole = capture(loaded.model, preprocess(pil, loaded.data_config).tensor)
+    np.testing.assert_array_equal(data["input"], preprocess(pil, loaded.data_config).tensor.numpy())
+    np.testing.assert_allclose(data["attention"], whole.attention.numpy(), atol=1e-6)
+    np.testing.assert_allclose(data["logits"], whole.logits.numpy(), atol=1e-5)
+    for i in range(5):
+        expected = rollout_reference(whole.attention[i].numpy(), whole.layout, discard=0.3, start=1)
+        np.testing.assert_allclose(data["rollout_per_layer"][i], expected.per_layer, atol=1e-6)
+    distance = mean_attention_distance(whole.attention.numpy(), whole.layout)
+    np.testing.assert_allclose(data["mean_distance_per_image"], distance, rtol=1e-5)
+    np.testing.assert_allclose(data["mean_distance"], distance.mean(0), rtol=1e-5)
+    # The app's in-memory path gives the same arrays as the stream.
+    memory = analyze_images(loaded, pil, AnalysisSettings(discard=0.3, start_layer=1, batch_size=4))
+    assert set(memory.arrays) == set(data.files)
+    for name in data.files:
+        np.testing.assert_allclose(data[name], memory.arrays[name], rtol=1e-6, atol=1e-7, err_msg=name)
+    assert settings["analysis"]["gradient_rollout_targets"] == memory.info["gradient_rollout_targets"]
+    assert not list(out.glob(".vitviz-*"))  # no temporary file left
+
+
+def test_analyze_peak_memory_does_not_grow_with_the_image_count(tmp_path, tiny_checkpoint):
+    peaks = {}
+    for n in (16, 64):
+        images = make_images(tmp_path / f"img{n}", n)
+        code, peaks[n], err = run_cli_measuring_peak(cli_args(images, tmp_path / f"out{n}", tiny_checkpoint,
+                                                              "--no-attention"))
+        assert code == 0, err
+        assert f"{n}/{n} images" in err  # plain progress lines when stderr is not a terminal
+        data = np.load(tmp_path / f"out{n}" / "analysis.npz")
+        assert "attention" not in data.files and data["rollout"].shape == (n, 14, 14)
+    # Held in memory, the attention alone would add 64 x 5.6 MB; streamed, the peak is one batch's.
+    assert peaks[64] <= 1.3 * peaks[16], peaks
+
+
+def test_sigterm_while_writing_leaves_the_previous_or_the_new_complete_result(tmp_path, tiny_checkpoint):
+    out = tmp_path / "out"
+    from vitviz.cli import main
+
+    assert main(cli_args(make_images(tmp_path / "a", 2), out, tiny_checkpoint)) == 0
+    first = json.loads((out / "settings.json").read_text())["run_id"]
+    images = make_images(tmp_path / "b", 8)
+
+    def complete_and_matching():
+        settings = json.loads((out / "settings.json").read_text())
+        assert settings["run_id"] == run_id_of(out / "analysis.npz")
+        data = np.load(out / "analysis.npz")
+        assert len(data["attention"]) == len(settings["images"])
+        return settings["run_id"]
+
+    outcomes = set()
+    for wait_for in ("attention.raw", "analysis.npz"):  # while streaming; while assembling the npz
+        proc = subprocess.Popen([sys.executable, "-m", "vitviz", *cli_args(images, out, tiny_checkpoint)],
+                                cwd=ROOT, stderr=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and time.monotonic() < deadline:
+            if any(out.glob(f".vitviz-run-*.partial/{wait_for}")):
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(0.005)
+        _, err = proc.communicate(timeout=120)
+        run = complete_and_matching()
+        assert not list(out.glob(".vitviz-*"))
+        if proc.returncode == 143:
+            assert err.strip().splitlines()[-1].startswith("interrupted:") and "Traceback" not in err
+            outcomes.add("previous" if run == first else "new")
+        else:
+            assert proc.returncode == 0 and run != first
+            outcomes.add("finished")
+        first = run
+    assert "previous" in outcomes  # the kill during streaming must have landed
+
+
+def test_unwritable_out_is_a_sentence_within_two_seconds_before_the_model_loads(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    image = make_images(tmp_path / "img", 1)[0]
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "vitviz", "analyze", str(image), "--out", str(blocker / "out"),
+                             "--model", "not_a_model"], capture_output=True, text=True, cwd=ROOT)
+    elapsed = time.monotonic() - start
+    assert result.returncode == 2
+    # The model name is bad too: the folder is checked first, so the model is never looked at.
+    assert result.stderr.strip() == (f"error: Cannot write the output folder --out {blocker / 'out'}: Not a directory. "
+                                     "Pick a folder you can write to.")
+    assert elapsed < 2.0

