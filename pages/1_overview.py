@@ -29,7 +29,7 @@ with left:
 with right:
     card = ctx.loaded.card()
     st.subheader("Model")
-    st.table({k: str(card[k]) for k in ("label", "timm_architecture", "weights_source", "layers", "heads",
+    st.table({k: str(card[k]) for k in ("label", "library", "architecture", "weights_source", "layers", "heads",
                                           "embed_dim", "parameters", "num_classes", "device", "dtype")}
              | {"prefix tokens": ", ".join(layout.prefix_tokens) or "none", "pooling": layout.global_pool})
     for note in ctx.loaded.notes:
@@ -92,7 +92,12 @@ with pca_col:
     st.caption("Patches with similar last-layer features get similar colours: they group into object parts.")
     download_row(file_stem("feature_pca", ctx.image.name), {"feature_pca_rgb": pca}, {"image": ctx.image.name, "model": card["spec"]})
 with cluster_col:
-    clusters = cached_clusters(ctx.spec, ctx.image.sha256, ctx.image.image, r, source, cluster_layer, cluster_head, k)
+    try:
+        clusters = cached_clusters(ctx.spec, ctx.image.sha256, ctx.image.image, r, source, cluster_layer,
+                                   cluster_head, k)
+    except ValueError as exc:  # keys of a model family whose q, k and v are not read here
+        st.error(str(exc))
+        st.stop()
     what = {FINAL: "final features", BLOCK: f"output of layer {cluster_layer + 1}",
             KEYS: f"keys of layer {cluster_layer + 1}, head {cluster_head + 1}"}[source]
     show_chart(cluster_figure(r.model_input, clusters.labels, layout, title=f"{k} token clusters, {what}", height=450),

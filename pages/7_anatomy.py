@@ -51,7 +51,11 @@ with picker:
 
 query = layout.cls_index if query_label == "CLS" else layout.num_prefix_tokens + patch
 query_patch = None if query_label == "CLS" else patch
-qkv = cached_layer_qkv(ctx.spec, ctx.image.sha256, ctx.image.image, layer)
+try:
+    qkv = cached_layer_qkv(ctx.spec, ctx.image.sha256, ctx.image.image, layer)
+except ValueError as exc:  # a model family whose q, k and v are not read here
+    st.error(str(exc))
+    st.stop()
 a = attention_anatomy(qkv, head, query)
 d, N = qkv.head_dim, len(a.scores)
 name = layout.token_name(query)

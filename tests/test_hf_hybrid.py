@@ -152,6 +152,10 @@ def test_hf_labels_and_settings_record_library_family_and_layout(hf_folders):
     from vitviz.hf import class_labels
 
     assert class_labels(loaded.model) == tuple(f"thing {i}" for i in range(5))
+    from vitviz.tokens import top_classes
+
+    assert loaded.class_labels == class_labels(loaded.model)
+    assert top_classes(np.array([0.0, 0, 3, 0, 0]), 1, loaded.class_labels)[0][:2] == (2, "thing 2")
 
 
 def test_threads_sharing_one_hf_model_match_serial_bit_for_bit(hf_folders, chelsea):
@@ -345,3 +349,39 @@ def test_app_loads_an_hf_folder_from_the_sidebar_and_the_heads_page_shows_its_ma
     at.sidebar.text_input(key="hf_name").input("/nonexistent/vitviz-model").run()
     assert any("no such folder" in e.value for e in at.error)
     assert len(_heatmaps(at, "heads_grid")) == 4
+
+
+def test_hf_patch_filters_and_position_embeddings_are_the_models_own(hf_folders):
+    from vitviz.anatomy import layer_qkv
+    from vitviz.filters import patch_filters
+    from vitviz.posembed import patch_position_embeddings
+
+    vit = load_model(ModelSpec(name=hf_folders["vit"]))
+    np.testing.assert_array_equal(patch_filters(vit.model),
+                                  vit.model.vit.embeddings.patch_embeddings.projection.weight.numpy())
+    np.testing.assert_array_equal(patch_position_embeddings(vit.model, vit.layout),
+                                  vit.model.vit.embeddings.position_embeddings[0, 1:].numpy())
+    assert patch_position_embeddings(vit.model, vit.layout, (6, 6)).shape == (36, 64)
+    siglip = load_model(ModelSpec(name=hf_folders["siglip"]))  # nn.Embedding, no prefix row
+    np.testing.assert_array_equal(patch_position_embeddings(siglip.model, siglip.layout),
+                                  siglip.model.embeddings.position_embedding.weight.numpy())
+    deit = load_model(ModelSpec(name=hf_folders["deit_distilled"]))  # CLS and distillation rows dropped
+    np.testing.assert_array_equal(patch_position_embeddings(deit.model, deit.layout),
+                                  deit.model.deit.embeddings.position_embeddings[0, 2:].numpy())
+    with pytest.raises(ValueError, match="not available for Hugging Face"):
+        layer_qkv(vit.model, torch.zeros(1, 3, 64, 64), 0)
+
+
+@pytest.mark.slow
+def test_app_pages_with_an_hf_model_show_figures_or_a_sentence(hf_folders):
+    from streamlit.testing.v1 import AppTest
+
+    from test_app import APP
+
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    at.sidebar.selectbox(key="model_choice").set_value("Hugging Face (hub id or local folder)").run()
+    at.sidebar.text_input(key="hf_name").input(hf_folders["vit"]).run()
+    for page in ("pages/1_overview.py", "pages/5_filters.py", "pages/6_position_embeddings.py", "pages/7_anatomy.py"):
+        at.switch_page(page).run()
+        assert not at.exception, (page, [e.message for e in at.exception])
+    assert any("not available for Hugging Face" in e.value for e in at.error)

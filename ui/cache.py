@@ -120,4 +120,5 @@ def cached_feature_pca(spec: ModelSpec, sha256: str, _result: ImageResult) -> np
 
 
 def cached_top_classes(spec: ModelSpec, sha256: str, _result: ImageResult, k: int = 5):
-    return store().get_or_compute(("top_classes", spec, sha256, k), lambda: top_classes(_result.logits, k))
+    return store().get_or_compute(("top_classes", spec, sha256, k),
+                                  lambda: top_classes(_result.logits, k, cached_model(spec).class_labels))

@@ -13,12 +13,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .capture import embed, iter_layers, to_model_input
+from .capture import embed, is_hf_model, iter_layers, to_model_input
 
 
 def _check_layer(model, layer: int) -> None:
-    if not 0 <= layer < len(model.blocks):
-        raise ValueError(f"layer {layer + 1} is outside the model's {len(model.blocks)} layers")
+    from .hf import vision_config
+
+    depth = vision_config(model.config).num_hidden_layers if is_hf_model(model) else len(model.blocks)
+    if not 0 <= layer < depth:
+        raise ValueError(f"layer {layer + 1} is outside the model's {depth} layers")
 
 
 @torch.inference_mode()
@@ -80,6 +83,10 @@ def layer_qkv(model, images: torch.Tensor, layer: int) -> LayerQKV:
     """q, k, v of layer ``layer`` (0-based) for a batch of one image: (1, 3, H, W) -> :class:`LayerQKV`."""
     if images.shape[0] != 1:
         raise ValueError(f"layer_qkv takes one image, got a batch of {images.shape[0]}")
+    if is_hf_model(model):
+        raise ValueError("The attention anatomy recomputes q, k and v with timm's block layers; it is not "
+                         "available for Hugging Face transformers models yet (their attention is on every "
+                         "other page).")
     blk = model.blocks[layer]
     attn = blk.attn
     from timm.models.vision_transformer import ResPostBlock

@@ -26,8 +26,14 @@ def patch_filters(model) -> np.ndarray:
     Raises:
         ValueError: the model has no linear RGB patch filters (hybrid or conv stem).
     """
-    proj = getattr(getattr(model, "patch_embed", None), "proj", None)
-    weight = getattr(proj, "weight", None)
+    from .capture import is_hf_model
+
+    if is_hf_model(model):
+        from . import hf
+
+        weight = hf.patch_filter_weight(model)
+    else:
+        weight = getattr(getattr(getattr(model, "patch_embed", None), "proj", None), "weight", None)
     if weight is None or weight.ndim != 4 or weight.shape[1] != 3:
         raise ValueError("This model has no linear RGB patch filters (hybrid or convolutional stem).")
     return weight.detach().float().cpu().numpy()

@@ -174,7 +174,7 @@ def card(model, family: Family, source: str) -> dict:
     return {
         "library": LIBRARY,
         "family": family.label,
-        "transformers_architecture": type(model).__name__,
+        "architecture": type(model).__name__,
         "model_type": model.config.model_type,
         "attn_implementation": model.config._attn_implementation,
         "layers": int(config.num_hidden_layers),
@@ -182,6 +182,41 @@ def card(model, family: Family, source: str) -> dict:
         "embed_dim": int(config.hidden_size),
         "source": source,
     }
+
+
+def patch_filter_weight(model) -> torch.Tensor:
+    """The linear patch-embedding filters (D, 3, P, P): the convolution with kernel = stride = patch size."""
+    config = vision_config(model.config)
+    patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]
+    for module in model.modules():
+        if isinstance(module, torch.nn.Conv2d) and module.in_channels == 3 and \
+                module.kernel_size[0] == module.stride[0] == patch:
+            return module.weight
+    raise ValueError(f"{type(model).__name__} has no linear RGB patch filters.")
+
+
+def position_embedding(model) -> torch.Tensor:
+    """The learned position embedding as stored: (1, prefix rows + gh * gw, D).
+
+    ViT, DeiT and DINOv2 keep a parameter ``position_embeddings``; CLIP and SigLIP an
+    ``nn.Embedding`` ``position_embedding``, one row per position.
+    """
+    for module in model.modules():
+        table = getattr(module, "position_embeddings", None)
+        if isinstance(table, torch.Tensor) and table.ndim == 3:
+            return table
+        table = getattr(module, "position_embedding", None)
+        if isinstance(table, torch.nn.Embedding):
+            return table.weight[None]
+    raise ValueError(f"{type(model).__name__} has no learned absolute position embedding.")
+
+
+def native_pos_embed(model, layout: TokenLayout):
+    """The stored grid (the config's ``image_size``); other grids are resampled bicubic without antialiasing,
+    as transformers' ``interpolate_pos_encoding`` does (its exact size rounding may differ by family)."""
+    from .posembed import NativePosEmbed
+
+    return NativePosEmbed.from_weights(position_embedding(model), layout.pos_embed_prefix_rows, antialias=False)
 
 
 # ---------------------------------------------------------------------------------------------

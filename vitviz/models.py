@@ -73,6 +73,15 @@ class LoadedModel:
         return int(getattr(self.model, "num_classes", 0))
 
     @property
+    def class_labels(self) -> tuple[str, ...] | None:
+        """The model's own class names (transformers ``config.id2label``); None: by count (ImageNet) or none."""
+        if self.library == "transformers":
+            from . import hf
+
+            return hf.class_labels(self.model)
+        return None
+
+    @property
     def has_head(self) -> bool:
         return self.num_classes > 0
 
@@ -91,6 +100,7 @@ class LoadedModel:
         return common | {
             "library": "timm",
             "family": type(m).__name__,
+            "architecture": m.pretrained_cfg.get("architecture", type(m).__name__),
             "timm_architecture": m.pretrained_cfg.get("architecture", type(m).__name__),
             "layers": len(m.blocks),
             "heads": m.blocks[0].attn.num_heads,
@@ -482,5 +492,6 @@ def _load_hf(spec: ModelSpec) -> LoadedModel:
     label = f"{family.label} ({type(model).__name__}) from {spec.name.removeprefix(hf.PREFIX)}"
     return LoadedModel(model=model, spec=spec, layout=layout, data_config=config,
                        weights_source=f"transformers from_pretrained({source!r})", label=label, device=device,
-                       dtype=dtype, notes=notes, library=hf.LIBRARY, hf_family=family)
+                       dtype=dtype, notes=notes, native_pos_embed=hf.native_pos_embed(model, layout),
+                       library=hf.LIBRARY, hf_family=family)
 

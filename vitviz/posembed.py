@@ -79,6 +79,14 @@ def patch_position_embeddings(model, layout: TokenLayout, grid_size: tuple[int, 
     Raises:
         ValueError: the model has no learned absolute position embedding.
     """
+    from .capture import is_hf_model
+
+    if is_hf_model(model):
+        from . import hf
+
+        # transformers keeps the stored grid and fits it to the input in every forward.
+        native = native or hf.native_pos_embed(model, layout)
+        return native.grid_rows(grid_size or layout.grid_size).numpy()
     pos = getattr(model, "pos_embed", None)
     if not isinstance(pos, torch.Tensor) or pos.ndim != 3:
         raise ValueError("This model has no learned absolute position embedding (e.g. RoPE), so there is "

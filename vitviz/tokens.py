@@ -83,12 +83,16 @@ def feature_pca_rgb(features: np.ndarray, layout: TokenLayout) -> np.ndarray:
     return rgb.reshape(*layout.grid_size, 3)
 
 
-def top_classes(logits: np.ndarray, k: int = 5) -> list[tuple[int, str, float]]:
-    """(C,) logits -> [(class index, label, probability)] best first; ImageNet labels when C is 1000 or 21843."""
+def top_classes(logits: np.ndarray, k: int = 5, labels: tuple[str, ...] | None = None) -> list[tuple[int, str, float]]:
+    """(C,) logits -> [(class index, label, probability)] best first.
+
+    ``labels``: the model's own class names (e.g. a transformers ``config.id2label``); without
+    them, ImageNet labels when C is 1000 or 21843.
+    """
     z = logits.astype(np.float64) - logits.max()
     p = np.exp(z) / np.exp(z).sum()
     order = np.argsort(-p)[:k]
-    labels = _imagenet_labels(len(logits))
+    labels = labels or _imagenet_labels(len(logits))
     return [(int(i), labels[i] if labels else f"class {i}", float(p[i])) for i in order]
 
 
