@@ -32,16 +32,6 @@ from vitviz.rollout import rollout  # noqa: E402
 SAMPLES = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg")
 
 
-def timed(fn, repeats=5):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def main(with_auc: bool) -> None:
     torch.set_num_threads(torch.get_num_threads())
     loaded = load_model(ModelSpec())
@@ -49,20 +39,27 @@ def main(with_auc: bool) -> None:
     x = preprocess([load_image(ROOT / "assets" / "astronaut.jpg").image], loaded.data_config).tensor
     out = capture(model, x)
     attention = out.attention[0].numpy()
-    with torch.inference_mode():
-        before = timed(lambda: model(x))
     t = time.perf_counter()
     flow = attention_flow(attention, layout)
     flow_s = time.perf_counter() - t
     maps = attention_maps(attention, layout, rollout_map=rollout(attention, layout).map, flow_map=flow.map)
-    t = time.perf_counter()
-    perturbation_curves(model, x[0], maps, layout)
-    page = time.perf_counter() - t
+    # The machine is shared and its load drifts: one plain forward is timed after every method (from the
+    # progress callback), its time taken out of the total, and the ratio uses the median of those forwards.
+    samples = []
+
+    @torch.inference_mode()
+    def plain_forward(done, total):
+        t0 = time.perf_counter()
+        model(x)
+        samples.append(time.perf_counter() - t0)
+
     with torch.inference_mode():
-        after = timed(lambda: model(x))
-    # The machine is shared: the forward is timed before and after, and the ratio uses their mean.
-    plain = (before + after) / 2
-    print(f"one plain forward before / after the test: {before * 1e3:.0f} / {after * 1e3:.0f} ms")
+        model(x)
+    t = time.perf_counter()
+    perturbation_curves(model, x[0], maps, layout, progress=plain_forward)
+    page = time.perf_counter() - t - sum(samples)
+    plain = statistics.median(samples)
+    print(f"plain forwards between methods: {', '.join(f'{s * 1e3:.0f}' for s in samples)} ms")
     inputs = len(maps) * 2 * 9 + 2
     print(f"threads {torch.get_num_threads()}; one plain forward (bundled, 1 image @224): {plain * 1e3:.0f} ms")
     print(f"perturbation test, {len(maps)} methods x 11 steps ({inputs} inputs, batches of 16): {page:.1f} s "

@@ -126,7 +126,9 @@ else:
             show_chart(fig_flow, key, file_stem(name.lower().replace(" ", "_"), ctx.image.name, f"layers{start}-{end}",
                                                 fusion))
             st.caption(rendered_flow.caption())
-    st.caption(f"Flow values are in attention mass (at most 1, what the readout takes in). Exact up to the integer "
+    st.caption(f"Flow values are in attention mass (at most 1, what the readout takes in). Unlike rollout's, they do "
+               f"not sum to 1 over the patches: each patch's flow is solved alone and may use every path, so values "
+               f"crowd towards 1 and their order says more than their size. Exact up to the integer "
                f"scaling of the capacities (S = {flow.scale}): each value is at most {flow.error_bound.max():.1e} "
                f"below the true flow.")
     stem = file_stem("attention_flow", ctx.image.name, f"layers{start}-{end}", fusion)
