@@ -1,6 +1,7 @@
 """Capture overhead for Hugging Face transformers ViTs and timm hybrid ResNet+ViT models.
 
-Prints, per model and batch size, the median time of
+Prints, per model and batch size, the fastest of several runs (the least disturbed by other
+processes on a shared machine; as timeit advises) of
   default  the model's own default forward (transformers: SDPA; timm: fused attention),
   eager    transformers' eager forward with output_attentions=True (HF only: the usual way),
   capture  vitviz.capture.capture on the model as vitviz loads it (HF: eager, loaded once),
@@ -11,7 +12,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -24,14 +24,18 @@ from vitviz.capture import capture  # noqa: E402
 from vitviz.models import ModelSpec, load_model  # noqa: E402
 
 
-def median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def fastest_seconds(fns: dict, repeats: int) -> dict:
+    """The fastest run of each function, the functions interleaved round by round so that load from
+    other processes falls on all of them alike."""
+    for fn in fns.values():
+        fn()  # warm-up
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
 
 
 def hf_vit_b16(folder: Path, device: str):
@@ -59,7 +63,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="batch 1 only, 3 repeats")
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
-    repeats = 3 if args.quick else 5
+    repeats = 3 if args.quick else 7
     batches = (1,) if args.quick else (1, 8)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         models = {"HF ViT-B/16 (transformers)": hf_vit_b16(Path(tmp), args.device),
@@ -69,10 +73,11 @@ def main() -> None:
         for label, (ours, default) in models.items():
             for b in batches:
                 x = torch.randn(b, 3, 224, 224, device=args.device)
-                t_default = median_seconds(lambda: default(x), repeats)
-                t_eager = (median_seconds(lambda: ours(pixel_values=x, output_attentions=True), repeats)
-                           if ours is not default else float("nan"))
-                t_capture = median_seconds(lambda: capture(ours, x), repeats)
+                fns = {"default": lambda: default(x), "capture": lambda: capture(ours, x)}
+                if ours is not default:
+                    fns["eager"] = lambda: ours(pixel_values=x, output_attentions=True)
+                t = fastest_seconds(fns, repeats)
+                t_default, t_capture, t_eager = t["default"], t["capture"], t.get("eager", float("nan"))
                 print(f"{label:38s} {b:2d} {t_default:10.3f} {t_eager:9.3f} {t_capture:10.3f} "
                       f"{t_capture / t_default:15.2f}x")
 
