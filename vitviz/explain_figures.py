@@ -138,7 +138,7 @@ def contributions_figure(a: AttentionAnatomy, layout: TokenLayout, top: int = 15
                       yaxis2=dict(title="‖w<sub>j</sub> v<sub>j</sub>‖ (contribution norm)", overlaying="y",
                                   side="right", rangemode="tozero", showgrid=False, tickformat=".2g"),
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
-                      height=400, margin=dict(l=60, r=60, t=70, b=90), **WHITE)
+                      height=400, margin=dict(l=60, r=85, t=70, b=90), **WHITE)
     return fig
 
 
