@@ -1,0 +1,105 @@
+"""Issue 9's byte budget under AppTest: the bundled model at 518 px, 8 uploaded images viewed one after another.
+
+At 518 px one image's attention is 12 x 6 x 1370 x 1370 float32 = 516 MiB, so ``VITVIZ_CACHE_MB=1500``
+holds the models and two images' results; a cache bounded by count (Streamlit's) would hold all eight
+(4 GiB). The app runs in a fresh interpreter so its peak resident memory (VmHWM, reset after the
+model is loaded) is the app's own.
+"""
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+MiB = 1 << 20
+BUDGET_MB = 1500
+SIZE = 518
+N_IMAGES = 8
+ATTENTION_MIB = 12 * 6 * ((SIZE // 14) ** 2 + 1) ** 2 * 4 / MiB  # 516 MiB, by hand
+# What the process may hold beyond the cache: one image being analysed (at most twice its attention,
+# issue 9) and the framework's own working memory (Streamlit's script run, figures, allocator slack).
+FRAMEWORK_MIB = 400
+
+
+def _image(seed: int) -> bytes:
+    """A small PNG, different for every seed (a smooth gradient plus noise: not a flat colour)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:96, 0:128]
+    base = np.stack([x * 2, y * 2, (x + y + 40 * seed) % 256], axis=-1)
+    pixels = np.clip(base + rng.integers(-30, 30, base.shape), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+APP_RUN = """
+import json, re, sys
+from pathlib import Path
+
+def status(key):
+    return int(re.search(key + r":\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) / 1024
+
+from streamlit.testing.v1 import AppTest
+import ui.cache
+
+images = [(p.name, p.read_bytes()) for p in sorted(Path(sys.argv[1]).glob("*.png"))]
+at = AppTest.from_file("app.py", default_timeout=240).run()
+at.sidebar.multiselect(key="samples").set_value([]).run()       # no sample photo: only the uploads
+at.sidebar.number_input(key="img_size").set_value({size}).run()   # the 518 px model, loaded with no image
+Path("/proc/self/clear_refs").write_text("5")                     # VmHWM := VmRSS
+base = status("VmRSS")
+order = []
+for name, data in images:
+    at.sidebar.file_uploader(key="uploads").set_value([(name, data, "image/png")]).run()
+    errors = [e.value for e in at.error] + [e.message for e in at.exception]
+    keys = [k for k in ui.cache.store().keys() if k[0] == "image" and k[1].img_size == {size}]
+    order.append({{"name": name, "errors": errors, "current": at.sidebar.selectbox(key="current").value,
+                   "images_cached": [k[2] for k in keys], "rss": status("VmRSS") - base}})
+cache = ui.cache.store()
+print(json.dumps({{"base": base, "peak": status("VmHWM") - base, "steps": order, "used": cache.used / 2**20,
+                   "evictions": cache.evictions}}))
+"""
+
+
+@pytest.mark.slow
+def test_eight_images_at_518_px_stay_within_the_byte_budget(tmp_path):
+    images = [(f"budget_{i}.png", _image(i)) for i in range(N_IMAGES)]
+    for name, data in images:
+        (tmp_path / name).write_bytes(data)
+    digests = [hashlib.sha256(data).hexdigest() for _, data in images]
+    assert len(set(digests)) == N_IMAGES
+    out = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(APP_RUN.format(size=SIZE)),
+         str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        env=os.environ | {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "VITVIZ_CACHE_MB": str(BUDGET_MB)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    steps = result["steps"]
+    for step in steps:
+        assert not step["errors"], step
+    # Each upload became the current image and its result was cached.
+    assert [s["current"] for s in steps] == [name for name, _ in images]
+    for step, digest in zip(steps, digests):
+        assert step["images_cached"][-1] == digest, step
+    # The LRU evicted the oldest: after the 8th image the first one's result is gone, the newest is kept,
+    # and what stays (two images at 516 MiB each, with the models) fits the budget.
+    final = steps[-1]["images_cached"]
+    assert digests[0] not in final and digests[-1] in final, final
+    assert final == digests[-len(final):], "kept results are not the most recent ones"
+    assert 1 <= len(final) <= BUDGET_MB // ATTENTION_MIB, final
+    assert result["evictions"] >= N_IMAGES - len(final)
+    assert result["used"] <= BUDGET_MB
+    bound = BUDGET_MB + 2 * ATTENTION_MIB + FRAMEWORK_MIB
+    print(f"\npeak extra memory over 8 images at {SIZE} px: {result['peak']:.0f} MiB (bound {bound:.0f} MiB: "
+          f"budget {BUDGET_MB} + 2 x {ATTENTION_MIB:.0f} MiB attention + {FRAMEWORK_MIB} framework); "
+          f"RSS after each image: {[round(s['rss']) for s in steps]} MiB; kept {len(final)} images")
+    assert result["peak"] <= bound
