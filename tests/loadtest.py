@@ -1,0 +1,172 @@
+"""Machinery for the load test (tests/test_load.py) and benchmarks/load.py: a cold app server started
+with the README's command in its own process group, and N browser sessions arriving at once.
+
+One Chromium, one browser context per session (separate cookies, so separate Streamlit sessions),
+driven by Playwright's async API so the sessions really overlap. Each session opens the app, goes to
+the "Attention heads" page, uploads its own image and waits until that image's maps are drawn.
+"""
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage"]
+VIEWPORT = {"width": 1280, "height": 800}
+PAGE = "Attention heads"
+
+# The heads page shows ``name``: its header names the image and the first Plotly map is drawn, and
+# the script has finished (no spinner text left).
+READY_JS = """(name) => {
+  const h = document.querySelector('h2');
+  if (!h || !h.innerText.includes(name)) return false;
+  const app = document.querySelector('[data-testid="stApp"]');
+  if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
+  if (/Loading the model|Running the model|Computing/.test(document.body.innerText)) return false;
+  const plot = document.querySelector('[data-testid="stPlotlyChart"] .main-svg');
+  return !!plot;
+}"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def status_mib(pid: int, key: str) -> float:
+    """A /proc/<pid>/status memory line (VmRSS, VmHWM) in MiB."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(key + r":\s+(\d+)", text).group(1)) / 1024
+
+
+@dataclass
+class Server:
+    url: str
+    pid: int  # streamlit's own: scripts/app.sh ends with exec, which keeps the shell's pid
+    log: Path
+
+    def peak_mib(self) -> float:
+        return status_mib(self.pid, "VmHWM")
+
+    def log_tail(self, chars: int = 4000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+
+@contextmanager
+def app_server(log: Path, env: dict[str, str] | None = None, start_timeout: float = 300):
+    """A fresh (cold) server from ``scripts/app.sh`` in its own process group, killed with its group at exit."""
+    port = free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1") | (env or {})
+    log.parent.mkdir(parents=True, exist_ok=True)
+    out = open(log, "wb")
+    proc = subprocess.Popen(["bash", "scripts/app.sh", "--server.port", str(port), "--server.address", "127.0.0.1",
+                             "--server.headless", "true", "--server.fileWatcherType", "none"],
+                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + start_timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the app exited ({proc.returncode}): {log.read_text()[-3000:]}")
+            try:
+                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"streamlit did not start: {log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield Server(url=url, pid=proc.pid, log=log)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=20)
+        out.close()
+
+
+def session_image(seed: int) -> bytes:
+    """A small PNG, different for every seed."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:120, 0:160]
+    base = np.stack([x * 1.5, y * 2, (x + y + 37 * seed) % 256], axis=-1)
+    pixels = np.clip(base + rng.integers(-25, 25, base.shape), 0, 255).astype(np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+@dataclass
+class SessionResult:
+    name: str
+    header: str = ""
+    exceptions: list[str] = field(default_factory=list)
+    first_map_s: float | None = None  # from opening the app to this image's first map on the heads page
+    error: str | None = None
+
+
+async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int) -> SessionResult:
+    result = SessionResult(name=name)
+    context = await browser.new_context(viewport=VIEWPORT)
+    try:
+        page = await context.new_page()
+        page.set_default_timeout(timeout_ms)
+        start = time.monotonic()
+        await page.goto(url, timeout=timeout_ms)
+        await page.get_by_role("link", name=PAGE, exact=True).click()
+        upload = page.locator('[data-testid="stFileUploaderDropzoneInput"]').first
+        await upload.wait_for(state="attached")
+        await upload.set_input_files({"name": name, "mimeType": "image/png", "buffer": data})
+        await page.wait_for_function(READY_JS, arg=name, polling=250, timeout=timeout_ms)
+        result.first_map_s = time.monotonic() - start
+        await page.wait_for_timeout(1000)  # late renders (an exception element arrives after the charts)
+        result.header = await page.locator("h2").first.inner_text()
+        result.exceptions = await page.locator('[data-testid="stException"]').all_inner_texts()
+    except Exception as exc:  # noqa: BLE001 - reported per session, the test asserts on it
+        result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        try:
+            result.exceptions = await page.locator('[data-testid="stException"]').all_inner_texts()
+        except Exception:  # noqa: BLE001
+            pass
+    finally:
+        await context.close()
+    return result
+
+
+async def _sessions(url: str, images: list[tuple[str, bytes]], timeout_ms: int) -> list[SessionResult]:
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            return await asyncio.gather(*[_session(browser, url, name, data, timeout_ms) for name, data in images])
+        finally:
+            await browser.close()
+
+
+def run_sessions(url: str, images: list[tuple[str, bytes]], timeout_s: float = 600) -> list[SessionResult]:
+    """Every image's session at once; results in the order of ``images``."""
+    return asyncio.run(_sessions(url, images, int(timeout_s * 1000)))
