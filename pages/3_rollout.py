@@ -83,7 +83,7 @@ if not ctx.loaded.has_head:
     st.info("Gradient rollout needs a classifier head; this model has none. Pick a timm model with a head "
             "(e.g. vit_base_patch16_224.augreg2_in21k_ft_in1k) in the sidebar.")
 else:
-    top = top_classes(r.logits, k=10)
+    top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
     label = st.selectbox("Class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="target")
     target = int(label.split(":")[0])
     grad_map, _ = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, target)

@@ -45,7 +45,7 @@ with c3:
         seed = int(st.number_input("Random map seed", 0, 2**31 - 1, 0, key="faith_seed"))
 target = None
 if loaded.has_head:
-    top = top_classes(r.logits, k=10)
+    top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
     label = c2.selectbox("Target class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="faith_target")
     target = int(label.split(":")[0])
 steps = int(c2.number_input("Steps", 2, 41, 11, key="faith_steps", help="fractions 0, 1/(S-1), ..., 1"))

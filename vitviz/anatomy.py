@@ -2,7 +2,9 @@
 
 The queries, keys and values are recomputed from the block's own input with the block's own
 modules, along the path :func:`vitviz.capture.attention_forward` takes (``norm1``, ``qkv``,
-``q_norm``/``k_norm``), so the row shown here is the row that capture returns. timm's
+``q_norm``/``k_norm``), so the row shown here is the row that capture returns; for transformers
+models from the layer's input norm and its attention module's ``q_proj``/``k_proj``/``v_proj``
+(:func:`vitviz.hf.layer_qkv`). timm's
 VisionTransformer blocks (the families vitviz supports) have no rotary or relative-position
 term in their attention; families that add one (EVA, BEiT, Swin) are not supported by capture yet.
 """
@@ -40,6 +42,10 @@ def block_output(model, images: torch.Tensor, layer: int) -> torch.Tensor:
 def block_input(model, images: torch.Tensor, layer: int) -> torch.Tensor:
     """The tokens entering block ``layer`` (0-based): (B, 3, H, W) -> (B, N, D)."""
     _check_layer(model, layer)
+    if is_hf_model(model):
+        from . import hf
+
+        return hf.block_input(model, to_model_input(model, images), layer)
     return embed(model, to_model_input(model, images)) if layer == 0 else block_output(model, images, layer - 1)
 
 
@@ -83,10 +89,16 @@ def layer_qkv(model, images: torch.Tensor, layer: int) -> LayerQKV:
     """q, k, v of layer ``layer`` (0-based) for a batch of one image: (1, 3, H, W) -> :class:`LayerQKV`."""
     if images.shape[0] != 1:
         raise ValueError(f"layer_qkv takes one image, got a batch of {images.shape[0]}")
-    if is_hf_model(model):
-        raise ValueError("The attention anatomy recomputes q, k and v with timm's block layers; it is not "
-                         "available for Hugging Face transformers models yet (their attention is on every "
-                         "other page).")
+    _check_layer(model, layer)
+
+    def arr(t: torch.Tensor) -> np.ndarray:
+        return t[0].detach().double().cpu().numpy()
+
+    if is_hf_model(model):  # the adapter knows each family's modules
+        from . import hf
+
+        q, k, v, scale, steps = hf.layer_qkv(model, to_model_input(model, images), layer)
+        return LayerQKV(q=arr(q), k=arr(k), v=arr(v), scale=scale, steps=list(steps))
     blk = model.blocks[layer]
     attn = blk.attn
     from timm.models.vision_transformer import ResPostBlock
@@ -97,10 +109,6 @@ def layer_qkv(model, images: torch.Tensor, layer: int) -> LayerQKV:
     qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
     q, k, v = qkv.unbind(0)
     q, k = attn.q_norm(q), attn.k_norm(k)
-
-    def arr(t: torch.Tensor) -> np.ndarray:
-        return t[0].detach().double().cpu().numpy()
-
     return LayerQKV(q=arr(q), k=arr(k), v=arr(v), scale=float(attn.scale), steps=_attention_steps(blk))
 
 

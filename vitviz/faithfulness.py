@@ -9,7 +9,8 @@ The protocol (the tests pin it; the app, CLI and settings.json state it):
   colour). Insertion: start from the all-zero input and put back only the first k patches.
 - Score: for a model with a classifier head, the softmax probability of the target class (default
   the unperturbed top-1); for a headless model, the cosine similarity between the pre-logits vector
-  (timm ``forward_head(forward_features(x), pre_logits=True)``) of the perturbed and of the original input.
+  (timm ``forward_head(forward_features(x), pre_logits=True)``; transformers: the family's pooled
+  vector, :func:`vitviz.hf.pre_logits`) of the perturbed and of the original input.
 - AUC by the trapezoid rule over f. Lower deletion AUC and higher insertion AUC = more faithful.
 
 The perturbed inputs of one image and method go through the model's own forward in batches;
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .capture import is_hf_model, num_classes
 from .layout import TokenLayout
 from .maps import query_attention_map
 
@@ -112,12 +114,35 @@ class ClassProbability(Score):
         return f"softmax probability of class {self.target}"
 
     def __call__(self, model, x):
-        return model(x).float().softmax(dim=-1)[:, self.target].double().cpu().numpy()
+        return model_logits(model, x).float().softmax(dim=-1)[:, self.target].double().cpu().numpy()
+
+
+def model_logits(model, x: torch.Tensor) -> torch.Tensor:
+    """The classifier's logits of the model's own forward: (B, 3, H, W) -> (B, C)."""
+    if is_hf_model(model):
+        from . import hf
+
+        return hf.logits(model, x)
+    return model(x)
 
 
 def pre_logits(model, x: torch.Tensor) -> torch.Tensor:
-    """timm's pooled pre-logits vector: (B, 3, H, W) -> (B, D)."""
+    """The pooled pre-logits vector: (B, 3, H, W) -> (B, D). timm: ``forward_head(..., pre_logits=True)``;
+    transformers: :func:`vitviz.hf.pre_logits` (the family's pooled vector)."""
+    if is_hf_model(model):
+        from . import hf
+
+        return hf.pre_logits(model, x)
     return model.forward_head(model.forward_features(x), pre_logits=True)
+
+
+def pre_logits_text(model) -> str:
+    """The pre-logits vector in words."""
+    if is_hf_model(model):
+        from . import hf
+
+        return hf.pre_logits_text(model)
+    return "forward_head(pre_logits=True)"
 
 
 class PreLogitsCosine(Score):
@@ -125,11 +150,12 @@ class PreLogitsCosine(Score):
 
     name = "pre-logits cosine"
 
-    def __init__(self, reference: torch.Tensor):
+    def __init__(self, reference: torch.Tensor, vector: str = "forward_head(pre_logits=True)"):
         self.reference = reference.float().reshape(1, -1)
+        self.vector = vector
 
     def describe(self) -> str:
-        return "cosine similarity of the pre-logits vector (forward_head(pre_logits=True)) with the original's"
+        return f"cosine similarity of the pre-logits vector ({self.vector}) with the original's"
 
     def __call__(self, model, x):
         return torch.nn.functional.cosine_similarity(pre_logits(model, x).float(), self.reference.to(x.device),
@@ -141,9 +167,9 @@ def default_score(model, image: torch.Tensor, target: int | None = None) -> Scor
     """The protocol's score for this model and one normalised image (3, H, W): class probability
     of ``target`` (default the top-1) with a head, else the pre-logits cosine."""
     x = _to_model(model, image[None])
-    if getattr(model, "num_classes", 0) > 0:
-        return ClassProbability(int(model(x)[0].argmax()) if target is None else target)
-    return PreLogitsCosine(pre_logits(model, x)[0])
+    if num_classes(model) > 0:
+        return ClassProbability(int(model_logits(model, x)[0].argmax()) if target is None else target)
+    return PreLogitsCosine(pre_logits(model, x)[0], pre_logits_text(model))
 
 
 def _to_model(model, x: torch.Tensor) -> torch.Tensor:
@@ -218,7 +244,8 @@ def perturbation_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray],
     """Deletion and insertion curves of every map on one image.
 
     Args:
-        model: a timm ViT in eval mode (its own forward is used).
+        model: a timm ViT or a transformers model from :func:`vitviz.hf.load`, in eval mode (its own forward
+            is used).
         image: (3, H, W) normalised model input.
         maps: method name -> (gh, gw) map over the patch grid.
         layout: token layout (grid and patch size).

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -30,31 +30,103 @@ LIBRARY = "transformers"
 
 
 @dataclass(frozen=True)
+class AttentionParts:
+    """The modules one layer's attention is computed with.
+
+    Attributes:
+        norm: the layer norm the block's input goes through before attention.
+        attention: the attention module (``q_proj``, ``k_proj``, ``v_proj``, ``head_dim``).
+        output: its output projection (its input is the heads' context, concatenated).
+        scale: the factor the scores q·k are multiplied by.
+        steps: the layer's extra steps in words, as :class:`vitviz.anatomy.LayerQKV` states them.
+    """
+
+    norm: torch.nn.Module
+    attention: torch.nn.Module
+    output: torch.nn.Module
+    scale: float
+    steps: tuple[str, ...]
+
+
+def _parts(layer, norm: str, attention: str, output: str, scale: str) -> AttentionParts:
+    attn = getattr(layer, attention)
+    norm_module = getattr(layer, norm)
+    return AttentionParts(norm=norm_module, attention=attn, output=getattr(attn, output),
+                          scale=float(getattr(attn, scale)),
+                          steps=(f"the block's input goes through {norm} ({type(norm_module).__name__})",))
+
+
+# One function per layout of modules: (model, 0-based layer) -> AttentionParts.
+def _vit_parts(model, layer: int) -> AttentionParts:  # ViT, DeiT: base.layers[l].layernorm_before, .attention
+    return _parts(model.base_model.layers[layer], "layernorm_before", "attention", "o_proj", "scaling")
+
+
+def _dinov2_parts(model, layer: int) -> AttentionParts:  # DINOv2 (+ registers): base.encoder.layer[l].norm1
+    return _parts(model.base_model.encoder.layer[layer], "norm1", "attention", "o_proj", "scaling")
+
+
+def _clip_parts(model, layer: int) -> AttentionParts:  # CLIP, SigLIP: base.encoder.layers[l].layer_norm1, .self_attn
+    return _parts(model.base_model.encoder.layers[layer], "layer_norm1", "self_attn", "out_proj", "scale")
+
+
+# One function per family: (base model output) -> (B, D) the pooled vector a headless model is scored by.
+def _cls_token(out) -> torch.Tensor:
+    """ViT, DeiT, DINOv2: the CLS token after the final layernorm (what their classifiers read; DINOv2's
+    ``pooler_output``; timm's ``pre_logits`` for ``global_pool='token'``)."""
+    return out.last_hidden_state[:, 0]
+
+
+def _pooler_output(out) -> torch.Tensor:
+    """CLIP: ``pooler_output`` (the CLS token after ``post_layernorm``), the vector the projection reads.
+    SigLIP: ``pooler_output`` (its attention-pooling head); without the head, the mean token after
+    ``post_layernorm``."""
+    return out.pooler_output if out.pooler_output is not None else out.last_hidden_state.mean(dim=1)
+
+
+_CLS_TEXT = "the CLS token after the final layernorm"
+_POOLER_TEXT = "pooler_output"
+
+
+@dataclass(frozen=True)
 class Family:
-    """How one transformers ``model_type`` is loaded.
+    """How one transformers ``model_type`` is loaded and taken apart.
 
     Args:
         label: what a reader of the papers calls it.
         base: the vision model class without a head (loads a full CLIP/SigLIP folder's vision tower too).
         heads: classifier classes accepted from ``config.architectures``.
+        parts: (model, layer) -> :class:`AttentionParts` of that layer.
+        pool: base model output -> (B, D) pooled vector (headless models' faithfulness score).
+        pool_text: that vector in words.
     """
 
     label: str
     base: str
     heads: tuple[str, ...] = ()
+    parts: Callable = _vit_parts
+    pool: Callable = _cls_token
+    pool_text: str = _CLS_TEXT
 
 
+_CLIP = dict(parts=_clip_parts, pool=_pooler_output, pool_text=_POOLER_TEXT + " (the CLS token after post_layernorm)")
+_SIGLIP = dict(parts=_clip_parts, pool=_pooler_output,
+               pool_text=_POOLER_TEXT + " (the attention-pooling head; the mean token without it)")
 FAMILIES = {
     "vit": Family("ViT", "ViTModel", ("ViTForImageClassification",)),
     "deit": Family("DeiT", "DeiTModel", ("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher")),
-    "dinov2": Family("DINOv2", "Dinov2Model", ("Dinov2ForImageClassification",)),
+    "dinov2": Family("DINOv2", "Dinov2Model", ("Dinov2ForImageClassification",), parts=_dinov2_parts),
     "dinov2_with_registers": Family("DINOv2 with registers", "Dinov2WithRegistersModel",
-                                    ("Dinov2WithRegistersForImageClassification",)),
-    "clip": Family("CLIP vision tower", "CLIPVisionModel"),
-    "clip_vision_model": Family("CLIP vision tower", "CLIPVisionModel"),
-    "siglip": Family("SigLIP vision tower", "SiglipVisionModel"),
-    "siglip_vision_model": Family("SigLIP vision tower", "SiglipVisionModel"),
+                                    ("Dinov2WithRegistersForImageClassification",), parts=_dinov2_parts),
+    "clip": Family("CLIP vision tower", "CLIPVisionModel", **_CLIP),
+    "clip_vision_model": Family("CLIP vision tower", "CLIPVisionModel", **_CLIP),
+    "siglip": Family("SigLIP vision tower", "SiglipVisionModel", **_SIGLIP),
+    "siglip_vision_model": Family("SigLIP vision tower", "SiglipVisionModel", **_SIGLIP),
 }
+
+
+def family_of(model) -> Family:
+    """The family of a model built by :func:`load`."""
+    return FAMILIES[model.config.model_type]
 # Families whose forward resamples the position embedding itself (no interpolate_pos_encoding argument).
 _ALWAYS_INTERPOLATE = {"dinov2", "dinov2_with_registers"}
 
@@ -307,13 +379,13 @@ def token_layout(model, input_hw: tuple[int, int] | None = None) -> TokenLayout:
     return TokenLayout.from_hf_config(model.config, input_hw)
 
 
-def _forward(model, x: torch.Tensor):
+def _forward(model, x: torch.Tensor, attentions: bool = True, hidden_states: bool = True):
     config = vision_config(model.config)
     side = config.image_size if not isinstance(config.image_size, int) else (config.image_size, config.image_size)
     kwargs = {}
     if tuple(x.shape[-2:]) != tuple(side) and model.config.model_type not in _ALWAYS_INTERPOLATE:
         kwargs["interpolate_pos_encoding"] = True
-    return model(pixel_values=x, output_attentions=True, output_hidden_states=True, **kwargs)
+    return model(pixel_values=x, output_attentions=attentions, output_hidden_states=hidden_states, **kwargs)
 
 
 def _final_features(model, out) -> torch.Tensor:
@@ -361,3 +433,54 @@ def attention_and_logits(model, x: torch.Tensor) -> tuple[list[torch.Tensor], to
     """See :func:`vitviz.capture.attention_and_logits`."""
     out = _forward(model, x)
     return list(out.attentions), out.logits
+
+
+# ---------------------------------------------------------------------------------------------
+# Explanations: a layer's q, k, v (attention anatomy, key clusters) and the scored outputs (faithfulness)
+
+
+def block_input(model, x: torch.Tensor, layer: int) -> torch.Tensor:
+    """The tokens entering layer ``layer`` (0-based): ``hidden_states[layer]`` of the model's own forward
+    (layer 0: the embeddings, after CLIP's ``pre_layrnorm``): (B, 3, H, W) -> (B, N, D)."""
+    return _forward(model, x, attentions=False).hidden_states[layer]
+
+
+def block_output(model, x: torch.Tensor, layer: int) -> torch.Tensor:
+    """The tokens leaving layer ``layer`` (0-based; before the final norm): (B, N, D)."""
+    return _forward(model, x, attentions=False).hidden_states[layer + 1]
+
+
+def attention_parts(model, layer: int) -> AttentionParts:
+    """The modules of layer ``layer`` (0-based) that compute its attention."""
+    return family_of(model).parts(model, layer)
+
+
+def layer_qkv(model, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float,
+                                                            tuple[str, ...]]:
+    """q, k, v (each (B, H, N, d_head)) of layer ``layer`` from its attention module's own projections of
+    its normed input, with the scale and the layer's steps in words; softmax(q kᵀ · scale) is the
+    attention the eager forward returns and (its weights) @ v the context its output projection reads."""
+    parts = attention_parts(model, layer)
+    h = parts.norm(block_input(model, x, layer))
+    B, N, _ = h.shape
+    attn = parts.attention
+
+    def heads(proj) -> torch.Tensor:
+        return proj(h).view(B, N, -1, attn.head_dim).transpose(1, 2)
+
+    return heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj), parts.scale, parts.steps
+
+
+def logits(model, x: torch.Tensor) -> torch.Tensor:
+    """The classifier's logits (B, C) of the model's own forward (DeiT with teacher: the mean of its two heads)."""
+    return _forward(model, x, attentions=False, hidden_states=False).logits
+
+
+def pre_logits(model, x: torch.Tensor) -> torch.Tensor:
+    """The pooled vector of the family (:attr:`Family.pool_text`) from the base model's own forward: (B, D)."""
+    return family_of(model).pool(_forward(model.base_model, x, attentions=False, hidden_states=False))
+
+
+def pre_logits_text(model) -> str:
+    """What :func:`pre_logits` returns for this model, in words."""
+    return family_of(model).pool_text
