@@ -103,3 +103,32 @@ def test_eight_images_at_518_px_stay_within_the_byte_budget(tmp_path):
           f"budget {BUDGET_MB} + 2 x {ATTENTION_MIB:.0f} MiB attention + {FRAMEWORK_MIB} framework); "
           f"RSS after each image: {[round(s['rss']) for s in steps]} MiB; kept {len(final)} images")
     assert result["peak"] <= bound
+
+
+@pytest.mark.slow
+def test_explanatory_views_live_in_the_byte_store(monkeypatch):
+    """Token clusters and the anatomy's q, k, v are weighed in the one budget, computed once per key."""
+    from streamlit.testing.v1 import AppTest
+
+    import ui.cache
+    import ui.explain
+
+    calls = []
+    real = ui.explain.layer_qkv
+    monkeypatch.setattr(ui.explain, "layer_qkv", lambda *a: calls.append(a[2]) or real(*a))
+    ui.cache.store.clear()
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=240).run()
+    assert not at.exception
+    cache = ui.cache.store()
+    clusters = [k for k in cache.keys() if k[0] == "clusters"]
+    assert clusters, cache.keys()
+    at.switch_page("pages/7_anatomy.py").run()
+    at.run()  # a rerun reads the stored q, k, v
+    assert not at.exception and not at.error
+    qkv_keys = [k for k in cache.keys() if k[0] == "layer_qkv"]
+    assert len(qkv_keys) == 1 and calls == [qkv_keys[0][3]], (qkv_keys, calls)
+    qkv = cache.get_or_compute(qkv_keys[0], lambda: pytest.fail("not stored"))
+    # Weighed by its arrays: q, k and v of 6 heads x 257 tokens x 64 dims, float64.
+    assert qkv.q.shape == qkv.k.shape == qkv.v.shape == (6, 257, 64)
+    assert cache._entries[qkv_keys[0]][1] >= 3 * qkv.q.nbytes
+    ui.cache.store.clear()
