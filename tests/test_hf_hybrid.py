@@ -279,6 +279,19 @@ def test_hybrid_checkpoint_capture_equals_timm_with_the_stems_stride(hybrid_chec
     assert loaded.card()["token_layout"]["patch_size"] == (32, 32)
 
 
+def test_hybrid_attention_anatomy_reproduces_the_captured_rows(hybrid_checkpoint, chelsea):
+    from vitviz.anatomy import attention_anatomy, layer_qkv
+
+    loaded = load_model(ModelSpec(name=HYBRID, checkpoint=str(hybrid_checkpoint)))
+    x = preprocess([chelsea], loaded.data_config).tensor
+    attention = capture(loaded.model, x).attention[0].double().numpy()
+    for layer in (0, len(loaded.model.blocks) - 1):
+        qkv = layer_qkv(loaded.model, x, layer)
+        for head, query in ((0, 0), (1, 17)):  # the CLS row and a patch row
+            np.testing.assert_allclose(attention_anatomy(qkv, head, query).weights, attention[layer, head, query],
+                                       atol=1e-6)
+
+
 def test_hybrid_mean_attention_distance_is_in_pixels_of_the_effective_stride(hybrid_checkpoint):
     from vitviz.distance import uniform_attention_distance
 
