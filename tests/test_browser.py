@@ -10,16 +10,13 @@ installed, except under CI, where .ci/run installs it and a missing browser is a
 import os
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import ASSETS
+from loadtest import app_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,53 +87,15 @@ OUTLINED_HEAD_JS = """(plot) => {
 }"""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
     if not os.path.exists(CHROMIUM):
         if os.environ.get("CI"):
             pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    port = _free_port()
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
-    log = (ROOT / "test-artifacts").joinpath("browser_server.log")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    out = open(log, "wb")
     # The README's start command (scripts/app.sh -> ensure_venv.sh, a no-op once installed).
-    proc = subprocess.Popen(["bash", "scripts/app.sh", "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--server.headless", "true"],
-                            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300  # ensure_venv may install on a fresh checkout
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the app exited ({proc.returncode}): {log.read_text()[-3000:]}")
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).read() == b"ok":
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"streamlit did not start: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=20)
-        out.close()
+    with app_server(ROOT / "test-artifacts" / "browser_server.log") as running:
+        yield running.url
 
 
 @pytest.fixture(scope="module")
