@@ -6,7 +6,6 @@ holds the models and two images' results; a cache bounded by count (Streamlit's)
 model is loaded) is the app's own.
 """
 import hashlib
-import io
 import json
 import os
 import subprocess
@@ -14,9 +13,9 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
+
+from loadtest import session_image
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -27,17 +26,6 @@ ATTENTION_MIB = 12 * 6 * ((SIZE // 14) ** 2 + 1) ** 2 * 4 / MiB  # 516 MiB, by h
 # What the process may hold beyond the cache: one image being analysed (at most twice its attention,
 # issue 9) and the framework's own working memory (Streamlit's script run, figures, allocator slack).
 FRAMEWORK_MIB = 400
-
-
-def _image(seed: int) -> bytes:
-    """A small PNG, different for every seed (a smooth gradient plus noise: not a flat colour)."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:96, 0:128]
-    base = np.stack([x * 2, y * 2, (x + y + 40 * seed) % 256], axis=-1)
-    pixels = np.clip(base + rng.integers(-30, 30, base.shape), 0, 255).astype(np.uint8)
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, "PNG")
-    return buffer.getvalue()
 
 
 APP_RUN = """
@@ -71,7 +59,7 @@ print(json.dumps({{"base": base, "peak": status("VmHWM") - base, "steps": order,
 
 @pytest.mark.slow
 def test_eight_images_at_518_px_stay_within_the_byte_budget(tmp_path):
-    images = [(f"budget_{i}.png", _image(i)) for i in range(N_IMAGES)]
+    images = [(f"budget_{i}.png", session_image(i)) for i in range(N_IMAGES)]
     for name, data in images:
         (tmp_path / name).write_bytes(data)
     digests = [hashlib.sha256(data).hexdigest() for _, data in images]

@@ -10,7 +10,8 @@ import torch
 from conftest import ASSETS, tiny_model
 from vitviz.faithfulness import (attention_maps, auc, patch_order, perturbation_curves, perturbed_at, random_map,
                                  step_counts)
-from vitviz.flow import FlowNetwork, attention_flow, layer_capacities, readout_weights
+from vitviz.flow import FlowNetwork, attention_flow, layer_capacities
+from vitviz.rollout import readout_vector
 from vitviz.layout import TokenLayout
 
 GRID = TokenLayout(prefix_tokens=("cls",), grid_size=(4, 4), patch_size=(2, 2), global_pool="token",
@@ -193,7 +194,7 @@ def test_attention_flow_with_a_layer_range_uses_only_those_layers():
     np.testing.assert_allclose(last.map, attention_flow(attention[1:], layout).map)
     assert not np.allclose(full.map, last.map)
     assert (full.map >= 0).all() and (full.map <= 1 + 1e-9).all()
-    network = FlowNetwork(layer_capacities(attention, layout), readout_weights(layout))
+    network = FlowNetwork(layer_capacities(attention, layout), readout_vector(layout))
     assert network.edges < 2 * 17 * 17 + 17  # the top layer keeps only the CLS row
 
 

@@ -14,24 +14,13 @@ transformers = pytest.importorskip("transformers")
 from vitviz.anatomy import attention_anatomy, layer_qkv, softmax  # noqa: E402
 from vitviz.capture import capture  # noqa: E402
 from vitviz.faithfulness import perturbation_curves, perturbed_at, random_map  # noqa: E402
-from vitviz.images import load_image, preprocess  # noqa: E402
+from vitviz.images import preprocess  # noqa: E402
 from vitviz.models import ModelSpec, load_model  # noqa: E402
 
-from conftest import ASSETS  # noqa: E402
-from test_hf_hybrid import HF_FAMILIES, _save_hf  # noqa: E402
+from test_hf_hybrid import HF_FAMILIES, chelsea, hf_folders  # noqa: E402,F401  (shared fixtures)
 
 HEADLESS = [f for f, spec in HF_FAMILIES.items() if "For" not in spec[1]]
 WITH_HEAD = [f for f in HF_FAMILIES if f not in HEADLESS]
-
-
-@pytest.fixture(scope="module")
-def hf_folders(tmp_path_factory):
-    return {f: str(_save_hf(tmp_path_factory.mktemp(f), f)) for f in HF_FAMILIES}
-
-
-@pytest.fixture(scope="module")
-def chelsea():
-    return load_image(ASSETS / "chelsea.jpg").image
 
 
 def _own_model(family: str, folder: str):

@@ -25,7 +25,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from .layout import TokenLayout
-from .rollout import discard_lowest, fuse_heads, rollout_step
+from .rollout import discard_lowest, fuse_heads, readout_vector, rollout_step
 
 # 2**24: capacities up to 1 stay well inside int32 (the flow into the readout is at most ~S),
 # and the rounding error per cut edge is below 6e-8.
@@ -140,16 +140,6 @@ class FlowNetwork:
         return int(((g.data > 0) & reached[self._edge_tail] & ~reached[g.indices]).sum())
 
 
-def readout_weights(layout: TokenLayout) -> np.ndarray:
-    """(N,) the readout's weights on the top tokens: one-hot CLS, or 1/P on every patch."""
-    w = np.zeros(layout.num_tokens)
-    if layout.has_class_token:
-        w[layout.cls_index] = 1.0
-    else:
-        w[layout.patch_slice] = 1.0 / layout.num_patches
-    return w
-
-
 def attention_flow(attention: np.ndarray, layout: TokenLayout, *, fusion: str = "mean", discard: float = 0.0,
                    start: int = 0, end: int | None = None, exclude_tokens: tuple[int, ...] = (),
                    scale: int = DEFAULT_SCALE, progress: Callable[[int, int], None] | None = None) -> AttentionFlow:
@@ -167,7 +157,7 @@ def attention_flow(attention: np.ndarray, layout: TokenLayout, *, fusion: str = 
     """
     caps = layer_capacities(attention, layout, fusion=fusion, discard=discard, start=start, end=end,
                             exclude_tokens=exclude_tokens)
-    network = FlowNetwork(caps, readout_weights(layout), scale)
+    network = FlowNetwork(caps, readout_vector(layout), scale)
     P, offset = layout.num_patches, layout.num_prefix_tokens
     values, bounds = np.zeros(P), np.zeros(P)
     for p in range(P):
