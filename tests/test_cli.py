@@ -128,3 +128,20 @@ def test_cli_exclude_sinks_removes_the_first_layer_sink_from_rollout(tmp_path, b
     assert plain.ravel()[patches[0] - 1] == plain.max() and plain.max() > 10 * np.median(plain)
     assert data["rollout"][0].max() < 10 * np.median(data["rollout"][0])
 
+
+
+def test_the_readmes_first_headless_command_does_what_it_says(tmp_path):
+    """The README's bundled-model example, typed as it stands (only --out pointed at a temporary folder)."""
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    line = next(l for l in (root / "README.md").read_text().splitlines()
+                if l.startswith(".venv/bin/python -m vitviz analyze assets/"))
+    args = shlex.split(line)[1:]
+    args[args.index("--out") + 1] = str(tmp_path / "out")
+    result = subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = np.load(tmp_path / "out" / "analysis.npz")
+    names = [i["name"] for i in json.loads((tmp_path / "out" / "settings.json").read_text())["images"]]
+    assert names == ["chelsea.jpg", "coffee.jpg"] and data["attention"].shape == (2, 12, 6, 257, 257)
