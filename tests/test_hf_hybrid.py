@@ -399,3 +399,18 @@ def test_app_pages_with_an_hf_model_show_figures_or_a_sentence(hf_folders):
         assert not at.exception, (page, [e.message for e in at.exception])
         assert not at.error, (page, [e.value for e in at.error])
     assert at.get("plotly_chart"), "the anatomy page draws its charts for a transformers model"
+
+
+def test_memory_budget_reads_a_transformers_folder_config_and_refuses_what_does_not_fit(hf_folders):
+    from vitviz.budget import architecture, check_resolution
+
+    folder = hf_folders["dinov2_registers"]  # CLS + 4 registers, patch 14
+    arch = architecture(folder)
+    assert (arch.depth, arch.heads, arch.patch, arch.prefix_tokens, arch.default_size) == (
+        SMALL["num_hidden_layers"], SMALL["num_attention_heads"], (14, 14), 5, 70)
+    # 140 px: 10x10 patches + 5 prefix tokens = 105 tokens per image.
+    assert arch.attention_bytes(140) == SMALL["num_hidden_layers"] * SMALL["num_attention_heads"] * 105 * 105 * 4
+    check_resolution(folder, 140, arch.attention_bytes(140))  # exactly at the limit: allowed
+    with pytest.raises(ModelError, match=r"largest size that fits is 126 px"):
+        check_resolution(folder, 140, arch.attention_bytes(140) - 1)
+    assert architecture("hf:nobody/not-in-the-cache") is None  # offline and uncached: nothing downloaded

@@ -48,12 +48,20 @@ class Architecture:
         return size
 
 
-@functools.lru_cache(maxsize=64)
 def architecture(name: str) -> Architecture | None:
-    """The architecture of a timm model name or ``"bundled"``, built on the meta device (no memory).
+    """The architecture of ``"bundled"``, a timm model name (built on the meta device: no memory) or a
+    transformers folder / ``hf:`` hub id (read from its config on disk, never downloaded).
 
-    None when timm cannot build it (the loader then says why).
+    None when it cannot be known before loading (the loader then says why).
     """
+    from . import hf
+
+    # Not cached: a folder's config can change between two loads.
+    return _hf_architecture(name) if hf.is_hf_name(name) else _timm_architecture(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _timm_architecture(name: str) -> Architecture | None:
     import timm
 
     from . import bundled
@@ -76,11 +84,29 @@ def architecture(name: str) -> Architecture | None:
                         prefix_tokens=int(getattr(model, "num_prefix_tokens", 1)), default_size=default)
 
 
+def _hf_architecture(name: str) -> Architecture | None:
+    """A transformers model's architecture from its config on disk; None when it cannot be read offline."""
+    from . import hf
+    from .layout import TokenLayout
+
+    config = hf.cached_config(name)
+    if config is None:
+        return None
+    vision = hf.vision_config(config)
+    try:
+        layout = TokenLayout.from_hf_config(config)
+    except ValueError:  # a model type vitviz does not read: the loader says so
+        return None
+    return Architecture(depth=int(vision.num_hidden_layers), heads=int(vision.num_attention_heads),
+                        patch=layout.patch_size, prefix_tokens=layout.num_prefix_tokens,
+                        default_size=layout.grid_size[0] * layout.patch_size[0])
+
+
 def check_resolution(name: str, img_size: int | None, limit_bytes: int, max_img_size: int | None = None) -> None:
     """Refuse an input resolution whose attention for one image would exceed ``limit_bytes``.
 
     Args:
-        name: ``"bundled"`` or a timm model name.
+        name: ``"bundled"``, a timm model name, or a transformers folder / ``hf:`` hub id.
         img_size: the requested input resolution; None for the model's own.
         limit_bytes: the largest attention tensor of one image allowed.
         max_img_size: an operator's cap on the resolution (shared mode), or None.

@@ -141,6 +141,21 @@ def vision_config(config):
     return getattr(config, "vision_config", None) or config
 
 
+def cached_config(name: str):
+    """The config of a model box entry read from disk only (a folder or the local hub cache), or None.
+
+    Nothing is downloaded or built: the memory budget reads the depth, heads and grid from it
+    before the loader runs.
+    """
+    from transformers import AutoConfig
+
+    try:
+        source, hub = _resolve(name)
+        return AutoConfig.from_pretrained(source, local_files_only=True)
+    except Exception:  # noqa: BLE001 - the loader says why a folder or id cannot be read
+        return None
+
+
 # ---------------------------------------------------------------------------------------------
 # Loading
 
