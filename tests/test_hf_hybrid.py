@@ -414,3 +414,20 @@ def test_memory_budget_reads_a_transformers_folder_config_and_refuses_what_does_
     with pytest.raises(ModelError, match=r"largest size that fits is 126 px"):
         check_resolution(folder, 140, arch.attention_bytes(140) - 1)
     assert architecture("hf:nobody/not-in-the-cache") is None  # offline and uncached: nothing downloaded
+
+
+@pytest.mark.parametrize("family", list(HF_FAMILIES))
+def test_position_embedding_page_resamples_as_the_models_own_interpolate_pos_encoding(family, hf_folders):
+    from vitviz import hf
+
+    loaded = load_model(ModelSpec(name=hf_folders[family]))
+    embeddings = next(m for m in loaded.model.modules() if hasattr(m, "interpolate_pos_encoding"))
+    native = hf.native_pos_embed(loaded.model, loaded.layout)
+    prefix = loaded.layout.pos_embed_prefix_rows
+    patch = loaded.layout.patch_size
+    for grid in [(7, 5), (2, 3)]:  # larger and smaller than the stored 4x4 (5x5) grid, not square
+        dummy = torch.zeros(1, prefix + grid[0] * grid[1], SMALL["hidden_size"])
+        with torch.no_grad():
+            own = embeddings.interpolate_pos_encoding(dummy, grid[0] * patch[0], grid[1] * patch[1])
+        assert own.shape[1] == prefix + grid[0] * grid[1]
+        torch.testing.assert_close(native.grid_rows(grid), own[0, prefix:], rtol=1e-6, atol=1e-6)

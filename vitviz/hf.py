@@ -98,6 +98,8 @@ class Family:
         parts: (model, layer) -> :class:`AttentionParts` of that layer.
         pool: base model output -> (B, D) pooled vector (headless models' faithfulness score).
         pool_text: that vector in words.
+        pos_antialias: whether the family's ``interpolate_pos_encoding`` resamples the position
+            embedding with antialiasing (bicubic, ``align_corners=False`` for every family).
     """
 
     label: str
@@ -106,6 +108,7 @@ class Family:
     parts: Callable = _vit_parts
     pool: Callable = _cls_token
     pool_text: str = _CLS_TEXT
+    pos_antialias: bool = False
 
 
 _CLIP = dict(parts=_clip_parts, pool=_pooler_output, pool_text=_POOLER_TEXT + " (the CLS token after post_layernorm)")
@@ -116,7 +119,8 @@ FAMILIES = {
     "deit": Family("DeiT", "DeiTModel", ("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher")),
     "dinov2": Family("DINOv2", "Dinov2Model", ("Dinov2ForImageClassification",), parts=_dinov2_parts),
     "dinov2_with_registers": Family("DINOv2 with registers", "Dinov2WithRegistersModel",
-                                    ("Dinov2WithRegistersForImageClassification",), parts=_dinov2_parts),
+                                    ("Dinov2WithRegistersForImageClassification",), parts=_dinov2_parts,
+                                    pos_antialias=True),
     "clip": Family("CLIP vision tower", "CLIPVisionModel", **_CLIP),
     "clip_vision_model": Family("CLIP vision tower", "CLIPVisionModel", **_CLIP),
     "siglip": Family("SigLIP vision tower", "SiglipVisionModel", **_SIGLIP),
@@ -299,11 +303,12 @@ def position_embedding(model) -> torch.Tensor:
 
 
 def native_pos_embed(model, layout: TokenLayout):
-    """The stored grid (the config's ``image_size``); other grids are resampled bicubic without antialiasing,
-    as transformers' ``interpolate_pos_encoding`` does (its exact size rounding may differ by family)."""
+    """The stored grid (the config's ``image_size``); other grids are resampled as the family's own
+    ``interpolate_pos_encoding`` does: bicubic to the exact grid, antialiased only for DINOv2 with registers."""
     from .posembed import NativePosEmbed
 
-    return NativePosEmbed.from_weights(position_embedding(model), layout.pos_embed_prefix_rows, antialias=False)
+    return NativePosEmbed.from_weights(position_embedding(model), layout.pos_embed_prefix_rows,
+                                       antialias=family_of(model).pos_antialias)
 
 
 # ---------------------------------------------------------------------------------------------
