@@ -5,6 +5,7 @@ import streamlit as st
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.state import setup
+from vitviz.errors import ViewNotApplicable
 from vitviz.figures import similarity_grid, similarity_map
 from vitviz.posembed import patch_position_embeddings, position_at, position_embedding_similarity, position_fraction
 
@@ -54,6 +55,11 @@ loaded, layout = ctx.loaded, ctx.loaded.layout
 gh, gw = layout.grid_size
 native = loaded.native_pos_embed
 st.header("Position-embedding similarity")
+try:  # at the model's own grid first: a model without the embedding gets its sentence before any control
+    _similarity(ctx.spec, layout.grid_size, loaded)
+except ViewNotApplicable as exc:
+    st.info(str(exc))
+    st.stop()
 left, right = st.columns([2, 1], gap="small")
 
 with right:
@@ -97,6 +103,9 @@ else:
 with left:
     st.caption(f"Tile (row r, col c) shows the cosine similarity of that position's embedding with every position; "
                f"one fixed −1..1 scale; rows and columns counted from 1. Click a tile to enlarge it. Grid: {how}.")
+    if loaded.position_encoding != "learned absolute position embedding":
+        st.caption(f"This model encodes position by {loaded.position_encoding}; only the learned absolute "
+                   "embedding is shown here (the terms inside attention are not vectors added to the tokens).")
 download_row("posembed_similarity", {"posembed_similarity": similarity, "position_embeddings": embeddings},
              {"model": ctx.loaded.card()["spec"], "grid": list(shape), "grid_source": how,
               "native_pos_embed": native.to_dict() if native else None,

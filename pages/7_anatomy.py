@@ -25,8 +25,9 @@ st.header(f"Attention anatomy · {ctx.image.name}")
 st.caption("One row of one attention head, computed step by step as the articles write it — "
            "softmax(q·kᵀ / √d) V — with the model's own numbers for this image. The queries, keys and values are "
            "recomputed from the block's input with the block's own layers, so the row below is the row the "
-           "heads page shows. The ViT families vitviz supports have no rotary or relative-position term in "
-           "their attention; families that add one (EVA, BEiT, Swin) are not supported by capture yet.")
+           "heads page shows. Position terms inside attention are included as the model computes them: a rotary "
+           "embedding (EVA-02, rotary ViTs) is already in q and k; a relative position bias (BEiT) is added to "
+           "the scaled scores in step 3.")
 
 controls, picker, first = st.columns([1, 0.9, 1.7])
 with controls:
@@ -85,12 +86,16 @@ with bar_col:
     show_chart(sorted_scores_figure(a, layout), "anatomy_sorted", file_stem(stem, "sorted_scores"))
 
 st.subheader(f"3 · Scaling by 1/√d = 1/√{d} = {a.scale:.4g}")
-spread, spread_scaled = np.ptp(a.scores), np.ptp(a.scaled)
+scaled_only = a.scores * a.scale  # before any relative position bias
+spread, spread_scaled = np.ptp(a.scores), np.ptp(scaled_only)
 st.markdown(f"The scores span **{a.scores.min():.2f} … {a.scores.max():.2f}** (a range of {spread:.2f}); "
-            f"multiplied by {a.scale:.4g} they span **{a.scaled.min():.2f} … {a.scaled.max():.2f}** "
+            f"multiplied by {a.scale:.4g} they span **{scaled_only.min():.2f} … {scaled_only.max():.2f}** "
             f"(a range of {spread_scaled:.2f}). Dot products of d-dimensional vectors grow with √d; the scaling "
             "keeps the softmax out of the region where one token takes everything and gradients vanish. "
-            "It acts like a temperature √d on the softmax.")
+            "It acts like a temperature √d on the softmax."
+            + (f" Then this head's learned relative position bias bⱼ (one value per pair of positions) is added: "
+               f"for this query it spans **{a.bias.min():.2f} … {a.bias.max():.2f}**, giving logits "
+               f"**{a.scaled.min():.2f} … {a.scaled.max():.2f}**." if qkv.bias is not None else ""))
 
 st.subheader("4 · Softmax: scores become weights that sum to 1")
 top_unscaled, top_scaled = a.unscaled_weights.max(), a.weights.max()
@@ -139,7 +144,8 @@ with chart_col:
     show_chart(contributions_figure(a, layout), "anatomy_contributions", file_stem(stem, "contributions"))
 
 download_row(stem, {"q": a.q, "keys": qkv.k[head], "values": a.values, "scores": a.scores,
-                    "scaled_scores": a.scaled, "softmax_unscaled": a.unscaled_weights, "attention_row": a.weights,
+                    "scaled_scores": a.scaled, "relative_position_bias": a.bias, "softmax_unscaled": a.unscaled_weights,
+                    "attention_row": a.weights,
                     "contributions": a.contributions, "output": a.output},
              display.settings(rendered) | {
                  "image": ctx.image.name, "sha256": ctx.image.sha256, "model": ctx.loaded.card()["spec"],

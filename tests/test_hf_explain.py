@@ -60,7 +60,10 @@ def test_hf_anatomy_rebuilds_the_captured_attention_and_the_heads_context(family
         assert qkv.q.shape == qkv.k.shape == qkv.v.shape == (H, N, 16)
         assert qkv.scale == pytest.approx(16 ** -0.5)
         assert qkv.steps and "norm" in qkv.steps[0]
-        rows = softmax(qkv.q @ qkv.k.transpose(0, 2, 1) * qkv.scale)  # every row of every head
+        # BEiT adds its relative position bias to the scaled scores; the other families have no such term.
+        assert (qkv.bias is not None) == (family == "beit")
+        bias = 0 if qkv.bias is None else qkv.bias
+        rows = softmax(qkv.q @ qkv.k.transpose(0, 2, 1) * qkv.scale + bias)  # every row of every head
         np.testing.assert_allclose(rows, attention[layer], rtol=0, atol=1e-6)
         context = contexts[layer][0].double().numpy().reshape(N, H, 16)  # (N, H * d) -> (N, H, d)
         np.testing.assert_allclose(np.einsum("hqk,hkd->qhd", rows, qkv.v), context, rtol=0, atol=1e-5)

@@ -45,6 +45,11 @@ HF_FAMILIES = {
              {"size": {"shortest_edge": 64}, "crop_size": {"height": 64, "width": 64}}, ("cls",)),
     "siglip": ("SiglipVisionConfig", "SiglipVisionModel", {}, "SiglipImageProcessor",
                {"size": {"height": 64, "width": 64}}, ()),
+    # Relative position biases, each layer's own and a shared one, and no absolute embedding.
+    "beit": ("BeitConfig", "BeitForImageClassification",
+             {"num_labels": 4, "use_relative_position_bias": True, "use_shared_relative_position_bias": True,
+              "use_absolute_position_embeddings": False, "use_mean_pooling": True, "layer_scale_init_value": 0.1},
+             "BeitImageProcessor", {"size": {"height": 64, "width": 64}, "do_center_crop": False}, ("cls",)),
 }
 
 

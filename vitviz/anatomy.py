@@ -1,12 +1,12 @@
 """One attention row taken apart: q, the scores q·k, the 1/sqrt(d) scaling, the softmax, the weighted values.
 
 The queries, keys and values are recomputed from the block's own input with the block's own
-modules, along the path :func:`vitviz.capture.attention_forward` takes (``norm1``, ``qkv``,
-``q_norm``/``k_norm``), so the row shown here is the row that capture returns; for transformers
-models from the layer's input norm and its attention module's ``q_proj``/``k_proj``/``v_proj``
-(:func:`vitviz.hf.layer_qkv`). timm's
-VisionTransformer blocks (the families vitviz supports) have no rotary or relative-position
-term in their attention; families that add one (EVA, BEiT, Swin) are not supported by capture yet.
+modules, along the path capture takes (:func:`vitviz.timm_families.layer_heads`: ``norm1``, the
+projections, ``q_norm``/``k_norm``, the rotary embedding of EVA-02 and rotary ViTs), so the row
+shown here is the row that capture returns; for transformers models from the layer's input norm and
+its attention module's ``q_proj``/``k_proj``/``v_proj`` (:func:`vitviz.hf.layer_qkv`). BEiT's
+relative position bias is the one term not in q·k: it is kept as ``bias`` and added to the scaled
+scores, exactly as the model adds it.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .capture import embed, is_hf_model, iter_layers, to_model_input
+from .capture import is_hf_model, iter_layers, to_model_input
 
 
 def _check_layer(model, layer: int) -> None:
@@ -46,7 +46,11 @@ def block_input(model, images: torch.Tensor, layer: int) -> torch.Tensor:
         from . import hf
 
         return hf.block_input(model, to_model_input(model, images), layer)
-    return embed(model, to_model_input(model, images)) if layer == 0 else block_output(model, images, layer - 1)
+    if layer == 0:
+        from .timm_families import embed
+
+        return embed(model, to_model_input(model, images))[0]
+    return block_output(model, images, layer - 1)
 
 
 @dataclass
@@ -56,7 +60,9 @@ class LayerQKV:
     Attributes:
         q, k, v: (H, N, d_head) float64, q and k after the block's ``q_norm``/``k_norm``.
         scale: the factor the block multiplies the scores by (1/sqrt(d_head) unless the model says otherwise).
-        steps: the block's extra steps in words (query/key norm, output norm, gate), in order.
+        steps: the block's extra steps in words (query/key norm, rotary embedding, relative position bias,
+            output norm, gate), in order.
+        bias: (H, N, N) float64 added to the scaled scores (BEiT's relative position bias), or None.
     """
 
     q: np.ndarray
@@ -64,24 +70,11 @@ class LayerQKV:
     v: np.ndarray
     scale: float
     steps: list[str]
+    bias: np.ndarray | None = None
 
     @property
     def head_dim(self) -> int:
         return self.q.shape[-1]
-
-
-def _attention_steps(blk) -> list[str]:
-    from timm.models.vision_transformer import ResPostBlock
-
-    attn = blk.attn
-    steps = [] if isinstance(blk, ResPostBlock) else [f"the block's input goes through norm1 ({type(blk.norm1).__name__})"]
-    if not isinstance(attn.q_norm, torch.nn.Identity):
-        steps.append(f"q and k are normalised per head ({type(attn.q_norm).__name__}) before the dot product")
-    if not isinstance(attn.norm, torch.nn.Identity):
-        steps.append(f"the heads' output goes through {type(attn.norm).__name__} before the projection")
-    if getattr(attn, "gate", None) is not None:
-        steps.append("the output is gated (sigmoid) before the projection")
-    return steps
 
 
 @torch.inference_mode()
@@ -91,25 +84,20 @@ def layer_qkv(model, images: torch.Tensor, layer: int) -> LayerQKV:
         raise ValueError(f"layer_qkv takes one image, got a batch of {images.shape[0]}")
     _check_layer(model, layer)
 
-    def arr(t: torch.Tensor) -> np.ndarray:
-        return t[0].detach().double().cpu().numpy()
+    def arr(t: torch.Tensor | None) -> np.ndarray | None:
+        return None if t is None else t[0].detach().double().cpu().numpy()
 
+    x = to_model_input(model, images)
     if is_hf_model(model):  # the adapter knows each family's modules
         from . import hf
 
-        q, k, v, scale, steps = hf.layer_qkv(model, to_model_input(model, images), layer)
-        return LayerQKV(q=arr(q), k=arr(k), v=arr(v), scale=scale, steps=list(steps))
-    blk = model.blocks[layer]
-    attn = blk.attn
-    from timm.models.vision_transformer import ResPostBlock
+        q, k, v, scale, steps, bias = hf.layer_qkv(model, x, layer)
+        return LayerQKV(q=arr(q), k=arr(k), v=arr(v), scale=scale, steps=list(steps), bias=arr(bias))
+    from .timm_families import layer_heads
 
-    x = block_input(model, images, layer)
-    x = x if isinstance(blk, ResPostBlock) else blk.norm1(x)
-    B, N, _ = x.shape
-    qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    return LayerQKV(q=arr(q), k=arr(k), v=arr(v), scale=float(attn.scale), steps=_attention_steps(blk))
+    heads, steps = layer_heads(model, x, layer)
+    return LayerQKV(q=arr(heads.q), k=arr(heads.k), v=arr(heads.v), scale=heads.scale, steps=steps,
+                    bias=arr(heads.bias))
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
@@ -126,8 +114,9 @@ class AttentionAnatomy:
         q: (d,) the query vector.
         scores: (N,) q·k_j for every token j, before scaling.
         scale: the scaling factor (1/sqrt(d_head)).
-        scaled: (N,) scores x scale — the logits the softmax sees.
-        unscaled_weights: (N,) softmax(scores): what the row would be without the scaling.
+        bias: (N,) the relative position bias this query's scores get (BEiT), zeros for other families.
+        scaled: (N,) scores x scale + bias — the logits the softmax sees.
+        unscaled_weights: (N,) softmax(scores + bias): what the row would be without the scaling.
         weights: (N,) softmax(scaled): the attention row.
         values: (N, d) the value vectors.
         contributions: (N, d) weights[j] x v_j.
@@ -139,6 +128,7 @@ class AttentionAnatomy:
     q: np.ndarray
     scores: np.ndarray
     scale: float
+    bias: np.ndarray
     scaled: np.ndarray
     unscaled_weights: np.ndarray
     weights: np.ndarray
@@ -165,9 +155,10 @@ def attention_anatomy(qkv: LayerQKV, head: int, query: int) -> AttentionAnatomy:
         raise ValueError(f"token {query} is outside the sequence of {N} tokens")
     q, keys, values = qkv.q[head, query], qkv.k[head], qkv.v[head]
     scores = keys @ q
-    scaled = scores * qkv.scale
+    bias = np.zeros(N) if qkv.bias is None else qkv.bias[head, query]
+    scaled = scores * qkv.scale + bias
     weights = softmax(scaled)
     contributions = weights[:, None] * values
-    return AttentionAnatomy(head=head, query=query, q=q, scores=scores, scale=qkv.scale, scaled=scaled,
-                            unscaled_weights=softmax(scores), weights=weights, values=values,
+    return AttentionAnatomy(head=head, query=query, q=q, scores=scores, scale=qkv.scale, bias=bias, scaled=scaled,
+                            unscaled_weights=softmax(scores + bias), weights=weights, values=values,
                             contributions=contributions, output=contributions.sum(axis=0))

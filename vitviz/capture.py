@@ -2,9 +2,11 @@
 
 timm computes attention with fused ``scaled_dot_product_attention`` by default, so the
 probabilities never exist as a tensor and hooks on ``attn_drop`` see nothing. Flipping
-``blk.attn.fused_attn`` would mutate a model that every session shares. Instead this module
-runs the model's own submodules in a forward that spells attention out: no hooks, no state,
-nothing written to the model, so any number of threads can capture from one model at once.
+``blk.attn.fused_attn`` would mutate a model that every session shares. Instead the model's own
+submodules run in a forward that spells attention out: no hooks, no state, nothing written to the
+model, so any number of threads can capture from one model at once. How each family is run lives
+in its adapter: :mod:`vitviz.timm_families` for timm (ViT, EVA, BEiT), :mod:`vitviz.hf` for
+transformers.
 """
 from __future__ import annotations
 
@@ -35,46 +37,6 @@ class Capture:
     layout: TokenLayout
 
 
-def attention_forward(attn, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """timm ``Attention.forward`` (non-fused path) that also returns the probabilities.
-
-    x: (B, N, C) -> (output (B, N, C), probabilities (B, H, N, N)).
-    """
-    B, N, C = x.shape
-    gate = attn.gate(x).sigmoid() if attn.gate is not None else None
-    qkv = attn.qkv(x).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
-    q, k, v = qkv.unbind(0)
-    q, k = attn.q_norm(q), attn.k_norm(k)
-    # Softmax in float32 so half-precision models still give rows that sum to 1.
-    probs = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1, dtype=torch.float32)
-    out = (probs.to(v.dtype) @ v).transpose(1, 2).reshape(B, N, attn.attn_dim)
-    out = attn.norm(out)
-    if gate is not None:
-        out = out * gate
-    return attn.proj(out), probs
-
-
-def block_forward(blk, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A timm ``Block`` or ``ResPostBlock`` forward (eval mode) returning its attention too."""
-    from timm.models.vision_transformer import ResPostBlock
-
-    if isinstance(blk, ResPostBlock):
-        a, probs = attention_forward(blk.attn, x)
-        x = x + blk.norm1(a)
-        return x + blk.norm2(blk.mlp(x)), probs
-    a, probs = attention_forward(blk.attn, blk.norm1(x))
-    x = x + blk.ls1(a)
-    return x + blk.ls2(blk.mlp(blk.norm2(x))), probs
-
-
-def embed(model, x: torch.Tensor) -> torch.Tensor:
-    """Patch embedding, prefix tokens and position embedding, as ``forward_features`` does them."""
-    x = model.patch_embed(x)
-    x = model._pos_embed(x)
-    x = model.patch_drop(x)
-    return model.norm_pre(x)
-
-
 def iter_layers(model, x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
     """Run the blocks one by one: yields (layer index, tokens after it (B, N, D), attention (B, H, N, N)).
 
@@ -86,9 +48,11 @@ def iter_layers(model, x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor, tor
 
         yield from hf.iter_layers(model, x)
         return
-    h = embed(model, x)
-    for i, blk in enumerate(model.blocks):
-        h, probs = block_forward(blk, h)
+    from .timm_families import block_forward, embed
+
+    h, terms = embed(model, x)
+    for i, (blk, t) in enumerate(zip(model.blocks, terms)):
+        h, probs = block_forward(blk, h, t)
         yield i, h, probs
 
 
@@ -130,7 +94,7 @@ def capture(model, images: torch.Tensor) -> Capture:
     """Attention of every layer and head, the final features and the logits, in one pass.
 
     Args:
-        model: a timm VisionTransformer accepted by :func:`vitviz.models.check_supported`, or a
+        model: a timm model accepted by :func:`vitviz.models.check_supported`, or a
             transformers model loaded by :func:`vitviz.hf.load`, in eval mode.
         images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
 

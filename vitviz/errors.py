@@ -23,6 +23,12 @@ class ModelError(VitvizError):
     """A model, checkpoint or setting that cannot be loaded or used."""
 
 
+class ViewNotApplicable(ValueError):
+    """A view that does not apply to this model (position-embedding similarity of a model without a learned
+    absolute position embedding, patch filters of a convolutional stem). Its message says why in one
+    sentence; the UI shows it as information, not as an error."""
+
+
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """``Type: the first line of its message`` for a sentence; exceptions with an empty message have one too."""
     lines = str(exc).splitlines()

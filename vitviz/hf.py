@@ -69,6 +69,22 @@ def _clip_parts(model, layer: int) -> AttentionParts:  # CLIP, SigLIP: base.enco
     return _parts(model.base_model.encoder.layers[layer], "layer_norm1", "self_attn", "out_proj", "scale")
 
 
+# One function per family with a position term outside q·k: (model, 0-based layer, pixels x) -> (1, H, N, N).
+def _beit_bias(model, layer: int, x: torch.Tensor) -> torch.Tensor | None:
+    """BEiT's relative position bias of one layer for the input ``x``, as ``BeitModel.forward`` and
+    ``BeitLayer.forward`` add it to the scaled scores: the layer's own plus the model's shared one."""
+    base, patch = model.base_model, model.config.patch_size
+    window = (x.shape[-2] // patch, x.shape[-1] // patch)
+    n, interpolate = window[0] * window[1] + 1, _interpolates(model, x)
+    shared = (base.shared_position_bias(window, interpolate_pos_encoding=interpolate, dim_size=n)
+              if base.shared_position_bias is not None else None)
+    own = base.layers[layer].relative_position_bias
+    if own is None:
+        return shared
+    bias = own(window, interpolate, dim_size=n)
+    return bias if shared is None else bias + shared
+
+
 # One function per family: (base model output) -> (B, D) the pooled vector a headless model is scored by.
 def _cls_token(out) -> torch.Tensor:
     """ViT, DeiT, DINOv2: the CLS token after the final layernorm (what their classifiers read; DINOv2's
@@ -100,6 +116,8 @@ class Family:
         pool_text: that vector in words.
         pos_antialias: whether the family's ``interpolate_pos_encoding`` resamples the position
             embedding with antialiasing (bicubic, ``align_corners=False`` for every family).
+        bias: (model, layer, pixels) -> (1, H, N, N) added to the scaled scores, or None; None: no such term.
+        bias_text: that term in words (the anatomy's steps).
     """
 
     label: str
@@ -109,6 +127,8 @@ class Family:
     pool: Callable = _cls_token
     pool_text: str = _CLS_TEXT
     pos_antialias: bool = False
+    bias: Callable | None = None
+    bias_text: str = ""
 
 
 _CLIP = dict(parts=_clip_parts, pool=_pooler_output, pool_text=_POOLER_TEXT + " (the CLS token after post_layernorm)")
@@ -125,6 +145,11 @@ FAMILIES = {
     "clip_vision_model": Family("CLIP vision tower", "CLIPVisionModel", **_CLIP),
     "siglip": Family("SigLIP vision tower", "SiglipVisionModel", **_SIGLIP),
     "siglip_vision_model": Family("SigLIP vision tower", "SiglipVisionModel", **_SIGLIP),
+    "beit": Family("BEiT", "BeitModel", ("BeitForImageClassification",), pool=_pooler_output,
+                   pool_text=_POOLER_TEXT + " (the mean patch token after layernorm with mean pooling, else the CLS "
+                   "token)", bias=_beit_bias,
+                   bias_text="a learned relative position bias (one value per head and pair of positions) is added "
+                             "to the scaled scores before the softmax"),
 }
 
 
@@ -302,13 +327,31 @@ def position_embedding(model) -> torch.Tensor:
     raise ValueError(f"{type(model).__name__} has no learned absolute position embedding.")
 
 
+def position_encoding(model) -> str:
+    """How the model encodes position, in words (model card, the position-embedding page)."""
+    config = vision_config(model.config)
+    try:
+        absolute = position_embedding(model) is not None
+    except ValueError:
+        absolute = False
+    kinds = [k for k, on in (("learned absolute position embedding", absolute),
+                             ("relative position bias per layer", getattr(config, "use_relative_position_bias", False)),
+                             ("shared relative position bias",
+                              getattr(config, "use_shared_relative_position_bias", False))) if on]
+    return " + ".join(kinds) or "none"
+
+
 def native_pos_embed(model, layout: TokenLayout):
     """The stored grid (the config's ``image_size``); other grids are resampled as the family's own
-    ``interpolate_pos_encoding`` does: bicubic to the exact grid, antialiased only for DINOv2 with registers."""
+    ``interpolate_pos_encoding`` does: bicubic to the exact grid, antialiased only for DINOv2 with registers.
+    None for a model without one (BEiT with only relative position biases)."""
     from .posembed import NativePosEmbed
 
-    return NativePosEmbed.from_weights(position_embedding(model), layout.pos_embed_prefix_rows,
-                                       antialias=family_of(model).pos_antialias)
+    try:
+        table = position_embedding(model)
+    except ValueError:
+        return None
+    return NativePosEmbed.from_weights(table, layout.pos_embed_prefix_rows, antialias=family_of(model).pos_antialias)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,12 +442,15 @@ def token_layout(model, input_hw: tuple[int, int] | None = None) -> TokenLayout:
     return TokenLayout.from_hf_config(model.config, input_hw)
 
 
-def _forward(model, x: torch.Tensor, attentions: bool = True, hidden_states: bool = True):
+def _interpolates(model, x: torch.Tensor) -> bool:
+    """Whether the forward is asked to fit its position terms to ``x``'s size (not the config's)."""
     config = vision_config(model.config)
     side = config.image_size if not isinstance(config.image_size, int) else (config.image_size, config.image_size)
-    kwargs = {}
-    if tuple(x.shape[-2:]) != tuple(side) and model.config.model_type not in _ALWAYS_INTERPOLATE:
-        kwargs["interpolate_pos_encoding"] = True
+    return tuple(x.shape[-2:]) != tuple(side) and model.config.model_type not in _ALWAYS_INTERPOLATE
+
+
+def _forward(model, x: torch.Tensor, attentions: bool = True, hidden_states: bool = True):
+    kwargs = {"interpolate_pos_encoding": True} if _interpolates(model, x) else {}
     return model(pixel_values=x, output_attentions=attentions, output_hidden_states=hidden_states, **kwargs)
 
 
@@ -476,11 +522,14 @@ def attention_parts(model, layer: int) -> AttentionParts:
 
 
 def layer_qkv(model, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float,
-                                                            tuple[str, ...]]:
+                                                            tuple[str, ...], torch.Tensor | None]:
     """q, k, v (each (B, H, N, d_head)) of layer ``layer`` from its attention module's own projections of
-    its normed input, with the scale and the layer's steps in words; softmax(q kᵀ · scale) is the
-    attention the eager forward returns and (its weights) @ v the context its output projection reads."""
-    parts = attention_parts(model, layer)
+    its normed input, with the scale, the layer's steps in words and the bias added to the scaled scores
+    ((1, H, N, N) or None); softmax(q kᵀ · scale + bias) is the attention the eager forward returns and
+    (its weights) @ v the context its output projection reads."""
+    parts, family = attention_parts(model, layer), family_of(model)
+    bias = family.bias(model, layer, x) if family.bias is not None else None
+    steps = parts.steps + ((family.bias_text,) if bias is not None else ())
     h = parts.norm(block_input(model, x, layer))
     B, N, _ = h.shape
     attn = parts.attention
@@ -488,7 +537,7 @@ def layer_qkv(model, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.T
     def heads(proj) -> torch.Tensor:
         return proj(h).view(B, N, -1, attn.head_dim).transpose(1, 2)
 
-    return heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj), parts.scale, parts.steps
+    return heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj), parts.scale, steps, bias
 
 
 def logits(model, x: torch.Tensor) -> torch.Tensor:

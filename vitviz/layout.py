@@ -100,7 +100,7 @@ class TokenLayout:
 
     @classmethod
     def from_model(cls, model, input_hw: tuple[int, int] | None = None) -> "TokenLayout":
-        """Read the layout from a timm VisionTransformer (or VisionTransformerDistilled).
+        """Read the layout from a timm VisionTransformer (or VisionTransformerDistilled), Eva or Beit.
 
         Args:
             model: the timm model.
@@ -117,7 +117,11 @@ class TokenLayout:
             prefix.append("cls")
         if getattr(model, "dist_token", None) is not None:
             prefix.append("dist")
-        prefix += [f"reg{i}" for i in range(getattr(model, "num_reg_tokens", 0))]
+        registers = getattr(model, "num_reg_tokens", None)
+        if registers is None:  # Eva keeps only the parameter: reg_token (1, R, D)
+            reg_token = getattr(model, "reg_token", None)
+            registers = 0 if reg_token is None else reg_token.shape[1]
+        prefix += [f"reg{i}" for i in range(registers)]
         if len(prefix) != model.num_prefix_tokens:
             raise ValueError(f"token layout of {type(model).__name__} not understood: "
                              f"{model.num_prefix_tokens} prefix tokens, found {prefix}")
@@ -126,16 +130,17 @@ class TokenLayout:
             grid_size=(int(grid[0]), int(grid[1])),
             patch_size=(stride[0], stride[1]),
             global_pool=str(model.global_pool),
-            pos_embed_prefix_rows=0 if model.no_embed_class else len(prefix),
+            pos_embed_prefix_rows=0 if getattr(model, "no_embed_class", False) else len(prefix),
         )
 
     @classmethod
     def from_hf_config(cls, config, input_hw: tuple[int, int] | None = None) -> "TokenLayout":
-        """Read the layout from a transformers vision config (ViT, DeiT, DINOv2 (+registers), CLIP, SigLIP).
+        """Read the layout from a transformers vision config (ViT, DeiT, DINOv2 (+registers), CLIP, SigLIP, BEiT).
 
         The prefix tokens follow the family's embeddings: DeiT always adds a distillation token
         after CLS; DINOv2 with registers puts ``num_register_tokens`` after CLS (registers carry no
-        position embedding); SigLIP has no CLS (its head pools with attention, ``"map"``).
+        position embedding); SigLIP has no CLS (its head pools with attention, ``"map"``); BEiT pools
+        the patch tokens' mean (``"avg"``) when ``use_mean_pooling``.
 
         Args:
             config: a transformers config (a full CLIP/SigLIP config's ``vision_config`` is used).
@@ -150,6 +155,7 @@ class TokenLayout:
             "vit": ("cls",), "deit": ("cls", "dist"), "dinov2": ("cls",),
             "dinov2_with_registers": ("cls", *(f"reg{i}" for i in range(getattr(config, "num_register_tokens", 0)))),
             "clip": ("cls",), "clip_vision_model": ("cls",), "siglip": (), "siglip_vision_model": (),
+            "beit": ("cls",),
         }
         if model_type not in prefixes:
             raise ValueError(f"token layout of transformers model type {model_type!r} not known")
@@ -158,6 +164,6 @@ class TokenLayout:
             prefix_tokens=prefix,
             grid_size=(int(h) // int(patch[0]), int(w) // int(patch[1])),
             patch_size=(int(patch[0]), int(patch[1])),
-            global_pool="map" if not prefix else "token",
+            global_pool="map" if not prefix else "avg" if getattr(config, "use_mean_pooling", False) else "token",
             pos_embed_prefix_rows=int("cls" in prefix) + int("dist" in prefix),
         )

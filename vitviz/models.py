@@ -85,6 +85,14 @@ class LoadedModel:
     def has_head(self) -> bool:
         return self.num_classes > 0
 
+    @property
+    def position_encoding(self) -> str:
+        """How the model encodes position, in words (e.g. "learned absolute position embedding + rotary
+        position embedding (RoPE) on q and k")."""
+        from .posembed import position_encoding
+
+        return position_encoding(self.model)
+
     def card(self) -> dict:
         """Facts about the model for a model card or settings.json."""
         m = self.model
@@ -92,14 +100,19 @@ class LoadedModel:
                   "parameters": sum(p.numel() for p in m.parameters()), "num_classes": self.num_classes,
                   "device": str(self.device), "dtype": str(self.dtype).removeprefix("torch."),
                   "data_config": dict(self.data_config), "token_layout": self.layout.to_dict(),
+                  "position_encoding": self.position_encoding,
                   "spec": asdict(self.spec)}
         if self.library == "transformers":
             from . import hf
 
             return common | hf.card(m, self.hf_family, self.weights_source)
+        from .timm_families import model_reader
+
+        reader = model_reader(m)
         return common | {
             "library": "timm",
             "family": type(m).__name__,
+            "family_label": reader.label,
             "architecture": m.pretrained_cfg.get("architecture", type(m).__name__),
             "timm_architecture": m.pretrained_cfg.get("architecture", type(m).__name__),
             "layers": len(m.blocks),
@@ -136,24 +149,13 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def check_supported(model: torch.nn.Module, name: str) -> None:
-    """Raise ModelError unless capture can read this model's attention exactly."""
-    from timm.layers import Attention, HybridEmbed, PatchEmbed
-    from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
+    """Raise ModelError unless capture can read this model's attention exactly (see :mod:`vitviz.timm_families`)."""
+    from .timm_families import supported_families, why_unsupported
 
-    why = None
-    if not isinstance(model, VisionTransformer):
-        why = f"it is a {type(model).__name__}, not a timm VisionTransformer"
-    elif not isinstance(model.patch_embed, (PatchEmbed, HybridEmbed)):
-        why = f"its patch embedding is a {type(model.patch_embed).__name__}"
-    else:
-        for i, blk in enumerate(model.blocks):
-            if type(blk) not in (Block, ResPostBlock) or type(blk.attn) is not Attention:
-                why = f"block {i} is a {type(blk).__name__} with {type(getattr(blk, 'attn', None)).__name__} attention"
-                break
+    why = why_unsupported(model)
     if why:
         raise ModelError(f"Model {name!r} is not supported yet: {why}. vitviz reads attention from "
-                         "timm VisionTransformer models with standard attention blocks (ViT, DeiT, DINO, "
-                         "DINOv2, CLIP, SigLIP, hybrid ResNet+ViT).")
+                         f"{supported_families()}; Hugging Face models through the Hugging Face source.")
 
 
 def _data_config(model: torch.nn.Module) -> dict:
@@ -183,7 +185,7 @@ def _timm_native_pos_embed(model, pos_embed, name: str = "") -> NativePosEmbed |
     """
     # timm's _create_vision_transformer: FlexiViT weights bilinear without antialias, all others bicubic with.
     interpolation, antialias = ("bilinear", False) if "flexi" in name else ("bicubic", True)
-    prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+    prefix = 0 if getattr(model, "no_embed_class", False) else model.num_prefix_tokens
     return NativePosEmbed.from_weights(pos_embed, prefix, interpolation=interpolation, antialias=antialias)
 
 

@@ -77,7 +77,7 @@ def patch_position_embeddings(model, layout: TokenLayout, grid_size: tuple[int, 
     (timm's default bicubic with antialiasing).
 
     Raises:
-        ValueError: the model has no learned absolute position embedding.
+        ViewNotApplicable: the model has no learned absolute position embedding.
     """
     from .capture import is_hf_model
 
@@ -86,16 +86,39 @@ def patch_position_embeddings(model, layout: TokenLayout, grid_size: tuple[int, 
 
         # transformers keeps the stored grid and fits it to the input in every forward.
         native = native or hf.native_pos_embed(model, layout)
+        if native is None:
+            raise _no_table(model)
         return native.grid_rows(grid_size or layout.grid_size).numpy()
     pos = getattr(model, "pos_embed", None)
     if not isinstance(pos, torch.Tensor) or pos.ndim != 3:
-        raise ValueError("This model has no learned absolute position embedding (e.g. RoPE), so there is "
-                         "no position-embedding similarity to show.")
+        raise _no_table(model)
     if grid_size is None or tuple(grid_size) == layout.grid_size:
         return pos.detach().float().cpu()[0, layout.pos_embed_prefix_rows:].numpy()
     if native is None:
         native = NativePosEmbed.from_weights(pos, layout.pos_embed_prefix_rows, layout.grid_size)
     return native.grid_rows(grid_size).numpy()
+
+
+def position_encoding(model) -> str:
+    """How a model encodes position, in words, from its family's adapter."""
+    from .capture import is_hf_model
+
+    if is_hf_model(model):
+        from .hf import position_encoding as hf_position_encoding
+
+        return hf_position_encoding(model)
+    from .timm_families import model_reader
+
+    return model_reader(model).position(model)
+
+
+def _no_table(model):
+    from .errors import ViewNotApplicable
+
+    how = position_encoding(model)
+    how = f"it encodes position with a {how} inside its attention" if how != "none" else "it has no position encoding"
+    return ViewNotApplicable(f"This model has no learned absolute position embedding ({how}), so the position-"
+                             "embedding similarity of the ViT paper (Fig. 7 centre) does not apply to it.")
 
 
 def position_embedding_similarity(embeddings: np.ndarray, grid_size: tuple[int, int]) -> np.ndarray:
