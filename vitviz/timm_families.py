@@ -311,7 +311,8 @@ def why_unsupported(model) -> str | None:
     for i, blk in enumerate(model.blocks):
         attn = getattr(blk, "attn", None)
         if type(blk) not in BLOCKS or type(attn) not in ATTENTIONS:
-            return f"block {i} is a {type(blk).__name__} with {type(attn).__name__} attention"
+            inside = f" with {type(attn).__name__} attention" if attn is not None else " without one attention module"
+            return f"block {i} is a {type(blk).__name__}{inside}"
     return None
 
 
