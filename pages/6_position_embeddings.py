@@ -104,8 +104,9 @@ with left:
     st.caption(f"Tile (row r, col c) shows the cosine similarity of that position's embedding with every position; "
                f"one fixed −1..1 scale; rows and columns counted from 1. Click a tile to enlarge it. Grid: {how}.")
     if loaded.position_encoding != "learned absolute position embedding":
-        st.caption(f"This model encodes position by {loaded.position_encoding}; only the learned absolute "
-                   "embedding is shown here (the terms inside attention are not vectors added to the tokens).")
+        st.caption(f"This model's position encoding: {loaded.position_encoding}. Only the learned absolute "
+                   "embedding is shown here; the other terms act inside attention (on the heads and anatomy pages), "
+                   "they are not vectors added to the tokens.")
 download_row("posembed_similarity", {"posembed_similarity": similarity, "position_embeddings": embeddings},
              {"model": ctx.loaded.card()["spec"], "grid": list(shape), "grid_source": how,
               "native_pos_embed": native.to_dict() if native else None,

@@ -123,7 +123,7 @@ def _plain_steps(attn, terms: PositionTerms) -> list[str]:
     if not isinstance(getattr(attn, "q_norm", _NONE), torch.nn.Identity):
         steps.append(f"q and k are normalised per head ({type(attn.q_norm).__name__}) before the dot product")
     if terms.rope is not None:
-        steps.append("q and k of the patch tokens are rotated by the rotary position embedding (RoPE) of their "
+        steps.append("the patch tokens' q and k are rotated by the rotary position embedding (RoPE) of their "
                      "patch's row and column before the dot product (prefix tokens are not rotated)")
     if getattr(attn, "num_kv_groups", 1) > 1:
         steps.append(f"{attn.num_heads} query heads share {attn.num_kv_heads} key/value heads (grouped-query attention)")
