@@ -82,8 +82,9 @@ def sorted_scores_figure(a: AttentionAnatomy, layout: TokenLayout, top: int = 30
     names = [layout.token_name(int(j)).split(" (")[0] for j in order]
     fig = go.Figure([
         go.Bar(x=names, y=a.scores[order], marker_color=SCALED_COLOUR, name="score q·k<sub>j</sub>",
-               customdata=a.scaled[order], hovertemplate="%{x}<br>q·k = %{y:.3f}<br>scaled = %{customdata:.3f}"
-                                                         "<extra></extra>"),
+               customdata=a.scaled[order],
+               hovertemplate="%{x}<br>q·k = %{y:.3f}<br>" + ("scaled + bias" if np.any(a.bias) else "scaled")
+                             + " = %{customdata:.3f}<extra></extra>"),
         go.Scatter(x=names, y=a.weights[order], mode="markers", yaxis="y2", name="attention weight (after step 4)",
                    marker=dict(color="black", size=7), hovertemplate="%{x}<br>attention = %{y:.4f}<extra></extra>"),
     ])
@@ -103,11 +104,12 @@ def softmax_figure(a: AttentionAnatomy, layout: TokenLayout, top: int = 20) -> g
     order = np.argsort(-a.weights, kind="stable")[:top]
     names = [layout.token_name(int(j)).split(" (")[0] for j in order]
     d = len(a.q)
+    b = " + b" if np.any(a.bias) else ""  # BEiT's relative position bias is in both rows
     fig = go.Figure([
-        go.Bar(x=names, y=a.unscaled_weights[order], name=f"softmax(q·k): no scaling, H = "
+        go.Bar(x=names, y=a.unscaled_weights[order], name=f"softmax(q·k{b}): no scaling, H = "
                f"{a.entropy(a.unscaled_weights):.2f} nats", marker_color=UNSCALED_COLOUR,
                hovertemplate="%{x}<br>%{y:.4f}<extra>no scaling</extra>"),
-        go.Bar(x=names, y=a.weights[order], name=f"softmax(q·k / √{d}): the model's row, H = "
+        go.Bar(x=names, y=a.weights[order], name=f"softmax(q·k / √{d}{b}): the model's row, H = "
                f"{a.entropy(a.weights):.2f} nats", marker_color=SCALED_COLOUR,
                hovertemplate="%{x}<br>%{y:.4f}<extra>scaled (the model)</extra>"),
     ])

@@ -116,7 +116,8 @@ def _no_table(model):
     from .errors import ViewNotApplicable
 
     how = position_encoding(model)
-    how = f"it encodes position with a {how} inside its attention" if how != "none" else "it has no position encoding"
+    how = (f"it encodes position with a {how.replace(' + ', ' and a ')} inside its attention" if how != "none"
+           else "it has no position encoding")
     return ViewNotApplicable(f"This model has no learned absolute position embedding ({how}), so the position-"
                              "embedding similarity of the ViT paper (Fig. 7 centre) does not apply to it.")
 
