@@ -8,8 +8,10 @@ Prints, per model and batch size, the median time of
 and the ratios capture/plain and hooks/plain. Then peak extra RSS of capture over the plain
 forward for ViT-L/16 @384, each measured in a fresh subprocess.
 
-Random weights (timing does not depend on them). Usage:
-    .venv/bin/python benchmarks/capture_overhead.py [--quick] [--device cuda]
+Random weights (timing does not depend on them). ``--families`` times EVA-02, BEiT and a rotary ViT
+instead (their rotary embedding and relative position bias are in capture's attention and in the
+hook baseline's unfused path alike). Usage:
+    .venv/bin/python benchmarks/capture_overhead.py [--quick] [--families] [--device cuda]
 """
 from __future__ import annotations
 
@@ -33,6 +35,11 @@ MODELS = [
     ("bundled (vit_small_patch14_dinov2)", "vit_small_patch14_dinov2", 224),
     ("ViT-B/16", "vit_base_patch16_224", 224),
     ("ViT-L/16", "vit_large_patch16_384", 384),
+]
+FAMILY_MODELS = [
+    ("EVA-02 S/14 (RoPE, SwiGLU)", "eva02_small_patch14_224", 224),
+    ("BEiT-B/16 (relative position bias)", "beit_base_patch16_224", 224),
+    ("rotary ViT-B/16 (reg1, gap)", "vit_base_patch16_rope_reg1_gap_256", 256),
 ]
 
 
@@ -92,6 +99,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer repeats, batch 1 only")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--families", action="store_true", help="EVA-02, BEiT and a rotary ViT; no memory run")
     parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -101,7 +109,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, timm {timm.__version__}, device {args.device}, "
           f"threads {torch.get_num_threads()}")
     print(f"{'model':36s} {'B':>2s} {'plain s':>8s} {'capture s':>9s} {'hooks s':>8s} {'capture/plain':>13s} {'hooks/plain':>11s}")
-    for label, name, size in MODELS:
+    for label, name, size in FAMILY_MODELS if args.families else MODELS:
         model = build(name, size, args.device)
         hooks = hook_baseline(model)
         for batch in (1,) if args.quick else (1, 8):
@@ -118,7 +126,7 @@ def main() -> None:
             print(f"{label:36s} {batch:2d} {med['plain']:8.3f} {med['capture']:9.3f} {med['hooks']:8.3f} "
                   f"{med['capture'] / med['plain']:13.2f} {med['hooks'] / med['plain']:11.2f}", flush=True)
 
-    if args.device == "cpu":
+    if args.device == "cpu" and not args.families:
         for batch in (1,) if args.quick else (1, 8):
             out = subprocess.run([sys.executable, __file__, "--memory-child", "vit_large_patch16_384", "384", str(batch)],
                                  capture_output=True, text=True, check=True)
