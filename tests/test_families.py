@@ -214,6 +214,29 @@ def test_position_embeddings_are_read_where_they_exist_and_refused_in_a_sentence
             patch_position_embeddings(loaded.model, loaded.layout)
 
 
+def test_threads_sharing_one_rope_and_one_beit_model_match_serial_bit_for_bit(checkpoints):
+    import threading
+
+    for family in ("rope_mixed", "beit"):
+        loaded = _load(family, checkpoints)
+        torch.manual_seed(2)
+        inputs = [torch.randn(1, 3, 64, 64) for _ in range(6)]
+        serial = [capture(loaded.model, x) for x in inputs]
+        results = [None] * len(inputs)
+
+        def run(i):
+            results[i] = capture(loaded.model, inputs[i])
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(inputs))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for s, r in zip(serial, results):
+            assert torch.equal(s.attention, r.attention) and torch.equal(s.features, r.features)
+        assert not torch.equal(serial[0].attention, serial[1].attention)
+
+
 def test_a_block_vitviz_does_not_read_gets_the_sentence_naming_model_and_block():
     model = timm.create_model("vit_small_patch16_18x2_224", pretrained=False, **SMALL)
     with pytest.raises(ModelError, match=r"'vit_small_patch16_18x2_224' is not supported yet: block 0 is a "
@@ -233,7 +256,7 @@ def test_app_pages_with_an_eva02_checkpoint_and_an_hf_beit_folder_from_the_sideb
     at.sidebar.selectbox(key="timm_name").set_value("eva02_tiny_patch14_224").run()
     at.sidebar.text_input(key="ckpt_path").input(str(checkpoints["eva02"])).run()
     for page in ("pages/1_overview.py", "pages/2_heads.py", "pages/3_rollout.py", "pages/4_distance.py",
-                 "pages/6_position_embeddings.py", "pages/7_anatomy.py"):
+                 "pages/5_filters.py", "pages/6_position_embeddings.py", "pages/7_anatomy.py"):
         at.switch_page(page).run()
         assert not at.exception, (page, [e.message for e in at.exception])
         assert not at.error, (page, [e.value for e in at.error])
