@@ -231,7 +231,7 @@ def _beit_embed(model, x: torch.Tensor) -> tuple[torch.Tensor, list[PositionTerm
 
 
 def _vit_position(model) -> str:
-    return "learned absolute position embedding"
+    return "learned absolute position embedding" if model.pos_embed is not None else "none"
 
 
 def _eva_position(model) -> str:
