@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from .capture import capture
+from .capture import Capture, capture
 from .distance import mean_attention_distance_conventions
 from .images import preprocess
 from .layout import TokenLayout
@@ -122,7 +122,11 @@ def batch_tables(loaded, inputs: torch.Tensor, names: list[str], model: str) -> 
         names: the b image names.
         model: the model string written in the ``model`` column.
     """
-    out = capture(loaded.model, inputs)
+    return capture_tables(capture(loaded.model, inputs), names, model)
+
+
+def capture_tables(out: Capture, names: list[str], model: str) -> StatsTables:
+    """The rows of one captured batch of images named ``names`` (``model`` fills the model column)."""
     return StatsTables(stats=statistics_table(out.attention, out.layout, names, model),
                        sinks=sinks_table(out.attention, out.layout, names, model))
 

@@ -1,8 +1,9 @@
 """Engines of ``python -m vitviz stats``: the same per-batch reduction fed by a DataLoader or by Ray Data.
 
 Both decode files with :func:`vitviz.images.load_image` (so the same rules and messages as
-``analyze``), preprocess with the model's own data config, and reduce each batch with
-:func:`vitviz.stats.batch_tables`; the caller writes each finished batch (:class:`FileBatch`).
+``analyze``), preprocess with the model's own data config, run each batch through
+:func:`vitviz.capture.capture` and reduce it with :func:`vitviz.stats.capture_tables`; the caller
+writes each finished batch (:class:`FileBatch`).
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import os
 import signal
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -18,10 +20,11 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .capture import Capture, capture
 from .errors import VitvizError
 from .images import load_image, preprocess
 from .inputs import ImageFile
-from .stats import SINK_COLUMNS, STATS_COLUMNS, StatsTables, typed_table, batch_tables
+from .stats import SINK_COLUMNS, STATS_COLUMNS, StatsTables, capture_tables, typed_table
 
 
 def default_workers() -> int:
@@ -78,23 +81,42 @@ def _quiet_worker(_):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _reduce(loaded, items, model: str) -> FileBatch:
-    good = [(name, tensor) for name, tensor, _, _ in items if tensor is not None]
-    tables = None
-    if good:
-        tables = batch_tables(loaded, torch.stack([t for _, t in good]), [n for n, _ in good], model)
-    return FileBatch(files=len(items), tables=tables,
+def _capture(loaded, items) -> tuple[list, Capture | None]:
+    """The forward of a batch's good files: (items, Capture or None when every file was bad)."""
+    good = [tensor for _, tensor, _, _ in items if tensor is not None]
+    return items, capture(loaded.model, torch.stack(good)) if good else None
+
+
+def _tables(items, out: Capture | None, model: str) -> FileBatch:
+    """A captured batch reduced to rows; its attention is dropped on return."""
+    names = [name for name, tensor, _, _ in items if tensor is not None]
+    return FileBatch(files=len(items), tables=None if out is None else capture_tables(out, names, model),
                      bad=[(name, reason) for name, tensor, reason, _ in items if tensor is None],
                      notes=[(name, note) for name, _, _, notes in items for note in notes])
 
 
+def _reduce(loaded, items, model: str) -> FileBatch:
+    return _tables(*_capture(loaded, items), model)
+
+
 def run_local(loaded, files: list[ImageFile], model: str, batch_size: int, workers: int) -> Iterator[FileBatch]:
-    """Batches of ``files`` in order: decoded by ``workers`` processes (0: in this one), reduced here."""
+    """Batches of ``files`` in order: decoded by ``workers`` processes (0: in this one), captured and reduced here.
+
+    A batch is reduced in a thread while the next one runs through the model (on a GPU the two
+    overlap fully), so at most two batches' attention are held at once.
+    """
     loader = torch.utils.data.DataLoader(
         ImageFiles(files, loaded.data_config), batch_size=batch_size, num_workers=workers, collate_fn=_collate,
         worker_init_fn=_quiet_worker if workers else None, prefetch_factor=2 if workers else None)
-    for items in loader:
-        yield _reduce(loaded, items, model)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vitviz-reduce") as reducer:
+        pending = None
+        for items in loader:
+            captured = _capture(loaded, items)
+            if pending is not None:
+                yield pending.result()
+            pending = reducer.submit(_tables, *captured, model)
+        if pending is not None:
+            yield pending.result()
 
 
 # ---- Ray Data -------------------------------------------------------------------------------------------
