@@ -207,12 +207,12 @@ def run_ray(spec, files: list[ImageFile], model: str, batch_size: int, workers: 
     context = ray.data.DataContext.get_current()
     context.enable_progress_bars = False
     context.execution_options.preserve_order = True
-    gpus = 1 if torch.cuda.is_available() else 0
+    gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0  # the cluster's, not this driver's
     items = [{"path": str(f.path), "name": f.name} for f in files]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 200)))
     ds = ds.map_batches(_RayReducer, fn_constructor_args=(spec, model), batch_size=batch_size,
                         batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
-                        num_gpus=gpus, num_cpus=0 if gpus else 1)
+                        num_gpus=gpus, num_cpus=1)  # a CPU too: decoding and the reduction run there
     for chunk in ds.iter_batches(batch_format="pyarrow", batch_size=None):
         frame = chunk.to_pandas()  # numpy dtypes: Arrow-backed pandas columns mix badly with all-null ones
         for _, rows in frame.groupby("batch", sort=False):
