@@ -72,9 +72,7 @@ def read_stats_table(source: bytes | str | Path, name: str | None = None) -> pd.
     import pyarrow.parquet as pq
 
     if not isinstance(source, bytes):
-        path = Path(source).expanduser()
-        if path.is_dir():
-            path = path / STATS_NAME
+        path = stats_path(source)
         name = name or str(path)
         if not path.is_file():
             raise StatsTableError(f"{name}: no such file; give a stats.parquet file or the folder "
@@ -83,28 +81,38 @@ def read_stats_table(source: bytes | str | Path, name: str | None = None) -> pd.
     name = name or "stats table"
     try:
         handle = pq.ParquetFile(io.BytesIO(source) if isinstance(source, bytes) else source)
-        present = set(handle.schema_arrow.names)
-        missing = [c for c in COLUMNS if c not in present]
-        if missing:
-            raise StatsTableError(f"{name}: not a vitviz stats table: it lacks the column"
-                                  f"{'s' if len(missing) > 1 else ''} {', '.join(missing)} (expected the "
-                                  "stats.parquet that `python -m vitviz stats --out DIR` writes).")
+        _check_columns(handle.schema_arrow.names, name)
         table = handle.read(columns=list(COLUMNS)).to_pandas()
     except (pa.ArrowException, OSError) as exc:
         raise StatsTableError(f"{name}: not a Parquet file ({first_line(exc)}); expected the stats.parquet "
                               "that `python -m vitviz stats --out DIR` writes.") from exc
-    return _checked(table, name)
+    return check_stats_table(table, name)
 
 
-def _checked(table: pd.DataFrame, name: str) -> pd.DataFrame:
+def _check_columns(present, name: str) -> None:
+    missing = [c for c in COLUMNS if c not in set(present)]
+    if missing:
+        raise StatsTableError(f"{name}: not a vitviz stats table: it lacks the column"
+                              f"{'s' if len(missing) > 1 else ''} {', '.join(missing)} (expected the "
+                              "stats.parquet that `python -m vitviz stats --out DIR` writes).")
+
+
+def stats_path(source: str | Path) -> Path:
+    """The ``stats.parquet`` a path names: the file itself, or the one in a ``--out`` folder."""
+    path = Path(source).expanduser()
+    return path / STATS_NAME if path.is_dir() else path
+
+
+def check_stats_table(table: pd.DataFrame, name: str) -> pd.DataFrame:
+    """A table with the stats columns (e.g. made in the app) checked and typed as :func:`read_stats_table` does."""
+    _check_columns(table.columns, name)
     for column, dtype in COLUMNS.items():
-        values = table[column]
-        kind = ("integer" if dtype.startswith("int") else "number") if dtype != "string" else None
-        if kind == "integer" and not pd.api.types.is_integer_dtype(values) or \
-                kind == "number" and not pd.api.types.is_numeric_dtype(values):
-            raise StatsTableError(f"{name}: column {column} holds {values.dtype}, not {kind}s; "
-                                  "is this a vitviz stats table?")
-    table = table.astype(COLUMNS)
+        integer = dtype.startswith("int")
+        fits = pd.api.types.is_integer_dtype if integer else pd.api.types.is_numeric_dtype
+        if dtype != "string" and not fits(table[column]):
+            raise StatsTableError(f"{name}: column {column} holds {table[column].dtype}, not "
+                                  f"{'integers' if integer else 'numbers'}; is this a vitviz stats table?")
+    table = table[list(COLUMNS)].astype(COLUMNS)
     for column in ("layer", "head"):
         if (table[column] < 0).any():
             raise StatsTableError(f"{name}: column {column} has negative values; layers and heads count from 0.")
