@@ -26,24 +26,32 @@ def patch_distances(layout: TokenLayout) -> np.ndarray:
 
 
 def layer_attention_distance(attention: torch.Tensor | np.ndarray, layout: TokenLayout,
-                             distances: torch.Tensor | None = None) -> np.ndarray:
+                             distances: torch.Tensor | None = None, renormalise: bool = True) -> np.ndarray:
     """Mean attention distance of one layer for each image and head.
 
     attention: (B, H, N, N) -> (B, H) pixels. Renormalising over patch keys is folded into a
-    ratio of sums, so no normalised copy of the attention is made.
+    ratio of sums, so no normalised copy of the attention is made. ``renormalise=False`` is
+    probing-vits' convention: prefix keys dropped, the patch weights used as they are (a query
+    that looks at CLS counts as looking nowhere).
     """
     a = torch.as_tensor(np.ascontiguousarray(attention) if isinstance(attention, np.ndarray) else attention)
     a = a[..., layout.patch_slice, layout.patch_slice]
     d = torch.as_tensor(patch_distances(layout)) if distances is None else distances
     # Row-wise dot products as one einsum: ~6x faster than multiply-then-sum on the CPU.
     weighted = torch.einsum("...qk,qk->...q", a, d.to(a)).double()
-    return (weighted / a.sum(-1, dtype=torch.float64)).mean(-1).cpu().numpy()
+    if renormalise:
+        weighted = weighted / a.sum(-1, dtype=torch.float64)
+    return weighted.mean(-1).cpu().numpy()
 
 
-def mean_attention_distance(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
-    """All layers of captured attention: (B, L, H, N, N) -> per image (B, L, H) pixels."""
+def mean_attention_distance(attention: np.ndarray, layout: TokenLayout, renormalise: bool = True) -> np.ndarray:
+    """All layers of captured attention: (B, L, H, N, N) -> per image (B, L, H) pixels.
+
+    ``renormalise``: see :func:`layer_attention_distance` (False: probing-vits' convention).
+    """
     d = torch.as_tensor(patch_distances(layout))
-    return np.stack([layer_attention_distance(attention[:, l], layout, d) for l in range(attention.shape[1])], axis=1)
+    return np.stack([layer_attention_distance(attention[:, l], layout, d, renormalise)
+                     for l in range(attention.shape[1])], axis=1)
 
 
 @dataclass
