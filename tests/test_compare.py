@@ -5,7 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vitviz.compare import (COLUMNS, STATISTICS, StatsTableError, combine, head_summary, layer_summary,
+from vitviz import stats
+from vitviz.compare import (DTYPES, STATISTICS, StatsTableError, combine, head_summary, layer_summary,
                             read_stats_table)
 from vitviz.compare_figures import depth_comparison
 
@@ -67,10 +68,14 @@ def test_the_same_model_in_two_files_is_told_apart():
     np.testing.assert_allclose(means.to_numpy(), [16, 17, 16])
 
 
+def test_every_statistic_of_the_stats_table_has_a_label_and_unit():
+    assert list(STATISTICS) == list(stats.STATISTICS)
+
+
 def test_a_stats_folder_is_read_by_its_path(tmp_path):
     stats_table("m", TWO).to_parquet(tmp_path / "stats.parquet")
     table = read_stats_table(tmp_path)
-    assert dict(table.dtypes.astype(str)) == {c: ("string" if d == "string" else d) for c, d in COLUMNS.items()}
+    assert dict(table.dtypes) == DTYPES
     with pytest.raises(StatsTableError, match=r"nowhere: no such file"):
         read_stats_table(tmp_path / "nowhere", "nowhere")
 

@@ -16,9 +16,12 @@ import numpy as np
 import pandas as pd
 
 from .errors import VitvizError, first_line
+from .stats import STATS_COLUMNS as COLUMNS
 
 STATS_NAME = "stats.parquet"
-KEYS = {"image": "string", "model": "string", "layer": "int32", "head": "int32"}
+KEYS = ["image", "model", "layer", "head"]
+# "str" columns stay numpy object, as vitviz.stats writes them.
+DTYPES = {column: object if dtype == "str" else dtype for column, dtype in COLUMNS.items()}
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,6 @@ STATISTICS = {s.column: s for s in (
     Statistic("cls_focus", "CLS focus", "0 = uniform, 1 = one patch"),
     Statistic("prefix_received", "attention received by prefix tokens", "share of attention"),
 )}
-COLUMNS = {**KEYS, **{column: "float64" for column in STATISTICS}}
 
 
 class StatsTableError(VitvizError):
@@ -62,7 +64,7 @@ def read_stats_table(source: bytes | str | Path, name: str | None = None) -> pd.
         name: the file name as the user knows it (defaults to the path).
 
     Returns:
-        The table with exactly :data:`COLUMNS` in their dtypes (layer and head 0-based).
+        The table with exactly :data:`vitviz.stats.STATS_COLUMNS` in their dtypes (layer and head 0-based).
 
     Raises:
         StatsTableError: not Parquet, a column missing or of the wrong kind, a negative layer or
@@ -109,14 +111,14 @@ def check_stats_table(table: pd.DataFrame, name: str) -> pd.DataFrame:
     for column, dtype in COLUMNS.items():
         integer = dtype.startswith("int")
         fits = pd.api.types.is_integer_dtype if integer else pd.api.types.is_numeric_dtype
-        if dtype != "string" and not fits(table[column]):
+        if dtype != "str" and not fits(table[column]):
             raise StatsTableError(f"{name}: column {column} holds {table[column].dtype}, not "
                                   f"{'integers' if integer else 'numbers'}; is this a vitviz stats table?")
-    table = table[list(COLUMNS)].astype(COLUMNS)
+    table = table[list(COLUMNS)].astype(DTYPES)
     for column in ("layer", "head"):
         if (table[column] < 0).any():
             raise StatsTableError(f"{name}: column {column} has negative values; layers and heads count from 0.")
-    repeated = int(table.duplicated(list(KEYS)).sum())
+    repeated = int(table.duplicated(KEYS).sum())
     if repeated:
         raise StatsTableError(f"{name}: {repeated} rows repeat an (image, model, layer, head) given before; "
                               "a stats table has one row per image, layer and head.")
@@ -130,7 +132,7 @@ def combine(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     ``"model (source)"`` in each, so their rows are never averaged together unnoticed.
     """
     if not tables:
-        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in COLUMNS.items()})
+        return pd.DataFrame({c: pd.Series(dtype=d) for c, d in DTYPES.items()})
     sources: dict[str, list[str]] = {}
     for source, table in tables.items():
         for model in table["model"].unique():
@@ -139,7 +141,7 @@ def combine(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     for source, table in tables.items():
         renamed = {m: f"{m} ({source})" for m in table["model"].unique() if len(sources[m]) > 1}
         parts.append(table.assign(model=table["model"].replace(renamed)) if renamed else table)
-    return pd.concat(parts, ignore_index=True).astype(COLUMNS)
+    return pd.concat(parts, ignore_index=True).astype(DTYPES)
 
 
 def head_summary(table: pd.DataFrame, statistic: str) -> pd.DataFrame:

@@ -1,0 +1,100 @@
+"""Compare models: a per-head statistic against depth, several models overlaid (ViT paper Fig. 7 right)."""
+import streamlit as st
+
+from ui.cache import operator_settings, store
+from ui.charts import file_stem, show_chart
+from ui.downloads import download_row
+from ui.state import setup, upload_too_large
+from vitviz.compare import (STATISTICS, StatsTableError, check_stats_table, combine, head_summary, layer_summary,
+                            read_stats_table, stats_path)
+from vitviz.compare_figures import depth_comparison
+from vitviz.errors import VitvizError
+from vitviz.stats import table_for_images
+
+ctx = setup()  # the tables need no image: without one, only the in-app run is unavailable
+st.header("Compare models")
+st.caption("In the ViT paper (Fig. 7 right, Appendix D.7) some heads attend across the whole image already in the "
+           "lowest layers while others stay local, and hybrids (a ResNet stem before the Transformer) have fewer "
+           "local early heads; the same plot compares supervised and self-supervised (DINO, DINOv2) models.")
+
+tables: dict = {}
+uploads = st.file_uploader("Stats tables (stats.parquet)", type=["parquet"], accept_multiple_files=True,
+                           key="compare_uploads",
+                           help="Written by `python -m vitviz stats IMAGES --model M [--model M2 ...] --out DIR`; "
+                                "one model per file or several.")
+for upload in uploads or []:
+    try:
+        if too_large := upload_too_large(upload.name, upload.size):
+            raise StatsTableError(too_large)
+        tables[upload.name] = store().get_or_compute(("stats_table", upload.file_id),
+                                                     lambda: read_stats_table(upload.getvalue(), upload.name))
+    except VitvizError as exc:
+        st.error(str(exc))
+# A shared server reads no file by a path a browser user names: uploads only.
+if not operator_settings().shared:
+    typed = st.text_input("... or a stats folder or .parquet path on this machine", key="compare_path",
+                          placeholder="out/  (the --out folder of `python -m vitviz stats`)").strip()
+    if typed:
+        path = stats_path(typed)
+        try:
+            stamp = path.stat().st_mtime_ns if path.is_file() else None  # a rewritten table is read again
+            tables[typed] = store().get_or_compute(("stats_table", str(path), stamp),
+                                                   lambda: read_stats_table(path, typed))
+        except VitvizError as exc:
+            st.error(str(exc))
+
+runs: dict = st.session_state.setdefault("compare_runs", {})  # this session's in-app runs, by model label
+left, right = st.columns([3, 2])
+if ctx is not None:
+    label = ctx.loaded.label + (f" at {ctx.spec.img_size} px" if ctx.spec.img_size else "")
+    if left.button(f"Add this session's {len(ctx.images)} image{'s' if len(ctx.images) != 1 else ''} with "
+                   "the current model", key="compare_run",
+                   help=f"Runs {label} on the sidebar's image set, {ctx.framing} framing, and adds it as one more model."):
+        bar = st.progress(0.0, text=f"{label}: running the model on the image set ...")
+        table = table_for_images(ctx.loaded, [im.image for im in ctx.images], [im.name for im in ctx.images],
+                                 progress=lambda done, total: bar.progress(done / total, f"{label}: {done} of {total} images"),
+                                 model=label)
+        bar.empty()
+        runs[label] = check_stats_table(table, f"{label} (this session)")
+if runs and right.button("Remove this session's runs", key="compare_forget"):
+    runs.clear()
+if runs:
+    tables["this session"] = combine(runs)
+
+if not tables:
+    st.info("Upload one or more stats.parquet files, or add this session's images with the current model.")
+    st.stop()
+
+c1, c2 = st.columns(2)
+statistic = STATISTICS[c1.selectbox("Statistic", list(STATISTICS), format_func=lambda c: STATISTICS[c].axis_title,
+                                    key="compare_statistic")]
+relative = c2.radio("Depth axis", ["layer", "relative depth (layer / L)"], horizontal=True, key="compare_depth",
+                    help="Relative depth lines up models of different depth (e.g. ViT-B's 12 and ViT-L's "
+                         "24 layers) at their last layer.") != "layer"
+table = combine(tables)
+heads = head_summary(table, statistic.column)
+layers = layer_summary(heads)
+empty = [m for m, n in heads.groupby("model", sort=False)["n_images"].max().items() if n == 0]
+if empty:
+    st.warning(f"No {statistic.label} for {', '.join(empty)} (e.g. CLS focus of a model without a CLS token).")
+models = list(layers["model"].unique())
+stem = file_stem("compare", statistic.column, f"{len(models)}models")
+show_chart(depth_comparison(heads, layers, statistic, relative=relative), "compare_plot", stem)
+st.caption(f"Each dot is one head's {statistic.label} averaged over a model's images; error bars: ± one standard "
+           "deviation over those images; lines: the mean over heads per layer. Each model's dots are shifted "
+           "slightly left or right of the layer so models do not hide each other. "
+           + ("Distances are in pixels of each model's own input, so models at other resolutions differ for that "
+              "reason too. " if statistic.unit == "pixels" else "")
+           + "Click a model in the legend to hide it.")
+
+st.subheader(f"Mean over heads per layer ({statistic.unit})")
+per_layer = layers.assign(layer=layers["layer"] + 1).pivot(index="layer", columns="model", values="mean")[models]
+st.dataframe(per_layer.rename_axis(index="layer (1-based)"), key="compare_table")
+download_row(stem, heads.assign(statistic=statistic.column, unit=statistic.unit),
+             {"statistic": statistic.column, "label": statistic.label, "unit": statistic.unit,
+              "depth_axis": "relative depth (layer + 1) / L" if relative else "layer, 1-based",
+              "indexing": "layer and head count from 0 in the CSV and in stats.parquet, from 1 on screen",
+              "spread": "standard deviation over images (ddof=0); n_images counts images with a value",
+              "sources": {name: sorted(t["model"].unique()) for name, t in tables.items()},
+              "models": {m: {"layers": int(layers.loc[layers["model"] == m, "depth"].iloc[0]),
+                             "images": int(heads.loc[heads["model"] == m, "n_images"].max())} for m in models}})

@@ -1,0 +1,90 @@
+"""The Compare models page through AppTest: uploaded stats tables and an in-app run, values against the tables."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import ASSETS
+from test_app import _decode
+from test_compare import parquet_bytes, stats_table
+from vitviz.images import load_image
+from vitviz.stats import table_for_images
+
+pytestmark = pytest.mark.slow
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+PAGE = "pages/9_compare.py"
+
+
+def _figure(at):
+    chart = next((c for c in at.get("plotly_chart") if "compare_plot" in (c.proto.id or "")), None)
+    assert chart is not None, "no compare chart"
+    return json.loads(chart.proto.spec)
+
+
+def _layer_means(spec) -> dict[str, np.ndarray]:
+    """The plotted line of each model: its mean over heads per layer."""
+    return {t["name"].removesuffix(": mean over heads"): _decode(t["y"])
+            for t in spec["data"] if t.get("mode") == "lines" and t["name"].endswith(": mean over heads")}
+
+
+def _upload(at, files):
+    at.file_uploader(key="compare_uploads").set_value(files).run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+@pytest.fixture
+def page():
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def test_two_uploaded_models_are_plotted_with_their_parquet_means(page):
+    rng = np.random.default_rng(0)
+    vit, deep = stats_table("vit_b", rng.random((3, 4, 2)) * 100), stats_table("vit_l", rng.random((2, 6, 3)) * 100)
+    at = _upload(page, [("vit_b.parquet", parquet_bytes(vit), "application/octet-stream"),
+                        ("vit_l.parquet", parquet_bytes(deep), "application/octet-stream")])
+    for statistic in ("mean_distance", "entropy"):
+        at.selectbox(key="compare_statistic").set_value(statistic).run()
+        means = _layer_means(_figure(at))
+        assert list(means) == ["vit_b", "vit_l"]
+        for name, table in (("vit_b", vit), ("vit_l", deep)):
+            # Every head has every image, so the mean over heads of image means is the plain mean per layer.
+            np.testing.assert_allclose(means[name], table.groupby("layer")[statistic].mean(), rtol=1e-12)
+        shown = at.dataframe[0].value
+        np.testing.assert_allclose(shown["vit_l"], deep.groupby("layer")[statistic].mean(), rtol=1e-12)
+        assert shown.index.tolist() == [1, 2, 3, 4, 5, 6]  # 1-based on screen
+    spec = _figure(at)
+    assert spec["layout"]["yaxis"]["title"]["text"] == "attention entropy (nats)"
+    dots = [t for t in spec["data"] if t.get("mode") == "markers" and t.get("customdata")]
+    assert [t["name"] for t in dots] == ["vit_b (4 layers, 3 images)", "vit_l (6 layers, 2 images)"]
+
+
+def test_a_file_that_is_not_a_stats_table_gets_a_sentence_and_the_good_one_is_plotted(page):
+    good = stats_table("vit_b", np.arange(8.0).reshape(1, 4, 2))
+    at = _upload(page, [("notes.parquet", b"not parquet at all", "application/octet-stream"),
+                        ("other.parquet", parquet_bytes(good.drop(columns=["entropy"])), "application/octet-stream"),
+                        ("vit_b.parquet", parquet_bytes(good), "application/octet-stream")])
+    errors = [e.value for e in at.error]
+    assert any(e.startswith("notes.parquet: not a Parquet file") for e in errors), errors
+    assert any(e.startswith("other.parquet: not a vitviz stats table: it lacks the column entropy") for e in errors)
+    assert list(_layer_means(_figure(at))) == ["vit_b"]
+
+
+def test_this_sessions_images_run_with_the_current_model_join_the_plot(page, bundled):
+    at = page
+    at.button(key="compare_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    image = load_image(ASSETS / "astronaut.jpg")  # the sidebar's default sample
+    expected = table_for_images(bundled, [image.image], [image.name])
+    means = _layer_means(_figure(at))
+    assert list(means) == [bundled.label]
+    np.testing.assert_allclose(means[bundled.label], expected.groupby("layer")["mean_distance"].mean(), rtol=1e-6)
+    # The run stays across reruns and sits beside an uploaded table.
+    other = stats_table("vit_b", np.full((1, 4, 2), 50.0))
+    at = _upload(at, [("vit_b.parquet", parquet_bytes(other), "application/octet-stream")])
+    assert list(_layer_means(_figure(at))) == ["vit_b", bundled.label]
