@@ -11,6 +11,12 @@ from vitviz.compare_figures import depth_comparison
 from vitviz.errors import VitvizError
 from vitviz.stats import table_for_images
 
+
+def _unique(name: str, taken) -> str:
+    """Every run writes a file called stats.parquet: the same name twice is two sources, "name (2)"."""
+    return next(n for n in [name] + [f"{name} ({k})" for k in range(2, len(taken) + 2)] if n not in taken)
+
+
 ctx = setup()  # the tables need no image: without one, only the in-app run is unavailable
 st.header("Compare models")
 st.caption("In the ViT paper (Fig. 7 right, Appendix D.7) some heads attend across the whole image already in the "
@@ -18,22 +24,25 @@ st.caption("In the ViT paper (Fig. 7 right, Appendix D.7) some heads attend acro
            "local early heads; the same plot compares supervised and self-supervised (DINO, DINOv2) models.")
 
 tables: dict = {}
-uploads = st.file_uploader("Stats tables (stats.parquet)", type=["parquet"], accept_multiple_files=True,
-                           key="compare_uploads",
-                           help="Written by `python -m vitviz stats IMAGES --model M [--model M2 ...] --out DIR`; "
-                                "one model per file or several.")
+problems: list[str] = []  # shown under the row of sources, across the page
+files, local = st.columns(2)
+uploads = files.file_uploader("Stats tables (stats.parquet)", type=["parquet"], accept_multiple_files=True,
+                              key="compare_uploads",
+                              help="Written by `python -m vitviz stats IMAGES --model M [--model M2 ...] --out DIR`; "
+                                   "one model per file or several.")
 for upload in uploads or []:
+    source = _unique(upload.name, tables)
     try:
         if too_large := upload_too_large(upload.name, upload.size):
             raise StatsTableError(too_large)
-        tables[upload.name] = store().get_or_compute(("stats_table", upload.file_id),
+        tables[source] = store().get_or_compute(("stats_table", upload.file_id),
                                                      lambda: read_stats_table(upload.getvalue(), upload.name))
     except VitvizError as exc:
-        st.error(str(exc))
+        problems.append(str(exc))
 # A shared server reads no file by a path a browser user names: uploads only.
 if not operator_settings().shared:
-    typed = st.text_input("... or a stats folder or .parquet path on this machine", key="compare_path",
-                          placeholder="out/  (the --out folder of `python -m vitviz stats`)").strip()
+    typed = local.text_input("... or a stats folder or .parquet path on this machine", key="compare_path",
+                             placeholder="out/  (the --out folder of `python -m vitviz stats`)").strip()
     if typed:
         path = stats_path(typed)
         try:
@@ -41,23 +50,25 @@ if not operator_settings().shared:
             tables[typed] = store().get_or_compute(("stats_table", str(path), stamp),
                                                    lambda: read_stats_table(path, typed))
         except VitvizError as exc:
-            st.error(str(exc))
+            problems.append(str(exc))
 
 runs: dict = st.session_state.setdefault("compare_runs", {})  # this session's in-app runs, by model label
-left, right = st.columns([3, 2])
 if ctx is not None:
     label = ctx.loaded.label + (f" at {ctx.spec.img_size} px" if ctx.spec.img_size else "")
-    if left.button(f"Add this session's {len(ctx.images)} image{'s' if len(ctx.images) != 1 else ''} with "
-                   "the current model", key="compare_run",
-                   help=f"Runs {label} on the sidebar's image set, {ctx.framing} framing, and adds it as one more model."):
+    if local.button(f"Add this session's {len(ctx.images)} image{'s' if len(ctx.images) != 1 else ''} with "
+                         "the current model", key="compare_run",
+                         help=f"Runs {label} on the sidebar's image set ({ctx.framing} framing) and adds it as "
+                              "one more model."):
         bar = st.progress(0.0, text=f"{label}: running the model on the image set ...")
         table = table_for_images(ctx.loaded, [im.image for im in ctx.images], [im.name for im in ctx.images],
                                  progress=lambda done, total: bar.progress(done / total, f"{label}: {done} of {total} images"),
                                  model=label)
         bar.empty()
         runs[label] = check_stats_table(table, f"{label} (this session)")
-if runs and right.button("Remove this session's runs", key="compare_forget"):
+if runs and local.button("Remove this session's runs", key="compare_forget"):
     runs.clear()
+for problem in problems:
+    st.error(problem)
 if runs:
     tables["this session"] = combine(runs)
 
@@ -89,7 +100,10 @@ st.caption(f"Each dot is one head's {statistic.label} averaged over a model's im
 
 st.subheader(f"Mean over heads per layer ({statistic.unit})")
 per_layer = layers.assign(layer=layers["layer"] + 1).pivot(index="layer", columns="model", values="mean")[models]
-st.dataframe(per_layer.rename_axis(index="layer (1-based)"), key="compare_table")
+digits = 1 if statistic.unit == "pixels" else 3
+# As text: the grid draws a missing value (a layer the shallower model lacks) as "None", not as blank.
+st.dataframe(per_layer.rename_axis(index="layer (1-based)").map(lambda v: "–" if v != v else f"{v:.{digits}f}"),
+             column_config={m: st.column_config.TextColumn(alignment="right") for m in models}, key="compare_table")
 download_row(stem, heads.assign(statistic=statistic.column, unit=statistic.unit),
              {"statistic": statistic.column, "label": statistic.label, "unit": statistic.unit,
               "depth_axis": "relative depth (layer + 1) / L" if relative else "layer, 1-based",

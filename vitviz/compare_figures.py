@@ -11,6 +11,8 @@ from .figures import qualitative_colours
 
 # Share of one layer's width the models' columns of dots spread over, and the most one model moves.
 JITTER_SPAN, JITTER_MAX = 0.5, 0.15
+# A shape per model as well as a colour: models stay apart in greyscale print and for colour-blind readers.
+SYMBOLS = ("circle", "square", "diamond", "triangle-up", "triangle-down", "pentagon", "hexagon", "star")
 
 
 def model_colours(n: int) -> list[str]:
@@ -54,7 +56,8 @@ def depth_comparison(heads: pd.DataFrame, layers: pd.DataFrame, statistic: Stati
         fig.add_trace(go.Scatter(
             x=x_of(h["layer"]), y=h["mean"].to_numpy(), mode="markers", customdata=custom, legendgroup=model,
             name=f"{model} ({depth} layers, {n_images} image{'s' if n_images != 1 else ''})",
-            marker=dict(color=colour, size=7, opacity=0.85, line=dict(color="white", width=0.5)),
+            marker=dict(color=colour, size=7, opacity=0.85, symbol=SYMBOLS[m % len(SYMBOLS)],
+                        line=dict(color="white", width=0.5)),
             error_y=dict(type="data", array=h["std"].to_numpy(), thickness=0.8, width=0, color=colour),
             hovertemplate="%{customdata[0]}<br>layer %{customdata[1]}" + f" of {depth}"
                           + ", head %{customdata[2]}<br>%{y:.4g} " + statistic.unit
