@@ -9,6 +9,7 @@ from streamlit.testing.v1 import AppTest
 from conftest import ASSETS
 from test_app import _decode
 from test_compare import parquet_bytes, stats_table
+from test_shared_safety import operator_env  # noqa: F401  (a fixture)
 from vitviz.images import load_image
 from vitviz.stats import table_for_images
 
@@ -90,3 +91,17 @@ def test_this_sessions_images_run_with_the_current_model_join_the_plot(page, bun
     other = stats_table("vit_b", np.full((1, 4, 2), 50.0))
     at = _upload(at, [("vit_b.parquet", parquet_bytes(other), "application/octet-stream")])
     assert list(_layer_means(_figure(at))) == ["vit_b", bundled.label]
+
+
+def test_a_stats_folder_by_path_locally_and_no_path_box_on_a_shared_server(page, tmp_path, operator_env):
+    stats_table("vit_b", np.arange(8.0).reshape(1, 4, 2)).to_parquet(tmp_path / "stats.parquet")
+    page.text_input(key="compare_path").input(str(tmp_path)).run()
+    assert list(_layer_means(_figure(page))) == ["vit_b"]
+    page.text_input(key="compare_path").input(str(tmp_path / "missing")).run()
+    assert any(e.value.startswith(f"{tmp_path / 'missing'}: no such file") for e in page.error)
+
+    operator_env(VITVIZ_SHARED="1")
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    at.switch_page(PAGE).run()
+    assert not at.exception and not any(t.key == "compare_path" for t in at.text_input)
+    assert at.file_uploader(key="compare_uploads") is not None
