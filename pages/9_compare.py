@@ -85,7 +85,7 @@ relative = c2.radio("Depth axis", ["layer", "relative depth (layer / L)"], horiz
 table = combine(tables)
 heads = head_summary(table, statistic.column)
 layers = layer_summary(heads)
-empty = [m for m, n in heads.groupby("model", sort=False)["n_images"].max().items() if n == 0]
+empty = [m for m, n in heads.groupby("model", sort=False, observed=True)["n_images"].max().items() if n == 0]
 if empty:
     st.warning(f"No {statistic.label} for {', '.join(empty)} (e.g. CLS focus of a model without a CLS token).")
 models = list(layers["model"].unique())
@@ -99,7 +99,8 @@ st.caption(f"Each dot is one head's {statistic.label} averaged over a model's im
            + "Click a model in the legend to hide it.")
 
 st.subheader(f"Mean over heads per layer ({statistic.unit})")
-per_layer = layers.assign(layer=layers["layer"] + 1).pivot(index="layer", columns="model", values="mean")[models]
+per_layer = layers.assign(layer=layers["layer"] + 1, model=layers["model"].astype(str)) \
+    .pivot(index="layer", columns="model", values="mean")[models]
 digits = 1 if statistic.unit == "pixels" else 3
 # As text: the grid draws a missing value (a layer the shallower model lacks) as "None", not as blank.
 st.dataframe(per_layer.rename_axis(index="layer (1-based)").map(lambda v: "–" if v != v else f"{v:.{digits}f}"),
