@@ -6,7 +6,7 @@ from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.state import setup, upload_too_large
 from vitviz.compare import (STATISTICS, StatsTableError, check_stats_table, combine, head_summary, layer_summary,
-                            read_stats_table, stats_path)
+                            model_overview, read_stats_table, stats_path)
 from vitviz.compare_figures import depth_comparison
 from vitviz.errors import VitvizError
 from vitviz.stats import table_for_images
@@ -56,9 +56,9 @@ runs: dict = st.session_state.setdefault("compare_runs", {})  # this session's i
 if ctx is not None:
     label = ctx.loaded.label + (f" at {ctx.spec.img_size} px" if ctx.spec.img_size else "")
     if local.button(f"Add this session's {len(ctx.images)} image{'s' if len(ctx.images) != 1 else ''} with "
-                         "the current model", key="compare_run",
-                         help=f"Runs {label} on the sidebar's image set ({ctx.framing} framing) and adds it as "
-                              "one more model."):
+                    "the current model", key="compare_run",
+                    help=f"Runs {label} on the sidebar's image set ({ctx.framing} framing) and adds it as one "
+                         "more model."):
         bar = st.progress(0.0, text=f"{label}: running the model on the image set ...")
         table = table_for_images(ctx.loaded, [im.image for im in ctx.images], [im.name for im in ctx.images],
                                  progress=lambda done, total: bar.progress(done / total, f"{label}: {done} of {total} images"),
@@ -85,10 +85,11 @@ relative = c2.radio("Depth axis", ["layer", "relative depth (layer / L)"], horiz
 table = combine(tables)
 heads = head_summary(table, statistic.column)
 layers = layer_summary(heads)
-empty = [m for m, n in heads.groupby("model", sort=False, observed=True)["n_images"].max().items() if n == 0]
-if empty:
-    st.warning(f"No {statistic.label} for {', '.join(empty)} (e.g. CLS focus of a model without a CLS token).")
-models = list(layers["model"].unique())
+overview = model_overview(heads, layers)
+models = overview.index.tolist()
+if (overview["images"] == 0).any():
+    st.warning(f"No {statistic.label} for {', '.join(overview.index[overview['images'] == 0])} (e.g. CLS focus "
+               "of a model without a CLS token).")
 stem = file_stem("compare", statistic.column, f"{len(models)}models")
 show_chart(depth_comparison(heads, layers, statistic, relative=relative), "compare_plot", stem)
 st.caption(f"Each dot is one head's {statistic.label} averaged over a model's images; error bars: ± one standard "
@@ -112,5 +113,4 @@ download_row(stem, heads.assign(statistic=statistic.column, unit=statistic.unit)
               "indexing": "layer and head count from 0 in the CSV and in stats.parquet, from 1 on screen",
               "spread": "standard deviation over images (ddof=0); n_images counts images with a value",
               "sources": {name: sorted(t["model"].unique()) for name, t in tables.items()},
-              "models": {m: {"layers": int(layers.loc[layers["model"] == m, "depth"].iloc[0]),
-                             "images": int(heads.loc[heads["model"] == m, "n_images"].max())} for m in models}})
+              "models": overview.to_dict(orient="index")})

@@ -7,7 +7,7 @@ import pytest
 
 from vitviz import stats
 from vitviz.compare import (DTYPES, STATISTICS, StatsTableError, combine, head_summary, layer_summary,
-                            read_stats_table)
+                            model_overview, read_stats_table)
 from vitviz.compare_figures import depth_comparison
 
 
@@ -58,6 +58,12 @@ def test_nan_statistics_are_left_out_of_counts():
     heads = head_summary(read_stats_table(parquet_bytes(table)), "mean_distance")
     assert heads.loc[0, "n_images"] == 1 and heads.loc[0, "mean"] == 14.0 and heads.loc[0, "std"] == 0.0
     assert head_summary(table, "cls_focus")["n_images"].tolist() == [0] * 4
+    deeper = combine({"a": table, "b": stats_table("deep", np.ones((3, 5, 2)))})
+    for statistic, images in (("mean_distance", [2, 3]), ("cls_focus", [0, 0])):
+        heads = head_summary(deeper, statistic)
+        overview = model_overview(heads, layer_summary(heads))
+        assert overview.to_dict(orient="index") == {"m": {"layers": 2, "images": images[0]},
+                                                    "deep": {"layers": 5, "images": images[1]}}
 
 
 def test_the_same_model_in_two_files_is_told_apart():

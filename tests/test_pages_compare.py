@@ -63,6 +63,8 @@ def test_two_uploaded_models_are_plotted_with_their_parquet_means(page):
         assert shown.index.tolist() == [1, 2, 3, 4, 5, 6]  # 1-based on screen
     spec = _figure(at)
     assert spec["layout"]["yaxis"]["title"]["text"] == "attention entropy (nats)"
+    at.selectbox(key="compare_statistic").set_value("cls_focus").run()
+    assert any(w.value.startswith("No CLS focus for vit_b, vit_l") for w in at.warning)
     dots = [t for t in spec["data"] if t.get("mode") == "markers" and t.get("customdata")]
     assert [t["name"] for t in dots] == ["vit_b (4 layers, 3 images)", "vit_l (6 layers, 2 images)"]
 

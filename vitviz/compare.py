@@ -181,6 +181,19 @@ def layer_summary(heads: pd.DataFrame) -> pd.DataFrame:
     return _in_model_order(out, heads)
 
 
+def model_overview(heads: pd.DataFrame, layers: pd.DataFrame) -> pd.DataFrame:
+    """Per model, in plotting order: ``layers`` (its depth L) and ``images`` (the most images any head has a value for).
+
+    heads, layers: :func:`head_summary` and :func:`layer_summary` of one statistic; ``images`` 0
+    means the model has no value of it (CLS focus of a model without CLS).
+    """
+    depth = layers.groupby("model", sort=False, observed=True)["depth"].first()
+    images = heads.groupby("model", sort=False, observed=True)["n_images"].max()
+    out = pd.DataFrame({"layers": depth.astype("int64"), "images": images.reindex(depth.index).astype("int64")})
+    out.index = out.index.astype(str)
+    return out
+
+
 def _in_model_order(out: pd.DataFrame, like: pd.DataFrame) -> pd.DataFrame:
     order = {m: i for i, m in enumerate(like["model"].unique())}
     keys = [c for c in ("layer", "head") if c in out]

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.colors import hex_to_rgb, label_rgb
 
-from .compare import Statistic, relative_depth
+from .compare import Statistic, model_overview, relative_depth
 from .figures import qualitative_colours
 
 # Share of one layer's width the models' columns of dots spread over, and the most one model moves.
@@ -35,22 +35,21 @@ def depth_comparison(heads: pd.DataFrame, layers: pd.DataFrame, statistic: Stati
     error bars are the spread (std) over images. A dot's customdata is [model, layer, head
     (1-based), std, n_images]; the lines' names are ``"<model>: mean over heads"``.
     """
-    models = list(layers["model"].unique())
-    colours = model_colours(len(models))
-    max_depth = int(layers["depth"].max()) if len(layers) else 1
+    overview = model_overview(heads, layers)
+    colours = model_colours(len(overview))
+    max_depth = int(overview["layers"].max()) if len(overview) else 1
     scale = 1 / max_depth if relative else 1.0
-    step = min(JITTER_SPAN / max(len(models), 1), JITTER_MAX) * scale
+    step = min(JITTER_SPAN / max(len(overview), 1), JITTER_MAX) * scale
     fig = go.Figure()
-    for m, (model, colour) in enumerate(zip(models, colours)):
+    for m, (model, depth, n_images) in enumerate(overview.itertuples()):
+        colour = colours[m]
         h, per_layer = heads[heads["model"] == model], layers[layers["model"] == model]
-        depth = int(per_layer["depth"].iloc[0])
-        offset = (m - (len(models) - 1) / 2) * step
+        offset = (m - (len(overview) - 1) / 2) * step
 
         def x_of(layer):
             layer = layer.to_numpy()
             return (relative_depth(layer, depth) if relative else layer + 1.0) + offset
 
-        n_images = int(h["n_images"].max())
         custom = np.stack([np.full(len(h), model, dtype=object), h["layer"].to_numpy() + 1,
                            h["head"].to_numpy() + 1, h["std"].to_numpy(), h["n_images"].to_numpy()], axis=-1)
         fig.add_trace(go.Scatter(
