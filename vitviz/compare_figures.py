@@ -75,9 +75,10 @@ def depth_comparison(heads: pd.DataFrame, layers: pd.DataFrame, statistic: Stati
     else:
         xaxis = dict(title="network depth (layer, 1-based)", tickmode="linear", dtick=1 if max_depth <= 24 else 2,
                      range=[0.5, max_depth + 0.5])
-    fig.update_layout(xaxis=xaxis, yaxis=dict(title=statistic.axis_title, rangemode="tozero"), height=520,
-                      legend=dict(orientation="h", x=0, xanchor="left", y=-0.16, yanchor="top"),
-                      margin=dict(l=70, r=10, t=10, b=40), plot_bgcolor="white", paper_bgcolor="white",
+    # The legend above the plot: the models' names are on screen with the dots, not a scroll away.
+    fig.update_layout(xaxis=xaxis, yaxis=dict(title=statistic.axis_title, rangemode="tozero"), height=500,
+                      legend=dict(orientation="h", x=0, xanchor="left", y=1.02, yanchor="bottom"),
+                      margin=dict(l=70, r=10, t=10, b=50), plot_bgcolor="white", paper_bgcolor="white",
                       font_color="black")
     fig.update_xaxes(showgrid=False, linecolor="black", ticks="outside", zeroline=False)
     fig.update_yaxes(gridcolor="#e5e5e5", linecolor="black", ticks="outside", zeroline=False)
