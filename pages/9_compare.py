@@ -1,4 +1,6 @@
 """Compare models: a per-head statistic against depth, several models overlaid (ViT paper Fig. 7 right)."""
+import hashlib
+
 import streamlit as st
 
 from ui.cache import operator_settings, store
@@ -25,18 +27,26 @@ st.caption("In the ViT paper (Fig. 7 right, Appendix D.7) some heads attend acro
 
 tables: dict = {}
 problems: list[str] = []  # shown under the row of sources, across the page
+notes: list[str] = []
 files, local = st.columns(2)
 uploads = files.file_uploader("Stats tables (stats.parquet)", type=["parquet"], accept_multiple_files=True,
                               key="compare_uploads",
                               help="Written by `python -m vitviz stats IMAGES --model M [--model M2 ...] --out DIR`; "
                                    "one model per file or several.")
+digests: dict = st.session_state.setdefault("compare_digests", {})  # file_id -> SHA-256, hashed once per upload
+seen: dict[str, str] = {}  # SHA-256 -> source name
 for upload in uploads or []:
     source = _unique(upload.name, tables)
     try:
         if too_large := upload_too_large(upload.name, upload.size):
             raise StatsTableError(too_large)
-        tables[source] = store().get_or_compute(("stats_table", upload.file_id),
-                                                     lambda: read_stats_table(upload.getvalue(), upload.name))
+        digest = digests.setdefault(upload.file_id, hashlib.sha256(upload.getbuffer()).hexdigest())
+        if digest in seen:
+            notes.append(f"{upload.name}: the same file as {seen[digest]}; shown once.")
+            continue
+        seen[digest] = source
+        tables[source] = store().get_or_compute(("stats_table", digest),
+                                                lambda: read_stats_table(upload.getvalue(), upload.name))
     except VitvizError as exc:
         problems.append(str(exc))
 # A shared server reads no file by a path a browser user names: uploads only.
@@ -69,6 +79,8 @@ if runs and local.button("Remove this session's runs", key="compare_forget"):
     runs.clear()
 for problem in problems:
     st.error(problem)
+for note in notes:
+    st.info(note)
 if runs:
     tables["this session"] = combine(runs)
 
