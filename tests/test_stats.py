@@ -110,3 +110,128 @@ def test_layer_head_summary_equals_pandas_mean_and_std_over_images():
     np.testing.assert_allclose(result["entropy_mean"], grouped.entropy.mean(), rtol=1e-12)
     np.testing.assert_allclose(result["mean_distance_std"], grouped.mean_distance.std(ddof=0), rtol=1e-6)
     assert (result["images"] == 5).all()
+
+
+# ---- the stats command --------------------------------------------------------------------------------------
+
+import json  # noqa: E402
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+
+import pandas as pd  # noqa: E402
+
+from test_streaming_rollout import MODEL, ROOT, make_images, run_cli_measuring_peak, tiny_checkpoint  # noqa: E402,F401
+from vitviz.inputs import expand_inputs  # noqa: E402
+
+
+def stats_args(inputs, out, checkpoint, *extra):
+    return ["stats", *map(str, inputs), "--out", str(out), "--model", MODEL, "--checkpoint", str(checkpoint),
+            "--batch-size", "4", *extra]
+
+
+def read_table(out):
+    return pd.read_parquet(out / "stats.parquet").sort_values(["model", "image", "layer", "head"], ignore_index=True)
+
+
+def test_inputs_expand_folders_recursively_and_list_files_relative_to_the_list(tmp_path):
+    for rel in ("set/n01/b.jpg", "set/n01/a.png", "set/n02/c.JPEG", "set/n02/labels.csv", "lists/x.webp"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(b"x")
+    listing = tmp_path / "lists" / "files.txt"
+    listing.write_text(f"# ImageNet-val subset\nx.webp\n\n{tmp_path / 'set/n01/a.png'}\nmissing.jpg\nx.webp\n")
+    files, problems = expand_inputs([tmp_path / "set", listing])
+    assert [f.name for f in files] == ["n01/a.png", "n01/b.jpg", "n02/c.JPEG", "x.webp", str(tmp_path / "set/n01/a.png")]
+    assert files[3].path == tmp_path / "lists" / "x.webp"
+    assert [str(p) for p in problems] == ["missing.jpg: does not exist", "x.webp: is named twice; the first one is used"]
+
+
+@pytest.mark.slow
+def test_stats_mean_distance_equals_analyze_per_image_and_bad_files_are_skipped(tmp_path, tiny_checkpoint, capsys):
+    from vitviz.cli import main
+
+    images = make_images(tmp_path / "img", 5)
+    (tmp_path / "img" / "broken.png").write_bytes(b"\x89PNG not really")
+    assert main(stats_args([tmp_path / "img", tmp_path / "gone.jpg"], tmp_path / "stats", tiny_checkpoint,
+                           "--workers", "1", "--img-size", "112")) == 0
+    err = capsys.readouterr().err
+    assert f"skipped {tmp_path / 'gone.jpg'}: does not exist" in err  # the path as given
+    assert "skipped broken.png: is not an image file Pillow can read" in err
+    assert "Traceback" not in err
+
+    assert main(["analyze", *map(str, images), "--out", str(tmp_path / "analyze"), "--model", MODEL,
+                 "--checkpoint", str(tiny_checkpoint), "--no-attention", "--img-size", "112"]) == 0
+    per_image = np.load(tmp_path / "analyze" / "analysis.npz")["mean_distance_per_image"]  # (5, 12, 3)
+    table = read_table(tmp_path / "stats")
+    assert table["image"].unique().tolist() == [p.name for p in images]
+    assert (table["model"] == MODEL).all() and len(table) == 5 * 12 * 3
+    np.testing.assert_allclose(table["mean_distance"].to_numpy().reshape(5, 12, 3), per_image, rtol=1e-6)
+
+    summary = json.loads((tmp_path / "stats" / "summary.json").read_text())
+    assert summary["complete"] and summary["counts"]["images_in_table"] == {MODEL: 5}
+    assert {s["name"] for s in summary["skipped"]} == {str(tmp_path / "gone.jpg"), "broken.png"}
+    first = summary["layer_head"][MODEL][0]
+    assert (first["layer"], first["head"], first["images"]) == (0, 0, 5)
+    assert first["mean_distance_mean"] == pytest.approx(per_image[:, 0, 0].mean())
+    assert first["mean_distance_std"] == pytest.approx(per_image[:, 0, 0].std())
+    assert not (tmp_path / "stats" / ".vitviz-stats-parts").exists()
+
+
+def test_stats_fails_only_when_nothing_could_be_analysed(tmp_path, capsys):
+    from vitviz.cli import main
+
+    (tmp_path / "broken.jpg").write_bytes(b"")
+    assert main(["stats", str(tmp_path / "broken.jpg"), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert f"skipped {tmp_path / 'broken.jpg'}: is empty (0 bytes)" in err and "no image could be analysed" in err
+
+
+@pytest.mark.slow
+def test_stats_peak_memory_does_not_grow_with_the_image_count(tmp_path, tiny_checkpoint):
+    peaks = {}
+    for n in (16, 64):
+        folder = tmp_path / f"img{n}"
+        make_images(folder, n)
+        code, peaks[n], err = run_cli_measuring_peak(stats_args([folder], tmp_path / f"out{n}", tiny_checkpoint,
+                                                                "--workers", "1", "--batch-size", "8"))
+        assert code == 0, err
+        assert f"{n}/{n} images" in err  # plain progress lines when stderr is not a terminal
+        assert read_table(tmp_path / f"out{n}")["image"].nunique() == n
+    # Held in memory, the attention alone would add 64 x 5.6 MB; reduced per batch, the peak is one batch's.
+    assert peaks[64] <= 1.3 * peaks[16], peaks
+
+
+@pytest.mark.slow
+def test_stats_killed_after_some_batches_resumes_to_the_uninterrupted_table(tmp_path, tiny_checkpoint):
+    folder = tmp_path / "img"
+    make_images(folder, 24)
+    out = tmp_path / "resumed"
+    # 12 batches decoded in-process: the kill lands well before the last one.
+    args = stats_args([folder], out, tiny_checkpoint, "--batch-size", "2", "--workers", "0", "--img-size", "112")
+    child = subprocess.Popen([sys.executable, "-m", "vitviz", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True,
+                             env=os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
+    parts = out / ".vitviz-stats-parts"
+    deadline = time.monotonic() + 120
+    while not list(parts.glob("stats-*.parquet")) and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child.send_signal(signal.SIGTERM)
+    err = child.communicate(timeout=120)[1]
+    assert child.returncode == 143, err
+    assert "Traceback" not in err
+    assert [line for line in err.splitlines() if line.startswith("interrupted")] == [
+        line for line in err.splitlines() if "interrupted" in line]  # one sentence, nothing else about it
+    partial = read_table(out)
+    assert 0 < partial["image"].nunique() < 24
+    assert not json.loads((out / "summary.json").read_text())["complete"]
+
+    from vitviz.cli import main
+
+    assert main(args) == 0
+    whole = tmp_path / "whole"
+    assert main(stats_args([folder], whole, tiny_checkpoint, "--workers", "1", "--img-size", "112")) == 0
+    pd.testing.assert_frame_equal(read_table(out), read_table(whole), rtol=1e-6)
+    pd.testing.assert_frame_equal(
+        pd.read_parquet(out / "sinks.parquet").sort_values(["image", "layer", "token"], ignore_index=True),
+        pd.read_parquet(whole / "sinks.parquet").sort_values(["image", "layer", "token"], ignore_index=True))

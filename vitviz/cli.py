@@ -1,4 +1,5 @@
-"""Headless analysis: ``python -m vitviz analyze IMAGE [IMAGE ...] --out DIR``."""
+"""Headless analysis: ``python -m vitviz analyze IMAGE [IMAGE ...] --out DIR`` (per-image arrays) and
+``python -m vitviz stats INPUT [INPUT ...] --model M --out DIR`` (per-head statistics over image sets)."""
 from __future__ import annotations
 
 import argparse
@@ -73,7 +74,41 @@ def _parser() -> argparse.ArgumentParser:
     analyze.add_argument("--report", action="store_true", help="also write a PNG per figure into DIR")
     analyze.add_argument("--no-attention", action="store_true",
                          help="leave the raw attention (B, L, H, N, N) out of analysis.npz (every analysis still runs)")
+    _stats_parser(sub)
     return parser
+
+
+def _stats_parser(sub) -> None:
+    stats = sub.add_parser(
+        "stats",
+        help="per-head attention statistics over an image set (thousands of images, resumable)",
+        description="Stream images through one or more ViTs and write one row per (image, layer, head) to "
+                    "DIR/stats.parquet (mean attention distance in both prefix conventions, entropy, CLS focus, "
+                    "attention on prefix tokens), attention sinks to DIR/sinks.parquet and DIR/summary.json. "
+                    "Re-running with the same DIR skips images already in the table; Ctrl-C keeps what finished. "
+                    "Bad files are reported on stderr and skipped; the exit status is non-zero only when no "
+                    "image could be analysed.")
+    stats.add_argument("inputs", nargs="+", metavar="INPUT",
+                       help="image files, folders (searched recursively for jpg, jpeg, png, webp, bmp, tif, tiff, "
+                            "gif) or .txt files listing one path per line (relative to the list's folder)")
+    stats.add_argument("--model", action="append", metavar="M",
+                       help="as for analyze (default bundled); repeat to compare models, each in the same table")
+    stats.add_argument("--checkpoint", action="append", metavar="PATH",
+                       help="local weights for --model's architecture; with several --model, one per --model in "
+                            "the same order, '-' for none")
+    stats.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created; reused to resume)")
+    stats.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: each model's own)")
+    stats.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
+    stats.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                       help="model precision; half precisions need a GPU")
+    stats.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward pass")
+    stats.add_argument("--workers", type=int, metavar="W",
+                       help="local engine: processes decoding images (0: in the main process; default: cores - 1); "
+                            "ray engine: actors, each holding one model (and one GPU when CUDA is present)")
+    stats.add_argument("--engine", default="local", choices=["local", "ray"],
+                       help="local: one process and a DataLoader; ray: Ray Data actors (pip install 'vitviz[ray]')")
+    stats.add_argument("--address", metavar="ADDR",
+                       help="ray engine: the cluster to join, e.g. ray://head:10001 or auto (default: a local Ray)")
 
 
 def _versions() -> dict:
@@ -139,7 +174,8 @@ def write_run_report(arrays: dict[str, np.ndarray], path) -> None:
 class Progress:
     """Images done of the total: a tqdm bar (images/s, ETA) on a terminal, else one plain line per batch."""
 
-    def __init__(self, total: int, stream=sys.stderr):
+    def __init__(self, total: int, stream=None, desc: str = "analyze"):
+        stream = sys.stderr if stream is None else stream  # at call time: tests and tools swap sys.stderr
         self.total, self.stream, self.done, self.start = total, stream, 0, time.perf_counter()
         self.bar = None
         if stream.isatty():
@@ -147,7 +183,7 @@ class Progress:
                 from tqdm import tqdm
             except ImportError:
                 return
-            self.bar = tqdm(total=total, unit="img", file=stream, desc="analyze")
+            self.bar = tqdm(total=total, unit="img", file=stream, desc=desc)
 
     def update(self, done: int) -> None:
         if self.bar is not None:
@@ -247,6 +283,140 @@ def analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stats_specs(args: argparse.Namespace) -> list:
+    """One ModelSpec per --model, each with its --checkpoint."""
+    from .models import ModelSpec
+
+    models = args.model or ["bundled"]
+    if len(set(models)) < len(models):
+        raise VitvizError("Each --model may be given once: the model column of stats.parquet tells models apart by it.")
+    checkpoints = args.checkpoint or ["-"] * len(models)
+    if len(checkpoints) != len(models):
+        raise VitvizError(f"{len(checkpoints)} --checkpoint for {len(models)} --model: give one per --model, "
+                          "in the same order ('-' for a model without).")
+    return [ModelSpec(name=m, checkpoint=None if c == "-" else c, img_size=args.img_size, device=args.device,
+                      dtype=args.dtype) for m, c in zip(models, checkpoints)]
+
+
+def stats(args: argparse.Namespace) -> int:
+    """Per-head statistics of every image for each model; finished batches are durable, tables whole."""
+    from .inputs import expand_inputs
+    from .models import load_model
+    from .stats import STATISTICS
+    from .stats_run import default_workers, run_local, run_ray
+    from .stats_store import STATS_NAME, StatsStore
+
+    if args.batch_size < 1:
+        raise VitvizError(f"--batch-size must be 1 or more, not {args.batch_size}.")
+    workers = default_workers() if args.workers is None else args.workers
+    if workers < (1 if args.engine == "ray" else 0):
+        raise VitvizError(f"--workers must be {'1' if args.engine == 'ray' else '0'} or more, not {workers}.")
+    if args.address and args.engine != "ray":
+        raise VitvizError("--address is for --engine ray: the Ray cluster to run on.")
+    specs = _stats_specs(args)
+    check_writable(args.out)
+    files, problems = expand_inputs(args.inputs)
+    skipped = {p.name: p.reason for p in problems}
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    if not files:
+        print("error: no image could be analysed.", file=sys.stderr)
+        return 1
+
+    store = StatsStore(args.out)
+    previous = _read_json(args.out / "summary.json")
+    store.consolidate()  # a run killed outright leaves parts: they count as done
+    cards, counts, interrupted = dict(previous.get("models", {})), {}, None
+    try:
+        for spec in specs:
+            done = store.done_images(spec.name)
+            todo = [f for f in files if f.name not in done and f.name not in skipped]
+            counts[spec.name] = {"already_in_table": len(files) - len(todo), "added": 0}
+            if not todo:
+                print(f"{spec.name}: every image is already in {args.out / STATS_NAME}", file=sys.stderr)
+                continue
+            loaded = load_model(spec)
+            cards[spec.name] = loaded.card()
+            if args.engine == "ray":
+                batches = run_ray(spec, todo, spec.name, args.batch_size, workers, args.address)
+            else:
+                batches = run_local(loaded, todo, spec.name, args.batch_size, workers)
+            progress, seen = Progress(len(todo), desc=f"stats {spec.name}"), 0
+            try:
+                for batch in batches:
+                    for name, reason in batch.bad:
+                        if name not in skipped:
+                            print(f"skipped {name}: {reason}", file=sys.stderr)
+                        skipped[name] = reason
+                    for name, note in batch.notes:
+                        print(f"note: {name}: {note}", file=sys.stderr)
+                    if batch.tables is not None:
+                        store.write_batch(batch.tables)
+                        counts[spec.name]["added"] += batch.tables.stats["image"].nunique()
+                    seen += batch.files
+                    progress.update(seen)
+            finally:
+                progress.close()
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+    summary = store.consolidate()
+    table = summary.result()
+    in_table = {} if table.empty else table.groupby(level="model")["images"].max().to_dict()
+    store.write_summary({
+        "command": "stats",
+        "complete": interrupted is None,
+        "versions": _versions(),
+        "settings": {"inputs": list(args.inputs), "models": [s.name for s in specs], "engine": args.engine,
+                     "address": args.address, "batch_size": args.batch_size, "workers": workers,
+                     "img_size": args.img_size, "device": args.device, "dtype": args.dtype},
+        "models": cards,
+        "counts": {"files": len(files), "bad_files": len(skipped),
+                   "images_in_table": {m: int(n) for m, n in in_table.items()},
+                   "this_run": counts},
+        "skipped": [{"name": n, "reason": r} for n, r in skipped.items()],
+        "layer_head": {m: [{"layer": int(l), "head": int(h)} | {k: (None if v != v else float(v)) for k, v in row.items()}
+                           for (_, l, h), row in group.iterrows()]
+                       for m, group in ([] if table.empty else table.groupby(level="model"))},
+        "columns": _STATS_COLUMN_DOCS,
+        "statistics": list(STATISTICS),
+    })
+    store.close()
+    held = ", ".join(f"{n} image(s) for {m}" for m, n in in_table.items()) or "no image"
+    if interrupted is not None:
+        print(f"\ninterrupted: {args.out / STATS_NAME} holds every finished batch ({held}); "
+              "run the same command again to go on.", file=sys.stderr)
+        return 143 if isinstance(interrupted, Interrupted) else 130
+    if not in_table:
+        print("error: no image could be analysed.", file=sys.stderr)
+        return 1
+    added = sum(c["added"] for c in counts.values())
+    print(f"analysed {added} new image(s) over {len(specs)} model(s); {args.out / STATS_NAME} holds {held}")
+    return 0
+
+
+_STATS_COLUMN_DOCS = {
+    "image": "the file as given, or relative to the folder given",
+    "model": "the --model string as given",
+    "layer, head": "0-based (the app shows 1-based)",
+    "mean_distance": "pixels of the model input; prefix keys dropped, rows renormalised (analyze's mean_distance)",
+    "mean_distance_with_prefix": "pixels; prefix keys dropped, rows not renormalised (probing-vits)",
+    "entropy": "nats; patch queries over patch keys, renormalised, mean over queries (heads page)",
+    "cls_focus": "1 - entropy of the CLS row over patches / log(patches); NaN without CLS",
+    "prefix_received": "share of a patch query's attention on all prefix tokens, mean over patch queries",
+    "sinks.parquet": "image, model, layer (0-based), token (0-based full-sequence index, prefix tokens first), "
+                     "share (mean share of a query's attention over heads and queries), z (robust z-score)",
+}
+
+
+def _read_json(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 class Interrupted(KeyboardInterrupt):
     """SIGTERM, raised like Ctrl-C so that every temporary file is removed on the way out."""
 
@@ -260,11 +430,15 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return analyze(args)
+        return stats(args) if args.command == "stats" else analyze(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
+        if args.command == "stats":
+            print(f"\ninterrupted while writing the tables: {args.out} keeps the previous ones and the finished "
+                  "batches; run the same command again to go on.", file=sys.stderr)
+            return 143 if isinstance(exc, Interrupted) else 130
         print(f"\ninterrupted: {args.out} holds a complete result (the previous one, or this run's if it had "
               "finished writing); no partial file was left.", file=sys.stderr)
         return 143 if isinstance(exc, Interrupted) else 130

@@ -1,0 +1,169 @@
+"""Engines of ``python -m vitviz stats``: the same per-batch reduction fed by a DataLoader or by Ray Data.
+
+Both decode files with :func:`vitviz.images.load_image` (so the same rules and messages as
+``analyze``), preprocess with the model's own data config, and reduce each batch with
+:func:`vitviz.stats.batch_tables`; the caller writes each finished batch (:class:`FileBatch`).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .errors import VitvizError
+from .images import load_image, preprocess
+from .inputs import ImageFile
+from .stats import SINK_COLUMNS, STATS_COLUMNS, StatsTables, typed_table, batch_tables
+
+
+def default_workers() -> int:
+    """Decoding processes: one core is left to the model."""
+    return max(1, min(8, len(os.sched_getaffinity(0)) - 1))
+
+
+@dataclass
+class FileBatch:
+    """One batch of files after decoding and reduction.
+
+    Attributes:
+        files: how many files the batch covered (good and bad).
+        tables: the rows of its good images (none when every file was bad).
+        bad: (name, reason) of files that could not be used.
+        notes: (name, note) about conversions (transparency, 16-bit, first frame of an animation).
+    """
+
+    files: int
+    tables: StatsTables | None
+    bad: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[tuple[str, str]] = field(default_factory=list)
+
+
+def decode(file: ImageFile, data_config: dict) -> tuple[torch.Tensor | None, str | None, list[str]]:
+    """One file to its model input (3, H, W): (tensor, None, notes), or (None, reason, []) for a bad file."""
+    try:
+        image = load_image(file.path, file.name)
+        return preprocess([image.image], data_config).tensor[0], None, image.notes
+    except VitvizError as exc:
+        return None, getattr(exc, "reason", str(exc)), []
+
+
+class ImageFiles(torch.utils.data.Dataset):
+    """Files decoded and preprocessed in DataLoader workers; item i: (name, tensor or None, reason, notes)."""
+
+    def __init__(self, files: list[ImageFile], data_config: dict):
+        self.files, self.data_config = files, data_config
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        return (self.files[i].name, *decode(self.files[i], self.data_config))
+
+
+def _collate(items):
+    return items  # good and bad files are split by the consumer; tensors are stacked there
+
+
+def _quiet_worker(_):
+    # The parent turns SIGTERM into an exception and handles Ctrl-C; a worker just stops, without a traceback.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _reduce(loaded, items, model: str) -> FileBatch:
+    good = [(name, tensor) for name, tensor, _, _ in items if tensor is not None]
+    tables = None
+    if good:
+        tables = batch_tables(loaded, torch.stack([t for _, t in good]), [n for n, _ in good], model)
+    return FileBatch(files=len(items), tables=tables,
+                     bad=[(name, reason) for name, tensor, reason, _ in items if tensor is None],
+                     notes=[(name, note) for name, _, _, notes in items for note in notes])
+
+
+def run_local(loaded, files: list[ImageFile], model: str, batch_size: int, workers: int) -> Iterator[FileBatch]:
+    """Batches of ``files`` in order: decoded by ``workers`` processes (0: in this one), reduced here."""
+    loader = torch.utils.data.DataLoader(
+        ImageFiles(files, loaded.data_config), batch_size=batch_size, num_workers=workers, collate_fn=_collate,
+        worker_init_fn=_quiet_worker if workers else None, prefetch_factor=2 if workers else None)
+    for items in loader:
+        yield _reduce(loaded, items, model)
+
+
+# ---- Ray Data -------------------------------------------------------------------------------------------
+
+RAY_MISSING = "--engine ray needs Ray Data: pip install 'vitviz[ray]' (or pip install 'ray[data]')."
+
+
+_RAY_COLUMNS = STATS_COLUMNS | SINK_COLUMNS | {"reason": "str", "kind": "str", "batch": "str"}
+
+
+def _rows(result: FileBatch) -> pd.DataFrame:
+    """A FileBatch as one frame Ray can carry: ``kind`` (stats, sinks, bad, note) over both tables' columns,
+    ``batch`` (an id) and ``files`` (the batch's file count) on every row."""
+    frames = [pd.DataFrame({"image": [n for n, _ in pairs], "reason": [r for _, r in pairs], "kind": kind})
+              for kind, pairs in (("bad", result.bad), ("note", result.notes))]
+    if result.tables is not None:
+        frames += [result.tables.stats.assign(kind="stats"), result.tables.sinks.assign(kind="sinks")]
+    frame = pd.concat([f for f in frames if len(f)], ignore_index=True).reindex(columns=list(_RAY_COLUMNS))
+    # Integers as float64: the rows of other kinds hold NaN there.
+    frame = frame.astype({n: object if t == "str" else "float64" for n, t in _RAY_COLUMNS.items()})
+    return frame.assign(batch=uuid.uuid4().hex, files=result.files)
+
+
+def _from_rows(frame: pd.DataFrame) -> FileBatch:
+    """The inverse of :func:`_rows`, for the rows of one batch (on the driver)."""
+    def table(kind, columns):
+        rows = frame[frame["kind"] == kind]
+        return typed_table(rows[list(columns)].reset_index(drop=True), columns)
+
+    def pairs(kind):
+        return list(frame.loc[frame["kind"] == kind, ["image", "reason"]].itertuples(index=False, name=None))
+
+    stats = table("stats", STATS_COLUMNS)
+    return FileBatch(files=int(frame["files"].iloc[0]),
+                     tables=StatsTables(stats, table("sinks", SINK_COLUMNS)) if len(stats) else None,
+                     bad=pairs("bad"), notes=pairs("note"))
+
+
+class _RayReducer:
+    """A Ray Data actor: one model per actor, loaded once; each call reduces one batch of files."""
+
+    def __init__(self, spec, model: str):
+        from .models import load_model
+
+        self.loaded, self.model = load_model(spec), model
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> pd.DataFrame:
+        items = [(name, *decode(ImageFile(Path(path), name), self.loaded.data_config))
+                 for path, name in zip(batch["path"], batch["name"])]
+        return _rows(_reduce(self.loaded, items, self.model))
+
+
+def run_ray(spec, files: list[ImageFile], model: str, batch_size: int, workers: int,
+            address: str | None) -> Iterator[FileBatch]:
+    """The same batches reduced by a pool of Ray actors (``workers`` of them, a GPU each when CUDA is present)."""
+    try:
+        import ray
+        import ray.data
+    except ImportError as exc:
+        raise VitvizError(RAY_MISSING) from exc
+    if not ray.is_initialized():
+        ray.init(address=address, num_cpus=None if address else workers, log_to_driver=False,
+                 include_dashboard=False, configure_logging=False)
+    gpus = 1 if torch.cuda.is_available() else 0
+    ray.data.DataContext.get_current().execution_options.preserve_order = True
+    items = [{"path": str(f.path), "name": f.name} for f in files]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 200)))
+    ds = ds.map_batches(_RayReducer, fn_constructor_args=(spec, model), batch_size=batch_size,
+                        batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
+                        num_gpus=gpus, num_cpus=0 if gpus else 1)
+    for frame in ds.iter_batches(batch_format="pandas", batch_size=None):
+        for _, rows in frame.groupby("batch", sort=False):
+            yield _from_rows(rows)
