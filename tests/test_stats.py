@@ -235,3 +235,33 @@ def test_stats_killed_after_some_batches_resumes_to_the_uninterrupted_table(tmp_
     pd.testing.assert_frame_equal(
         pd.read_parquet(out / "sinks.parquet").sort_values(["image", "layer", "token"], ignore_index=True),
         pd.read_parquet(whole / "sinks.parquet").sort_values(["image", "layer", "token"], ignore_index=True))
+
+
+@pytest.mark.slow
+def test_ray_engine_writes_the_local_engines_table(tmp_path, tiny_checkpoint):
+    pytest.importorskip("ray.data")
+    folder = tmp_path / "img"
+    make_images(folder, 6)
+    (folder / "broken.png").write_bytes(b"")
+    tables, errors = {}, {}
+    for engine, workers in (("local", "1"), ("ray", "2")):  # ray: a local instance with 2 CPUs, 2 actors
+        args = stats_args([folder], tmp_path / engine, tiny_checkpoint, "--batch-size", "3", "--img-size", "112",
+                          "--engine", engine, "--workers", workers)
+        result = subprocess.run([sys.executable, "-m", "vitviz", *args], cwd=ROOT, capture_output=True, text=True,
+                                env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=600)
+        assert result.returncode == 0, result.stderr
+        tables[engine], errors[engine] = read_table(tmp_path / engine), result.stderr
+    assert len(tables["ray"]) == 6 * 12 * 3
+    pd.testing.assert_frame_equal(tables["ray"], tables["local"], rtol=1e-5)
+    assert "skipped broken.png: is empty (0 bytes)" in errors["ray"]
+    assert "Traceback" not in errors["ray"]
+
+
+def test_ray_engine_without_ray_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    from vitviz.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    monkeypatch.setitem(sys.modules, "ray.data", None)
+    make_images(tmp_path / "img", 1)
+    assert main(["stats", str(tmp_path / "img"), "--out", str(tmp_path / "out"), "--engine", "ray"]) == 2
+    assert "pip install 'vitviz[ray]'" in capsys.readouterr().err

@@ -303,7 +303,7 @@ def stats(args: argparse.Namespace) -> int:
     from .inputs import expand_inputs
     from .models import load_model
     from .stats import STATISTICS
-    from .stats_run import default_workers, run_local, run_ray
+    from .stats_run import default_workers, require_ray, run_local, run_ray
     from .stats_store import STATS_NAME, StatsStore
 
     if args.batch_size < 1:
@@ -313,6 +313,8 @@ def stats(args: argparse.Namespace) -> int:
         raise VitvizError(f"--workers must be {'1' if args.engine == 'ray' else '0'} or more, not {workers}.")
     if args.address and args.engine != "ray":
         raise VitvizError("--address is for --engine ray: the Ray cluster to run on.")
+    if args.engine == "ray":
+        require_ray()
     specs = _stats_specs(args)
     check_writable(args.out)
     files, problems = expand_inputs(args.inputs)

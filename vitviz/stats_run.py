@@ -6,6 +6,7 @@ Both decode files with :func:`vitviz.images.load_image` (so the same rules and m
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import uuid
@@ -104,9 +105,19 @@ RAY_MISSING = "--engine ray needs Ray Data: pip install 'vitviz[ray]' (or pip in
 _RAY_COLUMNS = STATS_COLUMNS | SINK_COLUMNS | {"reason": "str", "kind": "str", "batch": "str"}
 
 
-def _rows(result: FileBatch) -> pd.DataFrame:
-    """A FileBatch as one frame Ray can carry: ``kind`` (stats, sinks, bad, note) over both tables' columns,
+def _ray_schema():
+    import pyarrow as pa
+
+    # Explicit types: inferred ones turn a string column with gaps into Ray's opaque Python-object type.
+    return pa.schema([(n, pa.string() if t == "str" else pa.float64()) for n, t in _RAY_COLUMNS.items()]
+                     + [("files", pa.int64())])
+
+
+def _rows(result: FileBatch):
+    """A FileBatch as one Arrow table Ray can carry: ``kind`` (stats, sinks, bad, note) over both tables' columns,
     ``batch`` (an id) and ``files`` (the batch's file count) on every row."""
+    import pyarrow as pa
+
     frames = [pd.DataFrame({"image": [n for n, _ in pairs], "reason": [r for _, r in pairs], "kind": kind})
               for kind, pairs in (("bad", result.bad), ("note", result.notes))]
     if result.tables is not None:
@@ -114,7 +125,8 @@ def _rows(result: FileBatch) -> pd.DataFrame:
     frame = pd.concat([f for f in frames if len(f)], ignore_index=True).reindex(columns=list(_RAY_COLUMNS))
     # Integers as float64: the rows of other kinds hold NaN there.
     frame = frame.astype({n: object if t == "str" else "float64" for n, t in _RAY_COLUMNS.items()})
-    return frame.assign(batch=uuid.uuid4().hex, files=result.files)
+    frame = frame.assign(batch=uuid.uuid4().hex, files=result.files)
+    return pa.Table.from_pandas(frame, schema=_ray_schema(), preserve_index=False)
 
 
 def _from_rows(frame: pd.DataFrame) -> FileBatch:
@@ -140,30 +152,46 @@ class _RayReducer:
 
         self.loaded, self.model = load_model(spec), model
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> pd.DataFrame:
+    def __call__(self, batch: dict[str, np.ndarray]):
         items = [(name, *decode(ImageFile(Path(path), name), self.loaded.data_config))
                  for path, name in zip(batch["path"], batch["name"])]
         return _rows(_reduce(self.loaded, items, self.model))
 
 
-def run_ray(spec, files: list[ImageFile], model: str, batch_size: int, workers: int,
-            address: str | None) -> Iterator[FileBatch]:
-    """The same batches reduced by a pool of Ray actors (``workers`` of them, a GPU each when CUDA is present)."""
+def require_ray() -> None:
+    """A sentence, not a traceback, when the optional Ray extra is not installed."""
     try:
-        import ray
-        import ray.data
+        import ray.data  # noqa: F401
     except ImportError as exc:
         raise VitvizError(RAY_MISSING) from exc
+
+
+def run_ray(spec, files: list[ImageFile], model: str, batch_size: int, workers: int,
+            address: str | None) -> Iterator[FileBatch]:
+    """The same batches reduced by a pool of Ray actors (``workers`` of them, a GPU each when CUDA is present).
+
+    Ray Data reads the file list, decodes and reduces in the actors (one model each) and streams each
+    batch's rows back here, where they are written exactly as the local engine's.
+    """
+    require_ray()
+    import ray
+    import ray.data
     if not ray.is_initialized():
+        # Ray's core logs warnings meant for its developers (actor restarts); errors still show.
+        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
         ray.init(address=address, num_cpus=None if address else workers, log_to_driver=False,
-                 include_dashboard=False, configure_logging=False)
+                 include_dashboard=False, logging_level=logging.WARNING)
+    logging.getLogger("ray.data").setLevel(logging.ERROR)  # vitviz draws its own progress
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.execution_options.preserve_order = True
     gpus = 1 if torch.cuda.is_available() else 0
-    ray.data.DataContext.get_current().execution_options.preserve_order = True
     items = [{"path": str(f.path), "name": f.name} for f in files]
     ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 200)))
     ds = ds.map_batches(_RayReducer, fn_constructor_args=(spec, model), batch_size=batch_size,
                         batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
                         num_gpus=gpus, num_cpus=0 if gpus else 1)
-    for frame in ds.iter_batches(batch_format="pandas", batch_size=None):
+    for chunk in ds.iter_batches(batch_format="pyarrow", batch_size=None):
+        frame = chunk.to_pandas()  # numpy dtypes: Arrow-backed pandas columns mix badly with all-null ones
         for _, rows in frame.groupby("batch", sort=False):
             yield _from_rows(rows)
