@@ -25,33 +25,44 @@ def patch_distances(layout: TokenLayout) -> np.ndarray:
     return np.sqrt(((c[:, None, :] - c[None, :, :]) ** 2).sum(-1))
 
 
-def layer_attention_distance(attention: torch.Tensor | np.ndarray, layout: TokenLayout,
-                             distances: torch.Tensor | None = None, renormalise: bool = True) -> np.ndarray:
-    """Mean attention distance of one layer for each image and head.
+def _query_sums(attention: torch.Tensor | np.ndarray, layout: TokenLayout,
+                distances: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per patch query, over patch keys: (sum_k a * d, sum_k a), each (B, H, P) float64.
 
-    attention: (B, H, N, N) -> (B, H) pixels. Renormalising over patch keys is folded into a
-    ratio of sums, so no normalised copy of the attention is made. ``renormalise=False`` is
-    probing-vits' convention: prefix keys dropped, the patch weights used as they are (a query
-    that looks at CLS counts as looking nowhere).
+    attention: (B, H, N, N). Renormalising is then a ratio of these sums, so no normalised copy
+    of the attention is made.
     """
     a = torch.as_tensor(np.ascontiguousarray(attention) if isinstance(attention, np.ndarray) else attention)
     a = a[..., layout.patch_slice, layout.patch_slice]
     d = torch.as_tensor(patch_distances(layout)) if distances is None else distances
     # Row-wise dot products as one einsum: ~6x faster than multiply-then-sum on the CPU.
-    weighted = torch.einsum("...qk,qk->...q", a, d.to(a)).double()
-    if renormalise:
-        weighted = weighted / a.sum(-1, dtype=torch.float64)
-    return weighted.mean(-1).cpu().numpy()
+    return torch.einsum("...qk,qk->...q", a, d.to(a)).double(), a.sum(-1, dtype=torch.float64)
 
 
-def mean_attention_distance(attention: np.ndarray, layout: TokenLayout, renormalise: bool = True) -> np.ndarray:
-    """All layers of captured attention: (B, L, H, N, N) -> per image (B, L, H) pixels.
+def layer_attention_distance(attention: torch.Tensor | np.ndarray, layout: TokenLayout,
+                             distances: torch.Tensor | None = None) -> np.ndarray:
+    """Mean attention distance of one layer for each image and head: (B, H, N, N) -> (B, H) pixels."""
+    weighted, mass = _query_sums(attention, layout, distances)
+    return (weighted / mass).mean(-1).cpu().numpy()
 
-    ``renormalise``: see :func:`layer_attention_distance` (False: probing-vits' convention).
+
+def mean_attention_distance(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
+    """All layers of captured attention: (B, L, H, N, N) -> per image (B, L, H) pixels."""
+    d = torch.as_tensor(patch_distances(layout))
+    return np.stack([layer_attention_distance(attention[:, l], layout, d) for l in range(attention.shape[1])], axis=1)
+
+
+def mean_attention_distance_conventions(attention: torch.Tensor | np.ndarray,
+                                        layout: TokenLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Both prefix conventions from one pass: (B, L, H, N, N) -> (renormalised, not renormalised), (B, L, H) pixels each.
+
+    The first is :func:`mean_attention_distance`; the second probing-vits' (prefix keys dropped, rows
+    not renormalised, so attention on CLS and registers counts as distance 0).
     """
     d = torch.as_tensor(patch_distances(layout))
-    return np.stack([layer_attention_distance(attention[:, l], layout, d, renormalise)
-                     for l in range(attention.shape[1])], axis=1)
+    sums = [_query_sums(attention[:, l], layout, d) for l in range(attention.shape[1])]
+    return (np.stack([(w / m).mean(-1).cpu().numpy() for w, m in sums], axis=1),
+            np.stack([w.mean(-1).cpu().numpy() for w, _ in sums], axis=1))
 
 
 @dataclass

@@ -37,7 +37,7 @@ import torch
 from PIL import Image
 
 from .capture import capture
-from .distance import mean_attention_distance
+from .distance import mean_attention_distance_conventions
 from .images import preprocess
 from .layout import TokenLayout
 from .maps import cls_focus, head_entropy
@@ -68,9 +68,10 @@ def per_head_statistics(attention: torch.Tensor | np.ndarray, layout: TokenLayou
         focus = cls_focus(a, layout)
     else:
         focus = np.full((B, L, H), np.nan)
+    renormalised, with_prefix = mean_attention_distance_conventions(a, layout)
     return {
-        "mean_distance": mean_attention_distance(a, layout),
-        "mean_distance_with_prefix": mean_attention_distance(a, layout, renormalise=False),
+        "mean_distance": renormalised,
+        "mean_distance_with_prefix": with_prefix,
         "entropy": np.stack([head_entropy(image, layout) for image in a]),
         "cls_focus": focus,
         "prefix_received": a[..., patches, prefix].sum(axis=-1, dtype=np.float64).mean(axis=-1),
@@ -93,7 +94,7 @@ def statistics_table(attention: torch.Tensor | np.ndarray, layout: TokenLayout, 
         "layer": np.tile(np.repeat(np.arange(L, dtype=np.int32), H), B),
         "head": np.tile(np.arange(H, dtype=np.int32), B * L),
     } | {name: v.reshape(-1) for name, v in values.items()}
-    return _typed(pd.DataFrame(columns), STATS_COLUMNS)
+    return typed_table(pd.DataFrame(columns), STATS_COLUMNS)
 
 
 def sinks_table(attention: torch.Tensor | np.ndarray, layout: TokenLayout, names: list[str],
@@ -109,7 +110,7 @@ def sinks_table(attention: torch.Tensor | np.ndarray, layout: TokenLayout, names
         for layer, tokens in enumerate(sinks.sinks):
             for token in tokens:
                 rows.append((name, model, layer, int(token), sinks.received[layer, token], sinks.z[layer, token]))
-    return _typed(pd.DataFrame(rows, columns=list(SINK_COLUMNS)), SINK_COLUMNS)
+    return typed_table(pd.DataFrame(rows, columns=list(SINK_COLUMNS)), SINK_COLUMNS)
 
 
 def batch_tables(loaded, inputs: torch.Tensor, names: list[str], model: str) -> StatsTables:
@@ -151,10 +152,11 @@ def table_for_images(loaded, images: list[Image.Image], names: list[str], batch_
 
 def empty_table(columns: dict[str, str]) -> pd.DataFrame:
     """A table with no rows and the given column dtypes."""
-    return _typed(pd.DataFrame({name: [] for name in columns}), columns)
+    return typed_table(pd.DataFrame({name: [] for name in columns}), columns)
 
 
-def _typed(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+def typed_table(frame: pd.DataFrame, columns: dict[str, str]) -> pd.DataFrame:
+    """``frame`` with the column dtypes of a column spec (:data:`STATS_COLUMNS`, :data:`SINK_COLUMNS`)."""
     # "str" stays numpy object: pandas 3's default string dtype would differ between an empty and a full table.
     return frame.astype({name: object if dtype == "str" else dtype for name, dtype in columns.items()})
 
