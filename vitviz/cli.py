@@ -333,7 +333,7 @@ def stats(args: argparse.Namespace) -> int:
         for spec in specs:
             done = store.done_images(spec.name)
             todo = [f for f in files if f.name not in done and f.name not in skipped]
-            counts[spec.name] = {"already_in_table": len(files) - len(todo), "added": 0}
+            counts[spec.name] = {"already_in_table": sum(f.name in done for f in files), "added": 0}
             if not todo:
                 print(f"{spec.name}: every image is already in {args.out / STATS_NAME}", file=sys.stderr)
                 continue
@@ -376,9 +376,7 @@ def stats(args: argparse.Namespace) -> int:
                    "images_in_table": {m: int(n) for m, n in in_table.items()},
                    "this_run": counts},
         "skipped": [{"name": n, "reason": r} for n, r in skipped.items()],
-        "layer_head": {m: [{"layer": int(l), "head": int(h)} | {k: (None if v != v else float(v)) for k, v in row.items()}
-                           for (_, l, h), row in group.iterrows()]
-                       for m, group in ([] if table.empty else table.groupby(level="model"))},
+        "layer_head": _layer_head_records(table),
         "columns": _STATS_COLUMN_DOCS,
         "statistics": list(STATISTICS),
     })
@@ -394,6 +392,18 @@ def stats(args: argparse.Namespace) -> int:
     added = sum(c["added"] for c in counts.values())
     print(f"analysed {added} new image(s) over {len(specs)} model(s); {args.out / STATS_NAME} holds {held}")
     return 0
+
+
+def _layer_head_records(table) -> dict[str, list[dict]]:
+    """LayerHeadSummary.result() as JSON: per model, one record per (layer, head), NaN as null."""
+    if table.empty:
+        return {}
+    records: dict[str, list[dict]] = {}
+    for (model, layer, head), row in table.iterrows():
+        values = {k: None if np.isnan(v) else float(v) for k, v in row.items()}
+        records.setdefault(model, []).append({"layer": int(layer), "head": int(head)} | values
+                                             | {"images": int(row["images"])})
+    return records
 
 
 _STATS_COLUMN_DOCS = {
