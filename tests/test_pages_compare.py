@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -10,6 +11,7 @@ from conftest import ASSETS
 from test_app import _decode
 from test_compare import parquet_bytes, stats_table
 from test_shared_safety import operator_env  # noqa: F401  (a fixture)
+from vitviz.cli import main as cli_main
 from vitviz.images import load_image
 from vitviz.stats import table_for_images
 
@@ -97,10 +99,18 @@ def test_this_sessions_images_run_with_the_current_model_join_the_plot(page, bun
     assert list(_layer_means(_figure(at))) == ["vit_b", bundled.label]
 
 
-def test_a_stats_folder_by_path_locally_and_no_path_box_on_a_shared_server(page, tmp_path, operator_env):
-    stats_table("vit_b", np.arange(8.0).reshape(1, 4, 2)).to_parquet(tmp_path / "stats.parquet")
+def test_the_stats_commands_folder_by_path_equals_its_own_summary_and_no_path_box_when_shared(
+        page, tmp_path, operator_env):
+    images = [str(ASSETS / "chelsea.jpg"), str(ASSETS / "coffee.jpg")]
+    assert cli_main(["stats", *images, "--workers", "0", "--out", str(tmp_path)]) == 0
+    summary = pd.DataFrame(json.loads((tmp_path / "summary.json").read_text())["layer_head"]["bundled"])
     page.text_input(key="compare_path").input(str(tmp_path)).run()
-    assert list(_layer_means(_figure(page))) == ["vit_b"]
+    # The command's own streamed summary (sums of squares) against the page's pandas over the Parquet rows.
+    np.testing.assert_allclose(_layer_means(_figure(page))["bundled"],
+                               summary.groupby("layer")["mean_distance_mean"].mean(), rtol=1e-9)
+    dots = next(t for t in _figure(page)["data"] if t.get("mode") == "markers" and t.get("customdata"))
+    np.testing.assert_allclose(_decode(dots["error_y"]["array"]), summary["mean_distance_std"], rtol=1e-6, atol=1e-9)
+    assert dots["name"] == "bundled (12 layers, 2 images)"
     page.text_input(key="compare_path").input(str(tmp_path / "missing")).run()
     assert any(e.value.startswith(f"{tmp_path / 'missing'}: no such file") for e in page.error)
 
