@@ -132,3 +132,11 @@ def test_relative_depth_puts_every_models_last_layer_at_one():
     assert np.isclose(np.mean(ends), 1.0) and abs(ends[0] - ends[1]) < 0.1  # shifted apart by the jitter only
     np.testing.assert_allclose(np.diff(lines[1].x), 0.25)
     np.testing.assert_allclose(np.diff(lines[0].x), 0.5)
+
+
+def test_the_shared_store_weighs_a_stats_table_by_its_columns():
+    from ui.memo import nbytes
+
+    table = read_stats_table(parquet_bytes(stats_table("m", np.ones((100, 12, 12)))))
+    # 5 float64 + 2 int32 columns = 48 bytes a row, plus the two category code columns (1 byte each).
+    assert 48 * len(table) <= nbytes(table) <= 52 * len(table) + 10_000
