@@ -16,5 +16,6 @@ PAGES = [
     st.Page("pages/6_position_embeddings.py", title="Position embeddings"),
     st.Page("pages/7_anatomy.py", title="Attention anatomy"),
     st.Page("pages/8_faithfulness.py", title="Faithfulness"),
+    st.Page("pages/9_compare.py", title="Compare models"),
 ]
 st.navigation(PAGES).run()

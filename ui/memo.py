@@ -17,6 +17,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Hashable
 
 import numpy as np
+import pandas as pd
 import torch
 from PIL import Image
 
@@ -41,6 +42,8 @@ def nbytes(obj: Any, _seen: set[int] | None = None) -> int:
         return sum(nbytes(k, seen) + nbytes(v, seen) for k, v in obj.items())
     if isinstance(obj, (list, tuple, set, frozenset)):
         return sum(nbytes(v, seen) for v in obj)
+    if isinstance(obj, pd.DataFrame):
+        return int(obj.memory_usage(deep=True).sum())
     if isinstance(obj, (bytes, bytearray, str)):
         return sys.getsizeof(obj)
     return 64

@@ -126,12 +126,20 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
     return added[-1].name if added else None
 
 
-def _upload_refusal(name: str, size: int, held: int) -> str | None:
-    """Why an upload is not taken, or None. The browser's size check is not trusted: the server checks too."""
-    limits = operator_settings()
-    if size > limits.upload_bytes:
+def upload_too_large(name: str, size: int) -> str | None:
+    """The sentence refusing an upload over VITVIZ_UPLOAD_MB, or None: the browser's size check is not trusted."""
+    limit = operator_settings().upload_bytes
+    if size > limit:
         return (f"{name}: it is {megabytes(size)}, over this server's upload limit of "
-                f"{megabytes(limits.upload_bytes)} (VITVIZ_UPLOAD_MB); it was not read.")
+                f"{megabytes(limit)} (VITVIZ_UPLOAD_MB); it was not read.")
+    return None
+
+
+def _upload_refusal(name: str, size: int, held: int) -> str | None:
+    """Why an upload is not taken, or None."""
+    limits = operator_settings()
+    if too_large := upload_too_large(name, size):
+        return too_large
     if limits.max_images is not None and held >= limits.max_images:
         return (f"{name}: not added: this server allows {limits.max_images} uploaded images per session "
                 "(VITVIZ_MAX_IMAGES); remove one or use \"Forget uploaded images\" first.")
@@ -258,10 +266,8 @@ def _uploaded_checkpoint(upload) -> str | None:
     The path is fixed by the file's SHA-256, so the model cache keeps one model per upload;
     :func:`_load_model` writes the file, loads it and deletes it.
     """
-    limits = operator_settings()
-    if upload.size > limits.upload_bytes:
-        st.sidebar.error(f"Checkpoint {upload.name}: it is {megabytes(upload.size)}, over this server's upload "
-                         f"limit of {megabytes(limits.upload_bytes)} (VITVIZ_UPLOAD_MB); it was not read.")
+    if too_large := upload_too_large(f"Checkpoint {upload.name}", upload.size):
+        st.sidebar.error(too_large)
         return None
     digests = st.session_state.setdefault("ckpt_digests", {})
     if upload.file_id not in digests:
