@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from . import bundled
+from . import bundled, swin
 from .errors import ModelError, first_line
 from .layout import TokenLayout
 from .posembed import NativePosEmbed
@@ -63,6 +63,9 @@ class LoadedModel:
     native_pos_embed: NativePosEmbed | None = None  # the stored grid, before fitting to img_size
     library: str = "timm"
     hf_family: object = None  # vitviz.hf.Family for transformers models
+    # "global": every token attends to every token, attention is (L, H, N, N) (vitviz.capture);
+    # "window": attention inside local windows per block (Swin, vitviz.swin). Pages ask this, not the family.
+    attention_scope: str = "global"
 
     @property
     def num_classes(self) -> int:
@@ -106,6 +109,8 @@ class LoadedModel:
             from . import hf
 
             return common | hf.card(m, self.hf_family, self.weights_source)
+        if self.attention_scope == "window":
+            return common | swin.card(m)
         from .timm_families import model_reader
 
         reader = model_reader(m)
@@ -152,6 +157,8 @@ def check_supported(model: torch.nn.Module, name: str) -> None:
     """Raise ModelError unless capture can read this model's attention exactly (see :mod:`vitviz.timm_families`)."""
     from .timm_families import supported_families, why_unsupported
 
+    if swin.is_swin(model):
+        return swin.check_supported(model, name)
     why = why_unsupported(model)
     if why:
         raise ModelError(f"Model {name!r} is not supported yet: {why}. vitviz reads attention from "
@@ -172,9 +179,12 @@ def _finish(model, spec: ModelSpec, weights_source: str, label: str, notes: list
     dtype = _resolve_dtype(spec.dtype, device)
     check_supported(model, spec.name)
     model = model.eval().requires_grad_(False).to(device=device, dtype=dtype)
-    return LoadedModel(model=model, spec=spec, layout=TokenLayout.from_model(model),
+    windowed = swin.is_swin(model)
+    layout = swin.input_layout(model) if windowed else TokenLayout.from_model(model)
+    return LoadedModel(model=model, spec=spec, layout=layout,
                        data_config=_data_config(model), weights_source=weights_source,
-                       label=label, device=device, dtype=dtype, notes=notes, native_pos_embed=native_pos_embed)
+                       label=label, device=device, dtype=dtype, notes=notes, native_pos_embed=native_pos_embed,
+                       attention_scope="window" if windowed else "global")
 
 
 def _timm_native_pos_embed(model, pos_embed, name: str = "") -> NativePosEmbed | None:
@@ -457,7 +467,8 @@ def _load_timm(spec: ModelSpec) -> LoadedModel:
     if tuple(cfg.get("input_size", (3, *model.patch_embed.img_size))[-2:]) != tuple(model.patch_embed.img_size):
         # timm keeps only the grid fitted to img_size; other grids are resampled from the stored one.
         native_model = timm.create_model(spec.name, pretrained=True, pretrained_cfg_overlay=overlay)
-    native = _timm_native_pos_embed(native_model, native_model.pos_embed, spec.name)
+    pos_embed = getattr(native_model, "pos_embed", None)  # Swin has none: relative bias inside windows
+    native = None if pos_embed is None else _timm_native_pos_embed(native_model, pos_embed, spec.name)
     return _finish(model, spec, source, spec.name, [], native)
 
 

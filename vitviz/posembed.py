@@ -107,6 +107,10 @@ def position_encoding(model) -> str:
         from .hf import position_encoding as hf_position_encoding
 
         return hf_position_encoding(model)
+    from . import swin
+
+    if swin.is_swin(model):
+        return swin.POSITION_ENCODING
     from .timm_families import model_reader
 
     return model_reader(model).position(model)
