@@ -6,6 +6,7 @@ from streamlit_image_coordinates import streamlit_image_coordinates
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
+from ui import windows
 from ui.state import setup
 from vitviz.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
 from vitviz.report import outline_patch
@@ -16,9 +17,12 @@ DINO_KEEP = 0.6
 ctx = setup()
 if ctx is None:
     st.stop()
+st.header(f"Attention heads · {ctx.image.name}")
+if ctx.loaded.attention_scope == "window":  # Swin: each head's window around a clicked patch
+    windows.heads_view(ctx)
+    st.stop()
 r, layout = ctx.result, ctx.result.layout
 L, H = r.attention.shape[:2]
-st.header(f"Attention heads · {ctx.image.name}")
 if opened := st.session_state.pop("opened_from_distance", None):
     st.success(f"Opened from the distance plot: layer {opened[0]}, head {opened[1]} (outlined in the grid and "
                "picked below under Compare layers).")

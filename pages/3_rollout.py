@@ -6,7 +6,7 @@ from ui.cache import cached_gradient_rollout, cached_rollout
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
-from ui.state import setup
+from ui.state import global_attention_only, setup
 from ui.progress import cached, with_progress
 from vitviz.analysis import AnalysisSettings, excluded_tokens
 from vitviz.flow import FLOW_DEFINITION, attention_flow
@@ -20,9 +20,14 @@ EXCLUDE = {"nothing": (False, False), "attention sinks": (True, False), "high-no
 ctx = setup()
 if ctx is None:
     st.stop()
+st.header(f"Attention rollout · {ctx.image.name}")
+global_attention_only(ctx, "Rollout and attention flow do not apply to window attention (Swin): they chain one (N, N) "
+                           "attention matrix per layer and read the CLS token's row, but Swin has no CLS token and each "
+                           "block attends only inside local windows that shift between blocks and merge between "
+                           "stages, so there is no whole-image matrix to chain. The heads page shows each window's "
+                           "attention and the distance page how far each head looks.")
 r, layout = ctx.result, ctx.result.layout
 L = r.attention.shape[0]
-st.header(f"Attention rollout · {ctx.image.name}")
 
 c1, c2, c3, c4 = st.columns(4)
 fusion = c1.selectbox("Head fusion", FUSIONS, key="fusion")

@@ -4,12 +4,16 @@ import streamlit as st
 from ui.cache import cached_image_result
 from ui.charts import file_stem, point_customdata, show_chart
 from ui.downloads import download_row
+from ui import windows
 from ui.state import setup
 from vitviz.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
 from vitviz.figures import distance_scatter, layer_head_heatmap
 
 ctx = setup()
 if ctx is None:
+    st.stop()
+if ctx.loaded.attention_scope == "window":  # Swin: distance within windows, block by block
+    windows.distance_view(ctx)
     st.stop()
 r = ctx.result
 L, H = r.distance.shape

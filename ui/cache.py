@@ -13,6 +13,7 @@ import numpy as np
 import streamlit as st
 from PIL import Image
 
+from vitviz import swin
 from vitviz.analysis import AnalysisSettings, excluded_tokens
 from vitviz.capture import capture
 from vitviz.distance import mean_attention_distance
@@ -73,14 +74,39 @@ class ImageResult:
 
 # Shared, not copied: st.cache_data would unpickle a copy of the attention (19 MB for the
 # bundled model, ~500 MB for ViT-L/16 @384) on every rerun. Pages only read it.
-def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> ImageResult:
+def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> ImageResult | WindowImageResult:
     return store().get_or_compute(("image", spec, sha256),
                                   _spinning("Running the model ...", lambda: _image_result(spec, _image)))
 
 
-def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageResult:
+@dataclass
+class WindowImageResult:
+    """One image through a window-attention model (Swin): what the window views draw from."""
+
+    attention: list[np.ndarray]       # per block (nW, H, T, T)
+    geometry: list[swin.WindowGeometry]  # per block: stage, grid, window, shift, stride
+    logits: np.ndarray | None         # (C,)
+    model_input: Image.Image          # after resize/crop
+    layout: TokenLayout               # the input's patch grid (stage 1)
+    distance: list[np.ndarray]        # per block (H,) mean attention distance within windows, pixels
+    uniform_distance: np.ndarray      # (blocks,) the same for uniform attention over each query's window
+
+
+def _window_result(loaded, batch) -> WindowImageResult:
+    out = swin.capture(loaded.model, batch.tensor)
+    return WindowImageResult(
+        attention=[a[0].numpy() for a in out.attention], geometry=out.geometry,
+        logits=None if out.logits is None else out.logits[0].numpy(), model_input=batch.images[0],
+        layout=out.layout, distance=[swin.mean_window_attention_distance(a, g)[0]
+                                     for a, g in zip(out.attention, out.geometry)],
+        uniform_distance=np.array([swin.uniform_window_distance(g) for g in out.geometry]))
+
+
+def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageResult | WindowImageResult:
     loaded = cached_model(spec)
     batch = preprocess([_image], loaded.data_config)
+    if loaded.attention_scope == "window":
+        return _window_result(loaded, batch)
     out = capture(loaded.model, batch.tensor)
     norms = out.token_norms[0].numpy()
     attention = out.attention[0].numpy()

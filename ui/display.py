@@ -57,10 +57,11 @@ def display_controls(prefix: str = "") -> Display:
 
 def map_figure(image: Image.Image, maps: np.ndarray, layout: TokenLayout, display: Display, *, titles: list[str],
                title: str = "", notes: list[str] | None = None, masks=None, query=None, sinks=None, columns: int = 3,
-               highlight: int | None = None, value_name: str = VALUE_NAME, tile_px: int | None = None):
+               highlight: int | None = None, value_name: str = VALUE_NAME, tile_px: int | None = None, region=None):
     """(rendered tiles, plotly figure) for (k, gh, gw) maps drawn as the display says."""
     rendered = render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
-                           opacity=display.opacity, smooth=display.smooth, masks=masks, query=query, sinks=sinks)
+                           opacity=display.opacity, smooth=display.smooth, masks=masks, query=query, sinks=sinks,
+                           region=region)
     shown = maps if masks is None else np.where(masks, maps, np.nan)
     labels = [_label(t, s, rendered.shared, n) for t, s, n in
               zip(titles, rendered.scales, notes or [None] * len(titles))]
@@ -82,12 +83,13 @@ def _label(title: str, scale, shared: bool, note: str | None) -> str:
 
 
 def panel_download(image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str, *,
-                   masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME):
+                   masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME,
+                   region=None):
     """A callable building the publication PNG of the same panel (tiles at ``zoom``x, titles, colour bar)."""
     def build() -> Image.Image:
         rendered = render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
                                opacity=display.opacity, smooth=display.smooth, masks=masks, query=query,
-                               sinks=sinks, zoom=zoom)
+                               sinks=sinks, region=region, zoom=zoom)
         labels = titles if rendered.shared else [f"{t} · top {s.hi:.3g}" for t, s in zip(titles, rendered.scales)]
         bar_title = value_name if rendered.shared else f"{value_name} / tile's top"
         bar = colour_bar(rendered.scales[0], display.cmap, bar_title, rendered.tiles[0].height,

@@ -365,6 +365,15 @@ def setup() -> Context | None:
     return Context(spec=spec, loaded=loaded, image=current, images=images, framing=framing, result=result)
 
 
+def global_attention_only(ctx: Context, why: str) -> None:
+    """Stop the page with one sentence (``why``) when the model attends within local windows (Swin),
+    which the page's view needs attention over the whole token sequence for."""
+    if ctx.loaded.attention_scope == "global":
+        return
+    st.info(why)
+    st.stop()
+
+
 def _cache_caption() -> None:
     cache, limits = store(), operator_settings()
     st.sidebar.caption(f"Memory cache: {megabytes(cache.used)} of {megabytes(cache.budget)} (VITVIZ_CACHE_MB) · "

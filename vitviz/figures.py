@@ -73,7 +73,8 @@ def map_panel(tiles: list[Image.Image], maps: np.ndarray, scales: list[ColourSca
     rows = -(-k // columns)
     tw, th = tiles[0].size
     lines = max(t.count("<br>") + 1 for t in titles) if any(titles) else 0
-    band = 16 * lines + (4 if lines else 0)  # title band above each tile, in tile pixels
+    # The title band above each tile, in tile pixels: 16 screen pixels a line also when tiles are drawn smaller.
+    band = round((16 * lines + (4 if lines else 0)) * max(1.0, th / tile_px))
     gap = 8
     width, height = columns * (tw + gap) - gap, rows * (th + band + gap) - gap
     canvas = Image.new("RGB", (width, height), "white")

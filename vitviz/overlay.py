@@ -25,6 +25,7 @@ class Marks:
     query: int | None = None
     clipped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     sinks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    region: np.ndarray | None = None  # (gh, gw) bool, outlined in white: the cells a local attention can reach
 
 
 def upsample(grid_map: np.ndarray, size: tuple[int, int], smooth: bool = False) -> np.ndarray:
@@ -84,9 +85,19 @@ def render_overlay(image: Image.Image, grid_map: np.ndarray, scale: ColourScale,
         x0, y0, x1, y1 = box(p)
         draw.line([x0 + 2, y0 + 2, x1 - 2, y1 - 2], fill=SINK_COLOUR, width=max(1, zoom))
         draw.line([x0 + 2, y1 - 2, x1 - 2, y0 + 2], fill=SINK_COLOUR, width=max(1, zoom))
+    if marks.region is not None:
+        _draw_contour(draw, marks.region, ph, pw, width=2 * max(1, zoom))
     if marks.query is not None:
         draw.rectangle(box(marks.query), outline=QUERY_COLOUR, width=2 * max(1, zoom))
     return tile
+
+
+def outline_region(image: Image.Image, region: np.ndarray, width: int = 2) -> Image.Image:
+    """A copy of ``image`` with the boundary of a (gh, gw) bool region drawn in white along patch edges."""
+    out = image.copy()
+    gh, gw = region.shape
+    _draw_contour(ImageDraw.Draw(out), region, out.height / gh, out.width / gw, width=width)
+    return out
 
 
 def _draw_contour(draw: ImageDraw.ImageDraw, mask: np.ndarray, ph: float, pw: float, width: int) -> None:
@@ -209,13 +220,16 @@ class RenderedMaps:
 def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robust per head", cmap: str = "Inferno",
                 style: str = "transparent where low", opacity: float = 0.8, smooth: bool = False,
                 masks: np.ndarray | None = None, query: int | None = None,
-                sinks: np.ndarray | list[np.ndarray] | None = None, zoom: int = 1) -> RenderedMaps:
+                sinks: np.ndarray | list[np.ndarray] | None = None, region: np.ndarray | None = None,
+                zoom: int = 1) -> RenderedMaps:
     """Colour scales and tiles for maps meant to be compared (every head of a layer, layers side by side).
 
     maps: (k, gh, gw); masks: (k, gh, gw) bool or None; query: the query (or key) patch, which
     never sets a limit (its self-attention would); sinks: patch indices marked with a cross and
     kept out of the limits, one array for every tile or a list with one array per tile (e.g. the
-    sinks of each tile's layer; their union sets no limit).
+    sinks of each tile's layer; their union sets no limit); region: (gh, gw) bool, the only cells
+    the maps can be non-zero on (a Swin window): only they set limits (the zeros around a window
+    would pull a percentile to 0), and its border is drawn.
     """
     from .colour import colour_scale
 
@@ -228,7 +242,8 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
     sinks = [np.asarray(s, dtype=int) for s in sinks]
     for tile_sinks in sinks:
         excluded[tile_sinks] = True
-    scales = colour_scale(maps, scale_mode, exclude=excluded.reshape(gh, gw))
+    outside = np.zeros((gh, gw), dtype=bool) if region is None else ~np.asarray(region, dtype=bool)
+    scales = colour_scale(maps, scale_mode, exclude=excluded.reshape(gh, gw) | outside)
     tiles, clipped = [], []
     for i in range(k):
         # A DINO mask draws no colours, so nothing is clipped there.
@@ -236,5 +251,5 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
         clipped.append(above)
         tiles.append(render_overlay(image, maps[i], scales[i], cmap=cmap, style=style, opacity=opacity,
                                     smooth=smooth, mask=None if masks is None else masks[i],
-                                    marks=Marks(query=query, clipped=above, sinks=sinks[i]), zoom=zoom))
+                                    marks=Marks(query=query, clipped=above, sinks=sinks[i], region=region), zoom=zoom))
     return RenderedMaps(tiles=tiles, scales=scales, clipped=clipped, excluded=np.flatnonzero(excluded))

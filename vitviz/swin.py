@@ -354,3 +354,13 @@ def heads_padded(per_block: list[np.ndarray]) -> np.ndarray:
     width = max(v.shape[-1] for v in per_block)
     padded = [np.concatenate([v, np.full((*v.shape[:-1], width - v.shape[-1]), np.nan)], axis=-1) for v in per_block]
     return np.stack(padded, axis=-2)
+
+
+def bounding_box(region: np.ndarray, margin: int = 0) -> tuple[slice, slice]:
+    """(rows, cols) slices of the smallest box around a non-empty (gh, gw) bool region, widened by
+    ``margin`` cells and kept inside the grid. A query's reach (:func:`query_scope`) is always one
+    rectangle on the image: a shifted window's regions each map back to one band of rows and columns."""
+    rows, cols = np.flatnonzero(region.any(axis=1)), np.flatnonzero(region.any(axis=0))
+    gh, gw = region.shape
+    return (slice(max(rows[0] - margin, 0), min(rows[-1] + margin + 1, gh)),
+            slice(max(cols[0] - margin, 0), min(cols[-1] + margin + 1, gw)))
