@@ -240,6 +240,8 @@ def analyze(args: argparse.Namespace) -> int:
     spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
                      img_size=args.img_size, device=args.device, dtype=args.dtype)
     loaded = load_model(spec)
+    if loaded.attention_scope == "window":
+        return analyze_windows(args, loaded, itertools.chain([first], batches), problems)
     settings = AnalysisSettings(fusion=args.fusion, discard=args.discard, start_layer=args.start_layer - 1,
                                 end_layer=args.end_layer, exclude_artifacts=args.exclude_artifacts,
                                 exclude_sinks=args.exclude_sinks, faithfulness=args.faithfulness,
@@ -427,6 +429,63 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+
+
+# Options of analyses defined on attention over the whole sequence, with their defaults.
+GLOBAL_ATTENTION_OPTIONS = {"fusion": "mean", "discard": 0.0, "start_layer": 1, "end_layer": None,
+                            "exclude_artifacts": False, "exclude_sinks": False, "target_class": None,
+                            "faithfulness": False, "flow": False, "clusters": None, "cluster_layer": None,
+                            "report": False}
+
+
+def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -> int:
+    """The analyses that apply to window attention (Swin): window probabilities and the mean attention
+    distance within windows per block and head; written whole or not at all, as :func:`analyze` does."""
+    from . import swin
+    from .images import preprocess
+
+    given = [f"--{name.replace('_', '-')}" for name, default in GLOBAL_ATTENTION_OPTIONS.items()
+             if getattr(args, name) != default]
+    if given:
+        raise VitvizError(f"{loaded.label} attends within shifted windows (no CLS token, no attention over the whole "
+                          f"image): {', '.join(given)} do not apply to it; without them analyze writes its window "
+                          "attention and the mean attention distance within windows per block.")
+    images, geometry, progress = [], None, Progress(len(args.images))
+    with RunOutput(args.out) as output:
+        try:
+            for done, batch in batches:
+                x = preprocess([im.image for im in batch], loaded.data_config)
+                out = swin.capture(loaded.model, x.tensor)
+                geometry = out.geometry
+                arrays = {"input": x.tensor.numpy(), "features": out.features.numpy(),
+                          "window_distance": swin.heads_padded([swin.mean_window_attention_distance(a, g)
+                                                                for a, g in zip(out.attention, geometry)])}
+                if out.logits is not None:
+                    arrays["logits"] = out.logits.numpy()
+                if not args.no_attention:
+                    arrays |= {f"window_attention_{g.index}": a.numpy() for a, g in zip(out.attention, geometry)}
+                output.arrays.append(arrays)
+                images += [{"name": im.name, "sha256": im.sha256, "notes": im.notes} for im in batch]
+                progress.update(done)
+        finally:
+            progress.close()
+        output.arrays.add({"window_uniform_distance": np.array([swin.uniform_window_distance(g) for g in geometry])})
+        output.commit({
+            "command": "analyze", "model": loaded.card(), "versions": _versions(), "images": images,
+            "skipped": [{"name": p.name, "reason": p.reason} for p in problems],
+            "arrays": output.arrays.shapes(), "attention_saved": not args.no_attention,
+            "window_geometry": [g.to_dict() for g in geometry],
+            "conventions": {
+                "window_attention_<block>": "(B, nW, H, T, T) softmax probabilities of block <block> (0-based, "
+                                            "across stages) with relative position bias and shift mask; windows and "
+                                            "slots in timm's partition order of the cyclically shifted, padded grid",
+                "window_distance": f"(B, blocks, max heads) pixels, NaN where a stage has fewer heads: "
+                                   f"{swin.DISTANCE_CONVENTION}",
+                "window_uniform_distance": "(blocks,) the same for uniform attention over each query's window"},
+        })
+    print(f"analysed {len(images)} image(s) with {loaded.label} on {loaded.device} (window attention); "
+          f"wrote {args.out}/analysis.npz")
+    return 0
 
 
 class Interrupted(KeyboardInterrupt):
