@@ -22,7 +22,9 @@ st.header(f"{ctx.image.name} as the model sees it")
 
 left, right = st.columns([3, 2])
 with left:
-    show_chart(patch_grid_image(r.model_input, layout, st.toggle("Token indices", True)), "grid",
+    # Past 32 columns the indices no longer fit their patches (Swin's 56x56 grid of 4 px tokens): off by default.
+    indices = st.toggle("Token indices", layout.grid_size[1] <= 32)
+    show_chart(patch_grid_image(r.model_input, layout, indices), "grid",
                file_stem("patch_grid", ctx.image.name))
     st.caption(f"{layout.grid_size[0]}x{layout.grid_size[1]} patches of {layout.patch_size[0]} px after resize and "
                f"crop; token indices in raster order after the prefix tokens {list(layout.prefix_tokens) or 'none'}.")

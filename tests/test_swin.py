@@ -273,7 +273,20 @@ def test_app_pages_with_a_swin_checkpoint_show_windows_or_a_sentence(swin_checkp
     corner[6:, 6:] = True
     for m in _heatmaps(at, "window_heads_grid"):
         assert abs(m[corner].sum() - 1) < 1e-5 and m[~corner].max() < 1e-30
+    # A typed row and column pick the same way; the enlarged view keeps the query's reach and one token around it.
+    at.number_input(key="window_row_(8, 8)").set_value(1).run()
+    at.radio(key="window_view").set_value("the query's window, enlarged").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state["window_point"] == (7 * 8 + 4.0, 4.0)  # (x, y) of row 1, col 8's centre
+    enlarged = _heatmaps(at, "window_heads_grid")
+    assert all(m.shape == (3, 3) for m in enlarged)  # rows 1-2 (wrapped off row 8) + one below, cols 7-8 + one left
+    np.testing.assert_allclose([m.sum() for m in enlarged], 1, atol=1e-5)
     at.switch_page("pages/4_distance.py").run()
     assert not at.exception, [e.message for e in at.exception]
     dots = [t for t in _traces(at, "window_distance_plot") if t.get("name", "").startswith("head ")]
     assert [len(_decode(t["x"])) for t in dots] == [4, 4, 2, 2]  # heads 3 and 4 exist only in stage 2
+    at.sidebar.multiselect(key="samples").set_value(["astronaut.jpg", "chelsea.jpg"]).run()
+    at.radio(key="distance_scope").set_value(at.radio(key="distance_scope").options[1]).run()
+    assert not at.exception, [e.message for e in at.exception]
+    dots = [t for t in _traces(at, "window_distance_plot") if t.get("name", "").startswith("head ")]
+    assert all(_decode(t["error_y"]["array"]).max() > 0 for t in dots)  # the spread over the two images
