@@ -247,7 +247,8 @@ def test_app_pages_with_a_swin_checkpoint_show_windows_or_a_sentence(swin_checkp
     assert not at.exception and not at.error, [e.value for e in at.error]
     expected = {"pages/1_overview.py": "not supported yet for window attention",
                 "pages/3_rollout.py": "Rollout and attention flow do not apply",
-                "pages/6_position_embeddings.py": "Swin has no absolute position embedding",
+                "pages/6_position_embeddings.py": "no learned absolute position embedding (it encodes position with a "
+                                                   "relative position bias per window",
                 "pages/7_anatomy.py": "not supported yet for window attention",
                 "pages/8_faithfulness.py": "not supported yet for window attention"}
     for page, sentence in expected.items():
