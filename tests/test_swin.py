@@ -194,6 +194,18 @@ def test_window_maps_take_their_colour_limits_from_the_window_only():
     assert len(render_maps(image, maps).clipped[0]) > 24
 
 
+def test_a_swin_with_another_block_gets_the_not_supported_sentence(swin_checkpoint):
+    from vitviz.errors import ModelError
+    from vitviz.models import check_supported
+
+    model = timm.create_model(TINY_SWIN, pretrained=False)
+    model.layers[1].blocks[0] = torch.nn.Identity()
+    with pytest.raises(ModelError, match=r"not supported yet: stage 2 block 1 is a Identity without one attention module"):
+        check_supported(model, TINY_SWIN)
+    with pytest.raises(ModelError, match=r"'resnet18' is not supported yet: .*Swin Transformers"):
+        check_supported(timm.create_model("resnet18", pretrained=False), "resnet18")
+
+
 def test_model_card_and_layout_describe_stages_without_prefix_tokens(swin_checkpoint):
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint)))
     card = loaded.card()

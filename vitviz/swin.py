@@ -50,9 +50,10 @@ def check_supported(model, name: str) -> None:
         why = f"its patch embedding is a {type(model.patch_embed).__name__}"
     for s, stage in enumerate(model.layers):
         for b, blk in enumerate(stage.blocks):
-            if why is None and (type(blk) is not SwinTransformerBlock or type(blk.attn) is not WindowAttention):
-                why = (f"stage {s + 1} block {b + 1} is a {type(blk).__name__} with "
-                       f"{type(getattr(blk, 'attn', None)).__name__} attention")
+            attn = getattr(blk, "attn", None)
+            if why is None and (type(blk) is not SwinTransformerBlock or type(attn) is not WindowAttention):
+                inside = f" with {type(attn).__name__} attention" if attn is not None else " without one attention module"
+                why = f"stage {s + 1} block {b + 1} is a {type(blk).__name__}{inside}"
     if why:
         raise ModelError(f"Model {name!r} is not supported yet: {why}. vitviz reads Swin models built from timm's "
                          "SwinTransformerBlock and WindowAttention (Swin V1).")

@@ -319,7 +319,8 @@ def why_unsupported(model) -> str | None:
 def supported_families() -> str:
     """The families capture reads, in words (the "not supported yet" sentence names them)."""
     return ("timm VisionTransformer (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP, hybrid ResNet+ViT), Eva (EVA, EVA-02 "
-            "and rotary-embedding ViTs) and Beit (BEiT, BEiT v2) models with their standard blocks")
+            "and rotary-embedding ViTs) and Beit (BEiT, BEiT v2) models with their standard blocks, and Swin "
+            "Transformers (window attention, vitviz.swin)")
 
 
 def attend(attn, x: torch.Tensor, terms: PositionTerms = NO_TERMS) -> tuple[torch.Tensor, torch.Tensor]:
