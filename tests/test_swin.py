@@ -86,6 +86,32 @@ def test_window_capture_equals_timm_forward_and_its_softmax(swin_checkpoint, che
         assert probs.shape == (2, g.num_windows, (2, 4)[g.stage], 16, 16)
 
 
+def test_dynamic_size_swin_builds_its_masks_per_input_as_timm_does():
+    torch.manual_seed(1)
+    model = timm.create_model(TINY_SWIN, pretrained=False, dynamic_img_size=True).eval()
+    x = torch.randn(1, 3, 80, 96)  # not the 64 px it was built for: masks come from get_attn_mask(x)
+    out = swin.capture(model, x)
+    with torch.no_grad():
+        own = model(x)
+    assert float((out.logits - own).norm() / own.norm()) < 1e-5
+    for probs, ref in zip(out.attention, _timm_softmax(model, x)):
+        torch.testing.assert_close(probs.reshape(ref.shape), ref, rtol=0, atol=1e-6)
+    assert [g.grid_size for g in out.geometry] == [(20, 24), (20, 24), (10, 12), (10, 12)]
+    assert out.geometry[1].allowed is not None and not out.geometry[1].allowed.all()
+
+
+def test_threads_sharing_one_swin_model_match_serial_bit_for_bit(swin_checkpoint, chelsea):
+    from concurrent.futures import ThreadPoolExecutor
+
+    loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint)))
+    inputs = [preprocess([chelsea.rotate(90 * i)], loaded.data_config).tensor for i in range(4)]
+    serial = [swin.capture(loaded.model, x).attention for x in inputs]
+    with ThreadPoolExecutor(4) as pool:
+        threaded = list(pool.map(lambda x: swin.capture(loaded.model, x).attention, inputs * 2))
+    for got, want in zip(threaded, serial * 2):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_geometry_strides_shifts_and_padding_follow_the_stages(swin_checkpoint):
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint), img_size=72))
     out = swin.capture(loaded.model, torch.zeros(1, 3, 72, 72))
