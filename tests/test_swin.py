@@ -232,6 +232,21 @@ def test_a_swin_with_another_block_gets_the_not_supported_sentence(swin_checkpoi
         check_supported(timm.create_model("resnet18", pretrained=False), "resnet18")
 
 
+@pytest.mark.parametrize("img_size", [64, 72])
+def test_memory_budget_counts_the_window_attention_swin_captures(img_size):
+    from vitviz.budget import architecture, check_resolution
+    from vitviz.errors import ModelError
+
+    arch = architecture(TINY_SWIN)
+    model = timm.create_model(TINY_SWIN, pretrained=False, img_size=img_size).eval()
+    out = swin.capture(model, torch.zeros(1, 3, img_size, img_size))
+    assert arch.attention_bytes(img_size) == sum(a.numel() * 4 for a in out.attention)  # padding included
+    check_resolution(TINY_SWIN, img_size, arch.attention_bytes(img_size))
+    with pytest.raises(ModelError, match=rf"Input resolution {img_size} px: .*\(4 blocks of window attention in 2 "
+                                         r"stages.*the largest size that fits is \d+ px"):
+        check_resolution(TINY_SWIN, img_size, arch.attention_bytes(img_size) - 1)
+
+
 def test_model_card_and_layout_describe_stages_without_prefix_tokens(swin_checkpoint):
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint)))
     card = loaded.card()

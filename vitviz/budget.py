@@ -37,6 +37,11 @@ class Architecture:
         n = self.tokens(img_size)
         return self.depth * self.heads * n * n * FLOAT32_BYTES
 
+    def composition(self, img_size: int) -> str:
+        """What the bytes are made of, for the refusal sentence."""
+        n = self.tokens(img_size)
+        return f"{self.depth} layers x {self.heads} heads x {n}x{n} tokens x 4 bytes"
+
     def largest_size(self, limit_bytes: int, step: int | None = None) -> int | None:
         """The largest multiple of ``step`` (default the patch height) whose attention fits ``limit_bytes``."""
         step = step or self.patch[0]
@@ -74,6 +79,10 @@ def _timm_architecture(name: str) -> Architecture | None:
             model = timm.create_model(arch, pretrained=False)
     except Exception:  # noqa: BLE001 - an architecture timm cannot build is reported by the loader
         return None
+    from . import swin
+
+    if swin.is_swin(model):
+        return swin.architecture(model)
     blocks = getattr(model, "blocks", None)
     attn = getattr(blocks[0], "attn", None) if blocks else None
     patch_embed = getattr(model, "patch_embed", None)
@@ -82,6 +91,29 @@ def _timm_architecture(name: str) -> Architecture | None:
     default = bundled.ONNX_INPUT_SIZE if name == "bundled" else int(patch_embed.img_size[0])
     return Architecture(depth=len(blocks), heads=int(attn.num_heads), patch=patch_stride(patch_embed),
                         prefix_tokens=int(getattr(model, "num_prefix_tokens", 1)), default_size=default)
+
+
+@dataclass(frozen=True)
+class WindowArchitecture(Architecture):
+    """A Swin model: attention only inside windows, (nW, H, T, T) per block (see :mod:`vitviz.swin`).
+
+    stages: (blocks, heads, window side) per stage; ``depth`` and ``heads`` are the totals.
+    """
+
+    stages: tuple[tuple[int, int, int], ...] = ()
+
+    def attention_bytes(self, img_size: int) -> int:
+        """Bytes of one image's window attention: per block (grid padded to whole windows)² x H x T float32."""
+        total, grid = 0, img_size // self.patch[0]
+        for s, (blocks, heads, window) in enumerate(self.stages):
+            grid = grid if s == 0 else (grid + 1) // 2  # patch merging halves the grid, rounding up
+            side = min(window, grid)  # timm shrinks a window larger than its stage's grid
+            padded = -(-grid // side) * side
+            total += blocks * padded * padded * heads * side * side * FLOAT32_BYTES
+        return total
+
+    def composition(self, img_size: int) -> str:
+        return f"{self.depth} blocks of window attention in {len(self.stages)} stages, 4 bytes a weight"
 
 
 def _hf_architecture(name: str) -> Architecture | None:
@@ -125,12 +157,11 @@ def check_resolution(name: str, img_size: int | None, limit_bytes: int, max_img_
     needed = arch.attention_bytes(size)
     if needed <= limit_bytes:
         return
-    n = arch.tokens(size)
     largest = arch.largest_size(limit_bytes)
     way_out = (f"the largest size that fits is {largest} px" if largest
                else "no input size fits; ask the operator for a larger VITVIZ_CACHE_MB")
     raise ModelError(f"Input resolution {size} px: {label}'s attention for one image would take {megabytes(needed)} "
-                     f"({arch.depth} layers x {arch.heads} heads x {n}x{n} tokens x 4 bytes), over this server's "
+                     f"({arch.composition(size)}), over this server's "
                      f"limit of {megabytes(limit_bytes)} per image (half of VITVIZ_CACHE_MB); {way_out}.")
 
 

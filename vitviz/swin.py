@@ -331,6 +331,21 @@ def block_labels(geometry: list[WindowGeometry]) -> list[str]:
             for g in geometry]
 
 
+def architecture(model):
+    """What fixes a Swin model's window-attention size, for :mod:`vitviz.budget` (works on the meta device).
+
+    The window of each stage is the one the model was built with (timm keeps it at other input sizes
+    and shrinks it only where a stage's grid is smaller).
+    """
+    from .budget import WindowArchitecture
+
+    windows = getattr(model, "_ref_window_sizes", None) or [s.blocks[0].window_size for s in model.layers]
+    stages = tuple((len(s.blocks), int(s.blocks[0].attn.num_heads), int(w[0])) for s, w in zip(model.layers, windows))
+    return WindowArchitecture(depth=sum(b for b, _, _ in stages), heads=sum(h * b for b, h, _ in stages),
+                              patch=tuple(int(p) for p in model.patch_embed.patch_size), prefix_tokens=0,
+                              default_size=int(model.patch_embed.img_size[0]), stages=stages)
+
+
 def card(model) -> dict:
     """Facts about a Swin model for the model card and settings.json."""
     heads = [stage.blocks[0].attn.num_heads for stage in model.layers]
