@@ -286,6 +286,16 @@ def test_cli_refuses_global_attention_options_for_swin_with_a_sentence(swin_chec
     assert not (tmp_path / "analysis.npz").exists()
 
 
+def test_cli_stats_says_in_a_sentence_that_it_needs_global_attention(swin_checkpoint, tmp_path, capsys):
+    from vitviz.cli import main
+
+    argv = ["stats", str(ASSETS / "coffee.jpg"), "--out", str(tmp_path / "stats"), "--model", TINY_SWIN,
+            "--checkpoint", str(swin_checkpoint), "--workers", "0"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "attends within shifted windows" in err and "Traceback" not in err
+
+
 @pytest.mark.slow
 def test_app_pages_with_a_swin_checkpoint_show_windows_or_a_sentence(swin_checkpoint):
     from streamlit.testing.v1 import AppTest
@@ -303,7 +313,8 @@ def test_app_pages_with_a_swin_checkpoint_show_windows_or_a_sentence(swin_checkp
                 "pages/6_position_embeddings.py": "no learned absolute position embedding (it encodes position with a "
                                                    "relative position bias per window",
                 "pages/7_anatomy.py": "not supported yet for window attention",
-                "pages/8_faithfulness.py": "not supported yet for window attention"}
+                "pages/8_faithfulness.py": "not supported yet for window attention",
+                "pages/9_compare.py": "the current model attends within windows (Swin)"}
     for page, sentence in expected.items():
         at.switch_page(page).run()
         assert not at.exception, (page, [e.message for e in at.exception])

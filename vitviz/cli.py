@@ -340,6 +340,10 @@ def stats(args: argparse.Namespace) -> int:
                 print(f"{spec.name}: every image is already in {args.out / STATS_NAME}", file=sys.stderr)
                 continue
             loaded = load_model(spec)
+            if loaded.attention_scope == "window":
+                raise VitvizError(f"{spec.name}: stats reads attention over the whole image (layers x heads of one "
+                                  "token sequence) and this model attends within shifted windows (Swin); "
+                                  "`analyze` writes its window attention distance per block.")
             cards[spec.name] = loaded.card()
             if args.engine == "ray":
                 batches = run_ray(spec, todo, spec.name, args.batch_size, workers, args.address)
