@@ -264,4 +264,28 @@ def test_ray_engine_without_ray_says_how_to_install_it(tmp_path, monkeypatch, ca
     monkeypatch.setitem(sys.modules, "ray.data", None)
     make_images(tmp_path / "img", 1)
     assert main(["stats", str(tmp_path / "img"), "--out", str(tmp_path / "out"), "--engine", "ray"]) == 2
-    assert "pip install 'vitviz[ray]'" in capsys.readouterr().err
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_readmes_stats_command_does_what_it_says(tmp_path):
+    """The README's first stats example, typed as it stands (only --out pointed at a temporary folder)."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import pandas as pd
+
+    root = Path(__file__).resolve().parent.parent
+    line = next(l for l in (root / "README.md").read_text().splitlines()
+                if l.startswith(".venv/bin/python -m vitviz stats assets/"))
+    args = shlex.split(line)[1:]
+    args[args.index("--out") + 1] = str(tmp_path / "stats")
+    result = subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    table = pd.read_parquet(tmp_path / "stats" / "stats.parquet")
+    images = sorted(p.name for p in (root / "assets").glob("*.jpg"))
+    assert sorted(table["image"].unique()) == images
+    assert len(table) == len(images) * 12 * 6 and set(table["model"]) == {"bundled"}
+    assert table["mean_distance"].between(0, 224 * 2 ** 0.5).all()

@@ -106,7 +106,7 @@ def _stats_parser(sub) -> None:
                        help="local engine: processes decoding images (0: in the main process; default: cores - 1); "
                             "ray engine: actors, each holding one model (and one GPU when CUDA is present)")
     stats.add_argument("--engine", default="local", choices=["local", "ray"],
-                       help="local: one process and a DataLoader; ray: Ray Data actors (pip install 'vitviz[ray]')")
+                       help="local: one process and a DataLoader; ray: Ray Data actors (the ray extra: pip install -e '.[ray]')")
     stats.add_argument("--address", metavar="ADDR",
                        help="ray engine: the cluster to join, e.g. ray://head:10001 or auto (default: a local Ray)")
 

@@ -121,7 +121,8 @@ def run_local(loaded, files: list[ImageFile], model: str, batch_size: int, worke
 
 # ---- Ray Data -------------------------------------------------------------------------------------------
 
-RAY_MISSING = "--engine ray needs Ray Data: pip install 'vitviz[ray]' (or pip install 'ray[data]')."
+RAY_MISSING = ("--engine ray needs Ray Data: in the vitviz folder run .venv/bin/pip install -e '.[ray]' "
+               "(or pip install 'ray[data]').")
 
 
 _RAY_COLUMNS = STATS_COLUMNS | SINK_COLUMNS | {"reason": "str", "kind": "str", "batch": "str"}
