@@ -1,13 +1,13 @@
 """Position embeddings: cosine similarity of every position with every other (ViT paper Fig. 7 centre)."""
-import numpy as np
 import streamlit as st
 
+from ui.cache import cached_position_similarity
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.state import setup
 from vitviz.errors import ViewNotApplicable
 from vitviz.figures import similarity_grid, similarity_map
-from vitviz.posembed import patch_position_embeddings, position_at, position_embedding_similarity, position_fraction
+from vitviz.posembed import position_at, position_fraction
 
 MAX_GRID = 40  # a 40x40 grid is 1600 tiles of 1600 cells; beyond that nothing is legible
 SELECTED = "pos_selected"  # the chosen position as fractions of the grid height/width: survives a grid change
@@ -42,12 +42,6 @@ def _select_from_click() -> None:
     st.session_state[SELECTED] = position_fraction(position, _shape())
 
 
-@st.cache_data(max_entries=8, show_spinner=False)
-def _similarity(spec, shape: tuple[int, int], _loaded) -> tuple[np.ndarray, np.ndarray]:
-    embeddings = patch_position_embeddings(_loaded.model, _loaded.layout, shape, native=_loaded.native_pos_embed)
-    return embeddings, position_embedding_similarity(embeddings, shape)
-
-
 ctx = setup()
 if ctx is None:
     st.stop()
@@ -69,7 +63,7 @@ with right:
         gh, top, gh, key="pos_grid")
 shape = (grid, grid * gw // gh)
 try:
-    embeddings, similarity = _similarity(ctx.spec, shape, loaded)
+    embeddings, similarity = cached_position_similarity(ctx.spec, shape)
 except ValueError as exc:
     st.error(str(exc))
     st.stop()

@@ -59,6 +59,11 @@ def test_position_page_sliders_are_1_based_and_the_selection_survives_a_grid_cha
     assert title == "position (row 8, col 26)"
     at.slider(key="pos_grid").set_value(16).run()
     assert (at.slider(key="pos_row").value, at.slider(key="pos_col").value) == (4, 13)
+    # Both grids sit in the one byte-bounded store (VITVIZ_CACHE_MB), not in a count-bounded st.cache_data.
+    import ui.cache
+
+    shapes = {k[2] for k in ui.cache.store().keys() if k[0] == "position_similarity"}
+    assert {(16, 16), (32, 32)} <= shapes
 
 
 def test_position_page_grid_has_a_fixed_colour_bar_and_1_based_labels():

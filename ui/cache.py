@@ -21,6 +21,7 @@ from vitviz.images import preprocess
 from vitviz.layout import TokenLayout
 from vitviz.maps import head_scores
 from vitviz.models import ModelSpec, load_model
+from vitviz.posembed import patch_position_embeddings, position_embedding_similarity
 from vitviz.rollout import attention_gradients, gradient_rollout, rollout
 from vitviz.settings import Settings
 from vitviz.tokens import AttentionSinks, artifact_tokens, attention_sinks, feature_pca_rgb, top_classes
@@ -148,3 +149,16 @@ def cached_feature_pca(spec: ModelSpec, sha256: str, _result: ImageResult) -> np
 def cached_top_classes(spec: ModelSpec, sha256: str, _result: ImageResult, k: int = 5):
     return store().get_or_compute(("top_classes", spec, sha256, k),
                                   lambda: top_classes(_result.logits, k, cached_model(spec).class_labels))
+
+
+def cached_position_similarity(spec: ModelSpec, shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Position embeddings (gh*gw, D) resampled to ``shape`` and their similarity (gh, gw, gh, gw).
+
+    In the byte-bounded store: a 40x40 grid's similarity is 20 MB, so a count bound says nothing.
+    """
+    def compute():
+        loaded = cached_model(spec)
+        embeddings = patch_position_embeddings(loaded.model, loaded.layout, shape, native=loaded.native_pos_embed)
+        return embeddings, position_embedding_similarity(embeddings, shape)
+
+    return store().get_or_compute(("position_similarity", spec, shape), compute)
