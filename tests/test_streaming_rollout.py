@@ -243,3 +243,27 @@ def test_unwritable_out_is_a_sentence_within_two_seconds_before_the_model_loads(
     assert result.stderr.strip() == (f"error: Cannot write the output folder --out {blocker / 'out'}: Not a directory. "
                                      "Pick a folder you can write to.")
     assert elapsed < 2.0
+
+
+def test_analyze_refuses_a_batch_whose_attention_does_not_fit_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    import vitviz.models
+    from vitviz.cli import main
+
+    def must_not_load(spec):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(vitviz.models, "load_model", must_not_load)
+    monkeypatch.setenv("VITVIZ_CACHE_MB", "1500")  # 750 MiB of attention per batch
+    images = make_images(tmp_path / "img", 2)
+    # 518 px: 12 x 6 x 1370^2 x 4 bytes = 516 MiB per image; one fits, a batch of two does not;
+    # 476 px: 2 x 12 x 6 x 1157^2 x 4 bytes = 736 MiB fits, 490 px: 2 x 12 x 6 x 1226^2 x 4 = 826 MiB does not.
+    assert main(["analyze", *map(str, images), "--out", str(tmp_path / "out"), "--img-size", "518",
+                 "--batch-size", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: Input resolution 518 px: the bundled model's attention for a batch of 2 images would take "
+                   "1.0 GiB (2 images x 12 layers x 6 heads x 1370x1370 tokens x 4 bytes), over this server's limit "
+                   "of 750 MiB per batch (half of VITVIZ_CACHE_MB); the largest size that fits is 476 px (or a "
+                   "smaller --batch-size: one image needs 516 MiB).")
+    assert main(["analyze", str(images[0]), "--out", str(tmp_path / "out"), "--img-size", "1036"]) == 2
+    assert "the largest size that fits is 560 px." in capsys.readouterr().err
+    assert not list((tmp_path / "out").iterdir())

@@ -134,14 +134,16 @@ def _hf_architecture(name: str) -> Architecture | None:
                         default_size=layout.grid_size[0] * layout.patch_size[0])
 
 
-def check_resolution(name: str, img_size: int | None, limit_bytes: int, max_img_size: int | None = None) -> None:
-    """Refuse an input resolution whose attention for one image would exceed ``limit_bytes``.
+def check_resolution(name: str, img_size: int | None, limit_bytes: int, max_img_size: int | None = None,
+                     batch: int = 1) -> None:
+    """Refuse an input resolution whose attention for one batch would exceed ``limit_bytes``.
 
     Args:
         name: ``"bundled"``, a timm model name, or a transformers folder / ``hf:`` hub id.
         img_size: the requested input resolution; None for the model's own.
-        limit_bytes: the largest attention tensor of one image allowed.
+        limit_bytes: the largest attention tensor of one batch allowed.
         max_img_size: an operator's cap on the resolution (shared mode), or None.
+        batch: images per forward (the app runs one; ``analyze`` up to ``--batch-size``).
 
     Raises:
         ModelError: a sentence with the size the setting needs and the largest size that fits.
@@ -154,22 +156,27 @@ def check_resolution(name: str, img_size: int | None, limit_bytes: int, max_img_
     if max_img_size is not None and size > max_img_size:
         raise ModelError(f"Input resolution {size} px is over this server's cap of {max_img_size} px "
                          "(VITVIZ_MAX_IMG_SIZE); choose a smaller size.")
-    needed = arch.attention_bytes(size)
+    needed = batch * arch.attention_bytes(size)
     if needed <= limit_bytes:
         return
-    largest = arch.largest_size(limit_bytes)
+    largest = arch.largest_size(limit_bytes // batch)
     way_out = (f"the largest size that fits is {largest} px" if largest
                else "no input size fits; ask the operator for a larger VITVIZ_CACHE_MB")
-    raise ModelError(f"Input resolution {size} px: {label}'s attention for one image would take {megabytes(needed)} "
-                     f"({arch.composition(size)}), over this server's "
-                     f"limit of {megabytes(limit_bytes)} per image (half of VITVIZ_CACHE_MB); {way_out}.")
+    if batch == 1:
+        what, count, unit = "one image", "", "per image"
+    else:
+        what, count, unit = f"a batch of {batch} images", f"{batch} images x ", "per batch"
+        way_out += f" (or a smaller --batch-size: one image needs {megabytes(arch.attention_bytes(size))})"
+    raise ModelError(f"Input resolution {size} px: {label}'s attention for {what} would take {megabytes(needed)} "
+                     f"({count}{arch.composition(size)}), over this server's "
+                     f"limit of {megabytes(limit_bytes)} {unit} (half of VITVIZ_CACHE_MB); {way_out}.")
 
 
-def admit(spec, settings) -> None:
+def admit(spec, settings, batch: int = 1) -> None:
     """Refuse a :class:`vitviz.models.ModelSpec` the operator's settings do not allow, before anything is built.
 
-    Checks the model allow-list, devices, precisions, the resolution cap and the attention budget.
-    The bundled model is always allowed (it is offline and small).
+    Checks the model allow-list, devices, precisions, the resolution cap and the attention budget
+    of ``batch`` images per forward. The bundled model is always allowed (it is offline and small).
 
     Raises:
         ModelError: a sentence naming the setting and the way out.
@@ -183,4 +190,4 @@ def admit(spec, settings) -> None:
     if settings.dtypes is not None and spec.dtype not in settings.dtypes:
         raise ModelError(f"Precision {spec.dtype!r} is not allowed on this server (VITVIZ_DTYPES: "
                          f"{', '.join(settings.dtypes)}).")
-    check_resolution(spec.name, spec.img_size, settings.attention_limit_bytes, settings.max_img_size)
+    check_resolution(spec.name, spec.img_size, settings.attention_limit_bytes, settings.max_img_size, batch)

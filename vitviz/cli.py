@@ -228,7 +228,15 @@ def analyze(args: argparse.Namespace) -> int:
     check_writable(args.out)  # before any model work: a wrong --out costs nothing
 
     from .analysis import AnalysisRun, AnalysisSettings, analyze_batch
+    from .budget import admit
     from .models import ModelSpec, load_model
+    from .settings import Settings
+
+    spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
+                     img_size=args.img_size, device=args.device, dtype=args.dtype)
+    # The app's check, before the model runs: one batch's attention must fit half the machine
+    # (or half of VITVIZ_CACHE_MB); the streamed run holds nothing bigger.
+    admit(spec, Settings.from_env(memory_share=1.0), batch=min(args.batch_size, len(args.images)))
 
     problems: list = []
     batches = _image_batches(args.images, args.batch_size, problems)
@@ -237,8 +245,6 @@ def analyze(args: argparse.Namespace) -> int:
         print("error: no image could be analysed.", file=sys.stderr)
         return 1
 
-    spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
-                     img_size=args.img_size, device=args.device, dtype=args.dtype)
     loaded = load_model(spec)
     if loaded.attention_scope == "window":
         return analyze_windows(args, loaded, itertools.chain([first], batches), problems)

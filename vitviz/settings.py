@@ -95,11 +95,16 @@ class Settings:
         return self.models is None or name in self.models
 
     @classmethod
-    def from_env(cls, env=None) -> Settings:
+    def from_env(cls, env=None, memory_share: float = DEFAULT_CACHE_SHARE) -> Settings:
+        """The settings in ``env`` (default ``os.environ``).
+
+        ``memory_share``: the machine's share that ``cache_bytes`` defaults to without
+        ``VITVIZ_CACHE_MB`` (the app shares it with its caches; ``analyze`` holds one batch, so all).
+        """
         env = os.environ if env is None else env
         shared = env.get("VITVIZ_SHARED", "").strip().lower() in ("1", "true", "yes", "on")
         cache_mb = _positive_int(env, "VITVIZ_CACHE_MB", None)
-        cache_bytes = cache_mb << 20 if cache_mb else int(total_memory_bytes() * DEFAULT_CACHE_SHARE)
+        cache_bytes = cache_mb << 20 if cache_mb else int(total_memory_bytes() * memory_share)
         models = _names(env, "VITVIZ_MODELS")
         if models is None and shared:
             models = (BUNDLED, *SUGGESTED_MODELS)
