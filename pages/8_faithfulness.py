@@ -7,7 +7,7 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from ui.cache import cached_gradient_rollout, cached_model, cached_rollout
+from ui.cache import cached_gradient_rollout, cached_model, cached_rollout, model_run
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
@@ -85,8 +85,9 @@ def run(progress):
         if "gradient_rollout" in methods else None
     flow = flow_map().map if "attention_flow" in methods else None
     maps = attention_maps(r.attention, layout, rollout_map=roll.map, gradient_map=grad, flow_map=flow, seed=seed)
-    return perturbation_curves(cached_model(ctx.spec).model, model_input, {m: maps[m] for m in methods}, layout,
-                               fractions=default_fractions(steps), target=target, progress=progress)
+    with model_run():
+        return perturbation_curves(cached_model(ctx.spec).model, model_input, {m: maps[m] for m in methods}, layout,
+                                   fractions=default_fractions(steps), target=target, progress=progress)
 
 
 result = with_progress(key, "Perturbation test: method", run)

@@ -444,3 +444,92 @@ def test_uploaded_checkpoint_is_deleted_after_loading():
     assert not folder.exists()
     at.sidebar.radio(key="framing").set_value("pad").run()  # a rerun needs no file: the model is cached
     assert not at.error and not folder.exists()
+
+
+# Concurrent model runs: VITVIZ_MAX_RUNS -------------------------------------------------------------
+
+def test_max_runs_defaults_to_two_when_shared_and_no_limit_locally():
+    assert Settings.from_env({}).max_runs is None
+    assert Settings.from_env({"VITVIZ_SHARED": "1"}).max_runs == 2
+    assert Settings.from_env({"VITVIZ_SHARED": "1", "VITVIZ_MAX_RUNS": "3"}).max_runs == 3
+    with pytest.raises(SettingError, match="VITVIZ_MAX_RUNS='0' is not a positive whole number"):
+        Settings.from_env({"VITVIZ_MAX_RUNS": "0"})
+
+
+def test_the_run_over_the_limit_waits_and_every_run_gives_the_serial_result():
+    from conftest import tiny_model
+    from ui.runs import RunLimiter
+    from vitviz.capture import capture
+
+    model = tiny_model("dinov2_reg")
+    torch.manual_seed(1)
+    inputs = [torch.randn(1, 3, 70, 70) for _ in range(3)]
+    serial = [capture(model, x) for x in inputs]
+    limiter, gate, lock = RunLimiter(2), threading.Event(), threading.Lock()
+    inside, peak, waits, results = set(), [0], [], [None] * 3
+
+    def work(i):
+        def on_wait(n):
+            waits.append((i, n))
+            gate.set()  # the first two runs finish only once the third has been told to wait
+
+        with limiter.slot(on_wait):
+            with lock:
+                inside.add(i)
+                peak[0] = max(peak[0], len(inside))
+            gate.wait(10)
+            results[i] = capture(model, inputs[i])
+            with lock:
+                inside.discard(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads[:2]:
+        t.start()
+    while limiter.running < 2:
+        threading.Event().wait(0.01)
+    threads[2].start()
+    for t in threads:
+        t.join(30)
+    assert waits == [(2, 2)] and peak[0] == 2 and limiter.running == 0
+    for got, want in zip(results, serial):
+        assert torch.equal(got.attention, want.attention) and torch.equal(got.features, want.features)
+
+
+def test_a_run_inside_a_run_uses_its_own_slot():
+    from ui.runs import RunLimiter
+
+    limiter = RunLimiter(1)
+    with limiter.slot(), limiter.slot():  # faithfulness asking for gradient rollout: no deadlock
+        assert limiter.running == 1
+    assert limiter.running == 0
+
+
+def test_a_waiting_session_is_told_how_many_runs_are_ahead(monkeypatch):
+    import ui.cache
+    from ui.runs import RunLimiter
+
+    shown = []
+
+    class Notice:
+        def info(self, text):
+            shown.append(text)
+
+        def empty(self):
+            shown.append(None)
+
+    limiter = RunLimiter(1)
+    monkeypatch.setattr(ui.cache, "run_limiter", lambda: limiter)
+    monkeypatch.setattr(ui.cache.st, "empty", Notice)
+    held, release = threading.Event(), threading.Event()
+
+    def other_session():
+        with limiter.slot():
+            held.set()
+            release.wait(10)
+
+    threading.Thread(target=other_session).start()
+    held.wait(10)
+    threading.Timer(0.2, release.set).start()
+    with ui.cache.model_run():
+        assert limiter.running == 1
+    assert shown == ["Waiting for 1 other run to finish (this server runs at most 1 at once) ...", None]

@@ -7,6 +7,7 @@ read cached values. A slider move never runs the model again while its result fi
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,7 @@ from vitviz.settings import Settings
 from vitviz.tokens import AttentionSinks, artifact_tokens, attention_sinks, feature_pca_rgb, top_classes
 
 from .memo import ByteLRU
+from .runs import RunLimiter
 
 
 @st.cache_resource(show_spinner=False)
@@ -41,10 +43,38 @@ def store() -> ByteLRU:
     return ByteLRU(operator_settings().cache_bytes)
 
 
+@st.cache_resource(show_spinner=False)
+def run_limiter() -> RunLimiter:
+    """The server's one limit on model runs at once (``VITVIZ_MAX_RUNS``), shared by every session."""
+    return RunLimiter(operator_settings().max_runs)
+
+
+@contextmanager
+def model_run():
+    """Hold one of the server's model-run slots for the ``with`` block; a session that must wait is told why."""
+    notice = st.empty()
+
+    def waiting(n: int) -> None:
+        notice.info(f"Waiting for {n} other run{'s' if n != 1 else ''} to finish (this server runs at most "
+                    f"{run_limiter().limit} at once) ...")
+
+    with run_limiter().slot(waiting):
+        notice.empty()
+        yield
+
+
 def _spinning(message: str, compute):
     """``compute`` under a spinner: shown only when something actually runs, not on a cache hit."""
     def run():
         with st.spinner(message):
+            return compute()
+    return run
+
+
+def _model_run(message: str, compute):
+    """``compute`` runs the model: under a spinner, holding one of the server's run slots."""
+    def run():
+        with model_run(), st.spinner(message):
             return compute()
     return run
 
@@ -77,7 +107,7 @@ class ImageResult:
 # bundled model, ~500 MB for ViT-L/16 @384) on every rerun. Pages only read it.
 def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> ImageResult | WindowImageResult:
     return store().get_or_compute(("image", spec, sha256),
-                                  _spinning("Running the model ...", lambda: _image_result(spec, _image)))
+                                  _model_run("Running the model ...", lambda: _image_result(spec, _image)))
 
 
 @dataclass
@@ -138,7 +168,7 @@ def cached_gradient_rollout(spec: ModelSpec, sha256: str, _image: Image.Image, t
         return gradient_rollout(attention, grads, loaded.layout), chosen
 
     return store().get_or_compute(("gradient_rollout", spec, sha256, target),
-                                  _spinning("Computing gradients ...", compute))
+                                  _model_run("Computing gradients ...", compute))
 
 
 def cached_feature_pca(spec: ModelSpec, sha256: str, _result: ImageResult) -> np.ndarray:

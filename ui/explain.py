@@ -14,7 +14,7 @@ from vitviz.clusters import TokenClusters, token_clusters
 from vitviz.images import preprocess
 from vitviz.models import ModelSpec
 
-from .cache import ImageResult, _spinning, cached_model, store
+from .cache import ImageResult, _model_run, _spinning, cached_model, store
 
 FINAL, BLOCK, KEYS = "final features", "output of a block", "keys of one head"
 CLUSTER_SOURCES = (FINAL, BLOCK, KEYS)
@@ -31,7 +31,7 @@ def cached_layer_qkv(spec: ModelSpec, sha256: str, _image: Image.Image, layer: i
         return layer_qkv(model, x, layer)
 
     return store().get_or_compute(("layer_qkv", spec, sha256, layer),
-                                  _spinning("Computing q, k and v of this layer ...", compute))
+                                  _model_run("Computing q, k and v of this layer ...", compute))
 
 
 def cached_block_output(spec: ModelSpec, sha256: str, _image: Image.Image, layer: int) -> np.ndarray:
@@ -39,7 +39,7 @@ def cached_block_output(spec: ModelSpec, sha256: str, _image: Image.Image, layer
         model, x = _model_input(spec, _image)
         return block_output(model, x, layer)[0].float().cpu().numpy()
 
-    return store().get_or_compute(("block_output", spec, sha256, layer), _spinning("Running the blocks ...", compute))
+    return store().get_or_compute(("block_output", spec, sha256, layer), _model_run("Running the blocks ...", compute))
 
 
 def cached_clusters(spec: ModelSpec, sha256: str, _image: Image.Image, _result: ImageResult, source: str,

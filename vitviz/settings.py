@@ -23,6 +23,7 @@ DEFAULT_CACHE_SHARE = 0.25
 DEFAULT_UPLOAD_MB = 50          # also .streamlit/config.toml's server.maxUploadSize (the browser's check)
 SHARED_MAX_IMAGES = 8
 SHARED_MAX_IMG_SIZE = 518
+SHARED_MAX_RUNS = 2
 
 
 class SettingError(VitvizError):
@@ -74,6 +75,7 @@ class Settings:
         max_img_size: ``VITVIZ_MAX_IMG_SIZE``: largest input resolution in pixels; None: only the memory budget.
         devices: ``VITVIZ_DEVICES``: allowed devices (auto, cpu, cuda, mps); None: all present.
         dtypes: ``VITVIZ_DTYPES``: allowed precisions; None: all.
+        max_runs: ``VITVIZ_MAX_RUNS``: model runs at once in the server process; None: no limit.
     """
 
     shared: bool = False
@@ -84,6 +86,7 @@ class Settings:
     max_img_size: int | None = None
     devices: tuple[str, ...] | None = None
     dtypes: tuple[str, ...] | None = None
+    max_runs: int | None = None
 
     @property
     def attention_limit_bytes(self) -> int:
@@ -117,6 +120,7 @@ class Settings:
             max_img_size=_positive_int(env, "VITVIZ_MAX_IMG_SIZE", SHARED_MAX_IMG_SIZE if shared else None),
             devices=_names(env, "VITVIZ_DEVICES"),
             dtypes=_names(env, "VITVIZ_DTYPES"),
+            max_runs=_positive_int(env, "VITVIZ_MAX_RUNS", SHARED_MAX_RUNS if shared else None),
         )
 
 
