@@ -84,6 +84,36 @@ def test_rollout_chain_hand_example_cumulative_maps():
     assert r.prefix_share == {"cls": pytest.approx(0.25)}
 
 
+
+@pytest.mark.parametrize("prefix, grid", [(("cls",), (3, 4)), ((), (4, 4)), (("cls", "reg0", "reg1"), (5, 3))])
+def test_clicked_patch_rollout_chain_equals_matrix_products(prefix, grid):
+    rng = np.random.default_rng(11)
+    layout = layout_for(prefix, grid)
+    attention = random_attention(rng, 5, 3, layout.num_tokens)
+    for query, fusion, discard, (start, end), exclude in itertools.product(
+            (0, layout.num_patches - 1, 5), ("mean", "max"), (0.0, 0.6), [(0, None), (1, 4)],
+            [(), (len(prefix) + 2,)]):
+        kwargs = dict(fusion=fusion, discard=discard, start=start, end=end, exclude_tokens=exclude, query=query)
+        chain = rollout(attention, layout, **kwargs)
+        assert_same_rollout(chain, rollout_reference(attention, layout, **kwargs))
+        assert chain.readout == f"patch {query} (raster order, 0-based)"
+
+
+def test_clicked_patch_rollout_hand_example():
+    # Layer 1: patch 1 attends only to patch 0. Layer 2: patch 0 attends only to CLS. Read out patch 1, then patch 0.
+    layout = layout_for(("cls",), (1, 2))
+    a1 = np.array([[1, 0, 0], [0, 1, 0], [0, 1, 0]], np.float32)
+    a2 = np.array([[1, 0, 0], [1, 0, 0], [0, 0, 1]], np.float32)
+    r = rollout(np.stack([a1, a2])[:, None], layout, query=1)
+    # After layer 1: row 2 of 0.5 A1 + 0.5 I = [0, 0.5, 0.5].
+    np.testing.assert_allclose(r.per_layer[0], [[0.5, 0.5]])
+    # After layer 2: row 2 of A2' = [0, 0, 1], times A1' -> [0, 0.5, 0.5]: patch 1 keeps itself in layer 2.
+    np.testing.assert_allclose(r.per_layer[1], [[0.5, 0.5]])
+    r0 = rollout(np.stack([a1, a2])[:, None], layout, query=0)
+    # Patch 0: layer 2 row [0.5, 0.5, 0] (half to CLS) then A1' rows: 0.5 [1, 0, 0] + 0.5 [0, 1, 0].
+    np.testing.assert_allclose(r0.map, [[0.5, 0.0]])
+    assert r0.prefix_share == {"cls": pytest.approx(0.5)}
+
 # ---------------------------------------------------------------- analyze: streaming, atomic, interruptible
 import json  # noqa: E402
 import os  # noqa: E402

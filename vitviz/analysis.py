@@ -22,6 +22,7 @@ from .layout import TokenLayout
 from .models import LoadedModel
 from .posembed import patch_position_embeddings, position_embedding_similarity
 from .rollout import attention_gradients, gradient_rollout, rollout
+from .tensors import to_host
 from .tokens import AttentionSinks, artifact_tokens, attention_sinks
 
 
@@ -109,7 +110,8 @@ class BatchAnalysis:
     """Every per-image analysis of one batch (what :func:`analyze_batch` returns).
 
     Attributes:
-        arrays: per-image arrays, leading axis b: input, attention, features, token_norms, logits,
+        arrays: per-image arrays on the host, leading axis b: input, attention (unless left out), features,
+            token_norms, logits,
             clusters, rollout, rollout_per_layer, mean_distance_per_image, gradient_rollout,
             attention_flow, deletion, insertion (those that apply).
         facts: per-image JSON facts, each a list of length b, gathered by :class:`AnalysisRun`.
@@ -125,17 +127,22 @@ class BatchAnalysis:
     layout: TokenLayout
 
 
-def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: AnalysisSettings) -> BatchAnalysis:
+def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: AnalysisSettings,
+                  keep_attention: bool = True) -> BatchAnalysis:
     """One forward for b images (b <= settings.batch_size) and every per-image analysis of it.
 
-    Nothing is kept across batches, so a run's memory does not grow with its image count.
+    Nothing is kept across batches, so a run's memory does not grow with its image count. The
+    analyses run where the model ran (a GPU's attention stays there); ``keep_attention=False``
+    leaves the raw (b, L, H, N, N) attention out of ``arrays``, and then it never reaches the host
+    (flow and faithfulness copy one image's at a time).
     """
     batch = preprocess(images, loaded.data_config)
     out = capture(loaded.model, batch.tensor)
-    layout = out.layout
-    attention, norms = out.attention.numpy(), out.token_norms.numpy()
-    arrays = {"input": batch.tensor.numpy(), "attention": attention, "features": out.features.numpy(),
-              "token_norms": norms}
+    layout, attention = out.layout, out.attention
+    norms = to_host(out.token_norms)
+    arrays = {"input": batch.tensor.numpy(), "features": out.features.numpy(), "token_norms": norms}
+    if keep_attention:
+        arrays["attention"] = to_host(attention)
     facts: dict[str, list] = {}
     run_facts: dict = {}
     if out.logits is not None:
@@ -166,7 +173,7 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
         arrays["gradient_rollout"] = np.stack(maps)
         facts["gradient_rollout_targets"] = targets
     if settings.flow:
-        flows = [attention_flow(a, layout, fusion=settings.fusion, discard=settings.discard,
+        flows = [attention_flow(to_host(a), layout, fusion=settings.fusion, discard=settings.discard,
                                 start=settings.start_layer, end=settings.end_layer, exclude_tokens=ex)
                  for a, ex in zip(attention, excluded)]
         arrays["attention_flow"] = np.stack([f.map for f in flows])
@@ -174,7 +181,7 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
         run_facts["attention_flow"] = {"layers": list(flows[0].layers), "readout": flows[0].readout,
                                        "capacity_scale": flows[0].scale, "definition": FLOW_DEFINITION}
     if settings.faithfulness:
-        results = faithfulness_curves(loaded, batch.tensor, arrays, layout, settings)
+        results = faithfulness_curves(loaded, batch.tensor, attention, arrays, layout, settings)
         arrays["deletion"] = np.stack([r.deletion for r in results])
         arrays["insertion"] = np.stack([r.insertion for r in results])
         facts["score"] = [r.score for r in results]
@@ -186,13 +193,16 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     return BatchAnalysis(arrays=arrays, facts=facts, run_facts=run_facts, input_images=batch.images, layout=layout)
 
 
-def faithfulness_curves(loaded: LoadedModel, inputs: torch.Tensor, arrays: dict[str, np.ndarray],
-                        layout: TokenLayout, settings: AnalysisSettings) -> list:
-    """Deletion/insertion curves (vitviz.faithfulness) of every map in one batch's ``arrays``, one result per image."""
+def faithfulness_curves(loaded: LoadedModel, inputs: torch.Tensor, attention: torch.Tensor,
+                        arrays: dict[str, np.ndarray], layout: TokenLayout, settings: AnalysisSettings) -> list:
+    """Deletion/insertion curves (vitviz.faithfulness) of every map in one batch's ``arrays``, one result per image.
+
+    attention: the batch's (b, L, H, N, N), on any device.
+    """
     fractions = default_fractions(settings.faithfulness_steps)
     results = []
     for i in range(len(inputs)):
-        maps = attention_maps(arrays["attention"][i], layout, rollout_map=arrays["rollout"][i],
+        maps = attention_maps(to_host(attention[i]), layout, rollout_map=arrays["rollout"][i],
                               gradient_map=arrays["gradient_rollout"][i] if "gradient_rollout" in arrays else None,
                               flow_map=arrays["attention_flow"][i] if "attention_flow" in arrays else None)
         results.append(perturbation_curves(loaded.model, inputs[i], maps, layout, fractions=fractions,

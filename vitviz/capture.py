@@ -23,10 +23,12 @@ class Capture:
     """What one forward pass saw.
 
     Attributes:
-        attention: (B, L, H, N, N) float32 on the CPU; rows (last axis) sum to 1.
-        features: (B, N, D) float32, the final-norm token features (``forward_features``).
-        logits: (B, C) float32, or None when the model has no classifier head.
-        token_norms: (B, L, N) L2 norm of every token's output after each block (before the final norm).
+        attention: (B, L, H, N, N) float32 on the model's device (a GPU's attention stays there:
+            the analyses read it in place; move it to the host only to keep it); rows (last axis) sum to 1.
+        features: (B, N, D) float32 on the CPU, the final-norm token features (``forward_features``).
+        logits: (B, C) float32 on the CPU, or None when the model has no classifier head.
+        token_norms: (B, L, N) float32 on the model's device, the L2 norm of every token's output
+            after each block (before the final norm).
         layout: the token layout of the sequence of length N.
     """
 
@@ -99,7 +101,8 @@ def capture(model, images: torch.Tensor) -> Capture:
         images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
 
     Returns:
-        Capture with attention (B, L, H, N, N) and features (B, N, D), float32 on the CPU.
+        Capture with attention (B, L, H, N, N) and token norms on the model's device, features
+        (B, N, D) and logits on the CPU, all float32.
     """
     if is_hf_model(model):
         from . import hf
@@ -109,8 +112,8 @@ def capture(model, images: torch.Tensor) -> Capture:
     layout = TokenLayout.from_model(model, tuple(images.shape[-2:]))
     B, L, N = x.shape[0], len(model.blocks), layout.num_tokens
     # Written in place layer by layer: no list of per-layer copies stacked at the end.
-    attention = torch.empty(B, L, model.blocks[0].attn.num_heads, N, N, dtype=torch.float32)
-    norms = torch.empty(B, L, N, dtype=torch.float32)
+    attention = torch.empty(B, L, model.blocks[0].attn.num_heads, N, N, dtype=torch.float32, device=x.device)
+    norms = torch.empty(B, L, N, dtype=torch.float32, device=x.device)
     for i, h, probs in iter_layers(model, x):
         attention[:, i] = probs
         norms[:, i] = h.float().norm(dim=-1)

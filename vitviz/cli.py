@@ -260,7 +260,8 @@ def analyze(args: argparse.Namespace) -> int:
         try:
             for done, batch in itertools.chain([first], batches):
                 try:
-                    part = analyze_batch(loaded, [im.image for im in batch], settings)
+                    part = analyze_batch(loaded, [im.image for im in batch], settings,
+                                         keep_attention=not args.no_attention or args.report)
                 except ValueError as exc:  # parameter out of range, e.g. a layer past the model's depth
                     raise VitvizError(f"Invalid analysis setting: {exc}") from exc
                 run.add(part)

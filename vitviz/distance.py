@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from .layout import TokenLayout
+from .tensors import as_tensor, to_host
 
 CONVENTION = ("queries and keys are patch tokens; attention to prefix tokens (CLS, distillation, "
               "registers) is dropped and each query's row renormalised to sum to 1; distances in "
@@ -29,11 +30,10 @@ def _query_sums(attention: torch.Tensor | np.ndarray, layout: TokenLayout,
                 distances: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per patch query, over patch keys: (sum_k a * d, sum_k a), each (B, H, P) float64.
 
-    attention: (B, H, N, N). Renormalising is then a ratio of these sums, so no normalised copy
-    of the attention is made.
+    attention: (B, H, N, N), numpy or a tensor on any device (summed there). Renormalising is then a
+    ratio of these sums, so no normalised copy of the attention is made.
     """
-    a = torch.as_tensor(np.ascontiguousarray(attention) if isinstance(attention, np.ndarray) else attention)
-    a = a[..., layout.patch_slice, layout.patch_slice]
+    a = as_tensor(attention)[..., layout.patch_slice, layout.patch_slice]
     d = torch.as_tensor(patch_distances(layout)) if distances is None else distances
     # Row-wise dot products as one einsum: ~6x faster than multiply-then-sum on the CPU.
     return torch.einsum("...qk,qk->...q", a, d.to(a)).double(), a.sum(-1, dtype=torch.float64)
@@ -43,11 +43,11 @@ def layer_attention_distance(attention: torch.Tensor | np.ndarray, layout: Token
                              distances: torch.Tensor | None = None) -> np.ndarray:
     """Mean attention distance of one layer for each image and head: (B, H, N, N) -> (B, H) pixels."""
     weighted, mass = _query_sums(attention, layout, distances)
-    return (weighted / mass).mean(-1).cpu().numpy()
+    return to_host((weighted / mass).mean(-1))
 
 
-def mean_attention_distance(attention: np.ndarray, layout: TokenLayout) -> np.ndarray:
-    """All layers of captured attention: (B, L, H, N, N) -> per image (B, L, H) pixels."""
+def mean_attention_distance(attention: np.ndarray | torch.Tensor, layout: TokenLayout) -> np.ndarray:
+    """All layers of captured attention: (B, L, H, N, N), numpy or a tensor on any device -> per image (B, L, H) pixels."""
     d = torch.as_tensor(patch_distances(layout))
     return np.stack([layer_attention_distance(attention[:, l], layout, d) for l in range(attention.shape[1])], axis=1)
 
@@ -61,8 +61,8 @@ def mean_attention_distance_conventions(attention: torch.Tensor | np.ndarray,
     """
     d = torch.as_tensor(patch_distances(layout))
     sums = [_query_sums(attention[:, l], layout, d) for l in range(attention.shape[1])]
-    return (np.stack([(w / m).mean(-1).cpu().numpy() for w, m in sums], axis=1),
-            np.stack([w.mean(-1).cpu().numpy() for w, _ in sums], axis=1))
+    return (np.stack([to_host((w / m).mean(-1)) for w, m in sums], axis=1),
+            np.stack([to_host(w.mean(-1)) for w, _ in sums], axis=1))
 
 
 @dataclass

@@ -485,8 +485,8 @@ def capture(model, images: torch.Tensor):
     out = _forward(model, x)
     B, L = x.shape[0], len(out.attentions)
     layout = token_layout(model, tuple(x.shape[-2:]))
-    attention = torch.empty(B, L, *out.attentions[0].shape[1:], dtype=torch.float32)
-    norms = torch.empty(B, L, layout.num_tokens, dtype=torch.float32)
+    attention = torch.empty(B, L, *out.attentions[0].shape[1:], dtype=torch.float32, device=x.device)
+    norms = torch.empty(B, L, layout.num_tokens, dtype=torch.float32, device=x.device)
     for i, probs in enumerate(out.attentions):
         attention[:, i] = probs
         norms[:, i] = out.hidden_states[i + 1].float().norm(dim=-1)

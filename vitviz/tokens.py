@@ -5,8 +5,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
+import torch
 
 from .layout import TokenLayout
+from .tensors import as_tensor, to_host
 
 ARTIFACT_FACTOR = 10.0
 SINK_Z = 8.0
@@ -58,9 +60,13 @@ def attention_sinks(attention: np.ndarray, layout: TokenLayout, z_threshold: flo
     tokens (CLS, registers) are scored against the same patch statistics. High-norm tokens
     (:func:`artifact_tokens`) are one cause; sinks are what actually distorts maps.
 
-    attention: (L, H, N, N) -> :class:`AttentionSinks`.
+    attention: (L, H, N, N), numpy or a tensor on any device -> :class:`AttentionSinks`.
     """
-    received = attention.mean(axis=(1, 2), dtype=np.float64)  # (L, N): mean over heads and queries, no copy
+    L, H, N, _ = attention.shape
+    # (L, N): mean over heads and queries, on the attention's device, summed in float64 one layer at
+    # a time (torch reduces over a contiguous leading axis far faster than over two); only this comes to the host.
+    received = to_host(torch.stack([layer.reshape(H * N, N).sum(dim=0, dtype=torch.float64)
+                                    for layer in as_tensor(attention)]) / (H * N))
     patch = received[:, layout.patch_slice]
     median = np.median(patch, axis=1, keepdims=True)
     mad = 1.4826 * np.median(np.abs(patch - median), axis=1, keepdims=True)
