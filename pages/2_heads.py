@@ -1,17 +1,14 @@
 """Attention heads: every head of a layer over the image; query, direction, threshold; compare layers."""
 import numpy as np
 import streamlit as st
-from streamlit_image_coordinates import streamlit_image_coordinates
 
 from ui.charts import file_stem, show_chart
-from ui.display import display_controls, map_figure, panel_download
+from ui.display import display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
 from ui import windows
 from ui.state import setup
 from vitviz.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
-from vitviz.report import outline_patch
 
-CLICK_SCALE = 2
 DINO_KEEP = 0.6
 
 ctx = setup()
@@ -44,13 +41,8 @@ def heads_view() -> None:
         query_label = st.radio("Query", queries, key="query", horizontal=True)
         direction = st.radio("Direction", ["query → keys", "keys → query"], key="direction", horizontal=True,
                              help="keys → query: how much every patch attends to the clicked patch")
+        patch_picker(r.model_input, layout, "patch_click", scope="fragment")
         patch = st.session_state.get("patch")
-        click = streamlit_image_coordinates(outline_patch(r.model_input, patch, layout.grid_size, CLICK_SCALE),
-                                            key="patch_click", image_format="JPEG", jpeg_quality=85, width="stretch")
-        if click and click.get("unix_time") != st.session_state.get("last_click"):
-            st.session_state["last_click"] = click.get("unix_time")
-            st.session_state["patch"] = layout.patch_at(click["x"], click["y"], click["width"] / r.model_input.width)
-            st.rerun(scope="fragment")
         st.caption("Click a patch to use it as the query (or key). Selected: "
                    + (layout.token_name(layout.num_prefix_tokens + patch) if patch is not None else "none"))
         keep = st.slider("DINO mask: keep share of mass", 0.0, 1.0, 0.0, 0.05, key="keep",

@@ -4,7 +4,7 @@ import streamlit as st
 
 from ui.cache import cached_gradient_rollout, cached_rollout
 from ui.charts import file_stem, show_chart
-from ui.display import display_controls, map_figure, panel_download
+from ui.display import display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
 from ui.state import global_attention_only, setup
 from ui.progress import cached, with_progress
@@ -28,6 +28,7 @@ global_attention_only(ctx, "Rollout and attention flow do not apply to window at
                            "attention and the distance page how far each head looks.")
 r, layout = ctx.result, ctx.result.layout
 L = r.attention.shape[0]
+READOUT, CLICKED = ("CLS" if layout.has_class_token else "mean over patch rows"), "clicked patch"
 
 c1, c2, c3, c4 = st.columns(4)
 fusion = c1.selectbox("Head fusion", FUSIONS, key="fusion")
@@ -37,11 +38,27 @@ exclude = c4.selectbox("Keep out of rollout", list(EXCLUDE), key="rollout_exclud
                        help="Attention sinks: patches receiving a disproportionate share of attention in a layer of "
                             "the range. High-norm tokens: last-layer output norm > 10x the median (Darcet et al.).")
 exclude_sinks, exclude_artifacts = EXCLUDE[exclude]
+
+readout_col, picker_col, _ = st.columns([1, 1, 2])
+readout = readout_col.radio("Read out", [READOUT, CLICKED], key="rollout_readout",
+                            help="Whose row of R = A'_end ⋯ A'_start is shown: the model's readout, or the row of a "
+                                 "patch you click (where that patch's representation drew its mass from).")
+patch = st.session_state.get("patch")  # the same patch as on the heads page
+if readout == CLICKED:
+    with picker_col:
+        patch_picker(r.model_input, layout, "rollout_patch_click")
+        st.caption("Click a patch to roll out its row. Selected: "
+                   + (layout.token_name(layout.num_prefix_tokens + patch) if patch is not None else "none"))
+    if patch is None:
+        st.info("Click a patch on the image beside \"Read out\" first.")
+        st.stop()
+query = patch if readout == CLICKED else None
+
 settings = AnalysisSettings(fusion=fusion, discard=discard, start_layer=start - 1, end_layer=end,
                             exclude_artifacts=exclude_artifacts, exclude_sinks=exclude_sinks)
-result = cached_rollout(ctx.spec, ctx.image.sha256, r, settings)
+result = cached_rollout(ctx.spec, ctx.image.sha256, r, settings, query)
 plain = cached_rollout(ctx.spec, ctx.image.sha256, r, AnalysisSettings(fusion=fusion, discard=discard,
-                                                                       start_layer=start - 1, end_layer=end))
+                                                                       start_layer=start - 1, end_layer=end), query)
 sinks = r.sinks.patch_sinks(layout, range(start - 1, end))
 artifacts = np.asarray(r.artifacts, dtype=int) - layout.num_prefix_tokens
 dropped = sorted(set(sinks.tolist() if exclude_sinks else []) | set(artifacts.tolist() if exclude_artifacts else []))
@@ -53,12 +70,16 @@ depth = st.slider("Show cumulative rollout after layer", start, end, end, key="r
 left, right = st.columns(2)
 with left:
     shown = result.per_layer[depth - start][None]
-    title = f"Rollout, layers {start}–{depth} ({fusion} over heads" + (f", discard {discard:.0%})" if discard else ")")
+    # Short titles: the figure is half the page wide; the caption names the patch's row and column.
+    title = (f"Rollout, layers {start}–{depth} ({fusion} over heads" if query is None
+             else f"Rollout of patch {query}, layers {start}–{depth} ({fusion}") + (f", discard {discard:.0%})"
+                                                                                 if discard else ")")
     rendered, fig = map_figure(r.model_input, shown, layout, display, titles=[""], title=title, sinks=marked,
-                               columns=1, value_name="rollout mass")
-    stem = file_stem("rollout", ctx.image.name, f"layers{start}-{depth}", fusion)
+                               query=query, columns=1, value_name="rollout mass")
+    stem = file_stem("rollout", ctx.image.name, f"layers{start}-{depth}", fusion,
+                     *([] if query is None else [f"patch{query}"]))
     show_chart(fig, "rollout_fig", stem)
-    st.caption(f"Readout: {result.readout}. Share of the readout's mass on prefix tokens: "
+    st.caption(f"Readout: {result.readout if query is None else layout.token_name(layout.num_prefix_tokens + query)}. Share of the readout's mass on prefix tokens: "
                + ", ".join(f"{k} {v:.1%}" for k, v in result.prefix_share.items()) + ". "
                + (f"Kept out of rollout: patches {dropped}, which held {held:.1%} of the readout's patch mass "
                   "without the exclusion. " if dropped else
@@ -71,16 +92,20 @@ with left:
                                                "layers (1-based, inclusive)": [start, end], "shown_depth (1-based)": depth,
                                                "kept_out_patches (0-based)": dropped, "kept_out_mass": held,
                                                "readout": result.readout, "prefix_share": result.prefix_share},
-                 panel_download(r.model_input, shown, display, [""], title, sinks=marked, columns=1,
+                 panel_download(r.model_input, shown, display, [""], title, sinks=marked, query=query, columns=1,
                                 value_name="rollout mass"))
 with right:
-    query = "cls" if layout.has_class_token else "mean"
-    raw = layer_maps(r.attention, layout, L - 1, query).mean(axis=0)[None]
-    raw_title = f"Last layer ({L}), {query} query, mean over heads"
+    if query is None:
+        raw_query = raw_name = "cls" if layout.has_class_token else "mean"
+        raw_title = f"Last layer ({L}), {raw_name} query, mean over heads"
+    else:
+        raw_query, raw_name = query, f"patch{query}"
+        raw_title = f"Layer {L}, patch {query} as query, mean over heads"
+    raw = layer_maps(r.attention, layout, L - 1, raw_query).mean(axis=0)[None]
     rendered_raw, fig_raw = map_figure(r.model_input, raw, layout, display, titles=[""], title=raw_title,
                                        sinks=r.sinks.patch_sinks(layout, [L - 1]) if display.exclude_sinks else None,
-                                       columns=1)
-    show_chart(fig_raw, "raw_fig", file_stem("attention", ctx.image.name, f"layer{L}", query, "meanheads"))
+                                       query=query, columns=1)
+    show_chart(fig_raw, "raw_fig", file_stem("attention", ctx.image.name, f"layer{L}", raw_name, "meanheads"))
     st.caption("For comparison: the raw attention of the last layer alone. " + rendered_raw.caption())
 
 st.subheader("Class-specific gradient rollout")

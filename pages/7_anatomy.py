@@ -1,19 +1,16 @@
 """Attention anatomy: one query's attention in one head, step by step, with this image's numbers."""
 import numpy as np
 import streamlit as st
-from streamlit_image_coordinates import streamlit_image_coordinates
 
 from ui.charts import file_stem, show_chart
-from ui.display import display_controls, map_figure, panel_download
+from ui.display import display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
 from ui.explain import cached_layer_qkv
 from ui.state import global_attention_only, setup
 from vitviz.anatomy import attention_anatomy
 from vitviz.explain_figures import (contributions_figure, score_map_figure, softmax_figure, sorted_scores_figure,
                                     vector_figure)
-from vitviz.report import outline_patch
 
-CLICK_SCALE = 2
 TOP = 10
 
 ctx = setup()
@@ -45,12 +42,7 @@ with picker:
     patch = st.session_state.get("patch")
     if patch is None:
         patch = (layout.grid_size[0] // 2) * layout.grid_size[1] + layout.grid_size[1] // 2
-    click = streamlit_image_coordinates(outline_patch(r.model_input, patch, layout.grid_size, CLICK_SCALE),
-                                        key="anatomy_click", image_format="JPEG", jpeg_quality=85, width="stretch")
-    if click and click.get("unix_time") != st.session_state.get("anatomy_last_click"):
-        st.session_state["anatomy_last_click"] = click.get("unix_time")
-        st.session_state["patch"] = layout.patch_at(click["x"], click["y"], click["width"] / r.model_input.width)
-        st.rerun()
+    patch_picker(r.model_input, layout, "anatomy_click", shown=patch)
     st.caption(f"Click a patch to make it the query (choose \"clicked patch\"). Patch: "
                f"{layout.token_name(layout.num_prefix_tokens + patch)}.")
 

@@ -118,6 +118,24 @@ def test_rollout_page_follows_its_sliders(bundled):
     assert any("needs a classifier head" in i.value for i in at.info)
 
 
+def test_rollout_page_rolls_out_a_clicked_patch(bundled):
+    at = _page("pages/3_rollout.py")
+    at.radio(key="rollout_readout").set_value("clicked patch").run()
+    assert any("Click a patch" in i.value for i in at.info)  # nothing drawn before a patch is picked
+    at.session_state["patch"] = 37  # the click handler's result (a real click is the browser test's)
+    at.run()
+    assert not at.exception
+    attention, layout = _core_attention(bundled, "astronaut.jpg")
+    expected = rollout(attention, layout, query=37)
+    assert expected.readout == "patch 37 (raster order, 0-based)"
+    np.testing.assert_allclose(_heatmaps(at, "rollout_fig")[0], expected.map, rtol=1e-5)
+    assert not np.allclose(expected.map, rollout(attention, layout).map)  # not the CLS readout
+    np.testing.assert_allclose(_heatmaps(at, "raw_fig")[0],
+                               np.mean([query_attention_map(attention, layout, -1, h, 37) for h in range(6)], axis=0),
+                               atol=1e-6)
+    assert any("Readout: patch 37 (row 3, col 6)" in c.value for c in at.caption)
+
+
 def test_distance_page_dots_equal_the_cli(tmp_path):
     at = _page("pages/4_distance.py")
     heads = [t for t in _traces(at, "distance_plot") if t.get("mode") == "markers"]

@@ -25,6 +25,7 @@ from vitviz.models import ModelSpec, load_model
 from vitviz.posembed import patch_position_embeddings, position_embedding_similarity
 from vitviz.rollout import attention_gradients, gradient_rollout, rollout
 from vitviz.settings import Settings
+from vitviz.tensors import to_host
 from vitviz.tokens import AttentionSinks, artifact_tokens, attention_sinks, feature_pca_rgb, top_classes
 
 from .memo import ByteLRU
@@ -139,25 +140,27 @@ def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageResult | WindowI
     if loaded.attention_scope == "window":
         return _window_result(loaded, batch)
     out = capture(loaded.model, batch.tensor)
-    norms = out.token_norms[0].numpy()
-    attention = out.attention[0].numpy()
-    distance = mean_attention_distance(out.attention.numpy(), out.layout)[0]
+    on_device = out.attention[0]  # the scores are computed where the model ran; the pages draw from the host copy
+    norms = to_host(out.token_norms[0])
+    distance = mean_attention_distance(out.attention, out.layout)[0]
     return ImageResult(
-        attention=attention, token_norms=norms, features=out.features[0].numpy(),
+        attention=to_host(on_device), token_norms=norms, features=out.features[0].numpy(),
         logits=None if out.logits is None else out.logits[0].numpy(), model_input=batch.images[0],
         layout=out.layout, artifacts=artifact_tokens(norms[-1], out.layout),
-        distance=distance, head_scores=head_scores(attention, out.layout, distance),
-        sinks=attention_sinks(attention, out.layout),
+        distance=distance, head_scores=head_scores(on_device, out.layout, distance),
+        sinks=attention_sinks(on_device, out.layout),
     )
 
 
-def cached_rollout(spec: ModelSpec, sha256: str, _result: ImageResult, settings: AnalysisSettings):
+def cached_rollout(spec: ModelSpec, sha256: str, _result: ImageResult, settings: AnalysisSettings,
+                   query: int | None = None):
+    """Rollout of the readout, or of patch ``query`` (raster order, 0-based) when one was clicked."""
     def compute():
         exclude = excluded_tokens(settings, _result.artifacts, _result.sinks, _result.layout)
         return rollout(_result.attention, _result.layout, fusion=settings.fusion, discard=settings.discard,
-                       start=settings.start_layer, end=settings.end_layer, exclude_tokens=exclude)
+                       start=settings.start_layer, end=settings.end_layer, exclude_tokens=exclude, query=query)
 
-    return store().get_or_compute(("rollout", spec, sha256, settings), compute)
+    return store().get_or_compute(("rollout", spec, sha256, settings, query), compute)
 
 
 def cached_gradient_rollout(spec: ModelSpec, sha256: str, _image: Image.Image, target: int | None):

@@ -10,11 +10,15 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import streamlit as st
 from PIL import Image
+from streamlit_image_coordinates import streamlit_image_coordinates
 
 from vitviz.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.figures import map_panel
 from vitviz.layout import TokenLayout
 from vitviz.overlay import OVERLAY_STYLES, RenderedMaps, colour_bar, panel_png, render_maps
+from vitviz.report import outline_patch
+
+CLICK_SCALE = 2  # the picker image is drawn at twice the model input, then fitted to the column
 
 TILE_PX = 230
 SINGLE_TILE_PX = 400
@@ -96,3 +100,21 @@ def panel_download(image: Image.Image, maps: np.ndarray, display: Display, title
                          relative=not rendered.shared) if display.style != "DINO mask" else Image.new("RGB", (1, 1), "white")
         return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)))
     return build
+
+
+def patch_picker(image: Image.Image, layout: TokenLayout, key: str, shown: int | None = None,
+                 scope: str = "app") -> None:
+    """The model-input image at column width, one patch outlined; a click selects the patch under it.
+
+    The selection (0-based raster index) is ``st.session_state["patch"]``, shared by every page that
+    picks patches. ``shown``: the patch to outline (default the selection); ``scope``: what a click
+    reruns (``"fragment"`` inside a fragment).
+    """
+    shown = st.session_state.get("patch") if shown is None else shown
+    click = streamlit_image_coordinates(outline_patch(image, shown, layout.grid_size, CLICK_SCALE), key=key,
+                                        image_format="JPEG", jpeg_quality=85, width="stretch")
+    last = f"{key}_last"
+    if click and click.get("unix_time") != st.session_state.get(last):
+        st.session_state[last] = click.get("unix_time")
+        st.session_state["patch"] = layout.patch_at(click["x"], click["y"], click["width"] / image.width)
+        st.rerun(scope=scope)
