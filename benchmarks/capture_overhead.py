@@ -100,6 +100,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repeats, batch 1 only")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--families", action="store_true", help="EVA-02, BEiT and a rotary ViT; no memory run")
+    parser.add_argument("--only", help="run only the models whose label contains this, e.g. ViT-L")
+    parser.add_argument("--batches", type=int, nargs="+", help="batch sizes (default 1 and 8; --quick: 1)")
+    parser.add_argument("--repeats", type=int, help="interleaved repeats (default 7 small, 3 large)")
     parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -109,12 +112,15 @@ def main() -> None:
     print(f"torch {torch.__version__}, timm {timm.__version__}, device {args.device}, "
           f"threads {torch.get_num_threads()}")
     print(f"{'model':36s} {'B':>2s} {'plain s':>8s} {'capture s':>9s} {'hooks s':>8s} {'capture/plain':>13s} {'hooks/plain':>11s}")
+    batches = args.batches or ((1,) if args.quick else (1, 8))
     for label, name, size in FAMILY_MODELS if args.families else MODELS:
+        if args.only and args.only not in label:
+            continue
         model = build(name, size, args.device)
         hooks = hook_baseline(model)
-        for batch in (1,) if args.quick else (1, 8):
+        for batch in batches:
             x = torch.randn(batch, 3, size, size, device=args.device)
-            repeats = 3 if (args.quick or size > 224 or batch > 1) else 7
+            repeats = args.repeats or (3 if (args.quick or size > 224 or batch > 1) else 7)
             runs = {"plain": model, "capture": lambda t: capture(model, t), "hooks": hooks}
             for fn in runs.values():  # warm-up
                 timed(fn, x, 1, args.device)
@@ -126,8 +132,8 @@ def main() -> None:
             print(f"{label:36s} {batch:2d} {med['plain']:8.3f} {med['capture']:9.3f} {med['hooks']:8.3f} "
                   f"{med['capture'] / med['plain']:13.2f} {med['hooks'] / med['plain']:11.2f}", flush=True)
 
-    if args.device == "cpu" and not args.families:
-        for batch in (1,) if args.quick else (1, 8):
+    if args.device == "cpu" and not args.families and (not args.only or args.only in "ViT-L/16"):
+        for batch in batches:
             out = subprocess.run([sys.executable, __file__, "--memory-child", "vit_large_patch16_384", "384", str(batch)],
                                  capture_output=True, text=True, check=True)
             m = json.loads(out.stdout.strip().splitlines()[-1])

@@ -15,7 +15,8 @@ from vitviz.capture import capture
 from vitviz.distance import patch_distances
 from vitviz.images import preprocess
 from vitviz.maps import head_scores
-from vitviz.rollout import attention_gradients, gradient_rollout, gradient_rollout_reference, rollout_reference
+from vitviz.rollout import (attention_gradients, class_gradient_rollout, gradient_rollout, gradient_rollout_reference,
+                            rollout_reference)
 from vitviz.tokens import attention_sinks
 
 
@@ -130,6 +131,10 @@ def test_gradients_are_stored_in_float32_and_rollout_equals_the_float64_version(
     float64 = gradient_rollout_reference(attention.astype(np.float64), grads.astype(np.float64), layout)
     assert np.abs(ours).max() > 0
     np.testing.assert_allclose(ours, float64, rtol=1e-6, atol=1e-12)
+    # The app's and analyze's path: the same maths in backward hooks, no gradient retained.
+    hooked, target = class_gradient_rollout(model, x, layout, target=3)
+    assert target == 3
+    np.testing.assert_allclose(hooked, ours, rtol=1e-10, atol=1e-15)
 
 
 @pytest.mark.gpu

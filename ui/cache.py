@@ -23,7 +23,7 @@ from vitviz.layout import TokenLayout
 from vitviz.maps import head_scores
 from vitviz.models import ModelSpec, load_model
 from vitviz.posembed import patch_position_embeddings, position_embedding_similarity
-from vitviz.rollout import attention_gradients, gradient_rollout, rollout
+from vitviz.rollout import class_gradient_rollout, rollout
 from vitviz.settings import Settings
 from vitviz.tensors import to_host
 from vitviz.tokens import AttentionSinks, artifact_tokens, attention_sinks, feature_pca_rgb, top_classes
@@ -167,8 +167,7 @@ def cached_gradient_rollout(spec: ModelSpec, sha256: str, _image: Image.Image, t
     def compute():
         loaded = cached_model(spec)
         batch = preprocess([_image], loaded.data_config)
-        attention, grads, chosen = attention_gradients(loaded.model, batch.tensor, target)
-        return gradient_rollout(attention, grads, loaded.layout), chosen
+        return class_gradient_rollout(loaded.model, batch.tensor, loaded.layout, target)
 
     return store().get_or_compute(("gradient_rollout", spec, sha256, target),
                                   _model_run("Computing gradients ...", compute))

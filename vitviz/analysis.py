@@ -21,7 +21,7 @@ from .images import preprocess
 from .layout import TokenLayout
 from .models import LoadedModel
 from .posembed import patch_position_embeddings, position_embedding_similarity
-from .rollout import attention_gradients, gradient_rollout, rollout
+from .rollout import class_gradient_rollout, rollout
 from .tensors import to_host
 from .tokens import AttentionSinks, artifact_tokens, attention_sinks
 
@@ -167,8 +167,8 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     if loaded.has_head:
         maps, targets = [], []
         for i in range(len(images)):
-            a, g, target = attention_gradients(loaded.model, batch.tensor[i:i + 1], settings.target_class)
-            maps.append(gradient_rollout(a, g, layout))
+            grad_map, target = class_gradient_rollout(loaded.model, batch.tensor[i:i + 1], layout, settings.target_class)
+            maps.append(grad_map)
             targets.append(target)
         arrays["gradient_rollout"] = np.stack(maps)
         facts["gradient_rollout_targets"] = targets

@@ -236,6 +236,44 @@ def gradient_rollout(attention: np.ndarray | torch.Tensor, gradients: np.ndarray
     return layout.to_grid(to_host(v)[layout.patch_slice])
 
 
+def class_gradient_rollout(model, images, layout: TokenLayout, target: int | None = None) -> tuple[np.ndarray, int]:
+    """:func:`gradient_rollout` of :func:`attention_gradients`, without keeping either array.
+
+    Each layer's mean_h((dy/dA * A)^+) (N x N, float64) is taken by a hook the moment backward
+    reaches that layer's attention, so no gradient is retained and nothing is copied: beyond the
+    attention the forward graph holds anyway, the extra memory is L N^2 float64 (2/H of the
+    attention). Equal to the two-step computation to rounding.
+
+    Args:
+        model: a supported ViT (timm or transformers) with a classifier head.
+        images: (1, 3, H, W) normalised input.
+        layout: the token layout of that input.
+        target: class index; default the top-1 class.
+
+    Returns:
+        (map (gh, gw), target class).
+    """
+    from .capture import attention_and_logits, num_classes, to_model_input
+
+    if num_classes(model) <= 0:
+        raise ValueError("Gradient-weighted rollout needs a classifier head; this model has none.")
+    with torch.enable_grad():
+        x = to_model_input(model, images).detach().requires_grad_(True)
+        layers, logits = attention_and_logits(model, x)
+        fused: list[torch.Tensor | None] = [None] * len(layers)
+        for i, probs in enumerate(layers):
+            def weigh(grad, i=i, probs=probs):
+                fused[i] = grad[0].double().mul_(probs[0].detach()).clamp_(min=0).mean(dim=0)
+            probs.register_hook(weigh)
+        target = int(logits[0].argmax()) if target is None else int(target)
+        del layers
+        logits[0, target].backward()
+    v = torch.as_tensor(readout_vector(layout), device=fused[0].device)
+    for m in reversed(fused):
+        v = v + v @ m
+    return layout.to_grid(to_host(v)[layout.patch_slice]), target
+
+
 def gradient_rollout_reference(attention: np.ndarray, gradients: np.ndarray, layout: TokenLayout) -> np.ndarray:
     """:func:`gradient_rollout` by its definition with full N x N products; the tests' reference."""
     R = np.eye(attention.shape[-1])
