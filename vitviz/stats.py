@@ -41,6 +41,7 @@ from .distance import mean_attention_distance_conventions
 from .images import preprocess
 from .layout import TokenLayout
 from .maps import cls_focus, head_entropy
+from .tensors import as_tensor, to_host
 from .tokens import attention_sinks
 
 STATISTICS = ("mean_distance", "mean_distance_with_prefix", "entropy", "cls_focus", "prefix_received")
@@ -61,7 +62,7 @@ def per_head_statistics(attention: torch.Tensor | np.ndarray, layout: TokenLayou
 
     attention: (B, L, H, N, N) probabilities -> {name: (B, L, H) float64}.
     """
-    a = attention.numpy() if isinstance(attention, torch.Tensor) else np.asarray(attention)
+    a = as_tensor(attention)  # read where capture left it (a GPU's attention stays there)
     B, L, H = a.shape[:3]
     patches, prefix = layout.patch_slice, slice(0, layout.num_prefix_tokens)
     if layout.has_class_token:
@@ -74,7 +75,7 @@ def per_head_statistics(attention: torch.Tensor | np.ndarray, layout: TokenLayou
         "mean_distance_with_prefix": with_prefix,
         "entropy": np.stack([head_entropy(image, layout) for image in a]),
         "cls_focus": focus,
-        "prefix_received": a[..., patches, prefix].sum(axis=-1, dtype=np.float64).mean(axis=-1),
+        "prefix_received": to_host(a[..., patches, prefix].sum(dim=-1, dtype=torch.float64).mean(dim=-1)),
     }
 
 
@@ -103,7 +104,7 @@ def sinks_table(attention: torch.Tensor | np.ndarray, layout: TokenLayout, names
 
     attention: (B, L, H, N, N) probabilities of B images named ``names``.
     """
-    a = attention.numpy() if isinstance(attention, torch.Tensor) else np.asarray(attention)
+    a = as_tensor(attention)
     rows = []
     for name, image in zip(names, a):
         sinks = attention_sinks(image, layout)
