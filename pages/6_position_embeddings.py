@@ -50,7 +50,7 @@ gh, gw = layout.grid_size
 native = loaded.native_pos_embed
 st.header("Position-embedding similarity")
 try:  # at the model's own grid first: a model without the embedding gets its sentence before any control
-    _similarity(ctx.spec, layout.grid_size, loaded)
+    cached_position_similarity(ctx.spec, layout.grid_size)
 except ViewNotApplicable as exc:
     st.info(str(exc))
     st.stop()
