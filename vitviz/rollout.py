@@ -262,8 +262,10 @@ def class_gradient_rollout(model, images, layout: TokenLayout, target: int | Non
         layers, logits = attention_and_logits(model, x)
         fused: list[torch.Tensor | None] = [None] * len(layers)
         for i, probs in enumerate(layers):
-            def weigh(grad, i=i, probs=probs):
-                fused[i] = grad[0].double().mul_(probs[0].detach()).clamp_(min=0).mean(dim=0)
+            # The hook holds a detached view, not ``probs`` itself: probs -> its hook -> probs would be a
+            # reference cycle, and every image's attention would wait for the garbage collector.
+            def weigh(grad, i=i, a=probs[0].detach()):
+                fused[i] = grad[0].double().mul_(a).clamp_(min=0).mean(dim=0)
             probs.register_hook(weigh)
         target = int(logits[0].argmax()) if target is None else int(target)
         del layers
