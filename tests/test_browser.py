@@ -98,6 +98,9 @@ def server():
         yield running.url
 
 
+FIRST_VISIT: dict = {}
+
+
 @pytest.fixture(scope="module")
 def page(server):
     from playwright.sync_api import sync_playwright
@@ -110,9 +113,11 @@ def page(server):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         pg = browser.new_page(viewport=VIEWPORT)
         pg.set_default_timeout(120_000)
-        pg.goto(server, timeout=120_000)
+        # The first visit of a fresh server is a deep link: Streamlit once ran such a page without app.py.
+        pg.goto(f"{server}/rollout", timeout=120_000)
         pg.wait_for_selector('[data-testid="stFileUploaderDropzoneInput"]', state="attached", timeout=180_000)
         _wait_idle(pg)
+        FIRST_VISIT["nav"] = pg.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
         pg.set_input_files('[data-testid="stFileUploaderDropzoneInput"] >> nth=0', str(ASSETS / "coffee.jpg"))
         _wait_idle(pg)
         yield pg
@@ -189,6 +194,11 @@ def test_every_page_renders_without_exceptions(page):
     log = (ROOT / "test-artifacts" / "browser_server.log").read_text(errors="replace").splitlines()
     log = "\n".join(line for line in log if "Inotify" not in line)[-4000:]
     assert not exceptions, f"exceptions on pages {list(exceptions)}: {exceptions}\nserver log:\n{log}"
+
+
+def test_a_deep_link_on_a_fresh_server_opens_the_page_inside_the_app(page):
+    """Opening /rollout first on a fresh server shows app.py's page list, not Streamlit's legacy pages/ list."""
+    assert FIRST_VISIT["nav"][:3] == ["Overview & tokens", "Attention heads", "Rollout"]
 
 
 def test_upload_becomes_the_current_image(page):

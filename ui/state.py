@@ -329,8 +329,30 @@ def _framing_caption(image: LoadedImage, framing: str, data_config: dict) -> str
             "to show it all.")
 
 
+def _leave_legacy_navigation() -> None:
+    """Rerun through app.py when Streamlit ran this page file by itself on a session's first run.
+
+    Until some session's app.py has called ``st.navigation``, Streamlit treats the ``pages/`` folder
+    as a v1 multipage app: a browser opening ``/rollout`` on a fresh server ran the page without
+    app.py (lower-case legacy page list, narrow layout) and every later session stayed so until
+    someone opened ``/``. Setting the flag the way ``st.navigation`` does and rerunning puts this
+    session (and every later one) on app.py's pages, at the same URL. Only a session's first run
+    is rerun: a later one may carry a button press that a rerun would drop (AppTest resets the
+    flag before every run and then runs the page file directly).
+    """
+    from streamlit.runtime.pages_manager import PagesManager
+
+    first_run = not st.session_state.get("_vitviz_ran")
+    st.session_state["_vitviz_ran"] = True
+    if PagesManager.uses_pages_directory:
+        PagesManager.uses_pages_directory = False
+        if first_run:
+            st.rerun()
+
+
 def setup() -> Context | None:
     """Draw the shared sidebar; return the page context, or None (with a message) when there is no image."""
+    _leave_legacy_navigation()
     st.sidebar.title("vitviz")
     spec, loaded = _load(_sidebar_spec())
     st.sidebar.caption(f"**{loaded.label}** · {loaded.device} · {str(loaded.dtype).removeprefix('torch.')}")
