@@ -53,3 +53,33 @@ def sample_images():
     from vitviz.images import load_image
 
     return [load_image(ASSETS / n) for n in ("chelsea.jpg", "coffee.jpg", "astronaut.jpg", "rocket.jpg")]
+
+
+def capture_in_threads(model, inputs: list[torch.Tensor]) -> list:
+    """``capture`` of every input, each in its own thread at once, on one shared model."""
+    import threading
+
+    from vitviz.capture import capture
+
+    results = [None] * len(inputs)
+
+    def run(i):
+        results[i] = capture(model, inputs[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def readme_command(prefix: str, out: Path) -> list[str]:
+    """The README's first command line starting with ``prefix``, as argv after the interpreter,
+    with its ``--out`` pointed at ``out`` (everything else typed as it stands)."""
+    import shlex
+
+    line = next(l for l in (ASSETS.parent / "README.md").read_text().splitlines() if l.startswith(prefix))
+    args = shlex.split(line)[1:]
+    args[args.index("--out") + 1] = str(out)
+    return args

@@ -132,14 +132,12 @@ def test_cli_exclude_sinks_removes_the_first_layer_sink_from_rollout(tmp_path, b
 
 def test_the_readmes_first_headless_command_does_what_it_says(tmp_path):
     """The README's bundled-model example, typed as it stands (only --out pointed at a temporary folder)."""
-    import shlex
     from pathlib import Path
 
+    from conftest import readme_command
+
     root = Path(__file__).resolve().parent.parent
-    line = next(l for l in (root / "README.md").read_text().splitlines()
-                if l.startswith(".venv/bin/python -m vitviz analyze assets/"))
-    args = shlex.split(line)[1:]
-    args[args.index("--out") + 1] = str(tmp_path / "out")
+    args = readme_command(".venv/bin/python -m vitviz analyze assets/", tmp_path / "out")
     result = subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     data = np.load(tmp_path / "out" / "analysis.npz")

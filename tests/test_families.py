@@ -24,7 +24,7 @@ from vitviz.capture import capture
 from vitviz.errors import ModelError, ViewNotApplicable
 from vitviz.models import ModelSpec, check_supported, load_model
 
-from conftest import ASSETS
+from conftest import ASSETS, capture_in_threads
 from test_hf_hybrid import hf_folders  # noqa: F401  (the shared Hugging Face folders, BEiT among them)
 
 SMALL = dict(embed_dim=64, depth=2, num_heads=4)
@@ -215,23 +215,12 @@ def test_position_embeddings_are_read_where_they_exist_and_refused_in_a_sentence
 
 
 def test_threads_sharing_one_rope_and_one_beit_model_match_serial_bit_for_bit(checkpoints):
-    import threading
-
     for family in ("rope_mixed", "beit"):
         loaded = _load(family, checkpoints)
         torch.manual_seed(2)
         inputs = [torch.randn(1, 3, 64, 64) for _ in range(6)]
         serial = [capture(loaded.model, x) for x in inputs]
-        results = [None] * len(inputs)
-
-        def run(i):
-            results[i] = capture(loaded.model, inputs[i])
-
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(inputs))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = capture_in_threads(loaded.model, inputs)
         for s, r in zip(serial, results):
             assert torch.equal(s.attention, r.attention) and torch.equal(s.features, r.features)
         assert not torch.equal(serial[0].attention, serial[1].attention)

@@ -6,7 +6,6 @@ held against the libraries' own references: transformers' eager ``output_attenti
 models' default (SDPA) forward for the outputs.
 """
 import json
-import threading
 import time
 
 import numpy as np
@@ -20,7 +19,7 @@ from vitviz.errors import ModelError  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
 from vitviz.models import ModelSpec, load_model  # noqa: E402
 
-from conftest import ASSETS  # noqa: E402
+from conftest import ASSETS, capture_in_threads  # noqa: E402
 
 SMALL = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
              image_size=64, patch_size=16)
@@ -167,16 +166,7 @@ def test_threads_sharing_one_hf_model_match_serial_bit_for_bit(hf_folders, chels
     loaded = load_model(ModelSpec(name=hf_folders["deit_distilled"]))
     inputs = [preprocess([chelsea.rotate(a)], loaded.data_config).tensor for a in range(0, 80, 10)]
     serial = [capture(loaded.model, x) for x in inputs]
-    results = [None] * len(inputs)
-
-    def run(i):
-        results[i] = capture(loaded.model, inputs[i])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(inputs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = capture_in_threads(loaded.model, inputs)
     for s, r in zip(serial, results):
         assert torch.equal(s.attention, r.attention) and torch.equal(s.logits, r.logits)
     assert loaded.model.config._attn_implementation == "eager"

@@ -270,18 +270,16 @@ def test_ray_engine_without_ray_says_how_to_install_it(tmp_path, monkeypatch, ca
 @pytest.mark.slow
 def test_the_readmes_stats_command_does_what_it_says(tmp_path):
     """The README's first stats example, typed as it stands (only --out pointed at a temporary folder)."""
-    import shlex
     import subprocess
     import sys
     from pathlib import Path
 
     import pandas as pd
 
+    from conftest import readme_command
+
     root = Path(__file__).resolve().parent.parent
-    line = next(l for l in (root / "README.md").read_text().splitlines()
-                if l.startswith(".venv/bin/python -m vitviz stats assets/"))
-    args = shlex.split(line)[1:]
-    args[args.index("--out") + 1] = str(tmp_path / "stats")
+    args = readme_command(".venv/bin/python -m vitviz stats assets/", tmp_path / "stats")
     result = subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     table = pd.read_parquet(tmp_path / "stats" / "stats.parquet")
