@@ -8,22 +8,15 @@ Usage: .venv/bin/python benchmarks/analyze_scaling.py [--counts 16 64 256] [--re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parent.parent
-RUN = ("import sys, json; from vitviz.cli import main; rc = main(json.loads(sys.argv[1])); "
-       "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]; "
-       "print('HWM', hwm); sys.exit(rc)")
+from _memory import cli_in_fresh_process
 
 
 def make_images(folder: Path, n: int) -> list[Path]:
@@ -40,13 +33,8 @@ def make_images(folder: Path, n: int) -> list[Path]:
 def run(images: list[Path], out: Path, model: str, no_attention: bool) -> tuple[float, float, float]:
     """(wall s, peak RSS MiB, npz MiB) of one analyze command."""
     args = ["analyze", *map(str, images), "--out", str(out), "--model", model] + (["--no-attention"] if no_attention else [])
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", RUN, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
-                            env=os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
-    wall = time.perf_counter() - start
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-2000:])
-    hwm = int(result.stdout.split("HWM")[-1]) / 1024
+    wall, hwm_kib, _ = cli_in_fresh_process(args)
+    hwm = hwm_kib / 1024
     return wall, hwm, (out / "analysis.npz").stat().st_size / 2**20
 
 

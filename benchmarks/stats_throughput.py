@@ -15,10 +15,8 @@ preprocessing. Usage: .venv/bin/python benchmarks/stats_throughput.py [throughpu
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +29,7 @@ from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from _memory import cli_in_fresh_process  # noqa: E402
 from vitviz.capture import capture  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
 from vitviz.inputs import expand_inputs  # noqa: E402
@@ -104,19 +103,6 @@ def throughput(label: str, spec: ModelSpec, folder: Path, batch_size: int = 8, r
           + f"; every run: { {k: [round(r, 2) for r in v] for k, v in rates.items()} }", flush=True)
 
 
-def run_command(args: list[str]) -> tuple[float, int, str]:
-    """The CLI in a fresh process: (wall seconds, VmHWM kB, stderr)."""
-    code = ("import sys, json; from vitviz.cli import main; rc = main(json.loads(sys.argv[1])); "
-            "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]; "
-            "print('HWM', hwm); sys.exit(rc)")
-    start = time.perf_counter()
-    result = subprocess.run([sys.executable, "-c", code, json.dumps(args)], capture_output=True, text=True, cwd=ROOT,
-                            env=os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)})
-    wall = time.perf_counter() - start
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-2000:])
-    return wall, int(result.stdout.split("HWM")[-1]), result.stderr
-
 
 def main(parts: list[str]) -> None:
     print(f"load average at start: {os.getloadavg()}", flush=True)
@@ -139,13 +125,13 @@ def whole_commands(tmp: Path, parts: list[str]) -> None:
         folder = make_images(tmp / "img256", 256)
         walls = {}
         for engine, workers in (("local", "1"), ("ray", "2")):
-            walls[engine], _, _ = run_command(["stats", str(folder), "--out", str(tmp / engine), *model,
+            walls[engine], _, _ = cli_in_fresh_process(["stats", str(folder), "--out", str(tmp / engine), *model,
                                                "--engine", engine, "--workers", workers])
         print(f"256 images, deit-tiny @224, whole command: local {walls['local']:.1f} s, ray (local, 2 CPUs, "
               f"2 actors) {walls['ray']:.1f} s, ray / local = {walls['ray'] / walls['local']:.2f}", flush=True)
     if "memory" in parts:
         for n in (64, 1024):
-            wall, hwm, _ = run_command(["stats", str(make_images(tmp / f"mem{n}", n)), "--out", str(tmp / f"m{n}"),
+            wall, hwm, _ = cli_in_fresh_process(["stats", str(make_images(tmp / f"mem{n}", n)), "--out", str(tmp / f"m{n}"),
                                         *model, "--workers", "1"])
             print(f"peak RSS, {n} images, deit-tiny @224, batch 8: {hwm / 1024:.0f} MiB ({wall:.1f} s, "
                   f"{n / wall:.1f} img/s whole command)", flush=True)

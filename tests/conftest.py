@@ -83,3 +83,18 @@ def readme_command(prefix: str, out: Path) -> list[str]:
     args = shlex.split(line)[1:]
     args[args.index("--out") + 1] = str(out)
     return args
+
+
+def timm_unfused_attention(model, x: torch.Tensor) -> torch.Tensor:
+    """timm's own unfused attention, on a copy (the shared model is never switched): the softmax
+    output each block's ``attn_drop`` sees, stacked to (B, L, H, N, N)."""
+    import copy
+
+    reference = copy.deepcopy(model)
+    seen = []
+    for blk in reference.blocks:
+        blk.attn.fused_attn = False
+        blk.attn.attn_drop.register_forward_hook(lambda m, i, o: seen.append(o))
+    with torch.no_grad():
+        reference(x)
+    return torch.stack(seen, 1)

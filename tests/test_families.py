@@ -10,7 +10,6 @@ copy, the probabilities read at ``attn_drop``), which adds the rotary embedding 
 position bias itself; the outputs against the model's default fused forward. Hugging Face BEiT is
 one of the families of tests/test_hf_hybrid.py and tests/test_hf_explain.py.
 """
-import copy
 import json
 
 import numpy as np
@@ -24,7 +23,7 @@ from vitviz.capture import capture
 from vitviz.errors import ModelError, ViewNotApplicable
 from vitviz.models import ModelSpec, check_supported, load_model
 
-from conftest import ASSETS, capture_in_threads
+from conftest import ASSETS, capture_in_threads, timm_unfused_attention
 from test_hf_hybrid import hf_folders  # noqa: F401  (the shared Hugging Face folders, BEiT among them)
 
 SMALL = dict(embed_dim=64, depth=2, num_heads=4)
@@ -104,18 +103,6 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _unfused_attention(model, x):
-    """timm's own unfused attention on a copy: the softmax output each block's attn_drop sees."""
-    reference = copy.deepcopy(model)
-    seen = []
-    for blk in reference.blocks:
-        blk.attn.fused_attn = False
-        blk.attn.attn_drop.register_forward_hook(lambda m, i, o: seen.append(o))
-    with torch.no_grad():
-        reference(x)
-    return torch.stack(seen, 1)
-
-
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_capture_equals_the_fused_forward_and_timms_unfused_attention(family, checkpoints):
     loaded = _load(family, checkpoints)
@@ -127,7 +114,7 @@ def test_capture_equals_the_fused_forward_and_timms_unfused_attention(family, ch
     assert _rel(out.features, fused) < 1e-5
     if loaded.has_head:
         assert _rel(out.logits, logits) < 1e-5
-    assert torch.allclose(out.attention, _unfused_attention(model, x), rtol=0, atol=1e-6)
+    assert torch.allclose(out.attention, timm_unfused_attention(model, x), rtol=0, atol=1e-6)
     assert torch.allclose(out.attention.sum(-1), torch.ones(()), atol=1e-5)
     _, _, prefix, grid, stride, pool = FAMILIES[family]
     assert out.layout.prefix_tokens == prefix

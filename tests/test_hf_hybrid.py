@@ -19,7 +19,7 @@ from vitviz.errors import ModelError  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
 from vitviz.models import ModelSpec, load_model  # noqa: E402
 
-from conftest import ASSETS, capture_in_threads  # noqa: E402
+from conftest import ASSETS, capture_in_threads, timm_unfused_attention  # noqa: E402
 
 SMALL = dict(hidden_size=64, num_hidden_layers=3, num_attention_heads=4, intermediate_size=128,
              image_size=64, patch_size=16)
@@ -244,20 +244,6 @@ def hybrid_checkpoint(tmp_path_factory):
     return path
 
 
-def _unfused_attention(model, x):
-    """Attention from timm's own unfused path on a copy: the softmax output its attn_drop sees."""
-    import copy
-
-    reference = copy.deepcopy(model)
-    seen = []
-    for blk in reference.blocks:
-        blk.attn.fused_attn = False
-        blk.attn.attn_drop.register_forward_hook(lambda m, i, o: seen.append(o))
-    with torch.no_grad():
-        reference(x)
-    return torch.stack(seen, 1)
-
-
 def test_hybrid_checkpoint_capture_equals_timm_with_the_stems_stride(hybrid_checkpoint, chelsea):
     loaded = load_model(ModelSpec(name=HYBRID, checkpoint=str(hybrid_checkpoint)))
     x = preprocess([chelsea, chelsea.transpose(0)], loaded.data_config).tensor
@@ -265,7 +251,7 @@ def test_hybrid_checkpoint_capture_equals_timm_with_the_stems_stride(hybrid_chec
     with torch.no_grad():
         own = loaded.model(x)  # timm's default fused attention
     assert _rel(out.logits, own) < 1e-5
-    assert torch.allclose(out.attention, _unfused_attention(loaded.model, x), atol=1e-6)
+    assert torch.allclose(out.attention, timm_unfused_attention(loaded.model, x), atol=1e-6)
     assert torch.allclose(out.attention.sum(-1), torch.ones(()), atol=1e-5)
     # 224 px: the stem reduces 4x to 56x56, 8x8 patches of that give 7x7 tokens 32 px apart.
     assert out.layout.grid_size == (7, 7)
