@@ -19,6 +19,9 @@ GRID = TokenLayout(prefix_tokens=("cls",), grid_size=(4, 4), patch_size=(2, 2), 
 KNOWN = [5, 6, 9, 10]  # the patches the hand-built model reads (raster order, 4x4 grid)
 
 
+from vitviz.adapters import Adapter, register_adapter  # noqa: E402
+
+
 class KnownPatchModel(torch.nn.Module):
     """A model whose output depends only on the pixels of ``KNOWN`` patches (8x8 input, 2x2 patches).
 
@@ -43,6 +46,25 @@ class KnownPatchModel(torch.nn.Module):
 
     def forward(self, x):
         return self.forward_head(self.forward_features(x))
+
+
+@register_adapter
+class KnownPatchAdapter(Adapter):
+    """The planted model's family: its forward is its own two steps (no blocks)."""
+
+    name = "test-known-patch"
+
+    def claims(self, model):
+        return isinstance(model, KnownPatchModel)
+
+    def num_classes(self, model):
+        return model.num_classes
+
+    def forward(self, model, x, hooks):
+        feats = hooks("final_norm", model.forward_features(x))
+        hooks("pooled", model.forward_head(feats, pre_logits=True))
+        if model.num_classes:
+            hooks("logits", model.forward_head(feats))
 
 
 def test_patch_order_is_descending_with_ties_to_the_lower_index():

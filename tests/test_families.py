@@ -126,7 +126,12 @@ def test_capture_equals_the_fused_forward_and_timms_unfused_attention(family, ch
 def test_position_terms_are_in_the_attention(checkpoints):
     """Without its rotary embedding (EVA-02) or its relative position bias (BEiT) the captured rows would differ:
     the equality with timm above is not one a model without these terms would pass."""
-    from vitviz.timm_families import NO_TERMS, attend, embed
+    from vitviz.adapters.timm_vit import ATTENTIONS, NO_TERMS, embed
+
+    def attend(attn, tokens, terms):
+        h = ATTENTIONS[type(attn)].heads(attn, tokens, terms)
+        scores = (h.q * h.scale) @ h.k.transpose(-2, -1)
+        return (scores if h.bias is None else scores + h.bias).softmax(-1)
 
     for family in ("eva02", "beit_shared_bias"):
         model = _load(family, checkpoints).model
@@ -134,8 +139,8 @@ def test_position_terms_are_in_the_attention(checkpoints):
         with torch.no_grad():
             h, terms = embed(model, x)
             tokens = model.blocks[0].norm1(h)
-            with_terms = attend(model.blocks[0].attn, tokens, terms[0])[1]
-            without = attend(model.blocks[0].attn, tokens, NO_TERMS)[1]
+            with_terms = attend(model.blocks[0].attn, tokens, terms[0])
+            without = attend(model.blocks[0].attn, tokens, NO_TERMS)
         assert (with_terms - without).abs().max() > 1e-3, family
 
 

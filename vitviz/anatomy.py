@@ -1,10 +1,9 @@
 """One attention row taken apart: q, the scores q·k, the 1/sqrt(d) scaling, the softmax, the weighted values.
 
 The queries, keys and values are recomputed from the block's own input with the block's own
-modules, along the path capture takes (:func:`vitviz.timm_families.layer_heads`: ``norm1``, the
+modules, along the path capture takes (the family adapter's ``layer_qkv``: ``norm1``, the
 projections, ``q_norm``/``k_norm``, the rotary embedding of EVA-02 and rotary ViTs), so the row
-shown here is the row that capture returns; for transformers models from the layer's input norm and
-its attention module's ``q_proj``/``k_proj``/``v_proj`` (:func:`vitviz.hf.layer_qkv`). BEiT's
+shown here is the row that capture returns. BEiT's
 relative position bias is the one term not in q·k: it is kept as ``bias`` and added to the scaled
 scores, exactly as the model adds it.
 """
@@ -15,13 +14,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .capture import is_hf_model, iter_layers, to_model_input
+from .adapters import adapter_for, point_name, run
+from .types import to_model_input
 
 
 def _check_layer(model, layer: int) -> None:
-    from .hf import vision_config
-
-    depth = vision_config(model.config).num_hidden_layers if is_hf_model(model) else len(model.blocks)
+    depth = adapter_for(model).num_layers(model)
     if not 0 <= layer < depth:
         raise ValueError(f"layer {layer + 1} is outside the model's {depth} layers")
 
@@ -33,24 +31,16 @@ def block_output(model, images: torch.Tensor, layer: int) -> torch.Tensor:
     In the model's dtype and on its device; the blocks after ``layer`` are not run.
     """
     _check_layer(model, layer)
-    for i, tokens, _ in iter_layers(model, to_model_input(model, images)):
-        if i == layer:
-            return tokens
+    name = point_name("resid_post", layer)
+    return run(model, to_model_input(model, images), keep=(name,), stop_after=name)[name]
 
 
 @torch.inference_mode()
 def block_input(model, images: torch.Tensor, layer: int) -> torch.Tensor:
     """The tokens entering block ``layer`` (0-based): (B, 3, H, W) -> (B, N, D)."""
     _check_layer(model, layer)
-    if is_hf_model(model):
-        from . import hf
-
-        return hf.block_input(model, to_model_input(model, images), layer)
-    if layer == 0:
-        from .timm_families import embed
-
-        return embed(model, to_model_input(model, images))[0]
-    return block_output(model, images, layer - 1)
+    name = point_name("resid_pre", layer)
+    return run(model, to_model_input(model, images), keep=(name,), stop_after=name)[name]
 
 
 @dataclass
@@ -88,16 +78,8 @@ def layer_qkv(model, images: torch.Tensor, layer: int) -> LayerQKV:
         return None if t is None else t[0].detach().double().cpu().numpy()
 
     x = to_model_input(model, images)
-    if is_hf_model(model):  # the adapter knows each family's modules
-        from . import hf
-
-        q, k, v, scale, steps, bias = hf.layer_qkv(model, x, layer)
-        return LayerQKV(q=arr(q), k=arr(k), v=arr(v), scale=scale, steps=list(steps), bias=arr(bias))
-    from .timm_families import layer_heads
-
-    heads, steps = layer_heads(model, x, layer)
-    return LayerQKV(q=arr(heads.q), k=arr(heads.k), v=arr(heads.v), scale=heads.scale, steps=steps,
-                    bias=arr(heads.bias))
+    q, k, v, scale, steps, bias = adapter_for(model).layer_qkv(model, x, layer)
+    return LayerQKV(q=arr(q), k=arr(k), v=arr(v), scale=scale, steps=list(steps), bias=arr(bias))
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -100,14 +100,15 @@ def stream_mean_attention_distance(model, batches: Iterable[torch.Tensor], layou
         layout: the token layout for that input size.
         progress: called with the number of images done after each batch.
     """
-    from .capture import to_model_input, iter_layers
+    from .capture import for_each_layer, to_model_input
 
     d = torch.as_tensor(patch_distances(layout))
     per_image, done = [], 0
     for x in batches:
         x = to_model_input(model, x)
-        per_image.append(np.stack([layer_attention_distance(probs, layout, d)
-                                   for _, _, probs in iter_layers(model, x)], axis=1))
+        layers = []
+        for_each_layer(model, x, lambda i, h, probs: layers.append(layer_attention_distance(probs, layout, d)))
+        per_image.append(np.stack(layers, axis=1))
         done += x.shape[0]
         if progress:
             progress(done)

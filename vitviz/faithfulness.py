@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .capture import is_hf_model, num_classes
+from .adapters import adapter_for, run
+from .capture import num_classes
 from .layout import TokenLayout
 from .maps import query_attention_map
 
@@ -118,31 +119,18 @@ class ClassProbability(Score):
 
 
 def model_logits(model, x: torch.Tensor) -> torch.Tensor:
-    """The classifier's logits of the model's own forward: (B, 3, H, W) -> (B, C)."""
-    if is_hf_model(model):
-        from . import hf
-
-        return hf.logits(model, x)
-    return model(x)
+    """The classifier's logits of the model's forward (its adapter's): (B, 3, H, W) -> (B, C)."""
+    return run(model, x, keep=("logits",))["logits"]
 
 
 def pre_logits(model, x: torch.Tensor) -> torch.Tensor:
-    """The pooled pre-logits vector: (B, 3, H, W) -> (B, D). timm: ``forward_head(..., pre_logits=True)``;
-    transformers: :func:`vitviz.hf.pre_logits` (the family's pooled vector)."""
-    if is_hf_model(model):
-        from . import hf
-
-        return hf.pre_logits(model, x)
-    return model.forward_head(model.forward_features(x), pre_logits=True)
+    """The pooled vector the head reads (the adapter's ``pooled`` point): (B, 3, H, W) -> (B, D)."""
+    return run(model, x, keep=("pooled",))["pooled"]
 
 
 def pre_logits_text(model) -> str:
     """The pre-logits vector in words."""
-    if is_hf_model(model):
-        from . import hf
-
-        return hf.pre_logits_text(model)
-    return "forward_head(pre_logits=True)"
+    return adapter_for(model).pooled_text(model)
 
 
 class PreLogitsCosine(Score):

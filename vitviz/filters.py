@@ -26,14 +26,12 @@ def patch_filters(model) -> np.ndarray:
     Raises:
         ValueError: the model has no linear RGB patch filters (hybrid or conv stem).
     """
-    from .capture import is_hf_model
+    from .adapters import adapter_for
 
-    if is_hf_model(model):
-        from . import hf
-
-        weight = hf.patch_filter_weight(model)
-    else:
-        weight = getattr(getattr(getattr(model, "patch_embed", None), "proj", None), "weight", None)
+    try:
+        weight = adapter_for(model).patch_filters(model)
+    except ValueError:
+        weight = None
     if weight is None or weight.ndim != 4 or weight.shape[1] != 3:
         raise ValueError("This model has no linear RGB patch filters (hybrid or convolutional stem).")
     return weight.detach().float().cpu().numpy()

@@ -345,7 +345,7 @@ def native_pos_embed(model, layout: TokenLayout):
     """The stored grid (the config's ``image_size``); other grids are resampled as the family's own
     ``interpolate_pos_encoding`` does: bicubic to the exact grid, antialiased only for DINOv2 with registers.
     None for a model without one (BEiT with only relative position biases)."""
-    from .posembed import NativePosEmbed
+    from .types import NativePosEmbed
 
     try:
         table = position_embedding(model)
@@ -418,7 +418,7 @@ def preprocess(images: list[Image.Image], data_config: dict):
     The images are the processor's resize and crop with rescaling and normalisation off, so
     overlays line up with the pixels the model saw.
     """
-    from .images import ModelInput
+    from .types import ModelInput
 
     processor = image_processor(data_config["hf_processor"]) if data_config.get("hf_processor") else None
     if processor is None:

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from .types import ModelInput
+
 from .errors import ImageError, first_line
 
 MAX_PIXELS = 40_000_000
@@ -173,19 +175,6 @@ def load_images(sources, **kwargs) -> tuple[list[LoadedImage], list[ImageError]]
         except ImageError as exc:
             bad.append(exc)
     return good, bad
-
-
-@dataclass
-class ModelInput:
-    """A batch ready for the model.
-
-    Attributes:
-        tensor: (B, 3, H, W) float32, normalised with the model's mean/std.
-        images: the exact model-input images (after resize and crop), RGB, H x W: overlays go on these.
-    """
-
-    tensor: torch.Tensor
-    images: list[Image.Image]
 
 
 def _split_transform(data_config: dict):

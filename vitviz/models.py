@@ -19,7 +19,7 @@ import torch
 from . import bundled, swin
 from .errors import ModelError, first_line
 from .layout import TokenLayout
-from .posembed import NativePosEmbed
+from .types import NativePosEmbed
 
 BUNDLED = "bundled"
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
@@ -111,19 +111,9 @@ class LoadedModel:
             return common | hf.card(m, self.hf_family, self.weights_source)
         if self.attention_scope == "window":
             return common | swin.card(m)
-        from .timm_families import model_reader
+        from .adapters import adapter_for
 
-        reader = model_reader(m)
-        return common | {
-            "library": "timm",
-            "family": type(m).__name__,
-            "family_label": reader.label,
-            "architecture": m.pretrained_cfg.get("architecture", type(m).__name__),
-            "timm_architecture": m.pretrained_cfg.get("architecture", type(m).__name__),
-            "layers": len(m.blocks),
-            "heads": m.blocks[0].attn.num_heads,
-            "embed_dim": m.embed_dim,
-        }
+        return common | adapter_for(m).card(m)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -154,8 +144,8 @@ def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def check_supported(model: torch.nn.Module, name: str) -> None:
-    """Raise ModelError unless capture can read this model's attention exactly (see :mod:`vitviz.timm_families`)."""
-    from .timm_families import supported_families, why_unsupported
+    """Raise ModelError unless an adapter reads this model's attention exactly (see :mod:`vitviz.adapters`)."""
+    from .adapters import supported_families, why_unsupported
 
     if swin.is_swin(model):
         return swin.check_supported(model, name)

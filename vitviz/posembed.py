@@ -1,68 +1,14 @@
 """Position-embedding similarity (ViT paper Fig. 7 centre)."""
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from .layout import TokenLayout
+from .types import NativePosEmbed
 
-
-@dataclass(frozen=True)
-class NativePosEmbed:
-    """The position embedding as the weights store it, and how the loader fits it to other grids.
-
-    A model run at another resolution gets its grid by resampling these native rows, never the
-    already-resampled ones: resampling twice (37x37 -> 16x16 -> 24x24) is not what a fine-tune
-    at 24x24 would start from.
-
-    Args:
-        pos_embed: (1, prefix_rows + gh * gw, D) float32 on the CPU, as stored in the weights.
-        grid_size: (gh, gw) of the stored grid.
-        prefix_rows: rows before the grid (CLS etc.; 0 for ``no_embed_class`` models).
-        interpolation: ``F.interpolate`` mode the loader uses (``"bicubic"``, ``"bilinear"``).
-        antialias: whether the loader resamples with antialiasing.
-    """
-
-    pos_embed: torch.Tensor
-    grid_size: tuple[int, int]
-    prefix_rows: int
-    interpolation: str = "bicubic"
-    antialias: bool = True
-
-    @classmethod
-    def from_weights(cls, pos_embed: torch.Tensor, prefix_rows: int, grid_size: tuple[int, int] | None = None,
-                     interpolation: str = "bicubic", antialias: bool = True) -> NativePosEmbed | None:
-        """Keep ``pos_embed`` (1, N, D) as the native grid; None when its grid cannot be told.
-
-        Without ``grid_size`` the grid is taken square, as timm assumes for checkpoints.
-        """
-        if not isinstance(pos_embed, torch.Tensor) or pos_embed.ndim != 3:
-            return None
-        if grid_size is None:
-            side = math.isqrt(pos_embed.shape[1] - prefix_rows)
-            if side * side != pos_embed.shape[1] - prefix_rows:
-                return None
-            grid_size = (side, side)
-        return cls(pos_embed.detach().to("cpu", torch.float32).clone(), tuple(int(g) for g in grid_size),
-                   prefix_rows, interpolation, antialias)
-
-    def to_dict(self) -> dict:
-        return {"native_grid": list(self.grid_size), "interpolation": self.interpolation,
-                "antialias": self.antialias, "align_corners": False}
-
-    def grid_rows(self, grid_size: tuple[int, int]) -> torch.Tensor:
-        """The grid rows fitted to ``grid_size`` as the loader fits them: (gh * gw, D)."""
-        from timm.layers import resample_abs_pos_embed
-
-        grid = self.pos_embed[:, self.prefix_rows:]
-        if tuple(grid_size) != self.grid_size:
-            grid = resample_abs_pos_embed(grid, new_size=list(grid_size), old_size=list(self.grid_size),
-                                          num_prefix_tokens=0, interpolation=self.interpolation,
-                                          antialias=self.antialias)
-        return grid[0]
+__all__ = ["NativePosEmbed", "patch_position_embeddings", "position_at", "position_embedding_similarity",
+           "position_encoding", "position_fraction"]
 
 
 def patch_position_embeddings(model, layout: TokenLayout, grid_size: tuple[int, int] | None = None,
@@ -79,41 +25,21 @@ def patch_position_embeddings(model, layout: TokenLayout, grid_size: tuple[int, 
     Raises:
         ViewNotApplicable: the model has no learned absolute position embedding.
     """
-    from .capture import is_hf_model
+    from .adapters import adapter_for
 
-    if is_hf_model(model):
-        from . import hf
-
-        # transformers keeps the stored grid and fits it to the input in every forward.
-        native = native or hf.native_pos_embed(model, layout)
-        if native is None:
-            raise _no_table(model)
-        return native.grid_rows(grid_size or layout.grid_size).numpy()
-    pos = getattr(model, "pos_embed", None)
-    if not isinstance(pos, torch.Tensor) or pos.ndim != 3:
+    own = adapter_for(model).native_pos_embed(model, layout)  # the table as the model runs it
+    if own is None:
         raise _no_table(model)
     if grid_size is None or tuple(grid_size) == layout.grid_size:
-        return pos.detach().float().cpu()[0, layout.pos_embed_prefix_rows:].numpy()
-    if native is None:
-        native = NativePosEmbed.from_weights(pos, layout.pos_embed_prefix_rows, layout.grid_size)
-    return native.grid_rows(grid_size).numpy()
+        return own.grid_rows(layout.grid_size).numpy()
+    return (native or own).grid_rows(grid_size).numpy()
 
 
 def position_encoding(model) -> str:
     """How a model encodes position, in words, from its family's adapter."""
-    from .capture import is_hf_model
+    from .adapters import adapter_for
 
-    if is_hf_model(model):
-        from .hf import position_encoding as hf_position_encoding
-
-        return hf_position_encoding(model)
-    from . import swin
-
-    if swin.is_swin(model):
-        return swin.POSITION_ENCODING
-    from .timm_families import model_reader
-
-    return model_reader(model).position(model)
+    return adapter_for(model).position_encoding(model)
 
 
 def _no_table(model):

@@ -1,9 +1,10 @@
-"""How to run each timm ViT family and read its attention: the one place that knows their modules.
+"""The timm ViT adapter: ``VisionTransformer``, ``Eva`` and ``Beit`` spelled out block by block.
 
 timm computes attention with fused ``scaled_dot_product_attention`` by default, so the
 probabilities never exist as a tensor, and flipping ``fused_attn`` would mutate a model every
-session shares. :mod:`vitviz.capture` therefore runs the model's own submodules in a forward that
-spells attention out (no hooks, nothing written to the model: thread-safe). What differs between
+session shares. The adapter therefore runs the model's own submodules in a forward that spells
+attention out with the named points of :mod:`vitviz.adapters.base` (no hooks, nothing written to
+the model: thread-safe). What differs between
 families is kept in three small registries keyed by module class, never by model name:
 
 - :data:`MODELS`: model class -> how the tokens and each layer's position terms are made
@@ -25,6 +26,11 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from ..layout import TokenLayout
+from . import common
+from .base import Adapter, Hooks, point_name, run
+from .registry import register_adapter
 
 
 @dataclass(frozen=True)
@@ -157,43 +163,64 @@ class AttentionReader:
 
 
 # ---------------------------------------------------------------------------------------------
-# Blocks: forward(blk, x, attend) with attend(attention input) -> attention output
-
-
-def _layer_scale_block(blk, x: torch.Tensor, attend: Callable) -> torch.Tensor:
-    """vision_transformer ``Block``: pre-norm, layer scale as modules ``ls1``/``ls2``."""
-    x = x + blk.ls1(attend(blk.norm1(x)))
-    return x + blk.ls2(blk.mlp(blk.norm2(x)))
-
-
-def _gamma_block(blk, x: torch.Tensor, attend: Callable) -> torch.Tensor:
-    """``EvaBlock`` and BEiT ``Block``: pre-norm, layer scale as parameters ``gamma_1``/``gamma_2`` (or None)."""
-    a = attend(blk.norm1(x))
-    x = x + (a if blk.gamma_1 is None else blk.gamma_1 * a)
-    m = blk.mlp(blk.norm2(x))
-    return x + (m if blk.gamma_2 is None else blk.gamma_2 * m)
-
-
-def _post_norm_block(blk, x: torch.Tensor, attend: Callable) -> torch.Tensor:
-    """``ResPostBlock`` and ``EvaBlockPostNorm``: attention reads the block input; norms after each branch."""
-    x = x + blk.norm1(attend(x))
-    return x + blk.norm2(blk.mlp(x))
+# Blocks: how each block class runs around its attention and MLP
 
 
 @dataclass(frozen=True)
 class BlockReader:
-    """How one block class runs around its attention.
+    """How one block class is laid out.
 
     Args:
-        forward: (blk, x, attend) -> the block's output; ``attend`` maps the attention input to its output.
-        pre_norm: whether the attention reads ``norm1(x)`` (else the block input itself).
+        post_norm: norms after each branch (``ResPostBlock``, ``EvaBlockPostNorm``: the attention reads
+            the block input itself) rather than before it.
+        scales: blk -> (attention branch scale, MLP branch scale): the layer scale as functions, or
+            None where the block has none.
     """
 
-    forward: Callable[..., torch.Tensor]
-    pre_norm: bool = True
+    post_norm: bool = False
+    scales: Callable = lambda blk: (None, None)
 
     def attention_input(self, blk, x: torch.Tensor) -> torch.Tensor:
-        return blk.norm1(x) if self.pre_norm else x
+        return x if self.post_norm else blk.norm1(x)
+
+
+def _ls_scales(blk):
+    """vision_transformer ``Block``: layer scale as modules ``ls1``/``ls2`` (Identity without)."""
+    return blk.ls1, blk.ls2
+
+
+def _gamma_scales(blk):
+    """``EvaBlock`` and BEiT ``Block``: layer scale as parameters ``gamma_1``/``gamma_2`` (or None)."""
+    g1, g2 = blk.gamma_1, blk.gamma_2
+    return (None if g1 is None else (lambda a: g1 * a)), (None if g2 is None else (lambda m: g2 * m))
+
+
+def block(blk, layer: int, x: torch.Tensor, terms: PositionTerms, hooks: Hooks) -> torch.Tensor:
+    """One timm block (eval mode), spelled out with every named point: (B, N, D) -> (B, N, D)."""
+    reader = BLOCKS[type(blk)]
+    s1, s2 = reader.scales(blk)
+    x = hooks(point_name("resid_pre", layer), x)
+    h = hooks(point_name("ln1", layer), x if reader.post_norm else common.norm(hooks, blk.norm1, x))
+    a = _attention_branch(blk.attn, layer, h, terms, hooks)
+    a = common.norm(hooks, blk.norm1, a) if reader.post_norm else (a if s1 is None else s1(a))
+    x = hooks(point_name("resid_mid", layer), x + hooks(point_name("attn_out", layer), a))
+    h = hooks(point_name("ln2", layer), x if reader.post_norm else common.norm(hooks, blk.norm2, x))
+    m = common.mlp(hooks, layer, blk.mlp, h)
+    m = common.norm(hooks, blk.norm2, m) if reader.post_norm else (m if s2 is None else s2(m))
+    return hooks(point_name("resid_post", layer), x + hooks(point_name("mlp_out", layer), m))
+
+
+def _attention_branch(attn, layer: int, x: torch.Tensor, terms: PositionTerms, hooks: Hooks) -> torch.Tensor:
+    """One attention module spelled out: (B, N, C) -> its output projection's output (B, N, C)."""
+    h = ATTENTIONS[type(attn)].heads(attn, x, terms)
+    out = common.attention(hooks, layer, h.q, h.k, h.v, h.scale, h.bias)
+    if getattr(attn, "norm", None) is not None:
+        out = common.norm(hooks, attn.norm, out)
+    if getattr(attn, "gate", None) is not None:
+        out, gate = hooks.rules.bilinear(out, attn.gate(x).sigmoid())
+        out = out * gate
+    return attn.proj(out)
+
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,6 +275,20 @@ def _beit_position(model) -> str:
     return " + ".join(kinds) or "none"
 
 
+def _standard_head(model, features: torch.Tensor, hooks: Hooks) -> None:
+    """``forward_head`` of ViT, EVA and BEiT: pool, ``fc_norm``, (dropout), then ``head`` reads the pooled vector."""
+    pooled = hooks("pooled", model.forward_head(features, pre_logits=True))
+    if model.num_classes > 0 and hooks.wants("logits"):
+        hooks("logits", model.head(pooled))
+
+
+def _distilled_head(model, features: torch.Tensor, hooks: Hooks) -> None:
+    """DeiT distilled (eval): the mean of the class head on CLS and the distillation head on its token."""
+    hooks("pooled", (features[:, 0] + features[:, 1]) / 2)
+    if model.num_classes > 0 and hooks.wants("logits"):
+        hooks("logits", (model.head(features[:, 0]) + model.head_dist(features[:, 1])) / 2)
+
+
 @dataclass(frozen=True)
 class ModelReader:
     """How one model class makes its tokens.
@@ -256,29 +297,33 @@ class ModelReader:
         label: what a reader of the papers calls the family.
         embed: (model, x) -> (tokens entering block 1 (B, N, D), one :class:`PositionTerms` per layer).
         position: model -> how it encodes position, in words (model card, settings.json).
+        head: (model, final-norm features, hooks) -> None, calling the points ``pooled`` and ``logits``.
     """
 
     label: str
     embed: Callable[..., tuple[torch.Tensor, list[PositionTerms]]]
     position: Callable[..., str]
+    head: Callable[..., None] = _standard_head
 
 
 def _registries():
     from timm.layers import Attention, AttentionRope
     from timm.models import beit, eva
+    from timm.models.deit import VisionTransformerDistilled
     from timm.models.vision_transformer import Block, ResPostBlock, VisionTransformer
 
     models = {
         VisionTransformer: ModelReader("ViT", _vit_embed, _vit_position),
+        VisionTransformerDistilled: ModelReader("ViT", _vit_embed, _vit_position, _distilled_head),
         eva.Eva: ModelReader("EVA / EVA-02 / rotary ViT", _eva_embed, _eva_position),
         beit.Beit: ModelReader("BEiT", _beit_embed, _beit_position),
     }
     blocks = {
-        Block: BlockReader(_layer_scale_block),
-        ResPostBlock: BlockReader(_post_norm_block, pre_norm=False),
-        eva.EvaBlock: BlockReader(_gamma_block),
-        eva.EvaBlockPostNorm: BlockReader(_post_norm_block, pre_norm=False),
-        beit.Block: BlockReader(_gamma_block),
+        Block: BlockReader(scales=_ls_scales),
+        ResPostBlock: BlockReader(post_norm=True),
+        eva.EvaBlock: BlockReader(scales=_gamma_scales),
+        eva.EvaBlockPostNorm: BlockReader(post_norm=True),
+        beit.Block: BlockReader(scales=_gamma_scales),
     }
     attentions = {
         Attention: AttentionReader(_plain_heads),
@@ -297,77 +342,114 @@ def model_reader(model) -> ModelReader | None:
     return next((MODELS[c] for c in type(model).__mro__ if c in MODELS), None)
 
 
-def why_unsupported(model) -> str | None:
-    """Why capture cannot read this model's attention exactly, as a sentence fragment; None when it can.
-
-    Blocks and attention modules are matched by exact class: a subclass may change the forward.
-    """
-    from timm.layers import HybridEmbed, PatchEmbed
-
-    if model_reader(model) is None:
-        return f"it is a {type(model).__name__}, not a timm VisionTransformer, Eva or Beit"
-    if not isinstance(getattr(model, "patch_embed", None), (PatchEmbed, HybridEmbed)):
-        return f"its patch embedding is a {type(getattr(model, 'patch_embed', None)).__name__}"
-    for i, blk in enumerate(model.blocks):
-        attn = getattr(blk, "attn", None)
-        if type(blk) not in BLOCKS or type(attn) not in ATTENTIONS:
-            inside = f" with {type(attn).__name__} attention" if attn is not None else " without one attention module"
-            return f"block {i} is a {type(blk).__name__}{inside}"
-    return None
-
-
-def supported_families() -> str:
-    """The families capture reads, in words (the "not supported yet" sentence names them)."""
-    return ("timm VisionTransformer (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP, hybrid ResNet+ViT), Eva (EVA, EVA-02 "
-            "and rotary-embedding ViTs) and Beit (BEiT, BEiT v2) models with their standard blocks, and Swin "
-            "Transformers (window attention, vitviz.swin)")
-
-
-def attend(attn, x: torch.Tensor, terms: PositionTerms = NO_TERMS) -> tuple[torch.Tensor, torch.Tensor]:
-    """One attention module's unfused forward that also returns the probabilities.
-
-    x: (B, N, C) -> (output (B, N, C), probabilities (B, H, N, N) float32).
-    """
-    B, N, _ = x.shape
-    h = ATTENTIONS[type(attn)].heads(attn, x, terms)
-    scores = (h.q * h.scale) @ h.k.transpose(-2, -1)
-    if h.bias is not None:
-        scores = scores + h.bias
-    # Softmax in float32 so half-precision models still give rows that sum to 1.
-    probs = scores.softmax(dim=-1, dtype=torch.float32)
-    out = (probs.to(h.v.dtype) @ h.v).transpose(1, 2).reshape(B, N, -1)
-    if getattr(attn, "norm", None) is not None:
-        out = attn.norm(out)
-    if getattr(attn, "gate", None) is not None:
-        out = out * attn.gate(x).sigmoid()
-    return attn.proj(out), probs
-
-
-def block_forward(blk, x: torch.Tensor, terms: PositionTerms = NO_TERMS) -> tuple[torch.Tensor, torch.Tensor]:
-    """One block (eval mode) returning its attention too: (B, N, D) -> ((B, N, D), (B, H, N, N))."""
-    seen = []
-
-    def attention(y):
-        out, probs = attend(blk.attn, y, terms)
-        seen.append(probs)
-        return out
-
-    return BLOCKS[type(blk)].forward(blk, x, attention), seen[0]
-
-
 def embed(model, x: torch.Tensor) -> tuple[torch.Tensor, list[PositionTerms]]:
     """Tokens entering block 1 (B, N, D) and each layer's position terms, as ``forward_features`` makes them."""
     return model_reader(model).embed(model, x)
 
 
-def layer_heads(model, x: torch.Tensor, layer: int) -> tuple[Heads, list[str]]:
-    """q, k, v (and bias) of block ``layer`` (0-based) from the images ``x`` (B, 3, H, W), with the block's
-    extra steps in words; softmax(q kᵀ · scale + bias) is the attention capture returns."""
-    h, terms = embed(model, x)
-    for blk, t in zip(model.blocks[:layer], terms):
-        h, _ = block_forward(blk, h, t)
-    blk, reader = model.blocks[layer], BLOCKS[type(model.blocks[layer])]
-    attention = ATTENTIONS[type(blk.attn)]
-    steps = [f"the block's input goes through norm1 ({type(blk.norm1).__name__})"] if reader.pre_norm else []
-    steps += attention.steps(blk.attn, terms[layer])
-    return attention.heads(blk.attn, reader.attention_input(blk, h), terms[layer]), steps
+@register_adapter
+class TimmViT(Adapter):
+    """timm ``VisionTransformer`` (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP, hybrid ResNet+ViT), ``Eva`` (EVA,
+    EVA-02, rotary ViTs) and ``Beit`` with their standard blocks, spelled out block by block."""
+
+    name = "timm-vit"
+    library = "timm"
+    families = ("timm VisionTransformer (ViT, DeiT, DINO, DINOv2, CLIP, SigLIP, hybrid ResNet+ViT), Eva (EVA, EVA-02 "
+                "and rotary-embedding ViTs) and Beit (BEiT, BEiT v2) models with their standard blocks")
+
+    def claims(self, model) -> bool:
+        return model_reader(model) is not None
+
+    def why_unsupported(self, model) -> str | None:
+        """Blocks and attention modules are matched by exact class: a subclass may change the forward."""
+        from timm.layers import HybridEmbed, PatchEmbed
+
+        if not isinstance(getattr(model, "patch_embed", None), (PatchEmbed, HybridEmbed)):
+            return f"its patch embedding is a {type(getattr(model, 'patch_embed', None)).__name__}"
+        for i, blk in enumerate(model.blocks):
+            attn = getattr(blk, "attn", None)
+            if type(blk) not in BLOCKS or type(attn) not in ATTENTIONS:
+                inside = f" with {type(attn).__name__} attention" if attn is not None else " without one attention module"
+                return f"block {i} is a {type(blk).__name__}{inside}"
+        return None
+
+    def label(self, model) -> str:
+        return model_reader(model).label
+
+    def num_layers(self, model) -> int:
+        return len(model.blocks)
+
+    def num_heads(self, model, layer: int = 0) -> int:
+        return int(model.blocks[layer].attn.num_heads)
+
+    def layout(self, model, input_hw=None) -> TokenLayout:
+        return TokenLayout.from_model(model, input_hw)
+
+    def num_classes(self, model) -> int:
+        return int(getattr(model, "num_classes", 0))
+
+    def forward(self, model, x: torch.Tensor, hooks: Hooks) -> None:
+        if hooks.plain_blocks(len(model.blocks)):
+            # Nothing inside the blocks is read or changed: the library's fused forward is the same function.
+            h = model.forward_features(x)
+            if hooks.wants("final_norm"):
+                hooks("final_norm", h)
+            reader = model_reader(model)
+            reader.head(model, h, hooks)
+            return
+        h, terms = embed(model, x)
+        h = hooks("embed", h)
+        for i, (blk, t) in enumerate(zip(model.blocks, terms)):
+            h = block(blk, i, h, t, hooks)
+        if not any(hooks.wants(p) for p in ("final_norm", "pooled", "logits")):
+            return
+        features = hooks("final_norm", common.norm(hooks, model.norm, h))
+        if hooks.wants("pooled") or hooks.wants("logits"):
+            reader = model_reader(model)
+            reader.head(model, features, hooks)
+
+    def position_encoding(self, model) -> str:
+        return model_reader(model).position(model)
+
+    def position_table(self, model):
+        return getattr(model, "pos_embed", None)
+
+    def patch_filters(self, model) -> torch.Tensor:
+        proj = getattr(model.patch_embed, "proj", None)
+        if getattr(model.patch_embed, "backbone", None) is not None or not isinstance(proj, torch.nn.Conv2d) \
+                or proj.in_channels != 3:
+            raise ValueError(f"{type(model).__name__} has no linear RGB patch filters (its patch embedding reads "
+                             "a CNN's features).")
+        return proj.weight
+
+    def attention_steps(self, model, layer: int) -> list[str]:
+        _, terms = embed_terms(model)
+        blk, reader = model.blocks[layer], BLOCKS[type(model.blocks[layer])]
+        steps = [] if reader.post_norm else [f"the block's input goes through norm1 ({type(blk.norm1).__name__})"]
+        return steps + ATTENTIONS[type(blk.attn)].steps(blk.attn, terms[layer])
+
+    def layer_qkv(self, model, x: torch.Tensor, layer: int):
+        name = point_name("ln1", layer)
+        h = run(self, model, x, keep=(name,), stop_after=name)[name]
+        _, terms = embed(model, x)
+        blk = model.blocks[layer]
+        heads = ATTENTIONS[type(blk.attn)].heads(blk.attn, h, terms[layer])
+        return heads.q, heads.k, heads.v, heads.scale, self.attention_steps(model, layer), heads.bias
+
+    def pooled_text(self, model) -> str:
+        return "forward_head(pre_logits=True)"
+
+    def card(self, model) -> dict:
+        return {"library": "timm", "family": type(model).__name__, "family_label": self.label(model),
+                "architecture": model.pretrained_cfg.get("architecture", type(model).__name__),
+                "timm_architecture": model.pretrained_cfg.get("architecture", type(model).__name__),
+                "layers": len(model.blocks), "heads": model.blocks[0].attn.num_heads, "embed_dim": model.embed_dim}
+
+
+def embed_terms(model) -> tuple[None, list[PositionTerms]]:
+    """Each layer's position terms without running the patches (the anatomy's words need only which exist)."""
+    depth = len(model.blocks)
+    if getattr(model, "rope", None) is not None:
+        return None, [PositionTerms(rope=torch.empty(0))] * depth
+    shared = getattr(model, "rel_pos_bias", None)
+    return None, [PositionTerms(bias=torch.empty(0) if shared is not None else None)] * depth

@@ -1,0 +1,45 @@
+"""Model families: one adapter module each, registered in :mod:`vitviz.adapters.registry`.
+
+Each adapter claims built models, gives their token layout, position table and patch filters, and
+runs the model's forward itself, block by block, with the named activation points of
+:mod:`vitviz.adapters.base` (``keep=`` to read any of them, ``edit=`` to change them). See
+``README.md`` in this folder for how to add a family.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .base import BLOCK_POINTS, MODEL_POINTS, VIEWS, Adapter, Hooks, Point, Rules, point_name
+from .registry import ADAPTERS, adapter_for, find_adapter, register_adapter, supported_families, why_unsupported
+
+# The family modules, in the order they are asked to claim a model.
+FAMILY_MODULES = ("timm_vit", "timm_swin", "hf")
+_loaded = False
+
+
+def load_all() -> None:
+    """Import every family module once, so each registers its adapter."""
+    global _loaded
+    if not _loaded:
+        for name in FAMILY_MODULES:
+            importlib.import_module(f"{__name__}.{name}")
+        _loaded = True
+
+
+def run(model, x, keep=(), edit=None, stop_after=None, rules: Rules | None = None) -> dict:
+    """Run ``model``'s spelled-out forward on ``x`` (B, 3, H, W) in its family's adapter: the kept points.
+
+    Args:
+        keep: point names or fnmatch patterns (``"blocks.*.attn"``) to return, or a predicate.
+        edit: point name or pattern -> ``fn(value, point) -> value``; never mutates the model.
+        stop_after: end the forward after this point.
+        rules: how norms, activations and attention products are computed (default: the model's own).
+    """
+    from .base import PLAIN, run as run_adapter
+
+    return run_adapter(adapter_for(model), model, x, keep, edit, stop_after, rules or PLAIN)
+
+
+__all__ = ["ADAPTERS", "Adapter", "BLOCK_POINTS", "Hooks", "MODEL_POINTS", "Point", "Rules", "VIEWS", "adapter_for",
+           "find_adapter", "load_all", "point_name", "register_adapter", "run", "supported_families",
+           "why_unsupported"]

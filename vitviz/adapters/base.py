@@ -1,0 +1,261 @@
+"""The adapter protocol: one spelled-out forward per model family, with named activation points.
+
+Every family's forward is written out block by block from the module's own parameters and passes
+each intermediate through :class:`Hooks` under a name that is the same for every family (the
+vocabulary of TransformerLens, without its ``hook_`` prefix):
+
+====================  ==========================================================================
+point                 value
+====================  ==========================================================================
+``embed``             tokens entering block 1, position embedding added, prefix tokens in (B, N, D)
+``blocks.i.resid_pre``  tokens entering block i (0-based) (B, N, D)
+``blocks.i.ln1``      the attention's input after the block's first norm (B, N, D) (post-norm
+                      blocks: the block input)
+``blocks.i.q/k/v``    per head, as the dot product sees them (after q/k norm and rotary) (B, H, N, d)
+``blocks.i.scores``   q·kᵀ · scale + biases and masks, before the softmax (B, H, N, N)
+``blocks.i.attn``     the attention probabilities, float32, rows sum to 1 (B, H, N, N)
+``blocks.i.z``        the heads' context, probabilities @ v (B, H, N, d)
+``blocks.i.attn_out`` the attention branch after its output projection (B, N, D)
+``blocks.i.resid_mid``  tokens after the attention's residual add (B, N, D)
+``blocks.i.ln2``      the MLP's input after the block's second norm (B, N, D)
+``blocks.i.mlp_hidden``  the MLP's hidden units after the activation (B, N, D_mlp)
+``blocks.i.mlp_out``  the MLP branch's output (B, N, D)
+``blocks.i.resid_post`` tokens leaving block i (B, N, D)
+``final_norm``        the final norm's output (``forward_features``) (B, N, D)
+``pooled``            the vector the head reads (``pre_logits``) (B, D)
+``logits``            the classifier's output (B, C); absent without a head
+====================  ==========================================================================
+
+Window families (Swin) run the same names per block with their own shapes: ``attn`` and
+``scores`` are (B, nW, H, T, T), token points keep the family's (B, gh, gw, D) layout.
+
+Reading is ``keep=`` (names or ``fnmatch`` patterns such as ``"blocks.*.attn"``); changing is
+``edit=`` (name or pattern -> ``fn(value, point) -> value``). Neither mutates the model: two
+threads with different edits on one cached model never see each other's. How the forward treats
+norms, activations and the bilinear products of attention is a :class:`Rules` object, so relevance
+propagation can run the same forward with its modified gradients.
+"""
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+import torch
+
+from ..layout import TokenLayout
+
+MODEL_POINTS = ("embed", "final_norm", "pooled", "logits")
+BLOCK_POINTS = ("resid_pre", "ln1", "q", "k", "v", "scores", "attn", "z", "attn_out", "resid_mid", "ln2",
+                "mlp_hidden", "mlp_out", "resid_post")
+VIEWS = ("overview", "heads", "rollout", "flow", "distance", "filters", "position", "anatomy", "faithfulness",
+         "stats", "attribution", "registers")
+
+
+@dataclass(frozen=True)
+class Point:
+    """Where an edit is applied: ``name`` (e.g. ``"blocks.3.attn"``), ``layer`` (0-based block, None for
+    model-level points) and ``kind`` (the name without its block, e.g. ``"attn"``)."""
+
+    name: str
+    layer: int | None
+    kind: str
+
+
+def point_name(kind: str, layer: int | None = None) -> str:
+    """``point_name("attn", 3)`` -> ``"blocks.3.attn"``; model-level points are their kind."""
+    return kind if layer is None else f"blocks.{layer}.{kind}"
+
+
+def parse_point(name: str) -> Point:
+    if name.startswith("blocks."):
+        _, layer, kind = name.split(".", 2)
+        return Point(name, int(layer), kind)
+    return Point(name, None, name)
+
+
+class Rules:
+    """How the forward computes the steps a modified-gradient method changes. The default is the
+    model's own arithmetic; every method is the identity of the forward *value*.
+
+    Subclasses (AttnLRP, CP-LRP) change only gradients: the values they return must equal these.
+    """
+
+    def norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A LayerNorm / RMSNorm module applied to x."""
+        return module(x)
+
+    def act(self, fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """An element-wise activation (GELU, SiLU, ...) applied to x."""
+        return fn(x)
+
+    def bilinear(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two operands of a product of two activations (q·kᵀ, attention @ v, a gate)."""
+        return a, b
+
+    def softmax(self, scores: torch.Tensor) -> torch.Tensor:
+        """The attention softmax, float32 (so half-precision models still give rows that sum to 1)."""
+        return scores.softmax(dim=-1, dtype=torch.float32)
+
+
+PLAIN = Rules()
+
+
+class _Stop(Exception):
+    pass
+
+
+class Hooks:
+    """What one run reads and changes; the spelled-out forward calls ``hooks(name, value)`` at every point.
+
+    Args:
+        keep: names or fnmatch patterns of the points to return, or a predicate on the name.
+        edit: name or pattern -> ``fn(value, point) -> value``, applied before the value is kept.
+        stop_after: end the forward right after this point (the values kept so far are returned).
+        rules: how norms, activations, attention products and the softmax are computed.
+    """
+
+    def __init__(self, keep: Iterable[str] | Callable[[str], bool] = (),
+                 edit: Mapping[str, Callable] | None = None, stop_after: str | None = None, rules: Rules = PLAIN):
+        if callable(keep):
+            self._keep = keep
+        else:
+            names = tuple(keep)
+            exact = {n for n in names if not any(c in n for c in "*?[")}
+            patterns = [n for n in names if n not in exact]
+            self._keep = lambda name: name in exact or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+        edit = dict(edit or {})
+        self._edit_exact = {k: v for k, v in edit.items() if not any(c in k for c in "*?[")}
+        self._edit_patterns = [(k, v) for k, v in edit.items() if k not in self._edit_exact]
+        self.stop_after = stop_after
+        self.rules = rules
+        self.kept: dict[str, torch.Tensor] = {}
+        self._wanted: dict[str, bool] = {}
+
+    def wants(self, name: str) -> bool:
+        """Whether the value at ``name`` is read or changed: forwards skip work nobody asked for
+        (e.g. ``pooled`` and ``logits`` of a model whose caller keeps only attention)."""
+        if name not in self._wanted:
+            self._wanted[name] = (self._keep(name) or name in self._edit_exact
+                                  or any(fnmatch.fnmatchcase(name, p) for p, _ in self._edit_patterns))
+        return self._wanted[name]
+
+    def plain_blocks(self, depth: int) -> bool:
+        """Whether no point before ``final_norm`` is read or changed and the rules are the model's own:
+        a forward may then run the library's fused path, which computes the same function."""
+        return type(self.rules) is Rules and not self.wants("embed") and not any(
+            self.wants(point_name(p, i)) for i in range(depth) for p in BLOCK_POINTS)
+
+    def __call__(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        fn = self._edit_exact.get(name)
+        if fn is None and self._edit_patterns:
+            fn = next((f for p, f in self._edit_patterns if fnmatch.fnmatchcase(name, p)), None)
+        if fn is not None:
+            value = fn(value, parse_point(name))
+        if self._keep(name):
+            self.kept[name] = value
+        if name == self.stop_after:
+            raise _Stop
+        return value
+
+
+class Adapter:
+    """One model family: how it is run and read. Subclasses are registered with
+    :func:`vitviz.adapters.register_adapter` and claim built modules with :meth:`claims`.
+
+    Attributes:
+        name: registry key (``"timm-vit"``).
+        library: ``"timm"``, ``"transformers"``, ...
+        scope: ``"global"`` (every token attends to every token: attention (B, L, H, N, N)) or
+            ``"window"`` (attention inside local windows per block).
+        families: the families it reads, in words.
+    """
+
+    name: str = ""
+    library: str = ""
+    scope: str = "global"
+    families: str = ""  # the families it reads, in words (the "not supported yet" sentence names them)
+
+    # --- what it claims and how it is laid out -------------------------------------------------
+    def claims(self, model: torch.nn.Module) -> bool:
+        raise NotImplementedError
+
+    def why_unsupported(self, model: torch.nn.Module) -> str | None:
+        """Why a claimed model cannot be read exactly (a sentence fragment), or None."""
+        return None
+
+    def label(self, model: torch.nn.Module) -> str:
+        """What a reader of the papers calls the family."""
+        raise NotImplementedError
+
+    def num_layers(self, model: torch.nn.Module) -> int:
+        raise NotImplementedError
+
+    def num_heads(self, model: torch.nn.Module, layer: int = 0) -> int:
+        raise NotImplementedError
+
+    def layout(self, model: torch.nn.Module, input_hw: tuple[int, int] | None = None) -> TokenLayout:
+        raise NotImplementedError
+
+    def num_classes(self, model: torch.nn.Module) -> int:
+        return 0
+
+    def class_labels(self, model: torch.nn.Module) -> tuple[str, ...] | None:
+        return None
+
+    # --- the forward ---------------------------------------------------------------------------
+    def forward(self, model: torch.nn.Module, x: torch.Tensor, hooks: Hooks) -> None:
+        """The model's forward, spelled out, calling ``hooks`` at every named point."""
+        raise NotImplementedError
+
+    # --- what the views read -------------------------------------------------------------------
+    def why_not(self, model: torch.nn.Module, view: str) -> str | None:
+        """One sentence saying why ``view`` (one of :data:`VIEWS`) does not apply to this model, or None."""
+        return None
+
+    def position_encoding(self, model: torch.nn.Module) -> str:
+        return "none"
+
+    def position_table(self, model: torch.nn.Module):
+        """The learned absolute position table as stored, (1, rows, D), or None."""
+        return None
+
+    def native_pos_embed(self, model: torch.nn.Module, layout: TokenLayout):
+        """The position table as the model runs it (:class:`vitviz.types.NativePosEmbed`), or None."""
+        from ..types import NativePosEmbed
+
+        table = self.position_table(model)
+        return None if table is None else NativePosEmbed.from_weights(table, layout.pos_embed_prefix_rows,
+                                                                       layout.grid_size)
+
+    def patch_filters(self, model: torch.nn.Module) -> torch.Tensor:
+        """The linear RGB patch-embedding filters (D, 3, P, P)."""
+        raise ValueError(f"{type(model).__name__} has no linear RGB patch filters.")
+
+    def attention_steps(self, model: torch.nn.Module, layer: int) -> list[str]:
+        """The layer's steps from its input to the scores, in words (the anatomy page)."""
+        return []
+
+    def layer_qkv(self, model: torch.nn.Module, x: torch.Tensor, layer: int):
+        """q, k, v (each (B, H, N, d)) of layer ``layer`` (0-based) as the dot product sees them, the scale,
+        the layer's steps in words and the bias added to the scaled scores ((1, H, N, N) or None):
+        softmax(q kᵀ · scale + bias) is the ``attn`` point. Returns (q, k, v, scale, steps, bias)."""
+        raise NotImplementedError
+
+    def pooled_text(self, model: torch.nn.Module) -> str:
+        """What ``pooled`` is, in words."""
+        return "the pooled vector the head reads"
+
+    def card(self, model: torch.nn.Module) -> dict:
+        return {}
+
+
+def run(adapter: Adapter, model: torch.nn.Module, x: torch.Tensor, keep=(), edit=None, stop_after=None,
+        rules: Rules = PLAIN) -> dict[str, torch.Tensor]:
+    """Run ``adapter``'s forward of ``model`` on ``x`` (B, 3, H, W): the kept points by name."""
+    hooks = Hooks(keep, edit, stop_after, rules)
+    try:
+        adapter.forward(model, x, hooks)
+    except _Stop:
+        pass
+    return hooks.kept

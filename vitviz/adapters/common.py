@@ -1,0 +1,63 @@
+"""Pieces of the spelled-out forward that every family writes the same way: scaled dot-product
+attention and the usual MLPs, each calling the named points of :mod:`vitviz.adapters.base`."""
+from __future__ import annotations
+
+import torch
+
+from .base import Hooks, point_name
+
+
+def attention(hooks: Hooks, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q kᵀ · scale + bias) @ v with the points ``q``, ``k``, ``v``, ``scores``, ``attn``, ``z``.
+
+    q, k, v: (B, H, N, d) (key/value heads already repeated for grouped-query attention);
+    bias: broadcastable to (B, H, N, N), added to the scaled scores (position bias, masks) or None.
+    Returns the heads' context concatenated, (B, N, H * d), in v's dtype.
+    """
+    B, H, N, _ = q.shape
+    q, k, v = hooks(point_name("q", layer), q), hooks(point_name("k", layer), k), hooks(point_name("v", layer), v)
+    qs, kt = hooks.rules.bilinear(q * scale, k.transpose(-2, -1))
+    scores = qs @ kt
+    if bias is not None:
+        scores = scores + bias
+    scores = hooks(point_name("scores", layer), scores)
+    probs = hooks(point_name("attn", layer), hooks.rules.softmax(scores))
+    a, vv = hooks.rules.bilinear(probs.to(v.dtype), v)
+    z = hooks(point_name("z", layer), a @ vv)
+    return z.transpose(1, 2).reshape(B, N, -1)
+
+
+def _timm_mlp(hooks: Hooks, layer: int, mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """timm ``Mlp``, ``GluMlp`` (``SwiGLUPacked``) and ``SwiGLU`` spelled out; None for another class."""
+    from timm.layers import GluMlp, Mlp, SwiGLU
+
+    rules = hooks.rules
+    if type(mlp) is Mlp:
+        h = rules.act(mlp.act, mlp.fc1(x))
+    elif type(mlp) is GluMlp:
+        x1, x2 = mlp.fc1(x).chunk(2, dim=mlp.chunk_dim)
+        a, b = (x1, rules.act(mlp.act, x2)) if mlp.gate_last else (rules.act(mlp.act, x1), x2)
+        a, b = rules.bilinear(a, b)
+        h = a * b
+    elif type(mlp) is SwiGLU:
+        a, b = rules.bilinear(rules.act(mlp.act, mlp.fc1_g(x)), mlp.fc1_x(x))
+        h = a * b
+    else:
+        return None
+    h = hooks(point_name("mlp_hidden", layer), h)
+    norm = mlp.norm
+    h = h if isinstance(norm, torch.nn.Identity) else rules.norm(norm, h)
+    return mlp.fc2(h)
+
+
+def mlp(hooks: Hooks, layer: int, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A block's MLP with the point ``mlp_hidden`` (after the activation) where its class is spelled out
+    here; another class runs as its own module (and has no ``mlp_hidden`` point)."""
+    out = _timm_mlp(hooks, layer, module, x)
+    return module(x) if out is None else out
+
+
+def norm(hooks: Hooks, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A norm module through the run's rules (an Identity stays the identity)."""
+    return x if isinstance(module, torch.nn.Identity) else hooks.rules.norm(module, x)

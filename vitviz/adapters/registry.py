@@ -1,0 +1,69 @@
+"""The one registry of model families (the shape of timm's ``register_model``).
+
+An adapter module registers its class with ``@register_adapter``; :func:`adapter_for` finds the
+adapter that claims a built model. Nothing outside ``vitviz/adapters`` asks what family a model is.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .base import Adapter
+
+ADAPTERS: dict[str, Adapter] = {}
+_BY_TYPE: dict[type, Adapter] = {}
+_LOCK = threading.Lock()
+
+
+def register_adapter(cls: type[Adapter]) -> type[Adapter]:
+    """Class decorator: register one instance of ``cls`` under ``cls.name`` (registration order is
+    the order adapters are asked to claim a model)."""
+    if not cls.name or cls.name in ADAPTERS:
+        raise ValueError(f"adapter name {cls.name!r} is empty or registered twice")
+    ADAPTERS[cls.name] = cls()
+    return cls
+
+
+def find_adapter(model: torch.nn.Module) -> Adapter | None:
+    """The adapter that claims ``model``, or None."""
+    from . import load_all
+
+    load_all()
+    found = _BY_TYPE.get(type(model))
+    if found is not None and found.claims(model):
+        return found
+    found = next((a for a in ADAPTERS.values() if a.claims(model)), None)
+    if found is not None:
+        with _LOCK:
+            _BY_TYPE[type(model)] = found
+    return found
+
+
+def adapter_for(model: torch.nn.Module) -> Adapter:
+    """The adapter that claims ``model``.
+
+    Raises:
+        ValueError: no registered adapter claims it (a programming error: loaders refuse such models
+            with :func:`why_unsupported` first).
+    """
+    found = find_adapter(model)
+    if found is None:
+        raise ValueError(f"no vitviz adapter reads a {type(model).__name__}")
+    return found
+
+
+def why_unsupported(model: torch.nn.Module) -> str | None:
+    """Why no adapter reads this model exactly (a sentence fragment), or None when one does."""
+    found = find_adapter(model)
+    if found is None:
+        return f"it is a {type(model).__name__}, which no vitviz adapter reads"
+    return found.why_unsupported(model)
+
+
+def supported_families() -> str:
+    """The families the adapters read, in words (the "not supported yet" sentence names them)."""
+    from . import load_all
+
+    load_all()
+    return "; ".join(a.families for a in ADAPTERS.values() if a.families)

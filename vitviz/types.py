@@ -1,0 +1,109 @@
+"""Shared types that know no model family: what a forward saw and what a model reads.
+
+Family modules (:mod:`vitviz.adapters`) and analyses both import these; this module imports
+nothing of vitviz but the token layout, so no import circle runs through it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from .layout import TokenLayout
+
+
+@dataclass
+class Capture:
+    """What one forward pass saw.
+
+    Attributes:
+        attention: (B, L, H, N, N) float32 on the model's device (a GPU's attention stays there:
+            the analyses read it in place; move it to the host only to keep it); rows (last axis) sum to 1.
+        features: (B, N, D) float32 on the CPU, the final-norm token features (``forward_features``).
+        logits: (B, C) float32 on the CPU, or None when the model has no classifier head.
+        token_norms: (B, L, N) float32 on the model's device, the L2 norm of every token's output
+            after each block (before the final norm).
+        layout: the token layout of the sequence of length N.
+    """
+
+    attention: torch.Tensor
+    features: torch.Tensor
+    logits: torch.Tensor | None
+    token_norms: torch.Tensor
+    layout: TokenLayout
+
+
+@dataclass
+class ModelInput:
+    """A batch ready for the model.
+
+    Attributes:
+        tensor: (B, 3, H, W) float32, normalised with the model's mean/std.
+        images: the exact model-input images (after resize and crop), RGB, H x W: overlays go on these.
+    """
+
+    tensor: torch.Tensor
+    images: list[Image.Image]
+
+
+def to_model_input(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """The batch on the model's device and in its dtype."""
+    param = next(model.parameters())
+    return images.to(device=param.device, dtype=param.dtype)
+
+
+@dataclass(frozen=True)
+class NativePosEmbed:
+    """The position embedding as the weights store it, and how the loader fits it to other grids.
+
+    A model run at another resolution gets its grid by resampling these native rows, never the
+    already-resampled ones: resampling twice (37x37 -> 16x16 -> 24x24) is not what a fine-tune
+    at 24x24 would start from.
+
+    Args:
+        pos_embed: (1, prefix_rows + gh * gw, D) float32 on the CPU, as stored in the weights.
+        grid_size: (gh, gw) of the stored grid.
+        prefix_rows: rows before the grid (CLS etc.; 0 for ``no_embed_class`` models).
+        interpolation: ``F.interpolate`` mode the loader uses (``"bicubic"``, ``"bilinear"``).
+        antialias: whether the loader resamples with antialiasing.
+    """
+
+    pos_embed: torch.Tensor
+    grid_size: tuple[int, int]
+    prefix_rows: int
+    interpolation: str = "bicubic"
+    antialias: bool = True
+
+    @classmethod
+    def from_weights(cls, pos_embed: torch.Tensor, prefix_rows: int, grid_size: tuple[int, int] | None = None,
+                     interpolation: str = "bicubic", antialias: bool = True) -> NativePosEmbed | None:
+        """Keep ``pos_embed`` (1, N, D) as the native grid; None when its grid cannot be told.
+
+        Without ``grid_size`` the grid is taken square, as timm assumes for checkpoints.
+        """
+        if not isinstance(pos_embed, torch.Tensor) or pos_embed.ndim != 3:
+            return None
+        if grid_size is None:
+            side = math.isqrt(pos_embed.shape[1] - prefix_rows)
+            if side * side != pos_embed.shape[1] - prefix_rows:
+                return None
+            grid_size = (side, side)
+        return cls(pos_embed.detach().to("cpu", torch.float32).clone(), tuple(int(g) for g in grid_size),
+                   prefix_rows, interpolation, antialias)
+
+    def to_dict(self) -> dict:
+        return {"native_grid": list(self.grid_size), "interpolation": self.interpolation,
+                "antialias": self.antialias, "align_corners": False}
+
+    def grid_rows(self, grid_size: tuple[int, int]) -> torch.Tensor:
+        """The grid rows fitted to ``grid_size`` as the loader fits them: (gh * gw, D)."""
+        from timm.layers import resample_abs_pos_embed
+
+        grid = self.pos_embed[:, self.prefix_rows:]
+        if tuple(grid_size) != self.grid_size:
+            grid = resample_abs_pos_embed(grid, new_size=list(grid_size), old_size=list(self.grid_size),
+                                          num_prefix_tokens=0, interpolation=self.interpolation,
+                                          antialias=self.antialias)
+        return grid[0]
