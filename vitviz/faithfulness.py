@@ -120,12 +120,12 @@ class ClassProbability(Score):
 
 def model_logits(model, x: torch.Tensor) -> torch.Tensor:
     """The classifier's logits of the model's forward (its adapter's): (B, 3, H, W) -> (B, C)."""
-    return run(model, x, keep=("logits",))["logits"]
+    return run(model, x, keep=("logits",), fast=True)["logits"]
 
 
 def pre_logits(model, x: torch.Tensor) -> torch.Tensor:
     """The pooled vector the head reads (the adapter's ``pooled`` point): (B, 3, H, W) -> (B, D)."""
-    return run(model, x, keep=("pooled",))["pooled"]
+    return run(model, x, keep=("pooled",), fast=True)["pooled"]
 
 
 def pre_logits_text(model) -> str:

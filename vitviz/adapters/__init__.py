@@ -26,7 +26,7 @@ def load_all() -> None:
         _loaded = True
 
 
-def run(model, x, keep=(), edit=None, stop_after=None, rules: Rules | None = None) -> dict:
+def run(model, x, keep=(), edit=None, stop_after=None, rules: Rules | None = None, fast: bool = False) -> dict:
     """Run ``model``'s spelled-out forward on ``x`` (B, 3, H, W) in its family's adapter: the kept points.
 
     Args:
@@ -34,10 +34,12 @@ def run(model, x, keep=(), edit=None, stop_after=None, rules: Rules | None = Non
         edit: point name or pattern -> ``fn(value, point) -> value``; never mutates the model.
         stop_after: end the forward after this point.
         rules: how norms, activations and attention products are computed (default: the model's own).
+        fast: where nothing inside the blocks is read or changed, allow the library's fused forward (the same
+            function to rounding, not bit for bit): for scoring many inputs.
     """
     from .base import PLAIN, run as run_adapter
 
-    return run_adapter(adapter_for(model), model, x, keep, edit, stop_after, rules or PLAIN)
+    return run_adapter(adapter_for(model), model, x, keep, edit, stop_after, rules or PLAIN, fast)
 
 
 __all__ = ["ADAPTERS", "Adapter", "BLOCK_POINTS", "Hooks", "MODEL_POINTS", "Point", "Rules", "VIEWS", "adapter_for",

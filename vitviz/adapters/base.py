@@ -113,10 +113,14 @@ class Hooks:
         edit: name or pattern -> ``fn(value, point) -> value``, applied before the value is kept.
         stop_after: end the forward right after this point (the values kept so far are returned).
         rules: how norms, activations, attention products and the softmax are computed.
+        fast: allow the library's fused forward where nothing inside the blocks is read or changed (the same
+            function, equal to rounding but not bit for bit: for scoring many perturbed inputs).
     """
 
     def __init__(self, keep: Iterable[str] | Callable[[str], bool] = (),
-                 edit: Mapping[str, Callable] | None = None, stop_after: str | None = None, rules: Rules = PLAIN):
+                 edit: Mapping[str, Callable] | None = None, stop_after: str | None = None, rules: Rules = PLAIN,
+                 fast: bool = False):
+        self.fast = fast
         if callable(keep):
             self._keep = keep
         else:
@@ -141,9 +145,9 @@ class Hooks:
         return self._wanted[name]
 
     def plain_blocks(self, depth: int) -> bool:
-        """Whether no point before ``final_norm`` is read or changed and the rules are the model's own:
-        a forward may then run the library's fused path, which computes the same function."""
-        return type(self.rules) is Rules and not self.wants("embed") and not any(
+        """Whether the run allows the fast path, no point before ``final_norm`` is read or changed and the
+        rules are the model's own: a forward may then run the library's fused path (the same function)."""
+        return self.fast and type(self.rules) is Rules and not self.wants("embed") and not any(
             self.wants(point_name(p, i)) for i in range(depth) for p in BLOCK_POINTS)
 
     def __call__(self, name: str, value: torch.Tensor) -> torch.Tensor:
@@ -251,9 +255,9 @@ class Adapter:
 
 
 def run(adapter: Adapter, model: torch.nn.Module, x: torch.Tensor, keep=(), edit=None, stop_after=None,
-        rules: Rules = PLAIN) -> dict[str, torch.Tensor]:
+        rules: Rules = PLAIN, fast: bool = False) -> dict[str, torch.Tensor]:
     """Run ``adapter``'s forward of ``model`` on ``x`` (B, 3, H, W): the kept points by name."""
-    hooks = Hooks(keep, edit, stop_after, rules)
+    hooks = Hooks(keep, edit, stop_after, rules, fast)
     try:
         adapter.forward(model, x, hooks)
     except _Stop:
