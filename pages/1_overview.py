@@ -9,7 +9,7 @@ from ui.charts import file_stem, show_chart
 from ui.display import Display, map_figure
 from ui.downloads import download_row
 from ui.explain import BLOCK, CLUSTER_SOURCES, FINAL, KEYS, cached_clusters
-from ui.state import global_attention_only, setup
+from ui.state import view_applies, setup
 from vitviz.clusters import K_RANGE
 from vitviz.explain_figures import cluster_figure
 from vitviz.figures import bars, patch_grid_image, rgb_image
@@ -41,10 +41,7 @@ with right:
         show_chart(bars([p for _, _, p in top], "Top-5 classes", "", "probability",
                         labels=[f"{label} ({i})" for i, label, _ in top]), "top5", file_stem("top5", ctx.image.name))
 
-global_attention_only(ctx, "Token norms, attention sinks, feature PCA and token clusters are not supported yet for "
-                           "window attention (Swin): they read one token sequence at one resolution, and Swin's "
-                           "tokens are merged into coarser grids stage by stage. The heads and attention-distance "
-                           "pages show its window attention.")
+view_applies(ctx, "overview")
 st.subheader("Tokens that distort maps: high norms and attention sinks")
 layer = st.slider("Layer", 1, len(r.token_norms), len(r.token_norms), key="norm_layer") - 1
 norms = layout.to_grid(r.token_norms[layer][layout.patch_slice])[None]

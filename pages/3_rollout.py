@@ -6,7 +6,7 @@ from ui.cache import cached_gradient_rollout, cached_rollout
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
-from ui.state import global_attention_only, setup
+from ui.state import view_applies, setup
 from ui.progress import cached, with_progress
 from vitviz.analysis import AnalysisSettings, excluded_tokens
 from vitviz.flow import FLOW_DEFINITION, attention_flow
@@ -21,11 +21,7 @@ ctx = setup()
 if ctx is None:
     st.stop()
 st.header(f"Attention rollout · {ctx.image.name}")
-global_attention_only(ctx, "Rollout and attention flow do not apply to window attention (Swin): they chain one (N, N) "
-                           "attention matrix per layer and read the CLS token's row, but Swin has no CLS token and each "
-                           "block attends only inside local windows that shift between blocks and merge between "
-                           "stages, so there is no whole-image matrix to chain. The heads page shows each window's "
-                           "attention and the distance page how far each head looks.")
+view_applies(ctx, "rollout")
 r, layout = ctx.result, ctx.result.layout
 L = r.attention.shape[0]
 READOUT, CLICKED = ("CLS" if layout.has_class_token else "mean over patch rows"), "clicked patch"

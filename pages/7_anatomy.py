@@ -6,7 +6,7 @@ from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
 from ui.explain import cached_layer_qkv
-from ui.state import global_attention_only, setup
+from ui.state import view_applies, setup
 from vitviz.anatomy import attention_anatomy
 from vitviz.explain_figures import (contributions_figure, score_map_figure, softmax_figure, sorted_scores_figure,
                                     vector_figure)
@@ -17,10 +17,7 @@ ctx = setup()
 if ctx is None:
     st.stop()
 st.header(f"Attention anatomy · {ctx.image.name}")
-global_attention_only(ctx, "The attention anatomy is not supported yet for window attention (Swin): its steps would "
-                           "also need the window partition, the relative position bias and the shift mask. The heads "
-                           "page shows each head's window attention exactly as the model computes it, bias and mask "
-                           "included.")
+view_applies(ctx, "anatomy")
 r, layout = ctx.result, ctx.result.layout
 L, H = r.attention.shape[:2]
 st.caption("One row of one attention head, computed step by step as the articles write it — "

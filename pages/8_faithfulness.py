@@ -12,7 +12,7 @@ from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
 from ui.progress import cached, with_progress
-from ui.state import global_attention_only, setup
+from ui.state import view_applies, setup
 from vitviz.analysis import AnalysisSettings
 from vitviz.faithfulness import (PROTOCOL, attention_maps, default_fractions, perturbation_curves, perturbed_at,
                                  to_rgb)
@@ -26,9 +26,7 @@ ctx = setup()
 if ctx is None:
     st.stop()
 st.header(f"Faithfulness · {ctx.image.name}")
-global_attention_only(ctx, "Faithfulness is not supported yet for window attention (Swin): the maps it scores (the "
-                           "last layer's readout attention, rollout, attention flow, gradient rollout) are defined on "
-                           "attention over the whole image, and Swin's blocks attend only inside local windows.")
+view_applies(ctx, "faithfulness")
 r, layout, loaded = ctx.result, ctx.result.layout, ctx.loaded
 L, H = r.attention.shape[:2]
 score_text = ("softmax probability of the target class" if loaded.has_head else

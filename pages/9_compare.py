@@ -63,10 +63,8 @@ if not operator_settings().shared:
             problems.append(str(exc))
 
 runs: dict = st.session_state.setdefault("compare_runs", {})  # this session's in-app runs, by model label
-if ctx is not None and ctx.loaded.attention_scope == "window":
-    local.info("The per-head statistics are defined on attention over the whole image (layers x heads of one token "
-               "sequence); the current model attends within windows (Swin): its distances per block are on the "
-               "Attention distance page.")
+if ctx is not None and ctx.loaded.why_not("stats"):
+    local.info(ctx.loaded.why_not("stats"))
 elif ctx is not None:
     label = ctx.loaded.label + (f" at {ctx.spec.img_size} px" if ctx.spec.img_size else "")
     if local.button(f"Add this session's {len(ctx.images)} image{'s' if len(ctx.images) != 1 else ''} with "

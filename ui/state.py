@@ -387,13 +387,13 @@ def setup() -> Context | None:
     return Context(spec=spec, loaded=loaded, image=current, images=images, framing=framing, result=result)
 
 
-def global_attention_only(ctx: Context, why: str) -> None:
-    """Stop the page with one sentence (``why``) when the model attends within local windows (Swin),
-    which the page's view needs attention over the whole token sequence for."""
-    if ctx.loaded.attention_scope == "global":
-        return
-    st.info(why)
-    st.stop()
+def view_applies(ctx: Context, view: str) -> None:
+    """Stop the page with the model's one sentence when ``view`` (:data:`vitviz.adapters.VIEWS`) does not
+    apply to it (its adapter's ``why_not``): every page says it the same way."""
+    why = ctx.loaded.why_not(view)
+    if why:
+        st.info(why)
+        st.stop()
 
 
 def _cache_caption() -> None:

@@ -61,28 +61,36 @@ class LoadedModel:
     dtype: torch.dtype
     notes: list[str] = field(default_factory=list)
     native_pos_embed: NativePosEmbed | None = None  # the stored grid, before fitting to img_size
-    library: str = "timm"
-    hf_family: object = None  # vitviz.hf.Family for transformers models
-    # "global": every token attends to every token, attention is (L, H, N, N) (vitviz.capture);
-    # "window": attention inside local windows per block (Swin, vitviz.swin). Pages ask this, not the family.
-    attention_scope: str = "global"
+
+    @property
+    def adapter(self):
+        """The family adapter that runs and reads this model (:mod:`vitviz.adapters`)."""
+        from .adapters import adapter_for
+
+        return adapter_for(self.model)
+
+    @property
+    def library(self) -> str:
+        return self.adapter.library
+
+    @property
+    def attention_scope(self) -> str:
+        """``"global"``: every token attends to every token, attention is (L, H, N, N) (vitviz.capture);
+        ``"window"``: attention inside local windows per block (Swin). Pages ask :meth:`why_not`, not the family."""
+        return self.adapter.scope
+
+    def why_not(self, view: str) -> str | None:
+        """One sentence saying why ``view`` (:data:`vitviz.adapters.VIEWS`) does not apply to this model, or None."""
+        return self.adapter.why_not(self.model, view)
 
     @property
     def num_classes(self) -> int:
-        if self.library == "transformers":
-            from . import hf
-
-            return hf.num_classes(self.model)
-        return int(getattr(self.model, "num_classes", 0))
+        return self.adapter.num_classes(self.model)
 
     @property
     def class_labels(self) -> tuple[str, ...] | None:
         """The model's own class names (transformers ``config.id2label``); None: by count (ImageNet) or none."""
-        if self.library == "transformers":
-            from . import hf
-
-            return hf.class_labels(self.model)
-        return None
+        return self.adapter.class_labels(self.model)
 
     @property
     def has_head(self) -> bool:
@@ -92,9 +100,7 @@ class LoadedModel:
     def position_encoding(self) -> str:
         """How the model encodes position, in words (e.g. "learned absolute position embedding + rotary
         position embedding (RoPE) on q and k")."""
-        from .posembed import position_encoding
-
-        return position_encoding(self.model)
+        return self.adapter.position_encoding(self.model)
 
     def card(self) -> dict:
         """Facts about the model for a model card or settings.json."""
@@ -105,15 +111,7 @@ class LoadedModel:
                   "data_config": dict(self.data_config), "token_layout": self.layout.to_dict(),
                   "position_encoding": self.position_encoding,
                   "spec": asdict(self.spec)}
-        if self.library == "transformers":
-            from . import hf
-
-            return common | hf.card(m, self.hf_family, self.weights_source)
-        if self.attention_scope == "window":
-            return common | swin.card(m)
-        from .adapters import adapter_for
-
-        return common | adapter_for(m).card(m)
+        return common | self.adapter.card(m)
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -169,12 +167,12 @@ def _finish(model, spec: ModelSpec, weights_source: str, label: str, notes: list
     dtype = _resolve_dtype(spec.dtype, device)
     check_supported(model, spec.name)
     model = model.eval().requires_grad_(False).to(device=device, dtype=dtype)
-    windowed = swin.is_swin(model)
-    layout = swin.input_layout(model) if windowed else TokenLayout.from_model(model)
+    from .adapters import adapter_for
+
+    layout = adapter_for(model).layout(model)
     return LoadedModel(model=model, spec=spec, layout=layout,
                        data_config=_data_config(model), weights_source=weights_source,
-                       label=label, device=device, dtype=dtype, notes=notes, native_pos_embed=native_pos_embed,
-                       attention_scope="window" if windowed else "global")
+                       label=label, device=device, dtype=dtype, notes=notes, native_pos_embed=native_pos_embed)
 
 
 def _timm_native_pos_embed(model, pos_embed, name: str = "") -> NativePosEmbed | None:
@@ -495,6 +493,5 @@ def _load_hf(spec: ModelSpec) -> LoadedModel:
     label = f"{family.label} ({type(model).__name__}) from {spec.name.removeprefix(hf.PREFIX)}"
     return LoadedModel(model=model, spec=spec, layout=layout, data_config=config,
                        weights_source=f"transformers from_pretrained({source!r})", label=label, device=device,
-                       dtype=dtype, notes=notes, native_pos_embed=hf.native_pos_embed(model, layout),
-                       library=hf.LIBRARY, hf_family=family)
+                       dtype=dtype, notes=notes, native_pos_embed=hf.native_pos_embed(model, layout))
 

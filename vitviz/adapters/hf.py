@@ -83,3 +83,7 @@ class HuggingFace(Adapter):
 
     def pooled_text(self, model) -> str:
         return hf.pre_logits_text(model)
+
+    def card(self, model) -> dict:
+        source = getattr(model, "name_or_path", "") or ""
+        return hf.card(model, hf.family_of(model), source)

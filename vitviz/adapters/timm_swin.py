@@ -13,9 +13,28 @@ from ..layout import TokenLayout
 from .base import Adapter, Hooks, point_name
 from .registry import register_adapter
 
-_GLOBAL_ONLY = ("{view} needs attention over the whole image: a Swin Transformer attends only within local "
-                "windows (shifted every second block), with no CLS token, so it does not apply; the heads and "
-                "distance pages show the window attention instead.")
+# What each view that needs attention over the whole token sequence says for a window model.
+WHY_NOT = {
+    "overview": ("Token norms, attention sinks, feature PCA and token clusters are not supported yet for window "
+                 "attention (Swin): they read one token sequence at one resolution, and Swin's tokens are merged "
+                 "into coarser grids stage by stage. The heads and attention-distance pages show its window "
+                 "attention."),
+    "rollout": ("Rollout and attention flow do not apply to window attention (Swin): they chain one (N, N) attention "
+                "matrix per layer and read the CLS token's row, but Swin has no CLS token and each block attends only "
+                "inside local windows that shift between blocks and merge between stages, so there is no whole-image "
+                "matrix to chain. The heads page shows each window's attention and the distance page how far each "
+                "head looks."),
+    "anatomy": ("The attention anatomy is not supported yet for window attention (Swin): its steps would also need "
+                "the window partition, the relative position bias and the shift mask. The heads page shows each "
+                "head's window attention exactly as the model computes it, bias and mask included."),
+    "faithfulness": ("Faithfulness is not supported yet for window attention (Swin): the maps it scores (the last "
+                     "layer's readout attention, rollout, attention flow, gradient rollout) are defined on attention "
+                     "over the whole image, and Swin's blocks attend only inside local windows."),
+    "stats": ("The per-head statistics are defined on attention over the whole image (layers x heads of one token "
+              "sequence); the current model attends within windows (Swin): its distances per block are on the "
+              "Attention distance page."),
+}
+WHY_NOT["flow"] = WHY_NOT["rollout"]
 
 
 @register_adapter
@@ -53,6 +72,9 @@ class TimmSwin(Adapter):
         if self.num_classes(model) and (hooks.wants("logits") or hooks.wants("pooled")):
             hooks("pooled", model.forward_head(features, pre_logits=True))
             hooks("logits", model.forward_head(features))
+
+    def why_not(self, model, view: str) -> str | None:
+        return WHY_NOT.get(view)
 
     def position_encoding(self, model) -> str:
         return swin.POSITION_ENCODING
