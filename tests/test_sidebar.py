@@ -211,12 +211,12 @@ def test_choosing_timm_by_name_loads_nothing_until_a_model_is_picked():
 def test_offline_model_not_in_cache_fails_fast_with_the_way_out(monkeypatch, hf_offline):
     from huggingface_hub import constants
 
-    from vitviz import models
+    from vitviz import hub
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", hf_offline)
     if not hf_offline:
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(models, "_probe", {})  # probe afresh, not the answer of an earlier test
+    monkeypatch.setattr(hub, "_probe", {})  # probe afresh, not the answer of an earlier test
     name = "vit_base_patch16_224.augreg2_in21k_ft_in1k"
     start = time.monotonic()
     with pytest.raises(ModelError) as err:
@@ -234,18 +234,18 @@ def test_hub_probe_is_bounded_when_name_lookup_hangs(monkeypatch):
     """socket.create_connection's timeout does not bound DNS; the probe must not wait for it."""
     from huggingface_hub import constants
 
-    from vitviz import models
+    from vitviz import hub
 
     def hang(*args, **kwargs):
         time.sleep(10)
         raise OSError("gave up")
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(models, "_probe", {})
-    monkeypatch.setattr(models.socket, "create_connection", hang)
+    monkeypatch.setattr(hub, "_probe", {})
+    monkeypatch.setattr(hub.socket, "create_connection", hang)
     start = time.monotonic()
-    assert models._hub_reachable(timeout=1.0) is False
+    assert hub._hub_reachable(timeout=1.0) is False
     assert time.monotonic() - start < 1.5
     start = time.monotonic()
-    assert models._hub_reachable(timeout=1.0) is False  # remembered, not probed again
+    assert hub._hub_reachable(timeout=1.0) is False  # remembered, not probed again
     assert time.monotonic() - start < 0.1

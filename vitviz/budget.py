@@ -7,50 +7,16 @@ One image's attention is an (L, H, N, N) float32 tensor: at 1036 px the bundled 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 
 from .errors import ModelError
 from .layout import patch_stride
 from .settings import megabytes
+from .types import Architecture, WindowArchitecture
 
-FLOAT32_BYTES = 4  # capture stores attention as float32 whatever the model's precision
+__all__ = ["Architecture", "WindowArchitecture", "admit", "architecture", "check_resolution"]
 
-
-@dataclass(frozen=True)
-class Architecture:
-    """What fixes the attention's size: depth, heads, patch size, prefix tokens, the model's own input size."""
-
-    depth: int
-    heads: int
-    patch: tuple[int, int]
-    prefix_tokens: int
-    default_size: int
-
-    def tokens(self, img_size: int) -> int:
-        """N for a square input of ``img_size`` pixels (timm's grid: size // patch per side)."""
-        return (img_size // self.patch[0]) * (img_size // self.patch[1]) + self.prefix_tokens
-
-    def attention_bytes(self, img_size: int) -> int:
-        """Bytes of one image's attention, L * H * N * N float32."""
-        n = self.tokens(img_size)
-        return self.depth * self.heads * n * n * FLOAT32_BYTES
-
-    def composition(self, img_size: int) -> str:
-        """What the bytes are made of, for the refusal sentence."""
-        n = self.tokens(img_size)
-        return f"{self.depth} layers x {self.heads} heads x {n}x{n} tokens x 4 bytes"
-
-    def largest_size(self, limit_bytes: int, step: int | None = None) -> int | None:
-        """The largest multiple of ``step`` (default the patch height) whose attention fits ``limit_bytes``."""
-        step = step or self.patch[0]
-        size = step
-        if self.attention_bytes(size) > limit_bytes:
-            return None
-        while self.attention_bytes(size + step) <= limit_bytes:
-            size += step
-        return size
 
 
 def architecture(name: str) -> Architecture | None:
@@ -91,29 +57,6 @@ def _timm_architecture(name: str) -> Architecture | None:
     default = bundled.ONNX_INPUT_SIZE if name == "bundled" else int(patch_embed.img_size[0])
     return Architecture(depth=len(blocks), heads=int(attn.num_heads), patch=patch_stride(patch_embed),
                         prefix_tokens=int(getattr(model, "num_prefix_tokens", 1)), default_size=default)
-
-
-@dataclass(frozen=True)
-class WindowArchitecture(Architecture):
-    """A Swin model: attention only inside windows, (nW, H, T, T) per block (see :mod:`vitviz.swin`).
-
-    stages: (blocks, heads, window side) per stage; ``depth`` and ``heads`` are the totals.
-    """
-
-    stages: tuple[tuple[int, int, int], ...] = ()
-
-    def attention_bytes(self, img_size: int) -> int:
-        """Bytes of one image's window attention: per block (grid padded to whole windows)² x H x T float32."""
-        total, grid = 0, img_size // self.patch[0]
-        for s, (blocks, heads, window) in enumerate(self.stages):
-            grid = grid if s == 0 else (grid + 1) // 2  # patch merging halves the grid, rounding up
-            side = min(window, grid)  # timm shrinks a window larger than its stage's grid
-            padded = -(-grid // side) * side
-            total += blocks * padded * padded * heads * side * side * FLOAT32_BYTES
-        return total
-
-    def composition(self, img_size: int) -> str:
-        return f"{self.depth} blocks of window attention in {len(self.stages)} stages, 4 bytes a weight"
 
 
 def _hf_architecture(name: str) -> Architecture | None:

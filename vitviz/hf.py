@@ -201,7 +201,7 @@ def _resolve(name: str) -> tuple[str, bool]:
             raise ModelError("Hugging Face model 'hf:' names no hub id (e.g. hf:google/vit-base-patch16-224).")
         from huggingface_hub import try_to_load_from_cache
 
-        from .models import _hub_reachable
+        from .hub import _hub_reachable
 
         cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
         if not cached and not _hub_reachable():
@@ -246,7 +246,7 @@ def load(name: str, device: torch.device, dtype: torch.dtype):
     source, hub = _resolve(name)
     local_only = not hub
     if hub:
-        from .models import _hub_reachable
+        from .hub import _hub_reachable
 
         local_only = not _hub_reachable()
     try:
@@ -479,7 +479,7 @@ def capture(model, images: torch.Tensor):
     ``features`` are the model's own final tokens (:func:`_final_features`; CLIP's
     ``last_hidden_state`` comes before its ``post_layernorm``, as transformers returns it).
     """
-    from .capture import Capture, to_model_input
+    from .types import Capture, to_model_input
 
     x = to_model_input(model, images)
     out = _forward(model, x)

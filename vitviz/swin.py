@@ -258,7 +258,7 @@ def capture(model, images: torch.Tensor) -> WindowCapture:
 
     images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
     """
-    from .capture import to_model_input
+    from .types import to_model_input
 
     x = to_model_input(model, images)
     attention, geometry, h = [], [], None
@@ -337,7 +337,7 @@ def architecture(model):
     The window of each stage is the one the model was built with (timm keeps it at other input sizes
     and shrinks it only where a stage's grid is smaller).
     """
-    from .budget import WindowArchitecture
+    from .types import WindowArchitecture
 
     windows = getattr(model, "_ref_window_sizes", None) or [s.blocks[0].window_size for s in model.layers]
     stages = tuple((len(s.blocks), int(s.blocks[0].attn.num_heads), int(w[0])) for s, w in zip(model.layers, windows))

@@ -7,24 +7,9 @@ runs the model's forward itself, block by block, with the named activation point
 """
 from __future__ import annotations
 
-import importlib
-
 from .base import BLOCK_POINTS, MODEL_POINTS, VIEWS, Adapter, Hooks, Point, Rules, point_name
-from .registry import ADAPTERS, adapter_for, find_adapter, register_adapter, supported_families, why_unsupported
-
-# The family modules, in the order they are asked to claim a model.
-FAMILY_MODULES = ("timm_vit", "timm_swin", "hf")
-_loaded = False
-
-
-def load_all() -> None:
-    """Import every family module once, so each registers its adapter."""
-    global _loaded
-    if not _loaded:
-        for name in FAMILY_MODULES:
-            importlib.import_module(f"{__name__}.{name}")
-        _loaded = True
-
+from .registry import (ADAPTERS, FAMILY_MODULES, adapter_for, find_adapter, load_all, register_adapter,
+                       supported_families, why_unsupported)
 
 def run(model, x, keep=(), edit=None, stop_after=None, rules: Rules | None = None, fast: bool = False) -> dict:
     """Run ``model``'s spelled-out forward on ``x`` (B, 3, H, W) in its family's adapter: the kept points.
@@ -42,6 +27,6 @@ def run(model, x, keep=(), edit=None, stop_after=None, rules: Rules | None = Non
     return run_adapter(adapter_for(model), model, x, keep, edit, stop_after, rules or PLAIN, fast)
 
 
-__all__ = ["ADAPTERS", "Adapter", "BLOCK_POINTS", "Hooks", "MODEL_POINTS", "Point", "Rules", "VIEWS", "adapter_for",
+__all__ = ["ADAPTERS", "Adapter", "BLOCK_POINTS", "FAMILY_MODULES", "Hooks", "MODEL_POINTS", "Point", "Rules", "VIEWS", "adapter_for",
            "find_adapter", "load_all", "point_name", "register_adapter", "run", "supported_families",
            "why_unsupported"]

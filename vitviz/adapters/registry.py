@@ -5,6 +5,7 @@ adapter that claims a built model. Nothing outside ``vitviz/adapters`` asks what
 """
 from __future__ import annotations
 
+import importlib
 import threading
 
 import torch
@@ -14,6 +15,18 @@ from .base import Adapter
 ADAPTERS: dict[str, Adapter] = {}
 _BY_TYPE: dict[type, Adapter] = {}
 _LOCK = threading.Lock()
+# The family modules, in the order they are asked to claim a model.
+FAMILY_MODULES = ("timm_vit", "timm_swin", "hf")
+_loaded = False
+
+
+def load_all() -> None:
+    """Import every family module once, so each registers its adapter."""
+    global _loaded
+    if not _loaded:
+        for name in FAMILY_MODULES:
+            importlib.import_module(f"{__package__}.{name}")
+        _loaded = True
 
 
 def register_adapter(cls: type[Adapter]) -> type[Adapter]:
@@ -27,8 +40,6 @@ def register_adapter(cls: type[Adapter]) -> type[Adapter]:
 
 def find_adapter(model: torch.nn.Module) -> Adapter | None:
     """The adapter that claims ``model``, or None."""
-    from . import load_all
-
     load_all()
     found = _BY_TYPE.get(type(model))
     if found is not None and found.claims(model):
@@ -63,7 +74,5 @@ def why_unsupported(model: torch.nn.Module) -> str | None:
 
 def supported_families() -> str:
     """The families the adapters read, in words (the "not supported yet" sentence names them)."""
-    from . import load_all
-
     load_all()
     return "; ".join(a.families for a in ADAPTERS.values() if a.families)
