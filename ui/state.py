@@ -19,12 +19,12 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from vitviz import hf
 from vitviz.budget import admit
 from vitviz.errors import ImageError, VitvizError
 from vitviz.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
 from vitviz.models import BUNDLED, LoadedModel, ModelSpec, search_models
 from vitviz.settings import SUGGESTED_MODELS, megabytes
+from vitviz.sources import HF_PREFIX, parse_model_name
 
 from .cache import ImageResult, cached_image_result, cached_model, model_is_cached, operator_settings, store
 
@@ -220,11 +220,11 @@ def _sidebar_spec() -> ModelSpec:
     dtypes = [d for d in ("float32", "float16", "bfloat16") if limits.dtypes is None or d in limits.dtypes]
     dtype = sb.selectbox("Precision", dtypes, **_kept("dtype", dtypes)) \
         if len(devices) > 2 and len(dtypes) > 1 else "float32"
-    if hf.is_hf_name(name):
+    if parse_model_name(name).kind == "transformers":
         sb.caption("Input resolution: the model's own image processor's.")
         return ModelSpec(name=name, device=device, dtype=dtype)
     size = sb.number_input("Input resolution (px, 0 = the model's own)", 0, limits.max_img_size or 1036,
-                           step=14 if name == BUNDLED else 16, **_kept("img_size"),
+                           step=14 if parse_model_name(name).kind == "bundled" else 16, **_kept("img_size"),
                            help="Sizes whose attention for one image would not fit this server's memory "
                                 f"budget (over {megabytes(limits.attention_limit_bytes)}) are refused with the "
                                 "largest size that fits.")
@@ -241,11 +241,11 @@ def _hugging_face_name(shown: ModelSpec, shared: bool) -> str:
     if not typed:
         sb.info(f"Type {where} to load it; still showing {shown.name}.")
         return shown.name
-    if typed.startswith(hf.PREFIX):
+    if typed.startswith(HF_PREFIX):
         return typed
     # A shared server reads no folder by a path a browser user names: hub ids only.
     local = not shared and (typed.startswith(("/", "~", ".")) or Path(typed).expanduser().is_dir())
-    return typed if local else hf.PREFIX + typed
+    return typed if local else HF_PREFIX + typed
 
 
 def _allowed(options: list[str], query: str) -> list[str]:

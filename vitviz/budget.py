@@ -7,12 +7,13 @@ One image's attention is an (L, H, N, N) float32 tensor: at 1036 px the bundled 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import torch
 
 from .errors import ModelError
-from .layout import patch_stride
 from .settings import megabytes
+from .sources import parse_model_name
 from .types import Architecture, WindowArchitecture
 
 __all__ = ["Architecture", "WindowArchitecture", "admit", "architecture", "check_resolution"]
@@ -25,10 +26,9 @@ def architecture(name: str) -> Architecture | None:
 
     None when it cannot be known before loading (the loader then says why).
     """
-    from . import hf
-
     # Not cached: a folder's config can change between two loads.
-    return _hf_architecture(name) if hf.is_hf_name(name) else _timm_architecture(name)
+    kind = parse_model_name(name).kind
+    return _hf_architecture(name) if kind == "transformers" else _timm_architecture(name)
 
 
 @functools.lru_cache(maxsize=64)
@@ -37,7 +37,8 @@ def _timm_architecture(name: str) -> Architecture | None:
 
     from . import bundled
 
-    arch = bundled.TIMM_ARCH if name == "bundled" else name
+    bundled_model = parse_model_name(name).kind == "bundled"
+    arch = bundled.TIMM_ARCH if bundled_model else name
     if not timm.is_model(arch):
         return None
     try:
@@ -45,18 +46,13 @@ def _timm_architecture(name: str) -> Architecture | None:
             model = timm.create_model(arch, pretrained=False)
     except Exception:  # noqa: BLE001 - an architecture timm cannot build is reported by the loader
         return None
-    from . import swin
+    from .adapters import find_adapter
 
-    if swin.is_swin(model):
-        return swin.architecture(model)
-    blocks = getattr(model, "blocks", None)
-    attn = getattr(blocks[0], "attn", None) if blocks else None
-    patch_embed = getattr(model, "patch_embed", None)
-    if attn is None or not hasattr(attn, "num_heads") or patch_embed is None:
+    adapter = find_adapter(model)
+    if adapter is None or adapter.why_unsupported(model):
         return None
-    default = bundled.ONNX_INPUT_SIZE if name == "bundled" else int(patch_embed.img_size[0])
-    return Architecture(depth=len(blocks), heads=int(attn.num_heads), patch=patch_stride(patch_embed),
-                        prefix_tokens=int(getattr(model, "num_prefix_tokens", 1)), default_size=default)
+    found = adapter.architecture(model)
+    return replace(found, default_size=bundled.ONNX_INPUT_SIZE) if bundled_model else found
 
 
 def _hf_architecture(name: str) -> Architecture | None:
@@ -95,7 +91,7 @@ def check_resolution(name: str, img_size: int | None, limit_bytes: int, max_img_
     if arch is None:
         return
     size = img_size or arch.default_size
-    label = "the bundled model" if name == "bundled" else name
+    label = "the bundled model" if parse_model_name(name).kind == "bundled" else name
     if max_img_size is not None and size > max_img_size:
         raise ModelError(f"Input resolution {size} px is over this server's cap of {max_img_size} px "
                          "(VITVIZ_MAX_IMG_SIZE); choose a smaller size.")

@@ -24,8 +24,9 @@ from PIL import Image
 
 from .errors import ModelError, first_line
 from .layout import TokenLayout
+from .sources import HF_PREFIX, parse_model_name
 
-PREFIX = "hf:"
+PREFIX = HF_PREFIX
 LIBRARY = "transformers"
 
 
@@ -162,7 +163,7 @@ _ALWAYS_INTERPOLATE = {"dinov2", "dinov2_with_registers"}
 
 def is_hf_name(name: str) -> bool:
     """Whether a model box entry names a transformers model: ``hf:<hub id>`` or a folder path."""
-    return name.startswith(PREFIX) or "/" in name or "\\" in name or Path(name).expanduser().is_dir()
+    return parse_model_name(name).kind == "transformers"
 
 
 def vision_config(config):

@@ -16,10 +16,10 @@ import torch
 from . import bundled, swin
 from .errors import ModelError, first_line
 from .hub import _hub_reachable
+from .sources import BUNDLED, parse_model_name
 from .layout import TokenLayout
 from .types import NativePosEmbed
 
-BUNDLED = "bundled"
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -428,11 +428,10 @@ def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
     Raises:
         ModelError: with a sentence naming the model, file or setting at fault.
     """
-    if spec.name == BUNDLED:
+    kind = parse_model_name(spec.name).kind
+    if kind == "bundled":
         return _load_bundled(spec)
-    from . import hf
-
-    if hf.is_hf_name(spec.name):
+    if kind == "transformers":
         return _load_hf(spec)
     return _load_timm(spec)
 

@@ -253,6 +253,17 @@ class Adapter:
     def card(self, model: torch.nn.Module) -> dict:
         return {}
 
+    def architecture(self, model: torch.nn.Module):
+        """What fixes the size of one image's attention (:class:`vitviz.types.Architecture`), read from the
+        model's structure: built on the meta device it costs no memory. Window families override it."""
+        from ..types import Architecture
+
+        layout = self.layout(model)
+        gh, gw = layout.grid_size
+        ph, pw = layout.patch_size
+        return Architecture(depth=self.num_layers(model), heads=self.num_heads(model), patch=(ph, pw),
+                            prefix_tokens=layout.num_prefix_tokens, default_size=gh * ph)
+
 
 def run(adapter: Adapter, model: torch.nn.Module, x: torch.Tensor, keep=(), edit=None, stop_after=None,
         rules: Rules = PLAIN, fast: bool = False) -> dict[str, torch.Tensor]:

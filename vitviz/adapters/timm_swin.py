@@ -82,5 +82,8 @@ class TimmSwin(Adapter):
     def patch_filters(self, model) -> torch.Tensor:
         return model.patch_embed.proj.weight
 
+    def architecture(self, model):
+        return swin.architecture(model)
+
     def card(self, model) -> dict:
         return swin.card(model)

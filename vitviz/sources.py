@@ -1,0 +1,41 @@
+"""What a model name names: the one place a ``--model`` string (or the sidebar's box) is interpreted."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+BUNDLED = "bundled"
+HF_PREFIX = "hf:"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model comes from.
+
+    Attributes:
+        kind: ``"bundled"``, ``"timm"`` (a timm model name, optionally with its pretrained tag) or
+            ``"transformers"`` (a ``save_pretrained`` folder, or a hub id written ``hf:owner/name``).
+        name: the name as typed.
+        hub_id: the hub id of an ``hf:`` name, else None.
+    """
+
+    kind: str
+    name: str
+    hub_id: str | None = None
+
+    @property
+    def folder(self) -> Path | None:
+        """The local folder of a transformers model named by its path, else None."""
+        return Path(self.name).expanduser() if self.kind == "transformers" and self.hub_id is None else None
+
+
+def parse_model_name(name: str) -> ModelSource:
+    """``"bundled"``; ``"hf:owner/name"`` or anything path-like (a ``/``, a ``\\`` or an existing folder):
+    transformers; anything else: a timm name."""
+    if name == BUNDLED:
+        return ModelSource("bundled", name)
+    if name.startswith(HF_PREFIX):
+        return ModelSource("transformers", name, name[len(HF_PREFIX):].strip())
+    if "/" in name or "\\" in name or Path(name).expanduser().is_dir():
+        return ModelSource("transformers", name)
+    return ModelSource("timm", name)
