@@ -16,8 +16,7 @@ from PIL import Image
 
 from vitviz import swin
 from vitviz.analysis import AnalysisSettings, excluded_tokens
-from vitviz.capture import capture
-from vitviz.distance import mean_attention_distance
+from vitviz.pipeline import WindowForward, forward
 from vitviz.images import preprocess
 from vitviz.layout import TokenLayout
 from vitviz.maps import head_scores
@@ -26,7 +25,7 @@ from vitviz.posembed import patch_position_embeddings, position_embedding_simila
 from vitviz.rollout import class_gradient_rollout, rollout
 from vitviz.settings import Settings
 from vitviz.tensors import to_host
-from vitviz.tokens import AttentionSinks, artifact_tokens, attention_sinks, feature_pca_rgb, top_classes
+from vitviz.tokens import AttentionSinks, feature_pca_rgb, top_classes
 
 from .memo import ByteLRU
 from .runs import RunLimiter
@@ -124,31 +123,21 @@ class WindowImageResult:
     uniform_distance: np.ndarray      # (blocks,) the same for uniform attention over each query's window
 
 
-def _window_result(loaded, batch) -> WindowImageResult:
-    out = swin.capture(loaded.model, batch.tensor)
-    return WindowImageResult(
-        attention=[a[0].numpy() for a in out.attention], geometry=out.geometry,
-        logits=None if out.logits is None else out.logits[0].numpy(), model_input=batch.images[0],
-        layout=out.layout, distance=[swin.mean_window_attention_distance(a, g)[0]
-                                     for a, g in zip(out.attention, out.geometry)],
-        uniform_distance=np.array([swin.uniform_window_distance(g) for g in out.geometry]))
-
-
 def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageResult | WindowImageResult:
-    loaded = cached_model(spec)
-    batch = preprocess([_image], loaded.data_config)
-    if loaded.attention_scope == "window":
-        return _window_result(loaded, batch)
-    out = capture(loaded.model, batch.tensor)
+    fwd = forward(cached_model(spec), [_image])
+    out = fwd.capture
+    logits = None if out.logits is None else out.logits[0].numpy()
+    if isinstance(fwd, WindowForward):
+        return WindowImageResult(
+            attention=[a[0].numpy() for a in out.attention], geometry=out.geometry, logits=logits,
+            model_input=fwd.batch.images[0], layout=fwd.layout, distance=[d[0] for d in fwd.distance],
+            uniform_distance=fwd.uniform_distance)
     on_device = out.attention[0]  # the scores are computed where the model ran; the pages draw from the host copy
-    norms = to_host(out.token_norms[0])
-    distance = mean_attention_distance(out.attention, out.layout)[0]
     return ImageResult(
-        attention=to_host(on_device), token_norms=norms, features=out.features[0].numpy(),
-        logits=None if out.logits is None else out.logits[0].numpy(), model_input=batch.images[0],
-        layout=out.layout, artifacts=artifact_tokens(norms[-1], out.layout),
-        distance=distance, head_scores=head_scores(on_device, out.layout, distance),
-        sinks=attention_sinks(on_device, out.layout),
+        attention=to_host(on_device), token_norms=fwd.token_norms[0], features=out.features[0].numpy(),
+        logits=logits, model_input=fwd.batch.images[0], layout=fwd.layout, artifacts=fwd.artifacts[0],
+        distance=fwd.distance[0], head_scores=head_scores(on_device, fwd.layout, fwd.distance[0]),
+        sinks=fwd.sinks[0],
     )
 
 

@@ -10,20 +10,18 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .capture import capture
+from .pipeline import forward
 from .clusters import batch_clusters
 from .distance import CONVENTION as DISTANCE_CONVENTION
-from .distance import mean_attention_distance
 from .faithfulness import PROTOCOL, attention_maps, default_fractions, perturbation_curves
 from .filters import patch_filter_pca, patch_filters
 from .flow import FLOW_DEFINITION, attention_flow
-from .images import preprocess
 from .layout import TokenLayout
 from .models import LoadedModel
 from .posembed import patch_position_embeddings, position_embedding_similarity
 from .rollout import class_gradient_rollout, rollout
 from .tensors import to_host
-from .tokens import AttentionSinks, artifact_tokens, attention_sinks
+from .tokens import AttentionSinks
 
 
 @dataclass(frozen=True)
@@ -136,10 +134,9 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     leaves the raw (b, L, H, N, N) attention out of ``arrays``, and then it never reaches the host
     (flow and faithfulness copy one image's at a time).
     """
-    batch = preprocess(images, loaded.data_config)
-    out = capture(loaded.model, batch.tensor)
-    layout, attention = out.layout, out.attention
-    norms = to_host(out.token_norms)
+    fwd = forward(loaded, images)
+    batch, out, layout = fwd.batch, fwd.capture, fwd.layout
+    attention, norms = out.attention, fwd.token_norms
     arrays = {"input": batch.tensor.numpy(), "features": out.features.numpy(), "token_norms": norms}
     if keep_attention:
         arrays["attention"] = to_host(attention)
@@ -152,14 +149,13 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
             loaded.model, batch.tensor, arrays["features"], layout, settings.clusters, settings.cluster_layer,
             settings.batch_size)
 
-    artifacts = [artifact_tokens(n[-1], layout) for n in norms]
-    sinks = [attention_sinks(a, layout) for a in attention]
+    artifacts, sinks = fwd.artifacts, fwd.sinks
     excluded = [excluded_tokens(settings, art, sink, layout) for art, sink in zip(artifacts, sinks)]
     rollouts = [rollout(a, layout, fusion=settings.fusion, discard=settings.discard, start=settings.start_layer,
                         end=settings.end_layer, exclude_tokens=ex) for a, ex in zip(attention, excluded)]
     arrays["rollout"] = np.stack([r.map for r in rollouts])
     arrays["rollout_per_layer"] = np.stack([r.per_layer for r in rollouts])
-    arrays["mean_distance_per_image"] = mean_attention_distance(attention, layout)
+    arrays["mean_distance_per_image"] = fwd.distance
     facts["artifact_tokens"] = [a.tolist() for a in artifacts]
     facts["attention_sinks_per_layer"] = [[s.tolist() for s in sink.sinks] for sink in sinks]
     facts["prefix_share"] = [r.prefix_share for r in rollouts]

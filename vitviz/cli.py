@@ -453,7 +453,7 @@ def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -
     """The analyses that apply to window attention (Swin): window probabilities and the mean attention
     distance within windows per block and head; written whole or not at all, as :func:`analyze` does."""
     from . import swin
-    from .images import preprocess
+    from .pipeline import forward
 
     given = [f"--{name.replace('_', '-')}" for name, default in GLOBAL_ATTENTION_OPTIONS.items()
              if getattr(args, name) != default]
@@ -465,12 +465,10 @@ def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -
     with RunOutput(args.out) as output:
         try:
             for done, batch in batches:
-                x = preprocess([im.image for im in batch], loaded.data_config)
-                out = swin.capture(loaded.model, x.tensor)
-                geometry = out.geometry
-                arrays = {"input": x.tensor.numpy(), "features": out.features.numpy(),
-                          "window_distance": swin.heads_padded([swin.mean_window_attention_distance(a, g)
-                                                                for a, g in zip(out.attention, geometry)])}
+                fwd = forward(loaded, [im.image for im in batch])
+                out, geometry = fwd.capture, fwd.capture.geometry
+                arrays = {"input": fwd.batch.tensor.numpy(), "features": out.features.numpy(),
+                          "window_distance": swin.heads_padded(fwd.distance)}
                 if out.logits is not None:
                     arrays["logits"] = out.logits.numpy()
                 if not args.no_attention:
@@ -480,7 +478,7 @@ def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -
                 progress.update(done)
         finally:
             progress.close()
-        output.arrays.add({"window_uniform_distance": np.array([swin.uniform_window_distance(g) for g in geometry])})
+        output.arrays.add({"window_uniform_distance": fwd.uniform_distance})
         output.commit({
             "command": "analyze", "model": loaded.card(), "versions": _versions(), "images": images,
             "skipped": [{"name": p.name, "reason": p.reason} for p in problems],
