@@ -219,18 +219,25 @@ def _resolve(name: str) -> tuple[str, bool]:
     return str(folder), False
 
 
-def _family(config, name: str) -> Family:
+def _family(config, name: str, more: dict | None = None) -> Family:
+    """The family of a config: one of :data:`FAMILIES` or of ``more`` (model_type -> HFModelType, the types
+    other adapters read; see ``vitviz.adapters.hf_model_types``)."""
     model_type = getattr(config, "model_type", "")
-    if model_type not in FAMILIES:
+    known = {**{t: f.label for t, f in FAMILIES.items()}, **{t: m.label for t, m in (more or {}).items()}}
+    if model_type not in known:
         raise ModelError(f"Model {name!r} is not supported yet: its config is a {model_type or 'unknown'!r} "
                          f"({', '.join(config.architectures or []) or type(config).__name__}) model. vitviz reads "
-                         f"attention from transformers {', '.join(sorted({f.label for f in FAMILIES.values()}))} "
-                         "models.")
-    return FAMILIES[model_type]
+                         f"attention from transformers {', '.join(sorted(set(known.values())))} models.")
+    if model_type in FAMILIES:
+        return FAMILIES[model_type]
+    spec = more[model_type]
+    return Family(spec.label, spec.base, tuple(spec.heads))
 
 
-def load(name: str, device: torch.device, dtype: torch.dtype):
+def load(name: str, device: torch.device, dtype: torch.dtype, more: dict | None = None):
     """Build a transformers vision model with eager attention, in eval mode, on ``device``.
+
+    ``more``: model_type -> HFModelType for the types adapters read beyond :data:`FAMILIES`.
 
     Returns:
         (model, family, source): ``source`` is the folder or hub id the weights came from.
@@ -254,7 +261,7 @@ def load(name: str, device: torch.device, dtype: torch.dtype):
         config = AutoConfig.from_pretrained(source, local_files_only=local_only)
     except Exception as exc:  # noqa: BLE001 - an unreadable config is the folder's / id's problem
         raise ModelError(f"Model {name!r}: its config could not be read ({first_line(exc)}).") from exc
-    family = _family(config, name)
+    family = _family(config, name, more)
     arch = next((a for a in (config.architectures or []) if a in family.heads), family.base)
     cls = getattr(transformers, arch)
     try:

@@ -437,8 +437,9 @@ def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
 
 
 def _load_hf(spec: ModelSpec) -> LoadedModel:
-    """A transformers model at its image processor's resolution (see :mod:`vitviz.hf`)."""
-    from . import hf
+    """A transformers model at its image processor's resolution (see :mod:`vitviz.hf`); the types it reads are
+    those some adapter lists (``Adapter.hf_model_types``), and that adapter gives the layout and position table."""
+    from . import adapters, hf
 
     if spec.checkpoint:
         raise ModelError(f"Model {spec.name!r}: a Hugging Face model brings its weights in its folder or hub "
@@ -448,11 +449,12 @@ def _load_hf(spec: ModelSpec) -> LoadedModel:
                          "processor's; leave the resolution at the model's own.")
     device = resolve_device(spec.device)
     dtype = _resolve_dtype(spec.dtype, device)
-    model, family, source = hf.load(spec.name, device, dtype)
+    model, family, source = hf.load(spec.name, device, dtype, adapters.hf_model_types())
     config, notes = hf.data_config(model, source)
-    layout = hf.token_layout(model, tuple(config["input_size"][-2:]))
+    adapter = adapters.adapter_for(model)
+    layout = adapter.layout(model, tuple(config["input_size"][-2:]))
     label = f"{family.label} ({type(model).__name__}) from {spec.name.removeprefix(hf.PREFIX)}"
     return LoadedModel(model=model, spec=spec, layout=layout, data_config=config,
                        weights_source=f"transformers from_pretrained({source!r})", label=label, device=device,
-                       dtype=dtype, notes=notes, native_pos_embed=hf.native_pos_embed(model, layout))
+                       dtype=dtype, notes=notes, native_pos_embed=adapter.native_pos_embed(model, layout))
 

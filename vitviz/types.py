@@ -109,6 +109,17 @@ class NativePosEmbed:
         return grid[0]
 
 
+@dataclass(frozen=True)
+class HFModelType:
+    """How a transformers ``config.model_type`` is built: what readers call it, its class without a head,
+    and the classifier classes accepted from ``config.architectures``. An adapter that reads the type lists
+    it in ``Adapter.hf_model_types``; :mod:`vitviz.hf` loads every listed type."""
+
+    label: str
+    base: str
+    heads: tuple[str, ...] = ()
+
+
 FLOAT32_BYTES = 4  # capture stores attention as float32 whatever the model's precision
 
 

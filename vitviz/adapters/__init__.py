@@ -8,8 +8,8 @@ runs the model's forward itself, block by block, with the named activation point
 from __future__ import annotations
 
 from .base import BLOCK_POINTS, MODEL_POINTS, VIEWS, Adapter, Hooks, Point, Rules, point_name
-from .registry import (ADAPTERS, FAMILY_MODULES, adapter_for, find_adapter, load_all, register_adapter,
-                       supported_families, why_unsupported)
+from .registry import (ADAPTERS, FAMILY_MODULES, adapter_for, find_adapter, hf_model_types, load_all,
+                       register_adapter, supported_families, why_unsupported)
 
 def run(model, x, keep=(), edit=None, stop_after=None, rules: Rules | None = None, fast: bool = False) -> dict:
     """Run ``model``'s spelled-out forward on ``x`` (B, 3, H, W) in its family's adapter: the kept points.
@@ -28,5 +28,5 @@ def run(model, x, keep=(), edit=None, stop_after=None, rules: Rules | None = Non
 
 
 __all__ = ["ADAPTERS", "Adapter", "BLOCK_POINTS", "FAMILY_MODULES", "Hooks", "MODEL_POINTS", "Point", "Rules", "VIEWS", "adapter_for",
-           "find_adapter", "load_all", "point_name", "register_adapter", "run", "supported_families",
+           "find_adapter", "hf_model_types", "load_all", "point_name", "register_adapter", "run", "supported_families",
            "why_unsupported"]

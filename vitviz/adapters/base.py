@@ -173,12 +173,15 @@ class Adapter:
         scope: ``"global"`` (every token attends to every token: attention (B, L, H, N, N)) or
             ``"window"`` (attention inside local windows per block).
         families: the families it reads, in words.
+        hf_model_types: transformers ``model_type`` -> :class:`vitviz.types.HFModelType` for the types
+            this adapter reads (the Hugging Face loader accepts exactly the types adapters list).
     """
 
     name: str = ""
     library: str = ""
     scope: str = "global"
     families: str = ""  # the families it reads, in words (the "not supported yet" sentence names them)
+    hf_model_types: dict = {}  # model_type -> HFModelType (transformers adapters only)
 
     # --- what it claims and how it is laid out -------------------------------------------------
     def claims(self, model: torch.nn.Module) -> bool:

@@ -72,6 +72,12 @@ def why_unsupported(model: torch.nn.Module) -> str | None:
     return found.why_unsupported(model)
 
 
+def hf_model_types() -> dict:
+    """Every transformers ``model_type`` some adapter reads -> its :class:`vitviz.types.HFModelType`."""
+    load_all()
+    return {t: spec for a in ADAPTERS.values() for t, spec in a.hf_model_types.items()}
+
+
 def supported_families() -> str:
     """The families the adapters read, in words (the "not supported yet" sentence names them)."""
     load_all()
