@@ -19,7 +19,6 @@ from vitviz.analysis import AnalysisSettings, excluded_tokens
 from vitviz.pipeline import WindowForward, forward
 from vitviz.images import preprocess
 from vitviz.layout import TokenLayout
-from vitviz.maps import head_scores
 from vitviz.models import ModelSpec, load_model
 from vitviz.posembed import patch_position_embeddings, position_embedding_similarity
 from vitviz.rollout import class_gradient_rollout, rollout
@@ -132,11 +131,11 @@ def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageResult | WindowI
             attention=[a[0].numpy() for a in out.attention], geometry=out.geometry, logits=logits,
             model_input=fwd.batch.images[0], layout=fwd.layout, distance=[d[0] for d in fwd.distance],
             uniform_distance=fwd.uniform_distance)
-    on_device = out.attention[0]  # the scores are computed where the model ran; the pages draw from the host copy
+    # The scores were reduced layer by layer where the model ran (vitviz.pipeline); the pages draw from the host copy.
     return ImageResult(
-        attention=to_host(on_device), token_norms=fwd.token_norms[0], features=out.features[0].numpy(),
+        attention=to_host(out.attention[0]), token_norms=fwd.token_norms[0], features=out.features[0].numpy(),
         logits=logits, model_input=fwd.batch.images[0], layout=fwd.layout, artifacts=fwd.artifacts[0],
-        distance=fwd.distance[0], head_scores=head_scores(on_device, fwd.layout, fwd.distance[0]),
+        distance=fwd.distance[0], head_scores=fwd.head_scores(0),
         sinks=fwd.sinks[0],
     )
 

@@ -49,12 +49,16 @@ def attention_and_logits(model, x: torch.Tensor) -> tuple[list[torch.Tensor], to
 
 
 @torch.inference_mode()
-def capture(model, images: torch.Tensor) -> Capture:
+def capture(model, images: torch.Tensor,
+            each_layer: Callable[[int, torch.Tensor], None] | None = None) -> Capture:
     """Attention of every layer and head, the final features and the logits, in one pass.
 
     Args:
         model: a model an adapter reads (:mod:`vitviz.adapters`), in eval mode.
         images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
+        each_layer: called with (layer index, that layer's attention (B, H, N, N) float32) as the forward
+            runs: per-layer reductions then read a contiguous tensor that is still in cache, not a
+            strided slice of the whole (B, L, H, N, N) array afterwards.
 
     Returns:
         Capture with attention (B, L, H, N, N) and token norms on the model's device, features
@@ -70,6 +74,8 @@ def capture(model, images: torch.Tensor) -> Capture:
 
     def keep_attention(value, point):
         attention[:, point.layer] = value
+        if each_layer is not None:
+            each_layer(point.layer, value.float())
         return value
 
     def keep_norm(value, point):

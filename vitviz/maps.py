@@ -88,34 +88,16 @@ def cls_focus(attention: np.ndarray | torch.Tensor, layout: TokenLayout) -> np.n
     attention: (L, H, N, N), numpy or a tensor on any device (computed there) -> (L, H) in [0, 1]:
     1 = all on one patch, 0 = uniform.
     """
-    a = as_tensor(attention)
+    return to_host(cls_focus_rows(as_tensor(attention), layout))
+
+
+def cls_focus_rows(attention: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """:func:`cls_focus` of a tensor (..., N, N) -> (...) float64 on its device."""
     if layout.has_class_token:
-        row = a[..., layout.cls_index, layout.patch_slice].double()
+        row = attention[..., layout.cls_index, layout.patch_slice].double()
     else:
-        row = a[..., layout.patch_slice, layout.patch_slice].mean(dim=-2, dtype=torch.float64)
-    return to_host(1 - _entropy(row) / np.log(layout.num_patches))
-
-
-def layer_maps(attention: np.ndarray, layout: TokenLayout, layer: int, query: str | int = "cls",
-               direction: str = "query") -> np.ndarray:
-    """Every head of one layer as maps: (L, H, N, N) -> (H, gh, gw).
-
-    direction ``"query"``: where ``query`` (``"cls"``, ``"mean"`` or a patch) looks;
-    ``"key"``: how much each patch query attends to the patch ``query`` (needs a patch index).
-    """
-    heads = range(attention.shape[1])
-    if direction == "key":
-        if not isinstance(query, (int, np.integer)):
-            raise ValueError("the keys -> query direction needs a patch: click one on the image")
-        return np.stack([key_attention_map(attention, layout, layer, h, int(query)) for h in heads])
-    return np.stack([query_attention_map(attention, layout, layer, h, query) for h in heads])
-
-
-RANKINGS = {
-    "entropy (low = focused)": "entropy",
-    "CLS focus (high = focused)": "cls_focus",
-    "mean distance (px)": "distance",
-}
+        row = attention[..., layout.patch_slice, layout.patch_slice].mean(dim=-2, dtype=torch.float64)
+    return 1 - _entropy(row) / np.log(layout.num_patches)
 
 
 def head_scores(attention: np.ndarray | torch.Tensor, layout: TokenLayout, distance: np.ndarray | None = None) -> dict[str, np.ndarray]:
