@@ -100,6 +100,28 @@ def cls_focus_rows(attention: torch.Tensor, layout: TokenLayout) -> torch.Tensor
     return 1 - _entropy(row) / np.log(layout.num_patches)
 
 
+def layer_maps(attention: np.ndarray, layout: TokenLayout, layer: int, query: str | int = "cls",
+               direction: str = "query") -> np.ndarray:
+    """Every head of one layer as maps: (L, H, N, N) -> (H, gh, gw).
+
+    direction ``"query"``: where ``query`` (``"cls"``, ``"mean"`` or a patch) looks;
+    ``"key"``: how much each patch query attends to the patch ``query`` (needs a patch index).
+    """
+    heads = range(attention.shape[1])
+    if direction == "key":
+        if not isinstance(query, (int, np.integer)):
+            raise ValueError("the keys -> query direction needs a patch: click one on the image")
+        return np.stack([key_attention_map(attention, layout, layer, h, int(query)) for h in heads])
+    return np.stack([query_attention_map(attention, layout, layer, h, query) for h in heads])
+
+
+RANKINGS = {
+    "entropy (low = focused)": "entropy",
+    "CLS focus (high = focused)": "cls_focus",
+    "mean distance (px)": "distance",
+}
+
+
 def head_scores(attention: np.ndarray | torch.Tensor, layout: TokenLayout, distance: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-head scores for ranking: entropy, CLS focus and (if given) mean distance, each (L, H)."""
     scores = {"entropy": head_entropy(attention, layout), "cls_focus": cls_focus(attention, layout)}
