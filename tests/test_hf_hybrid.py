@@ -153,8 +153,9 @@ def test_hf_labels_and_settings_record_library_family_and_layout(hf_folders):
     assert card["attn_implementation"] == "eager"
     assert card["token_layout"]["prefix_tokens"] == ["cls"]
     assert card["layers"] == 3 and card["heads"] == 4 and card["num_classes"] == 5
-    from vitviz.hf import class_labels
+    from vitviz.adapters import adapter_for
 
+    class_labels = adapter_for(loaded.model).class_labels
     assert class_labels(loaded.model) == tuple(f"thing {i}" for i in range(5))
     from vitviz.tokens import top_classes
 
@@ -400,11 +401,11 @@ def test_memory_budget_reads_a_transformers_folder_config_and_refuses_what_does_
 # BEiT here has relative position biases only: its page says so (tests/test_families.py).
 @pytest.mark.parametrize("family", [f for f in HF_FAMILIES if f != "beit"])
 def test_position_embedding_page_resamples_as_the_models_own_interpolate_pos_encoding(family, hf_folders):
-    from vitviz import hf
+    from vitviz.adapters import adapter_for
 
     loaded = load_model(ModelSpec(name=hf_folders[family]))
     embeddings = next(m for m in loaded.model.modules() if hasattr(m, "interpolate_pos_encoding"))
-    native = hf.native_pos_embed(loaded.model, loaded.layout)
+    native = adapter_for(loaded.model).native_pos_embed(loaded.model, loaded.layout)
     prefix = loaded.layout.pos_embed_prefix_rows
     patch = loaded.layout.patch_size
     for grid in [(7, 5), (2, 3)]:  # larger and smaller than the stored 4x4 (5x5) grid, not square
