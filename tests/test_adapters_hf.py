@@ -27,6 +27,7 @@ HF_EXAMPLES = {
     "hf-dinov2": ("dinov2", "dinov2_registers"),
     "hf-clip": ("clip", "siglip"),
     "hf-beit": ("beit",),
+    "hf-dinov3": ("dinov3",),
 }
 CASES = [(name, family) for name, families in HF_EXAMPLES.items() for family in families]
 IDS = [f"{a}-{f}" for a, f in CASES]
@@ -123,7 +124,7 @@ def test_an_identity_edit_is_bit_identical_and_zeroing_a_head_matches_the_librar
     assert float((edited[f"blocks.{layer + 1}.attn"] - attention[:, layer + 1]).abs().max()) <= 1e-5
 
 
-@pytest.mark.parametrize("family", ["beit", "clip"])
+@pytest.mark.parametrize("family", ["beit", "clip", "dinov3"])
 def test_two_threads_with_different_edits_on_one_hf_model_get_their_own_results(family, loaded_hf,
                                                                                 chelsea):  # noqa: F811
     loaded = loaded_hf[family]
@@ -175,3 +176,49 @@ def test_every_block_point_of_an_hf_model_has_its_documented_shape_and_the_resid
     torch.testing.assert_close(b["resid_mid"], b["resid_pre"] + b["attn_out"], rtol=0, atol=0)
     torch.testing.assert_close(b["resid_post"], b["resid_mid"] + b["mlp_out"], rtol=0, atol=0)
     torch.testing.assert_close(b["attn"], b["scores"].softmax(-1), rtol=1e-6, atol=1e-7)
+
+
+def test_dinov3_rotates_only_the_patch_tokens_q_and_k_with_the_libraries_rope(loaded_hf, chelsea):  # noqa: F811
+    """The ``q`` point is the projection rotated as the paper's RoPE says: each patch's pairs of features
+    (i, i + d/2) turn by its centre's angles (cos, sin of ``rope_embeddings``); CLS and registers do not turn."""
+    loaded = loaded_hf["dinov3"]
+    model, x = loaded.model, _inputs(loaded, chelsea, 1)
+    with torch.no_grad():
+        out = run(model, x, keep=("blocks.0.ln1", "blocks.0.q"))
+        attn = model.model.layer[0].attention
+        raw = attn.q_proj(out["blocks.0.ln1"]).view(1, -1, attn.num_heads, attn.head_dim).transpose(1, 2)
+        cos, sin = model.rope_embeddings(x)
+    prefix = len(loaded.layout.prefix_tokens)
+    assert prefix == 5 and cos.shape[0] == loaded.layout.num_patches
+    half = attn.head_dim // 2
+    p = raw[:, :, prefix:]
+    by_hand = p * cos + torch.cat([-p[..., half:], p[..., :half]], dim=-1) * sin
+    torch.testing.assert_close(out["blocks.0.q"][:, :, :prefix], raw[:, :, :prefix], rtol=0, atol=0)
+    torch.testing.assert_close(out["blocks.0.q"][:, :, prefix:], by_hand, rtol=1e-6, atol=1e-6)
+    assert float((out["blocks.0.q"][:, :, prefix:] - p).abs().max()) > 1e-3  # the rotation is not the identity
+
+
+def test_dinov3_folder_reads_like_dinov2_in_analyze_filters_and_the_position_view(hf_folders, tmp_path):  # noqa: F811
+    import json
+
+    import numpy as np
+
+    from test_hf_hybrid import ASSETS
+    from vitviz.cli import main
+    from vitviz.errors import ViewNotApplicable
+    from vitviz.filters import patch_filters
+    from vitviz.posembed import patch_position_embeddings
+
+    folder = hf_folders["dinov3"]
+    assert main(["analyze", str(ASSETS / "chelsea.jpg"), "--out", str(tmp_path), "--model", folder]) == 0
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert settings["model"]["library"] == "transformers" and settings["model"]["family"] == "DINOv3"
+    assert settings["model"]["token_layout"]["prefix_tokens"] == ["cls", "reg0", "reg1", "reg2", "reg3"]
+    attention = np.load(tmp_path / "analysis.npz")["attention"]
+    assert attention.shape[-2:] == (5 + 16, 5 + 16)  # CLS + 4 registers + 4x4 patches
+    np.testing.assert_allclose(attention.sum(-1), 1, atol=1e-5)
+    loaded = load_model(ModelSpec(name=folder))
+    np.testing.assert_array_equal(patch_filters(loaded.model), loaded.model.embeddings.patch_embeddings.weight.numpy())
+    assert "rotary" in loaded.position_encoding and loaded.native_pos_embed is None
+    with pytest.raises(ViewNotApplicable, match="rotary position embedding"):
+        patch_position_embeddings(loaded.model, loaded.layout)
