@@ -142,13 +142,10 @@ class HFAdapter(Adapter):
 
     Attributes:
         block: the names of a layer's modules.
-        pos_antialias: whether the family's ``interpolate_pos_encoding`` resamples its position table with
-            antialiasing (bicubic, ``align_corners=False`` for every family).
     """
 
     library = "transformers"
     block: BlockSpec
-    pos_antialias = False
 
     # --- what it claims and how it is laid out -------------------------------------------------
     def claims(self, model) -> bool:
@@ -235,14 +232,19 @@ class HFAdapter(Adapter):
     def position_table(self, model):
         return position_embedding(model)
 
+    def pos_antialias(self, config) -> bool:
+        """Whether the family's ``interpolate_pos_encoding`` resamples its position table with antialiasing
+        (bicubic, ``align_corners=False`` for every family)."""
+        return False
+
     def native_pos_embed(self, model, layout: TokenLayout):
         """The stored grid (the config's ``image_size``); other grids are resampled as the family's own
-        ``interpolate_pos_encoding`` does: bicubic to the exact grid, antialiased where :attr:`pos_antialias`."""
+        ``interpolate_pos_encoding`` does: bicubic to the exact grid, antialiased where :meth:`pos_antialias`."""
         from ..types import NativePosEmbed
 
         table = self.position_table(model)
         return None if table is None else NativePosEmbed.from_weights(table, layout.pos_embed_prefix_rows,
-                                                                       antialias=self.pos_antialias)
+                                                                       antialias=self.pos_antialias(model.config))
 
     def patch_filters(self, model) -> torch.Tensor:
         """The linear patch-embedding filters (D, 3, P, P): the convolution with kernel = stride = patch size."""

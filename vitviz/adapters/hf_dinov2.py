@@ -22,13 +22,9 @@ class HFDinov2(HFAdapter):
     }
     block = BlockSpec(norm1="norm1", attention="attention", norm2="norm2", scales=layer_scale_modules)
 
-    def native_pos_embed(self, model, layout):
+    def pos_antialias(self, config) -> bool:
         """DINOv2 with registers antialiases in its own ``interpolate_pos_encoding``; DINOv2 does not."""
-        from ..types import NativePosEmbed
-
-        table = self.position_table(model)
-        return None if table is None else NativePosEmbed.from_weights(
-            table, layout.pos_embed_prefix_rows, antialias=model.config.model_type == "dinov2_with_registers")
+        return config.model_type == "dinov2_with_registers"
 
     def prefix_tokens(self, config) -> tuple[str, ...]:
         return ("cls", *(f"reg{i}" for i in range(getattr(config, "num_register_tokens", 0))))
