@@ -1,15 +1,15 @@
 """Capture overhead of the Hugging Face adapters' forward against transformers' own plain forward.
 
-For each transformers family, a ViT-Ti-sized random model (192 wide, 12 layers, 3 heads, 224 px) is
-saved with save_pretrained and loaded as vitviz loads it. Prints the fastest of several interleaved runs
-(the least disturbed by other processes) of
+For each transformers family, a ViT-Ti-sized random model (192 wide, 12 layers, 3 heads, 224 px, or
+``--image-size``) is saved with save_pretrained and loaded as vitviz loads it. Prints the fastest of
+several interleaved runs (the least disturbed by other processes) of
   default  the model's own default forward (SDPA), loaded by transformers itself,
   eager    transformers' eager forward with output_attentions=True (the usual way to read attention),
   capture  vitviz.capture.capture (every layer's attention, token norms, final features, logits),
 and the ratios capture/default and eager/default in the same run. Run it from two checkouts (PYTHONPATH)
 to compare a change; a family the checkout does not read is skipped.
 Usage:
-    .venv/bin/python benchmarks/hf_capture_overhead.py [--batch 8] [--repeats 5] [--families vit,beit]
+    .venv/bin/python benchmarks/hf_capture_overhead.py [--batch 8] [--repeats 5] [--families vit,beit] [--image-size 112]
 """
 from __future__ import annotations
 
@@ -44,9 +44,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--families", default=",".join(FAMILIES))
+    parser.add_argument("--image-size", type=int, default=224, help="a smaller size for a loaded machine")
     args = parser.parse_args()
+    size = args.image_size
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
-          f"batch {args.batch}, best of {args.repeats}")
+          f"batch {args.batch}, {size} px, best of {args.repeats}")
     print(f"{'family':24s} {'default s':>10s} {'eager s':>9s} {'capture s':>10s} {'eager/default':>14s} "
           f"{'capture/default':>16s}")
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
@@ -55,14 +57,14 @@ def main() -> None:
             folder = Path(tmp) / family
             torch.manual_seed(0)
             cls = getattr(transformers, model_cls)
-            cls(getattr(transformers, config_cls)(**(TINY | extra))).save_pretrained(folder)
+            cls(getattr(transformers, config_cls)(**(TINY | extra | {"image_size": size}))).save_pretrained(folder)
             try:
                 ours = load_model(ModelSpec(name=str(folder))).model
             except ModelError as exc:
                 print(f"{family:24s} skipped: {exc}")
                 continue
             default = cls.from_pretrained(folder).eval()
-            x = torch.randn(args.batch, 3, 224, 224)
+            x = torch.randn(args.batch, 3, size, size)
             t = fastest_seconds({"default": lambda: default(pixel_values=x),
                                  "eager": lambda: ours(pixel_values=x, output_attentions=True),
                                  "capture": lambda: capture(ours, x)}, args.repeats)
