@@ -16,6 +16,7 @@ import torch
 from vitviz.adapters import ADAPTERS, adapter_for, load_all, run
 
 from test_families import _images, _load, checkpoints  # noqa: F401  (the saved timm EVA/BEiT/rotary models)
+from test_adapters_hf import HF_EXAMPLES  # the transformers families' examples (save_pretrained folders)
 
 
 def _timm_reference(model, x, zero_head: tuple[int, int] | None = None):
@@ -158,6 +159,6 @@ def test_keep_reads_every_named_point_with_the_documented_shapes_and_stop_after_
 def test_every_registered_adapter_has_an_example():
     load_all()
     test_only = {name for name, a in ADAPTERS.items() if type(a).__module__.startswith(("test_", "tests."))}
-    interim = {"transformers", "timm-swin"}  # tested against their libraries in test_hf_*.py / test_swin.py
-    missing = set(ADAPTERS) - set(EXAMPLES) - test_only - interim
+    interim = {"timm-swin"}  # tested against its library in test_swin.py
+    missing = set(ADAPTERS) - set(EXAMPLES) - set(HF_EXAMPLES) - test_only - interim
     assert not missing, f"adapters without a parity example: {sorted(missing)}"

@@ -49,6 +49,9 @@ HF_FAMILIES = {
              {"num_labels": 4, "use_relative_position_bias": True, "use_shared_relative_position_bias": True,
               "use_absolute_position_embeddings": False, "use_mean_pooling": True, "layer_scale_init_value": 0.1},
              "BeitImageProcessor", {"size": {"height": 64, "width": 64}, "do_center_crop": False}, ("cls",)),
+    # Rotary embeddings on the patch tokens (no absolute table), CLS + 4 registers, layer scale.
+    "dinov3": ("DINOv3ViTConfig", "DINOv3ViTModel", {"num_register_tokens": 4, "layerscale_value": 0.1},
+               "DINOv3ViTImageProcessor", {"size": {"height": 64, "width": 64}}, ("cls", "reg0", "reg1", "reg2", "reg3")),
 }
 
 
@@ -153,8 +156,9 @@ def test_hf_labels_and_settings_record_library_family_and_layout(hf_folders):
     assert card["attn_implementation"] == "eager"
     assert card["token_layout"]["prefix_tokens"] == ["cls"]
     assert card["layers"] == 3 and card["heads"] == 4 and card["num_classes"] == 5
-    from vitviz.hf import class_labels
+    from vitviz.adapters import adapter_for
 
+    class_labels = adapter_for(loaded.model).class_labels
     assert class_labels(loaded.model) == tuple(f"thing {i}" for i in range(5))
     from vitviz.tokens import top_classes
 
@@ -397,14 +401,15 @@ def test_memory_budget_reads_a_transformers_folder_config_and_refuses_what_does_
     assert architecture("hf:nobody/not-in-the-cache") is None  # offline and uncached: nothing downloaded
 
 
-# BEiT here has relative position biases only: its page says so (tests/test_families.py).
-@pytest.mark.parametrize("family", [f for f in HF_FAMILIES if f != "beit"])
+# BEiT here has relative position biases only, DINOv3 rotary embeddings: their page says so
+# (tests/test_families.py, tests/test_adapters_hf.py).
+@pytest.mark.parametrize("family", [f for f in HF_FAMILIES if f not in ("beit", "dinov3")])
 def test_position_embedding_page_resamples_as_the_models_own_interpolate_pos_encoding(family, hf_folders):
-    from vitviz import hf
+    from vitviz.adapters import adapter_for
 
     loaded = load_model(ModelSpec(name=hf_folders[family]))
     embeddings = next(m for m in loaded.model.modules() if hasattr(m, "interpolate_pos_encoding"))
-    native = hf.native_pos_embed(loaded.model, loaded.layout)
+    native = adapter_for(loaded.model).native_pos_embed(loaded.model, loaded.layout)
     prefix = loaded.layout.pos_embed_prefix_rows
     patch = loaded.layout.patch_size
     for grid in [(7, 5), (2, 3)]:  # larger and smaller than the stored 4x4 (5x5) grid, not square

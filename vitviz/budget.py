@@ -58,15 +58,14 @@ def _timm_architecture(name: str) -> Architecture | None:
 def _hf_architecture(name: str) -> Architecture | None:
     """A transformers model's architecture from its config on disk; None when it cannot be read offline."""
     from . import hf
-    from .layout import TokenLayout
+    from .adapters.hf_common import config_layout
 
     config = hf.cached_config(name)
     if config is None:
         return None
     vision = hf.vision_config(config)
-    try:
-        layout = TokenLayout.from_hf_config(config)
-    except ValueError:  # a model type vitviz does not read: the loader says so
+    layout = config_layout(config)
+    if layout is None:  # a model type vitviz does not read: the loader says so
         return None
     return Architecture(depth=int(vision.num_hidden_layers), heads=int(vision.num_attention_heads),
                         patch=layout.patch_size, prefix_tokens=layout.num_prefix_tokens,

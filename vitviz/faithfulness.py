@@ -9,8 +9,8 @@ The protocol (the tests pin it; the app, CLI and settings.json state it):
   colour). Insertion: start from the all-zero input and put back only the first k patches.
 - Score: for a model with a classifier head, the softmax probability of the target class (default
   the unperturbed top-1); for a headless model, the cosine similarity between the pre-logits vector
-  (timm ``forward_head(forward_features(x), pre_logits=True)``; transformers: the family's pooled
-  vector, :func:`vitviz.hf.pre_logits`) of the perturbed and of the original input.
+  (the adapter's ``pooled`` point: timm ``forward_head(forward_features(x), pre_logits=True)``;
+  transformers: the family's pooled vector) of the perturbed and of the original input.
 - AUC by the trapezoid rule over f. Lower deletion AUC and higher insertion AUC = more faithful.
 
 The perturbed inputs of one image and method go through the model's own forward in batches;

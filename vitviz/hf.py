@@ -1,164 +1,26 @@
-"""Hugging Face ``transformers`` vision transformers: load, preprocess and read their attention.
+"""Hugging Face ``transformers`` vision models: load them, read their configs and run their image processors.
 
-The one place that knows how to run a transformers ViT family. It yields what
-:mod:`vitviz.capture` yields for timm models — a :class:`~vitviz.capture.Capture` with the
-attention of every layer and a :class:`~vitviz.layout.TokenLayout` — so the analyses, pages and
-CLI stay family-blind.
-
-transformers computes attention with SDPA by default and then returns *no* probabilities for
-``output_attentions=True`` (an empty tuple, no error). The loader therefore builds every model
-with ``attn_implementation="eager"`` once; nothing is switched per request, so one model is
-shared by every session and thread. The probabilities are exactly those the eager forward
-multiplies the values with.
+What a family is and how its forward runs lives in its adapter (``vitviz/adapters/hf_*.py``); the
+adapters list the ``model_type`` values they read (``Adapter.hf_model_types``) and :func:`load` builds exactly
+those. transformers computes attention with SDPA by default and then returns *no* probabilities for
+``output_attentions=True`` (an empty tuple, no error): the loader therefore builds every model with
+``attn_implementation="eager"`` once, so the library's own forward (the adapters' parity reference)
+is the eager one; nothing is switched per request, so one model is shared by every session and thread.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
 from PIL import Image
 
 from .errors import ModelError, first_line
-from .layout import TokenLayout
 from .sources import HF_PREFIX, parse_model_name
 
 PREFIX = HF_PREFIX
 LIBRARY = "transformers"
-
-
-@dataclass(frozen=True)
-class AttentionParts:
-    """The modules one layer's attention is computed with.
-
-    Attributes:
-        norm: the layer norm the block's input goes through before attention.
-        attention: the attention module (``q_proj``, ``k_proj``, ``v_proj``, ``head_dim``).
-        output: its output projection (its input is the heads' context, concatenated).
-        scale: the factor the scores q·k are multiplied by.
-        steps: the layer's extra steps in words, as :class:`vitviz.anatomy.LayerQKV` states them.
-    """
-
-    norm: torch.nn.Module
-    attention: torch.nn.Module
-    output: torch.nn.Module
-    scale: float
-    steps: tuple[str, ...]
-
-
-def _parts(layer, norm: str, attention: str, output: str, scale: str) -> AttentionParts:
-    attn = getattr(layer, attention)
-    norm_module = getattr(layer, norm)
-    return AttentionParts(norm=norm_module, attention=attn, output=getattr(attn, output),
-                          scale=float(getattr(attn, scale)),
-                          steps=(f"the block's input goes through {norm} ({type(norm_module).__name__})",))
-
-
-# One function per layout of modules: (model, 0-based layer) -> AttentionParts.
-def _vit_parts(model, layer: int) -> AttentionParts:  # ViT, DeiT: base.layers[l].layernorm_before, .attention
-    return _parts(model.base_model.layers[layer], "layernorm_before", "attention", "o_proj", "scaling")
-
-
-def _dinov2_parts(model, layer: int) -> AttentionParts:  # DINOv2 (+ registers): base.encoder.layer[l].norm1
-    return _parts(model.base_model.encoder.layer[layer], "norm1", "attention", "o_proj", "scaling")
-
-
-def _clip_parts(model, layer: int) -> AttentionParts:  # CLIP, SigLIP: base.encoder.layers[l].layer_norm1, .self_attn
-    return _parts(model.base_model.encoder.layers[layer], "layer_norm1", "self_attn", "out_proj", "scale")
-
-
-# One function per family with a position term outside q·k: (model, 0-based layer, pixels x) -> (1, H, N, N).
-def _beit_bias(model, layer: int, x: torch.Tensor) -> torch.Tensor | None:
-    """BEiT's relative position bias of one layer for the input ``x``, as ``BeitModel.forward`` and
-    ``BeitLayer.forward`` add it to the scaled scores: the layer's own plus the model's shared one."""
-    base, patch = model.base_model, model.config.patch_size
-    window = (x.shape[-2] // patch, x.shape[-1] // patch)
-    n, interpolate = window[0] * window[1] + 1, _interpolates(model, x)
-    shared = (base.shared_position_bias(window, interpolate_pos_encoding=interpolate, dim_size=n)
-              if base.shared_position_bias is not None else None)
-    own = base.layers[layer].relative_position_bias
-    if own is None:
-        return shared
-    bias = own(window, interpolate, dim_size=n)
-    return bias if shared is None else bias + shared
-
-
-# One function per family: (base model output) -> (B, D) the pooled vector a headless model is scored by.
-def _cls_token(out) -> torch.Tensor:
-    """ViT, DeiT, DINOv2: the CLS token after the final layernorm (what their classifiers read; DINOv2's
-    ``pooler_output``; timm's ``pre_logits`` for ``global_pool='token'``)."""
-    return out.last_hidden_state[:, 0]
-
-
-def _pooler_output(out) -> torch.Tensor:
-    """CLIP: ``pooler_output`` (the CLS token after ``post_layernorm``), the vector the projection reads.
-    SigLIP: ``pooler_output`` (its attention-pooling head); without the head, the mean token after
-    ``post_layernorm``."""
-    return out.pooler_output if out.pooler_output is not None else out.last_hidden_state.mean(dim=1)
-
-
-_CLS_TEXT = "the CLS token after the final layernorm"
-_POOLER_TEXT = "pooler_output"
-
-
-@dataclass(frozen=True)
-class Family:
-    """How one transformers ``model_type`` is loaded and taken apart.
-
-    Args:
-        label: what a reader of the papers calls it.
-        base: the vision model class without a head (loads a full CLIP/SigLIP folder's vision tower too).
-        heads: classifier classes accepted from ``config.architectures``.
-        parts: (model, layer) -> :class:`AttentionParts` of that layer.
-        pool: base model output -> (B, D) pooled vector (headless models' faithfulness score).
-        pool_text: that vector in words.
-        pos_antialias: whether the family's ``interpolate_pos_encoding`` resamples the position
-            embedding with antialiasing (bicubic, ``align_corners=False`` for every family).
-        bias: (model, layer, pixels) -> (1, H, N, N) added to the scaled scores, or None; None: no such term.
-        bias_text: that term in words (the anatomy's steps).
-    """
-
-    label: str
-    base: str
-    heads: tuple[str, ...] = ()
-    parts: Callable = _vit_parts
-    pool: Callable = _cls_token
-    pool_text: str = _CLS_TEXT
-    pos_antialias: bool = False
-    bias: Callable | None = None
-    bias_text: str = ""
-
-
-_CLIP = dict(parts=_clip_parts, pool=_pooler_output, pool_text=_POOLER_TEXT + " (the CLS token after post_layernorm)")
-_SIGLIP = dict(parts=_clip_parts, pool=_pooler_output,
-               pool_text=_POOLER_TEXT + " (the attention-pooling head; the mean token without it)")
-FAMILIES = {
-    "vit": Family("ViT", "ViTModel", ("ViTForImageClassification",)),
-    "deit": Family("DeiT", "DeiTModel", ("DeiTForImageClassification", "DeiTForImageClassificationWithTeacher")),
-    "dinov2": Family("DINOv2", "Dinov2Model", ("Dinov2ForImageClassification",), parts=_dinov2_parts),
-    "dinov2_with_registers": Family("DINOv2 with registers", "Dinov2WithRegistersModel",
-                                    ("Dinov2WithRegistersForImageClassification",), parts=_dinov2_parts,
-                                    pos_antialias=True),
-    "clip": Family("CLIP vision tower", "CLIPVisionModel", **_CLIP),
-    "clip_vision_model": Family("CLIP vision tower", "CLIPVisionModel", **_CLIP),
-    "siglip": Family("SigLIP vision tower", "SiglipVisionModel", **_SIGLIP),
-    "siglip_vision_model": Family("SigLIP vision tower", "SiglipVisionModel", **_SIGLIP),
-    "beit": Family("BEiT", "BeitModel", ("BeitForImageClassification",), pool=_pooler_output,
-                   pool_text=_POOLER_TEXT + " (the mean patch token after layernorm with mean pooling, else the CLS "
-                   "token)", bias=_beit_bias,
-                   bias_text="a learned relative position bias (one value per head and pair of positions) is added "
-                             "to the scaled scores before the softmax"),
-}
-
-
-def family_of(model) -> Family:
-    """The family of a model built by :func:`load`."""
-    return FAMILIES[model.config.model_type]
-# Families whose forward resamples the position embedding itself (no interpolate_pos_encoding argument).
-_ALWAYS_INTERPOLATE = {"dinov2", "dinov2_with_registers"}
 
 
 def is_hf_name(name: str) -> bool:
@@ -219,28 +81,27 @@ def _resolve(name: str) -> tuple[str, bool]:
     return str(folder), False
 
 
-def _family(config, name: str, more: dict | None = None) -> Family:
-    """The family of a config: one of :data:`FAMILIES` or of ``more`` (model_type -> HFModelType, the types
-    other adapters read; see ``vitviz.adapters.hf_model_types``)."""
+def _model_type(config, name: str, types: dict):
+    """The :class:`vitviz.types.HFModelType` of a config among ``types`` (model_type -> HFModelType, the types
+    the adapters read: ``vitviz.adapters.hf_model_types()``)."""
     model_type = getattr(config, "model_type", "")
-    known = {**{t: f.label for t, f in FAMILIES.items()}, **{t: m.label for t, m in (more or {}).items()}}
-    if model_type not in known:
+    if model_type not in types:
+        labels = ", ".join(sorted({t.label for t in types.values()})) or "no"
         raise ModelError(f"Model {name!r} is not supported yet: its config is a {model_type or 'unknown'!r} "
                          f"({', '.join(config.architectures or []) or type(config).__name__}) model. vitviz reads "
-                         f"attention from transformers {', '.join(sorted(set(known.values())))} models.")
-    if model_type in FAMILIES:
-        return FAMILIES[model_type]
-    spec = more[model_type]
-    return Family(spec.label, spec.base, tuple(spec.heads))
+                         f"attention from transformers {labels} models.")
+    return types[model_type]
 
 
 def load(name: str, device: torch.device, dtype: torch.dtype, more: dict | None = None):
     """Build a transformers vision model with eager attention, in eval mode, on ``device``.
 
-    ``more``: model_type -> HFModelType for the types adapters read beyond :data:`FAMILIES`.
+    ``more``: model_type -> :class:`vitviz.types.HFModelType`, the types that may be built (the adapters'
+    ``vitviz.adapters.hf_model_types()``); a config of another type is refused with a sentence.
 
     Returns:
-        (model, family, source): ``source`` is the folder or hub id the weights came from.
+        (model, family, source): ``family`` is the type's HFModelType, ``source`` the folder or hub id the
+        weights came from.
 
     Raises:
         ModelError: with a sentence naming the folder or hub id and the reason.
@@ -261,7 +122,7 @@ def load(name: str, device: torch.device, dtype: torch.dtype, more: dict | None 
         config = AutoConfig.from_pretrained(source, local_files_only=local_only)
     except Exception as exc:  # noqa: BLE001 - an unreadable config is the folder's / id's problem
         raise ModelError(f"Model {name!r}: its config could not be read ({first_line(exc)}).") from exc
-    family = _family(config, name, more)
+    family = _model_type(config, name, more or {})
     arch = next((a for a in (config.architectures or []) if a in family.heads), family.base)
     cls = getattr(transformers, arch)
     try:
@@ -276,90 +137,6 @@ def load(name: str, device: torch.device, dtype: torch.dtype, more: dict | None 
                          f"(e.g. {missing[:3]}), {len(mismatched)} of the wrong shape (e.g. {mismatched[:2]}).")
     model = model.eval().requires_grad_(False).to(device=device, dtype=dtype)
     return model, family, source
-
-
-def num_classes(model) -> int:
-    """Classes of the model's classifier head; 0 without one."""
-    return len(model.config.id2label) if type(model).__name__ in _HEAD_CLASSES else 0
-
-
-_HEAD_CLASSES = {h for f in FAMILIES.values() for h in f.heads}
-
-
-def class_labels(model) -> tuple[str, ...] | None:
-    """``config.id2label`` in class order, or None without a head."""
-    n = num_classes(model)
-    return tuple(str(model.config.id2label[i]) for i in range(n)) if n else None
-
-
-def card(model, family: Family, source: str) -> dict:
-    """Facts about the model for a model card or settings.json."""
-    config = vision_config(model.config)
-    return {
-        "library": LIBRARY,
-        "family": family.label,
-        "architecture": type(model).__name__,
-        "model_type": model.config.model_type,
-        "attn_implementation": model.config._attn_implementation,
-        "layers": int(config.num_hidden_layers),
-        "heads": int(config.num_attention_heads),
-        "embed_dim": int(config.hidden_size),
-        "source": source,
-    }
-
-
-def patch_filter_weight(model) -> torch.Tensor:
-    """The linear patch-embedding filters (D, 3, P, P): the convolution with kernel = stride = patch size."""
-    config = vision_config(model.config)
-    patch = config.patch_size if isinstance(config.patch_size, int) else config.patch_size[0]
-    for module in model.modules():
-        if isinstance(module, torch.nn.Conv2d) and module.in_channels == 3 and \
-                module.kernel_size[0] == module.stride[0] == patch:
-            return module.weight
-    raise ValueError(f"{type(model).__name__} has no linear RGB patch filters.")
-
-
-def position_embedding(model) -> torch.Tensor:
-    """The learned position embedding as stored: (1, prefix rows + gh * gw, D).
-
-    ViT, DeiT and DINOv2 keep a parameter ``position_embeddings``; CLIP and SigLIP an
-    ``nn.Embedding`` ``position_embedding``, one row per position.
-    """
-    for module in model.modules():
-        table = getattr(module, "position_embeddings", None)
-        if isinstance(table, torch.Tensor) and table.ndim == 3:
-            return table
-        table = getattr(module, "position_embedding", None)
-        if isinstance(table, torch.nn.Embedding):
-            return table.weight[None]
-    raise ValueError(f"{type(model).__name__} has no learned absolute position embedding.")
-
-
-def position_encoding(model) -> str:
-    """How the model encodes position, in words (model card, the position-embedding page)."""
-    config = vision_config(model.config)
-    try:
-        absolute = position_embedding(model) is not None
-    except ValueError:
-        absolute = False
-    kinds = [k for k, on in (("learned absolute position embedding", absolute),
-                             ("relative position bias per layer", getattr(config, "use_relative_position_bias", False)),
-                             ("shared relative position bias",
-                              getattr(config, "use_shared_relative_position_bias", False))) if on]
-    return " + ".join(kinds) or "none"
-
-
-def native_pos_embed(model, layout: TokenLayout):
-    """The stored grid (the config's ``image_size``); other grids are resampled as the family's own
-    ``interpolate_pos_encoding`` does: bicubic to the exact grid, antialiased only for DINOv2 with registers.
-    None for a model without one (BEiT with only relative position biases)."""
-    from .types import NativePosEmbed
-
-    try:
-        table = position_embedding(model)
-    except ValueError:
-        return None
-    return NativePosEmbed.from_weights(table, layout.pos_embed_prefix_rows, antialias=family_of(model).pos_antialias)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,124 +217,3 @@ def preprocess(images: list[Image.Image], data_config: dict):
     raw = processor(images=images, return_tensors="pt", do_rescale=False, do_normalize=False)["pixel_values"]
     pixels = raw.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
     return ModelInput(tensor=tensor, images=[Image.fromarray(p) for p in pixels])
-
-
-# ---------------------------------------------------------------------------------------------
-# Attention
-
-
-def token_layout(model, input_hw: tuple[int, int] | None = None) -> TokenLayout:
-    return TokenLayout.from_hf_config(model.config, input_hw)
-
-
-def _interpolates(model, x: torch.Tensor) -> bool:
-    """Whether the forward is asked to fit its position terms to ``x``'s size (not the config's)."""
-    config = vision_config(model.config)
-    side = config.image_size if not isinstance(config.image_size, int) else (config.image_size, config.image_size)
-    return tuple(x.shape[-2:]) != tuple(side) and model.config.model_type not in _ALWAYS_INTERPOLATE
-
-
-def _forward(model, x: torch.Tensor, attentions: bool = True, hidden_states: bool = True):
-    kwargs = {"interpolate_pos_encoding": True} if _interpolates(model, x) else {}
-    return model(pixel_values=x, output_attentions=attentions, output_hidden_states=hidden_states, **kwargs)
-
-
-def _final_features(model, out) -> torch.Tensor:
-    """The last layer's tokens as the model's own output gives them (after its final norm).
-
-    Classifier outputs carry no ``last_hidden_state``; their base model's final ``layernorm`` is
-    applied to the last hidden state, as the classifier's own forward does before its head.
-    """
-    if getattr(out, "last_hidden_state", None) is not None:
-        return out.last_hidden_state
-    return model.base_model.layernorm(out.hidden_states[-1])
-
-
-def iter_layers(model, x: torch.Tensor) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-    """Yields (layer index, tokens after it (B, N, D), attention (B, H, N, N)), as
-    :func:`vitviz.capture.iter_layers` does for timm (one forward; the layers are read from it)."""
-    out = _forward(model, x)
-    for i, probs in enumerate(out.attentions):
-        yield i, out.hidden_states[i + 1], probs
-
-
-def capture(model, images: torch.Tensor):
-    """:func:`vitviz.capture.capture` for a transformers model: the same :class:`~vitviz.capture.Capture`.
-
-    ``features`` are the model's own final tokens (:func:`_final_features`; CLIP's
-    ``last_hidden_state`` comes before its ``post_layernorm``, as transformers returns it).
-    """
-    from .types import Capture, to_model_input
-
-    x = to_model_input(model, images)
-    out = _forward(model, x)
-    B, L = x.shape[0], len(out.attentions)
-    layout = token_layout(model, tuple(x.shape[-2:]))
-    attention = torch.empty(B, L, *out.attentions[0].shape[1:], dtype=torch.float32, device=x.device)
-    norms = torch.empty(B, L, layout.num_tokens, dtype=torch.float32, device=x.device)
-    for i, probs in enumerate(out.attentions):
-        attention[:, i] = probs
-        norms[:, i] = out.hidden_states[i + 1].float().norm(dim=-1)
-    logits = out.logits if num_classes(model) else None
-    return Capture(attention=attention, features=_final_features(model, out).float().cpu(),
-                   logits=None if logits is None else logits.float().cpu(), token_norms=norms, layout=layout)
-
-
-def attention_and_logits(model, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """See :func:`vitviz.capture.attention_and_logits`."""
-    out = _forward(model, x)
-    return list(out.attentions), out.logits
-
-
-# ---------------------------------------------------------------------------------------------
-# Explanations: a layer's q, k, v (attention anatomy, key clusters) and the scored outputs (faithfulness)
-
-
-def block_input(model, x: torch.Tensor, layer: int) -> torch.Tensor:
-    """The tokens entering layer ``layer`` (0-based): ``hidden_states[layer]`` of the model's own forward
-    (layer 0: the embeddings, after CLIP's ``pre_layrnorm``): (B, 3, H, W) -> (B, N, D)."""
-    return _forward(model, x, attentions=False).hidden_states[layer]
-
-
-def block_output(model, x: torch.Tensor, layer: int) -> torch.Tensor:
-    """The tokens leaving layer ``layer`` (0-based; before the final norm): (B, N, D)."""
-    return _forward(model, x, attentions=False).hidden_states[layer + 1]
-
-
-def attention_parts(model, layer: int) -> AttentionParts:
-    """The modules of layer ``layer`` (0-based) that compute its attention."""
-    return family_of(model).parts(model, layer)
-
-
-def layer_qkv(model, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float,
-                                                            tuple[str, ...], torch.Tensor | None]:
-    """q, k, v (each (B, H, N, d_head)) of layer ``layer`` from its attention module's own projections of
-    its normed input, with the scale, the layer's steps in words and the bias added to the scaled scores
-    ((1, H, N, N) or None); softmax(q kᵀ · scale + bias) is the attention the eager forward returns and
-    (its weights) @ v the context its output projection reads."""
-    parts, family = attention_parts(model, layer), family_of(model)
-    bias = family.bias(model, layer, x) if family.bias is not None else None
-    steps = parts.steps + ((family.bias_text,) if bias is not None else ())
-    h = parts.norm(block_input(model, x, layer))
-    B, N, _ = h.shape
-    attn = parts.attention
-
-    def heads(proj) -> torch.Tensor:
-        return proj(h).view(B, N, -1, attn.head_dim).transpose(1, 2)
-
-    return heads(attn.q_proj), heads(attn.k_proj), heads(attn.v_proj), parts.scale, steps, bias
-
-
-def logits(model, x: torch.Tensor) -> torch.Tensor:
-    """The classifier's logits (B, C) of the model's own forward (DeiT with teacher: the mean of its two heads)."""
-    return _forward(model, x, attentions=False, hidden_states=False).logits
-
-
-def pre_logits(model, x: torch.Tensor) -> torch.Tensor:
-    """The pooled vector of the family (:attr:`Family.pool_text`) from the base model's own forward: (B, D)."""
-    return family_of(model).pool(_forward(model.base_model, x, attentions=False, hidden_states=False))
-
-
-def pre_logits_text(model) -> str:
-    """What :func:`pre_logits` returns for this model, in words."""
-    return family_of(model).pool_text

@@ -132,38 +132,3 @@ class TokenLayout:
             global_pool=str(model.global_pool),
             pos_embed_prefix_rows=0 if getattr(model, "no_embed_class", False) else len(prefix),
         )
-
-    @classmethod
-    def from_hf_config(cls, config, input_hw: tuple[int, int] | None = None) -> "TokenLayout":
-        """Read the layout from a transformers vision config (ViT, DeiT, DINOv2 (+registers), CLIP, SigLIP, BEiT).
-
-        The prefix tokens follow the family's embeddings: DeiT always adds a distillation token
-        after CLS; DINOv2 with registers puts ``num_register_tokens`` after CLS (registers carry no
-        position embedding); SigLIP has no CLS (its head pools with attention, ``"map"``); BEiT pools
-        the patch tokens' mean (``"avg"``) when ``use_mean_pooling``.
-
-        Args:
-            config: a transformers config (a full CLIP/SigLIP config's ``vision_config`` is used).
-            input_hw: the (H, W) of the input; default the config's ``image_size``.
-        """
-        model_type = config.model_type
-        vision = getattr(config, "vision_config", None) or config
-        patch = vision.patch_size if not isinstance(vision.patch_size, int) else (vision.patch_size,) * 2
-        size = vision.image_size if not isinstance(vision.image_size, int) else (vision.image_size,) * 2
-        h, w = input_hw or size
-        prefixes = {
-            "vit": ("cls",), "deit": ("cls", "dist"), "dinov2": ("cls",),
-            "dinov2_with_registers": ("cls", *(f"reg{i}" for i in range(getattr(config, "num_register_tokens", 0)))),
-            "clip": ("cls",), "clip_vision_model": ("cls",), "siglip": (), "siglip_vision_model": (),
-            "beit": ("cls",),
-        }
-        if model_type not in prefixes:
-            raise ValueError(f"token layout of transformers model type {model_type!r} not known")
-        prefix = prefixes[model_type]
-        return cls(
-            prefix_tokens=prefix,
-            grid_size=(int(h) // int(patch[0]), int(w) // int(patch[1])),
-            patch_size=(int(patch[0]), int(patch[1])),
-            global_pool="map" if not prefix else "avg" if getattr(config, "use_mean_pooling", False) else "token",
-            pos_embed_prefix_rows=int("cls" in prefix) + int("dist" in prefix),
-        )

@@ -8,17 +8,19 @@ from .base import Hooks, point_name
 
 
 def attention(hooks: Hooks, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-              bias: torch.Tensor | None = None) -> torch.Tensor:
+              bias: torch.Tensor | None = None, scale_after: bool = False) -> torch.Tensor:
     """softmax(q kᵀ · scale + bias) @ v with the points ``q``, ``k``, ``v``, ``scores``, ``attn``, ``z``.
 
     q, k, v: (B, H, N, d) (key/value heads already repeated for grouped-query attention);
-    bias: broadcastable to (B, H, N, N), added to the scaled scores (position bias, masks) or None.
+    bias: broadcastable to (B, H, N, N), added to the scaled scores (position bias, masks) or None;
+    scale_after: multiply the product q kᵀ by the scale (transformers' eager attention) instead of q
+        before it (timm): the same function, rounded as the library rounds it.
     Returns the heads' context concatenated, (B, N, H * d), in v's dtype.
     """
     B, H, N, _ = q.shape
     q, k, v = hooks(point_name("q", layer), q), hooks(point_name("k", layer), k), hooks(point_name("v", layer), v)
-    qs, kt = hooks.rules.bilinear(q * scale, k.transpose(-2, -1))
-    scores = qs @ kt
+    qs, kt = hooks.rules.bilinear(q if scale_after else q * scale, k.transpose(-2, -1))
+    scores = qs @ kt * scale if scale_after else qs @ kt
     if bias is not None:
         scores = scores + bias
     scores = hooks(point_name("scores", layer), scores)
