@@ -15,6 +15,7 @@ import torch
 
 from vitviz.adapters import ADAPTERS, adapter_for, load_all, run
 
+from test_adapters_relpos import VARIANTS as RELPOS_VARIANTS, loader as relpos_loader
 from test_adapters_swin import load_timm_swin, timm_swin_reference
 from test_families import _images, _load, checkpoints  # noqa: F401  (the saved timm EVA/BEiT/rotary models)
 
@@ -45,9 +46,9 @@ def _timm_reference(model, x, zero_head: tuple[int, int] | None = None):
 # tensor per layer (window models: (B, nW, H, T, T)). Ids in LOADERS are loaded by their function
 # (tmp_path_factory -> LoadedModel), the others from test_families' checkpoints.
 TIMM_FAMILIES = ("eva02", "rope_register_gap", "dinov3", "beit", "beit_shared_bias", "pe_attention_pool")
-EXAMPLES = {"timm-vit": [(f, _timm_reference) for f in TIMM_FAMILIES],
+EXAMPLES = {"timm-vit": [(f, _timm_reference) for f in (*TIMM_FAMILIES, *RELPOS_VARIANTS)],
             "timm-swin": [("swin", timm_swin_reference)]}
-LOADERS = {"swin": load_timm_swin}
+LOADERS = {"swin": load_timm_swin, **{name: relpos_loader(name) for name in RELPOS_VARIANTS}}
 CASES = [(name, family, ref) for name, cases in EXAMPLES.items() for family, ref in cases]
 
 
