@@ -282,6 +282,11 @@ class Adapter:
         return Architecture(depth=self.num_layers(model), heads=self.num_heads(model), patch=(ph, pw),
                             prefix_tokens=layout.num_prefix_tokens, default_size=gh * ph)
 
+    def config_architecture(self, config):
+        """The same from a transformers config alone, before the model is built (the memory budget), for the
+        types in :attr:`hf_model_types`; None: the budget reads the usual ViT config fields."""
+        return None
+
 
 def run(adapter: Adapter, model: torch.nn.Module, x: torch.Tensor, keep=(), edit=None, stop_after=None,
         rules: Rules = PLAIN, fast: bool = False) -> dict[str, torch.Tensor]:
