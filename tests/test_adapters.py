@@ -16,7 +16,8 @@ import torch
 from vitviz.adapters import ADAPTERS, adapter_for, load_all, run
 
 from test_adapters_relpos import VARIANTS as RELPOS_VARIANTS, loader as relpos_loader
-from test_adapters_swin import hf_swin_reference, load_hf_swin, load_timm_swin, timm_swin_reference
+from test_adapters_swin import (hf_swin_reference, hf_swinv2_reference, load_hf_swin, load_timm_swin,
+                                timm_swin_reference)
 from test_families import _images, _load, checkpoints  # noqa: F401  (the saved timm EVA/BEiT/rotary models)
 
 
@@ -48,9 +49,11 @@ def _timm_reference(model, x, zero_head: tuple[int, int] | None = None):
 TIMM_FAMILIES = ("eva02", "rope_register_gap", "dinov3", "beit", "beit_shared_bias", "pe_attention_pool")
 EXAMPLES = {"timm-vit": [(f, _timm_reference) for f in (*TIMM_FAMILIES, *RELPOS_VARIANTS)],
             "timm-swin": [("swin", timm_swin_reference)],
-            "hf-swin": [("hf_swin", hf_swin_reference)]}
+            "hf-swin": [("hf_swin", hf_swin_reference)],
+            "hf-swinv2": [("hf_swinv2", hf_swinv2_reference)]}
 LOADERS = {"swin": load_timm_swin, **{name: relpos_loader(name) for name in RELPOS_VARIANTS},
-           "hf_swin": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72)}
+           "hf_swin": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72),
+           "hf_swinv2": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72, version="swinv2")}
 CASES = [(name, family, ref) for name, cases in EXAMPLES.items() for family, ref in cases]
 
 

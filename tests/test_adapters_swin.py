@@ -425,3 +425,84 @@ def test_analyze_runs_end_to_end_for_a_hf_swin_folder(hf_swin, tmp_path):
     settings = json.loads((tmp_path / "settings.json").read_text())
     assert settings["model"]["family"] == "Swin"
     assert [g["padded_size"] for g in settings["window_geometry"]] == [[20, 20], [20, 20], [12, 12], [12, 12]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face Swin V2
+
+
+def hf_swinv2_reference(model, x, zero_head: tuple[int, int] | None = None):
+    """(logits, attention per block (B, nW, H, T, T)) of transformers' own Swin V2 forward on a copy, the
+    probabilities read (or one head zeroed) where ``Swinv2SelfAttention`` applies its dropout to them."""
+    reference = copy.deepcopy(model)
+    seen = []
+    for i, blk in enumerate(_hf_blocks(reference)):
+        def keep(module, inputs, out, i=i):
+            if zero_head is not None and zero_head[0] == i:
+                out = out.clone()
+                out[:, zero_head[1]] = 0
+            seen.append(out)
+            return out
+        blk.attention.self.dropout.register_forward_hook(keep)
+    with torch.no_grad():
+        logits = reference(pixel_values=x).logits
+    return logits, [a.view(x.shape[0], -1, *a.shape[1:]) for a in seen]
+
+
+@pytest.fixture(scope="module")
+def hf_swinv2(tmp_path_factory):
+    return {size: load_hf_swin(tmp_path_factory, size, version="swinv2") for size in (64, 72)}
+
+
+@pytest.mark.parametrize("size", [64, 72])
+def test_hf_swinv2_logits_and_every_blocks_attention_equal_transformers_forward(hf_swinv2, size):
+    loaded = hf_swinv2[size]
+    model, x = loaded.model, _hf_images(loaded)
+    assert loaded.adapter.name == "hf-swinv2" and loaded.attention_scope == "window"
+    with torch.no_grad():
+        out = run(model, x, keep=("logits", "blocks.*.attn", "blocks.1.q", "blocks.1.k"))
+    expected, attention = hf_swinv2_reference(model, x)
+    assert _rel(out["logits"], expected) <= 1e-5
+    assert len(attention) == 4
+    for i, ref in enumerate(attention):
+        assert float((out[f"blocks.{i}.attn"] - ref).abs().max()) <= 1e-5, i
+    # Cosine attention: q and k as the dot product sees them are unit vectors (padding slots: the key has no
+    # bias, so its zero vector stays zero).
+    real = torch.as_tensor(adapter_for(model).geometry(model, (size, size))[1].token_positions()[..., 0] >= 0)
+    for p in ("q", "k"):
+        norms = out[f"blocks.1.{p}"].norm(dim=-1).permute(0, 2, 1, 3)[:, :, real]  # (B, H, real slots)
+        torch.testing.assert_close(norms, torch.ones_like(norms))
+
+
+def test_hf_swinv2_zeroing_one_head_of_a_shifted_block_matches_transformers(hf_swinv2):
+    loaded = hf_swinv2[72]
+    model, x = loaded.model, _hf_images(loaded)
+
+    def zero(a, p):
+        a = a.clone()
+        a[..., 0, :, :] = 0
+        return a
+    with torch.no_grad():
+        plain = run(model, x, keep=("logits",))["logits"]
+        same = run(model, x, keep=("logits",), edit={"blocks.*.attn": lambda a, p: a})["logits"]
+        edited = run(model, x, keep=("logits",), edit={"blocks.1.attn": zero})["logits"]
+    assert torch.equal(plain, same)
+    expected, _ = hf_swinv2_reference(model, x, zero_head=(1, 0))
+    assert _rel(edited, expected) <= 1e-5 and _rel(edited, plain) > 1e-4
+
+
+def test_analyze_and_the_budget_work_for_a_hf_swinv2_folder(hf_swinv2, tmp_path):
+    from vitviz import swin
+    from vitviz.budget import architecture
+    from vitviz.cli import main
+
+    from conftest import ASSETS
+
+    loaded = hf_swinv2[72]
+    assert loaded.position_encoding.startswith("continuous relative position bias")
+    assert loaded.card()["family"] == "Swin V2" and "Swin V2, transformers" in loaded.why_not("overview")
+    assert main(["analyze", str(ASSETS / "chelsea.jpg"), "--out", str(tmp_path), "--model", loaded.spec.name]) == 0
+    data = np.load(tmp_path / "analysis.npz")
+    out = swin.capture(loaded.model, _hf_images(loaded, 1))
+    np.testing.assert_allclose(data["logits"][0], out.logits[0].numpy(), rtol=1e-5, atol=1e-6)
+    assert architecture(loaded.spec.name).attention_bytes(72) == sum(a.numel() * 4 for a in out.attention)
