@@ -4,7 +4,7 @@ Prints, per batch size, the fastest of several interleaved runs (see hf_hybrid_c
   default  the model's own forward as timm builds it (WindowAttention.fused_attn is timm's
            "experimental" switch, off by default: the unfused softmax path),
   sdpa     the same model with fused attention switched on (a copy): the fastest timm can do,
-  capture  vitviz.swin.capture (window probabilities of every block kept, float32 on the CPU),
+  capture  vitviz.swin.capture (the adapter's spelled-out forward; every block's window probabilities kept),
   +dist    capture and the mean attention distance within windows of every block (the page's cost),
 and the ratios capture/default and capture/sdpa in the same run. Random weights.
 Usage:

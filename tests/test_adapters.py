@@ -15,6 +15,9 @@ import torch
 
 from vitviz.adapters import ADAPTERS, adapter_for, load_all, run
 
+from test_adapters_relpos import VARIANTS as RELPOS_VARIANTS, loader as relpos_loader
+from test_adapters_swin import (hf_swin_reference, hf_swinv2_reference, load_hf_swin, load_timm_swin,
+                                timm_swin_reference)
 from test_families import _images, _load, checkpoints  # noqa: F401  (the saved timm EVA/BEiT/rotary models)
 from test_adapters_hf import HF_EXAMPLES  # the transformers families' examples (save_pretrained folders)
 
@@ -41,9 +44,17 @@ def _timm_reference(model, x, zero_head: tuple[int, int] | None = None):
     return out, torch.stack(seen, 1)
 
 
-# adapter name -> examples: (id, fixture-driven loader (checkpoints) -> LoadedModel, reference fn)
+# adapter name -> examples: (id, reference fn). A reference returns (output, attention): (B, L, H, N, N) or one
+# tensor per layer (window models: (B, nW, H, T, T)). Ids in LOADERS are loaded by their function
+# (tmp_path_factory -> LoadedModel), the others from test_families' checkpoints.
 TIMM_FAMILIES = ("eva02", "rope_register_gap", "dinov3", "beit", "beit_shared_bias", "pe_attention_pool")
-EXAMPLES = {"timm-vit": [(f, _timm_reference) for f in TIMM_FAMILIES]}
+EXAMPLES = {"timm-vit": [(f, _timm_reference) for f in (*TIMM_FAMILIES, *RELPOS_VARIANTS)],
+            "timm-swin": [("swin", timm_swin_reference)],
+            "hf-swin": [("hf_swin", hf_swin_reference)],
+            "hf-swinv2": [("hf_swinv2", hf_swinv2_reference)]}
+LOADERS = {"swin": load_timm_swin, **{name: relpos_loader(name) for name in RELPOS_VARIANTS},
+           "hf_swin": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72),
+           "hf_swinv2": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72, version="swinv2")}
 CASES = [(name, family, ref) for name, cases in EXAMPLES.items() for family, ref in cases]
 
 
@@ -56,8 +67,13 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 @pytest.fixture(scope="module")
-def loaded_cases(checkpoints):  # noqa: F811
-    return {family: _load(family, checkpoints) for _, family, _ in CASES}
+def loaded_cases(checkpoints, tmp_path_factory):  # noqa: F811
+    return {family: LOADERS[family](tmp_path_factory) if family in LOADERS else _load(family, checkpoints)
+            for _, family, _ in CASES}
+
+
+def _per_layer(attention) -> list[torch.Tensor]:
+    return list(attention.unbind(1)) if isinstance(attention, torch.Tensor) else list(attention)
 
 
 @pytest.mark.parametrize("adapter_name,family,reference", CASES, ids=[f"{a}-{f}" for a, f, _ in CASES])
@@ -73,8 +89,10 @@ def test_spelled_out_forward_equals_the_library_forward_and_its_eager_attention(
     expected, attention = reference(model, x)
     # float32 end to end: the spelled-out and the library's sums differ in order only.
     assert _rel(out[point], expected) <= 1e-5
-    ours = torch.stack([out[f"blocks.{i}.attn"] for i in range(depth)], 1)
-    assert float((ours - attention).abs().max()) <= 1e-5
+    reference_layers = _per_layer(attention)
+    assert len(reference_layers) == depth
+    for i, ref in enumerate(reference_layers):
+        assert float((out[f"blocks.{i}.attn"] - ref).abs().max()) <= 1e-5, i
 
 
 @pytest.mark.parametrize("adapter_name,family,reference", CASES, ids=[f"{a}-{f}" for a, f, _ in CASES])
@@ -88,9 +106,9 @@ def test_an_identity_edit_is_bit_identical_and_zeroing_a_head_matches_the_librar
         plain = run(model, x, keep=(point,))[point]
         same = run(model, x, keep=(point,), edit={"blocks.*.attn": lambda a, p: a})[point]
 
-        def zero(a, p):
+        def zero(a, p):  # heads are dim -3: (B, H, N, N) and window (B, nW, H, T, T) alike
             a = a.clone()
-            a[:, head] = 0
+            a[..., head, :, :] = 0
             return a
         edited = run(model, x, keep=(point, "blocks.*.attn"), edit={f"blocks.{layer}.attn": zero})
     assert torch.equal(plain, same)
@@ -99,8 +117,8 @@ def test_an_identity_edit_is_bit_identical_and_zeroing_a_head_matches_the_librar
     assert _rel(edited[point], plain) > 1e-4  # the head mattered: the equality above is not the unedited output
     # Only what depends on the head changed: the edited layer's other heads are untouched.
     untouched = run(model, x, keep=(f"blocks.{layer}.attn",))[f"blocks.{layer}.attn"]
-    others = [h for h in range(untouched.shape[1]) if h != head]
-    assert torch.equal(edited[f"blocks.{layer}.attn"][:, others], untouched[:, others])
+    others = [h for h in range(untouched.shape[-3]) if h != head]
+    assert torch.equal(edited[f"blocks.{layer}.attn"][..., others, :, :], untouched[..., others, :, :])
 
 
 def test_two_threads_with_different_edits_on_one_model_get_their_own_results(loaded_cases):
@@ -159,6 +177,5 @@ def test_keep_reads_every_named_point_with_the_documented_shapes_and_stop_after_
 def test_every_registered_adapter_has_an_example():
     load_all()
     test_only = {name for name, a in ADAPTERS.items() if type(a).__module__.startswith(("test_", "tests."))}
-    interim = {"timm-swin"}  # tested against its library in test_swin.py
-    missing = set(ADAPTERS) - set(EXAMPLES) - set(HF_EXAMPLES) - test_only - interim
+    missing = set(ADAPTERS) - set(EXAMPLES) - set(HF_EXAMPLES) - test_only
     assert not missing, f"adapters without a parity example: {sorted(missing)}"

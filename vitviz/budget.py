@@ -63,6 +63,11 @@ def _hf_architecture(name: str) -> Architecture | None:
     config = hf.cached_config(name)
     if config is None:
         return None
+    from .adapters.registry import hf_config_architecture
+
+    found = hf_config_architecture(config)  # a family whose adapter reads its own config (Swin's stages)
+    if found is not None:
+        return found
     vision = hf.vision_config(config)
     layout = config_layout(config)
     if layout is None:  # a model type vitviz does not read: the loader says so

@@ -487,7 +487,8 @@ def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -
             "conventions": {
                 "window_attention_<block>": "(B, nW, H, T, T) softmax probabilities of block <block> (0-based, "
                                             "across stages) with relative position bias and shift mask; windows and "
-                                            "slots in timm's partition order of the cyclically shifted, padded grid",
+                                            "slots in the library's partition order of the cyclically shifted, "
+                                            "padded grid (timm rolls then pads, transformers pads then rolls)",
                 "window_distance": f"(B, blocks, max heads) pixels, NaN where a stage has fewer heads: "
                                    f"{swin.DISTANCE_CONVENTION}",
                 "window_uniform_distance": "(blocks,) the same for uniform attention over each query's window"},

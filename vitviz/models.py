@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from . import bundled, swin
+from . import bundled
 from .errors import ModelError, first_line
 from .hub import _hub_reachable
 from .sources import BUNDLED, parse_model_name
@@ -143,8 +143,6 @@ def check_supported(model: torch.nn.Module, name: str) -> None:
     """Raise ModelError unless an adapter reads this model's attention exactly (see :mod:`vitviz.adapters`)."""
     from .adapters import supported_families, why_unsupported
 
-    if swin.is_swin(model):
-        return swin.check_supported(model, name)
     why = why_unsupported(model)
     if why:
         raise ModelError(f"Model {name!r} is not supported yet: {why}. vitviz reads attention from "

@@ -26,8 +26,18 @@ point                 value
 ``logits``            the classifier's output (B, C); absent without a head
 ====================  ==========================================================================
 
-Window families (Swin) run the same names per block with their own shapes: ``attn`` and
-``scores`` are (B, nW, H, T, T), token points keep the family's (B, gh, gw, D) layout.
+Window families (Swin, ``scope = "window"``) run the same names per block in window shapes
+(:mod:`vitviz.adapters.windows`; nW windows of T = wh * ww slots on the stage's grid padded to whole
+windows, in the library's partition order; H and D change from stage to stage):
+
+- tokens on the stage's grid, (B, gh, gw, D): ``embed``, ``blocks.i.{resid_pre, ln1, attn_out, resid_mid, ln2,
+  mlp_out, resid_post}``, ``final_norm``; ``blocks.i.mlp_hidden`` (B, gh, gw, D_mlp);
+- ``blocks.i.q/k/v`` per window and head (B, nW, H, T, d) (Swin V2: q and k L2-normalised);
+- ``blocks.i.scores``: q·kᵀ · scale (V2: its per-head logit scale) + relative position bias + shift
+  mask (0 / -100), before the softmax (B, nW, H, T, T);
+- ``blocks.i.attn``: the window probabilities, float32, (B, nW, H, T, T); ``blocks.i.z``: probabilities
+  @ v (B, nW, H, T, d);
+- ``pooled``: the mean of the last stage's tokens after the final norm (B, D); ``logits`` (B, C).
 
 Reading is ``keep=`` (names or ``fnmatch`` patterns such as ``"blocks.*.attn"``); changing is
 ``edit=`` (name or pattern -> ``fn(value, point) -> value``). Neither mutates the model: two
@@ -215,6 +225,11 @@ class Adapter:
         """The model's forward, spelled out, calling ``hooks`` at every named point."""
         raise NotImplementedError
 
+    def geometry(self, model: torch.nn.Module, input_hw: tuple[int, int]) -> list:
+        """Window families: one :class:`vitviz.adapters.windows.WindowGeometry` per block for an input of
+        ``input_hw`` pixels (where each block's windows lie on the image, in the forward's order)."""
+        raise NotImplementedError(f"{type(model).__name__} attends globally: it has no windows")
+
     # --- what the views read -------------------------------------------------------------------
     def why_not(self, model: torch.nn.Module, view: str) -> str | None:
         """One sentence saying why ``view`` (one of :data:`VIEWS`) does not apply to this model, or None."""
@@ -266,6 +281,11 @@ class Adapter:
         ph, pw = layout.patch_size
         return Architecture(depth=self.num_layers(model), heads=self.num_heads(model), patch=(ph, pw),
                             prefix_tokens=layout.num_prefix_tokens, default_size=gh * ph)
+
+    def config_architecture(self, config):
+        """The same from a transformers config alone, before the model is built (the memory budget), for the
+        types in :attr:`hf_model_types`; None: the budget reads the usual ViT config fields."""
+        return None
 
 
 def run(adapter: Adapter, model: torch.nn.Module, x: torch.Tensor, keep=(), edit=None, stop_after=None,

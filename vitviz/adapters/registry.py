@@ -16,7 +16,8 @@ ADAPTERS: dict[str, Adapter] = {}
 _BY_TYPE: dict[type, Adapter] = {}
 _LOCK = threading.Lock()
 # The family modules, in the order they are asked to claim a model.
-FAMILY_MODULES = ("timm_vit", "timm_swin", "hf_vit", "hf_dinov2", "hf_clip", "hf_beit", "hf_dinov3")
+FAMILY_MODULES = ("timm_vit", "timm_relpos", "timm_swin", "hf_vit", "hf_dinov2", "hf_clip", "hf_beit", "hf_dinov3",
+                  "hf_swin", "hf_swinv2")
 _loaded = False
 
 
@@ -76,6 +77,14 @@ def hf_model_types() -> dict:
     """Every transformers ``model_type`` some adapter reads -> its :class:`vitviz.types.HFModelType`."""
     load_all()
     return {t: spec for a in ADAPTERS.values() for t, spec in a.hf_model_types.items()}
+
+
+def hf_config_architecture(config):
+    """What fixes the attention's size for a transformers config, from the adapter that lists its ``model_type``
+    (:meth:`Adapter.config_architecture`), or None (the caller reads the usual ViT fields)."""
+    load_all()
+    model_type = getattr(config, "model_type", None)
+    return next((a.config_architecture(config) for a in ADAPTERS.values() if model_type in a.hf_model_types), None)
 
 
 def supported_families() -> str:

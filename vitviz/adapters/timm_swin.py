@@ -1,40 +1,36 @@
-"""timm Swin Transformer (V1): window attention per block, read through :mod:`vitviz.swin`.
+"""timm Swin Transformer (V1): ``SwinTransformer`` spelled out block by block.
 
-Interim: the named points are ``blocks.i.attn`` ((B, nW, H, T, T), the window probabilities with
-relative position bias and shift mask) and ``blocks.i.resid_post`` ((B, gh, gw, D)), then
-``final_norm`` and ``logits``; edits at them are not yet carried into the next block.
+Each block's window attention runs through :mod:`vitviz.adapters.windows` (timm rolls, then pads):
+the named points are those of :mod:`vitviz.adapters.base` in window shapes, ``q``/``k``/``v``/``z``
+(B, nW, H, T, d), ``scores``/``attn`` (B, nW, H, T, T) with the relative position bias and the shift
+mask in the scores, token points (B, gh, gw, D). Patch merging between stages runs as timm's module.
 """
 from __future__ import annotations
 
 import torch
 
-from .. import swin
 from ..layout import TokenLayout
-from .base import Adapter, Hooks, point_name
+from . import common, windows
+from .base import Adapter, Hooks
 from .registry import register_adapter
 
-# What each view that needs attention over the whole token sequence says for a window model.
-WHY_NOT = {
-    "overview": ("Token norms, attention sinks, feature PCA and token clusters are not supported yet for window "
-                 "attention (Swin): they read one token sequence at one resolution, and Swin's tokens are merged "
-                 "into coarser grids stage by stage. The heads and attention-distance pages show its window "
-                 "attention."),
-    "rollout": ("Rollout and attention flow do not apply to window attention (Swin): they chain one (N, N) attention "
-                "matrix per layer and read the CLS token's row, but Swin has no CLS token and each block attends only "
-                "inside local windows that shift between blocks and merge between stages, so there is no whole-image "
-                "matrix to chain. The heads page shows each window's attention and the distance page how far each "
-                "head looks."),
-    "anatomy": ("The attention anatomy is not supported yet for window attention (Swin): its steps would also need "
-                "the window partition, the relative position bias and the shift mask. The heads page shows each "
-                "head's window attention exactly as the model computes it, bias and mask included."),
-    "faithfulness": ("Faithfulness is not supported yet for window attention (Swin): the maps it scores (the last "
-                     "layer's readout attention, rollout, attention flow, gradient rollout) are defined on attention "
-                     "over the whole image, and Swin's blocks attend only inside local windows."),
-    "stats": ("The per-head statistics are defined on attention over the whole image (layers x heads of one token "
-              "sequence); the current model attends within windows (Swin): its distances per block are on the "
-              "Attention distance page."),
-}
-WHY_NOT["flow"] = WHY_NOT["rollout"]
+POSITION_ENCODING = "relative position bias per window"
+WHY_NOT = windows.why_not_views("Swin")
+
+
+def _heads(attn):
+    """timm ``WindowAttention`` on windows (B, nW, T, C): q, k, v per head, its scale and relative position bias."""
+    def heads(x: torch.Tensor) -> windows.WindowHeads:
+        B, nW, T, _ = x.shape
+        qkv = attn.qkv(x).view(B, nW, T, 3, attn.num_heads, -1).permute(3, 0, 1, 4, 2, 5)
+        q, k, v = qkv.unbind(0)
+        return windows.WindowHeads(q, k, v, float(attn.scale), attn._get_rel_pos_bias())
+    return heads
+
+
+def _parts(blk) -> windows.BlockParts:
+    return windows.BlockParts(norm1=blk.norm1, norm2=blk.norm2, heads=_heads(blk.attn), proj=blk.attn.proj,
+                              mlp=lambda hooks, layer, x: common.mlp(hooks, layer, blk.mlp, x))
 
 
 @register_adapter
@@ -45,45 +41,108 @@ class TimmSwin(Adapter):
     families = "Swin Transformers (timm SwinTransformer, window attention)"
 
     def claims(self, model) -> bool:
-        return swin.is_swin(model)
+        from timm.models.swin_transformer import SwinTransformer
+
+        return isinstance(model, SwinTransformer)
+
+    def why_unsupported(self, model) -> str | None:
+        """Every block must be timm's ``SwinTransformerBlock`` with ``WindowAttention`` (Swin V1)."""
+        from timm.layers import PatchEmbed
+        from timm.models.swin_transformer import SwinTransformerBlock, WindowAttention
+
+        if type(model.patch_embed) is not PatchEmbed:
+            return f"its patch embedding is a {type(model.patch_embed).__name__}"
+        for s, stage in enumerate(model.layers):
+            for b, blk in enumerate(stage.blocks):
+                attn = getattr(blk, "attn", None)
+                if type(blk) is not SwinTransformerBlock or type(attn) is not WindowAttention:
+                    inside = f" with {type(attn).__name__} attention" if attn is not None else " without one attention module"
+                    return f"stage {s + 1} block {b + 1} is a {type(blk).__name__}{inside}"
+        return None
 
     def label(self, model) -> str:
         return "Swin Transformer"
 
+    def _blocks(self, model) -> list:
+        return [blk for stage in model.layers for blk in stage.blocks]
+
     def num_layers(self, model) -> int:
-        return sum(len(stage.blocks) for stage in model.layers)
+        return len(self._blocks(model))
 
     def num_heads(self, model, layer: int = 0) -> int:
-        blocks = [blk for stage in model.layers for blk in stage.blocks]
-        return int(blocks[layer].attn.num_heads)
+        return int(self._blocks(model)[layer].attn.num_heads)
 
     def layout(self, model, input_hw=None) -> TokenLayout:
-        return swin.input_layout(model, input_hw)
+        """The patch grid of the input: stage 1's tokens, ``patch_size`` pixels each, no prefix tokens."""
+        patch_embed = model.patch_embed
+        grid = patch_embed.grid_size if input_hw is None else patch_embed.dynamic_feat_size(tuple(input_hw))
+        return TokenLayout(prefix_tokens=(), grid_size=(int(grid[0]), int(grid[1])),
+                           patch_size=tuple(int(p) for p in patch_embed.patch_size),
+                           global_pool=str(model.global_pool), pos_embed_prefix_rows=0)
 
     def num_classes(self, model) -> int:
         return int(getattr(model, "num_classes", 0))
 
+    def geometry(self, model, input_hw: tuple[int, int]) -> list[windows.WindowGeometry]:
+        """One :class:`~vitviz.adapters.windows.WindowGeometry` per block for an input of ``input_hw`` pixels."""
+        grid = self.layout(model, input_hw).grid_size
+        stride = tuple(int(p) for p in model.patch_embed.patch_size)
+        out = []
+        for s, stage in enumerate(model.layers):
+            if not isinstance(stage.downsample, torch.nn.Identity):
+                grid = ((grid[0] + 1) // 2, (grid[1] + 1) // 2)  # patch merging pads to even, then halves
+                stride = (stride[0] * 2, stride[1] * 2)
+            for b, blk in enumerate(stage.blocks):
+                out.append(windows.WindowGeometry.build(len(out), s, b, grid, blk.window_size, blk.shift_size, stride))
+        return out
+
     def forward(self, model, x: torch.Tensor, hooks: Hooks) -> None:
-        h = None
-        for g, h, probs in swin.iter_blocks(model, x):
-            hooks(point_name("attn", g.index), probs)
-            hooks(point_name("resid_post", g.index), h)
-        features = hooks("final_norm", model.norm(h))
-        if self.num_classes(model) and (hooks.wants("logits") or hooks.wants("pooled")):
-            hooks("pooled", model.forward_head(features, pre_logits=True))
-            hooks("logits", model.forward_head(features))
+        geometry = iter(self.geometry(model, tuple(x.shape[-2:])))
+        h = hooks("embed", model.patch_embed(x))  # (B, gh, gw, D): timm's Swin keeps tokens as NHWC
+        for stage in model.layers:
+            h = stage.downsample(h)
+            for blk in stage.blocks:
+                h = windows.block(hooks, next(geometry), _parts(blk), h)
+        features = hooks("final_norm", common.norm(hooks, model.norm, h))
+        if hooks.wants("pooled") or (self.num_classes(model) and hooks.wants("logits")):
+            pooled = hooks("pooled", model.forward_head(features, pre_logits=True))
+            if self.num_classes(model) and hooks.wants("logits"):
+                hooks("logits", model.head.fc(pooled).flatten(1))
 
     def why_not(self, model, view: str) -> str | None:
         return WHY_NOT.get(view)
 
     def position_encoding(self, model) -> str:
-        return swin.POSITION_ENCODING
+        return POSITION_ENCODING
 
     def patch_filters(self, model) -> torch.Tensor:
         return model.patch_embed.proj.weight
 
+    def pooled_text(self, model) -> str:
+        return "the mean of the last stage's tokens after the final norm"
+
     def architecture(self, model):
-        return swin.architecture(model)
+        """What fixes the window-attention size (works on the meta device). The window of each stage is the one
+        the model was built with (timm keeps it at other input sizes and shrinks it only where a stage's grid
+        is smaller)."""
+        from ..types import WindowArchitecture
+
+        sizes = getattr(model, "_ref_window_sizes", None) or [s.blocks[0].window_size for s in model.layers]
+        stages = tuple((len(s.blocks), int(s.blocks[0].attn.num_heads), int(w[0])) for s, w in zip(model.layers, sizes))
+        return WindowArchitecture(depth=sum(b for b, _, _ in stages), heads=sum(h * b for b, h, _ in stages),
+                                  patch=tuple(int(p) for p in model.patch_embed.patch_size), prefix_tokens=0,
+                                  default_size=int(model.patch_embed.img_size[0]), stages=stages)
 
     def card(self, model) -> dict:
-        return swin.card(model)
+        heads = [stage.blocks[0].attn.num_heads for stage in model.layers]
+        arch = model.pretrained_cfg.get("architecture", type(model).__name__)
+        return {
+            "library": "timm", "family": type(model).__name__, "architecture": arch, "timm_architecture": arch,
+            "layers": self.num_layers(model),
+            "heads": ", ".join(str(h) for h in heads) + " (per stage)",
+            "embed_dim": ", ".join(str(stage.blocks[0].dim) for stage in model.layers) + " (per stage)",
+            "attention": "shifted windows: " + ", ".join(f"stage {i + 1} {s.blocks[0].window_size[0]}x"
+                                                         f"{s.blocks[0].window_size[1]}"
+                                                         for i, s in enumerate(model.layers)),
+            "stage_depths": [len(stage.blocks) for stage in model.layers],
+        }
