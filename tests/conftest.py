@@ -3,8 +3,10 @@ import os
 import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
-# One converted copy of the bundled weights per test session, away from the user's cache.
-os.environ.setdefault("VITVIZ_CACHE", tempfile.mkdtemp(prefix="vitviz-test-cache-"))
+# One converted copy of the bundled weights per test session, always away from the user's cache (even
+# when VITVIZ_CACHE names one), removed when the session ends (pytest_unconfigure).
+_TEST_CACHE = tempfile.mkdtemp(prefix="vitviz-test-cache-")
+os.environ["VITVIZ_CACHE"] = _TEST_CACHE
 
 from pathlib import Path  # noqa: E402
 
@@ -13,6 +15,24 @@ import timm  # noqa: E402
 import torch  # noqa: E402
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
+# float32's unit roundoff: one correctly rounded float32 operation is off by at most this, relatively.
+# Tolerances of float32 results are written as multiples of it, with the count derived in a comment.
+F32_U = 2.0 ** -24
+
+
+def entropy_float32_atol(keys: int) -> float:
+    """How far (nats) :func:`vitviz.maps._entropy` of float32 rows may be from the float64 computation.
+
+    With K keys: the float32 row sum is within (K-1)u of exact in any order, so p = r / sum is within
+    Ku (first order); log p is then off by Ku absolutely (dp/p) plus its own rounding, at most one ulp
+    (2u|log p|, vectorised logs are not always correctly rounded); the product p·log p adds u
+    relatively; the float64 sum adds nothing that shows. Per term |Δ| <= p|log p|·(K+3)u + p·Ku, and
+    over a row (Σp = 1, Σp|log p| = H <= log K): |ΔH| <= u·((K+3)·log K + K), 1.2e-4 nats at K = 256
+    (a mean over query rows keeps the bound).
+    """
+    import math
+
+    return F32_U * ((keys + 3) * math.log(keys) + keys)
 
 # Tiny random models of each family capture must handle: (timm name, extra kwargs).
 TINY = dict(depth=2, embed_dim=64, num_heads=4, img_size=64)
@@ -28,6 +48,32 @@ FAMILIES = {
     "gap": ("vit_base_patch16_gap_224", {}),
     "patch32_rect": ("vit_base_patch32_224", {"img_size": (64, 96)}),
 }
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    shutil.rmtree(_TEST_CACHE, ignore_errors=True)
+
+
+@pytest.fixture
+def network_calls(monkeypatch):
+    """Every attempt to open a connection, recorded as its ``timeout`` and refused as a machine without
+    a network would (so a test that turns offline mode off can never download). Returns the list."""
+    import socket
+
+    from vitviz import hub
+
+    calls = []
+
+    def refuse(address, timeout=None, *args, **kwargs):
+        calls.append(timeout)
+        raise OSError("no network in the tests")
+
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(hub.socket, "create_connection", refuse)
+    monkeypatch.setattr(hub, "_probe", {})  # probe afresh, not the answer of an earlier test
+    return calls
 
 
 def tiny_model(family: str, seed: int = 0) -> torch.nn.Module:

@@ -280,8 +280,9 @@ def test_distance_plot_click_opens_the_head(page):
     _shot(page, "heads_opened_from_distance")
     m = re.search(r"layer (\d+), head (\d+)", message.inner_text())
     layer, head = int(m.group(1)), int(m.group(2))
-    if expected:
-        assert [layer, head] == [int(expected[0]), int(expected[1])], (m.group(0), expected)
+    # The dot's own (layer, head) must be readable: a None here used to skip the check silently.
+    assert expected is not None, "the clicked dot carries no customdata: the check below would test nothing"
+    assert [layer, head] == [int(expected[0]), int(expected[1])], (m.group(0), expected)
     assert page.locator("h2").first.inner_text().startswith("Attention heads")
     value = page.get_by_test_id("stSliderThumbValue").first.inner_text()
     assert int(value) == layer, f"Layer slider shows {value}, the message says layer {layer}"

@@ -171,7 +171,11 @@ def test_heads_grid_top_colour_is_each_maps_99th_percentile(bundled):
     keep[sinks] = False
     expected = [np.percentile(m.ravel()[keep], 99) for m in maps]
     assert len(tops) == len(maps)
-    np.testing.assert_allclose(tops, expected, rtol=2e-3)  # titles print 3 significant digits
+    # Titles print 3 significant digits (:.3g): half a unit of the third digit, 0.5·10^(e-2) for a value
+    # m·10^e, up to 5e-3 relative at m = 1 (rtol 2e-3 passed only for these values); plus float32's
+    # percentile noise (a few u relative, far below).
+    half_unit = 0.5 * 10.0 ** (np.floor(np.log10(np.abs(expected))) - 2)
+    assert np.all(np.abs(np.asarray(tops) - expected) <= half_unit * (1 + 1e-6)), (tops, expected)
     assert all(t < m.max() for t, m in zip(tops, maps))
 
 

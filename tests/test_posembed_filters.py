@@ -203,10 +203,19 @@ def test_similarity_map_is_titled_1_based_and_fixed_minus_one_to_one():
     assert (box.x0, box.x1, box.y0, box.y1) == (0.5, 1.5, 2.5, 3.5)
 
 
-def test_position_similarity_of_a_resampled_grid_keeps_ones_on_the_diagonal():
-    native = NativePosEmbed.from_weights(torch.randn(1, 1 + 25, 16), prefix_rows=1)
-    sim = position_embedding_similarity(native.grid_rows((7, 7)).numpy(), (7, 7))
-    np.testing.assert_allclose(np.diagonal(sim.reshape(49, 49)), 1.0, atol=1e-12)
+def test_position_similarity_of_a_resampled_grid_is_the_cosine_of_every_pair_of_positions():
+    native = NativePosEmbed.from_weights(torch.randn(1, 1 + 25, 16, generator=torch.Generator().manual_seed(0)),
+                                         prefix_rows=1)
+    rows = native.grid_rows((3, 5)).numpy().astype(np.float64)  # non-square: a transposed map shows
+    sim = position_embedding_similarity(rows, (3, 5))
+    assert sim.shape == (3, 5, 3, 5)
+    # numpy by hand: sim[i, j, k, l] = cos(e[i*5 + j], e[k*5 + l]); the diagonal alone (all ones) is also
+    # what a matrix of ones, or of the wrong pairs, would give.
+    for i, j, k, l in np.ndindex(3, 5, 3, 5):
+        a, b = rows[i * 5 + j], rows[k * 5 + l]
+        assert sim[i, j, k, l] == pytest.approx(a @ b / np.linalg.norm(a) / np.linalg.norm(b), abs=1e-12)
+    np.testing.assert_allclose(np.diagonal(sim.reshape(15, 15)), 1.0, atol=1e-12)
+    assert sim.min() < 0.5  # random rows: the off-diagonal entries are not all ones
 
 
 def test_labelled_tiles_are_enlarged_without_smoothing_and_labels_get_room():

@@ -10,7 +10,6 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 import textwrap
 import threading
 import zipfile
@@ -424,15 +423,20 @@ def test_shared_mode_has_no_path_box_and_builds_nothing_off_the_allow_list(opera
 
 
 @pytest.mark.slow
-def test_uploaded_checkpoint_is_deleted_after_loading():
+def test_uploaded_checkpoint_is_deleted_after_loading(monkeypatch):
     torch.manual_seed(0)
     import timm
+
+    import vitviz.models
 
     state = timm.create_model("vit_tiny_patch16_224", pretrained=False).state_dict()
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
-    folder = Path(tempfile.gettempdir()) / f"vitviz-ckpt-{hashlib.sha256(data).hexdigest()[:32]}"
+    # Where the loader really read the upload from, seen by the loader, not re-derived here.
+    read, real = [], vitviz.models._read_checkpoint
+    monkeypatch.setattr(vitviz.models, "_read_checkpoint",
+                        lambda path, *a, **k: read.append((Path(path), Path(path).read_bytes() == data)) or real(path, *a, **k))
     at = AppTest.from_file(APP, default_timeout=180).run()
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
     at.sidebar.text_input(key="timm_query").input("vit_tiny_patch16_224").run()
@@ -441,9 +445,11 @@ def test_uploaded_checkpoint_is_deleted_after_loading():
     assert not at.exception, [e.message for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     assert any("vit_tiny_patch16_224" in c.value for c in at.sidebar.caption)
-    assert not folder.exists()
+    assert [ok for _, ok in read] == [True]  # read once, and it held the uploaded bytes then
+    folder = read[0][0].parent
+    assert folder.name.startswith("vitviz-ckpt-") and not folder.exists()
     at.sidebar.radio(key="framing").set_value("pad").run()  # a rerun needs no file: the model is cached
-    assert not at.error and not folder.exists()
+    assert not at.error and not folder.exists() and len(read) == 1
 
 
 # Concurrent model runs: VITVIZ_MAX_RUNS -------------------------------------------------------------

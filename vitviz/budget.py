@@ -11,13 +11,13 @@ from dataclasses import replace
 
 import torch
 
+from .declared import check_weights
 from .errors import ModelError
 from .settings import megabytes
 from .sources import parse_model_name
 from .types import Architecture, WindowArchitecture
 
 __all__ = ["Architecture", "WindowArchitecture", "admit", "architecture", "check_resolution"]
-
 
 
 def architecture(name: str) -> Architecture | None:
@@ -118,7 +118,8 @@ def check_resolution(name: str, img_size: int | None, limit_bytes: int, max_img_
 def admit(spec, settings, batch: int = 1) -> None:
     """Refuse a :class:`vitviz.models.ModelSpec` the operator's settings do not allow, before anything is built.
 
-    Checks the model allow-list, devices, precisions, the resolution cap and the attention budget
+    Checks the model allow-list, devices, precisions, the size the model's files declare against the
+    cache budget (:func:`vitviz.declared.check_weights`), the resolution cap and the attention budget
     of ``batch`` images per forward. The bundled model is always allowed (it is offline and small).
 
     Raises:
@@ -133,4 +134,5 @@ def admit(spec, settings, batch: int = 1) -> None:
     if settings.dtypes is not None and spec.dtype not in settings.dtypes:
         raise ModelError(f"Precision {spec.dtype!r} is not allowed on this server (VITVIZ_DTYPES: "
                          f"{', '.join(settings.dtypes)}).")
+    check_weights(spec.name, settings.cache_bytes, spec.img_size)
     check_resolution(spec.name, spec.img_size, settings.attention_limit_bytes, settings.max_img_size, batch)

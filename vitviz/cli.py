@@ -334,9 +334,13 @@ def stats(args: argparse.Namespace) -> int:
         print("error: no image could be analysed.", file=sys.stderr)
         return 1
 
+    previous = _read_json(args.out / "summary.json")  # checked before the store makes its parts folder
     store = StatsStore(args.out)
-    previous = _read_json(args.out / "summary.json")
-    store.consolidate()  # a run killed outright leaves parts: they count as done
+    try:
+        store.consolidate()  # a run killed outright leaves parts: they count as done
+    except VitvizError:
+        store.close()  # a table refused unread: leave the folder as it was
+        raise
     cards, counts, interrupted = dict(previous.get("models", {})), {}, None
     try:
         for spec in specs:
@@ -434,12 +438,18 @@ _STATS_COLUMN_DOCS = {
 
 
 def _read_json(path: Path) -> dict:
+    """A previous run's JSON file, or {} when it is absent or damaged; one too large to be vitviz's is refused
+    unread (:func:`vitviz.declared.check_json_size`)."""
     import json
 
+    from .declared import check_json_size
+
+    check_json_size(path)
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return found if isinstance(found, dict) else {}
 
 
 # Options of analyses defined on attention over the whole sequence, with their defaults.

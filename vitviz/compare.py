@@ -57,22 +57,27 @@ class StatsTableError(VitvizError):
     """A file that is not a usable ``vitviz stats`` table; the message names the file."""
 
 
-def read_stats_table(source: bytes | str | Path, name: str | None = None) -> pd.DataFrame:
+def read_stats_table(source: bytes | str | Path, name: str | None = None, limit_bytes: int | None = None) -> pd.DataFrame:
     """One stats table, checked: Parquet bytes (an upload) or a path to a ``.parquet`` file or a stats folder.
 
     Args:
         source: the file's bytes, a ``stats.parquet`` path, or the ``--out`` folder holding one.
         name: the file name as the user knows it (defaults to the path).
+        limit_bytes: refuse a table whose footer declares more than this in memory (see
+            :func:`vitviz.declared.check_parquet`); None: the server's budget (``VITVIZ_CACHE_MB``).
 
     Returns:
         The table with exactly :data:`vitviz.stats.STATS_COLUMNS` in their dtypes (layer and head 0-based).
 
     Raises:
-        StatsTableError: not Parquet, a column missing or of the wrong kind, a negative layer or
-            head, or one (image, model, layer, head) given twice.
+        StatsTableError: not Parquet, larger than the budget, a column missing or of the wrong kind, a
+            negative layer or head, or one (image, model, layer, head) given twice.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from .declared import check_parquet
+    from .settings import Settings
 
     if not isinstance(source, bytes):
         path = stats_path(source)
@@ -82,11 +87,20 @@ def read_stats_table(source: bytes | str | Path, name: str | None = None) -> pd.
                                   "`python -m vitviz stats --out` wrote it to.")
         source = path
     name = name or "stats table"
+    if limit_bytes is None:
+        limit_bytes = Settings.from_env().cache_bytes
     try:
-        handle = pq.ParquetFile(io.BytesIO(source) if isinstance(source, bytes) else source,
+        opened = io.BytesIO(source) if isinstance(source, bytes) else source
+        # The footer first: a few kilobytes may declare hundreds of millions of run-length-encoded rows.
+        try:
+            metadata = check_parquet(opened, name, limit_bytes)
+        except VitvizError as exc:
+            raise StatsTableError(str(exc)) from exc
+        handle = pq.ParquetFile(opened, metadata=metadata,
                                 read_dictionary=[c for c, d in DTYPES.items() if d == "category"])
         _check_columns(handle.schema_arrow.names, name)
-        table = handle.read(columns=list(COLUMNS)).to_pandas()
+        batches = list(handle.iter_batches(columns=list(COLUMNS)))  # row group by row group: no second copy
+        table = (pa.Table.from_batches(batches) if batches else handle.read(columns=list(COLUMNS))).to_pandas()
     except (pa.ArrowException, OSError) as exc:
         raise StatsTableError(f"{name}: not a Parquet file ({first_line(exc)}); expected the stats.parquet "
                               "that `python -m vitviz stats --out DIR` writes.") from exc

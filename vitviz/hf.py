@@ -122,6 +122,9 @@ def load(name: str, device: torch.device, dtype: torch.dtype, more: dict | None 
         config = AutoConfig.from_pretrained(source, local_files_only=local_only)
     except Exception as exc:  # noqa: BLE001 - an unreadable config is the folder's / id's problem
         raise ModelError(f"Model {name!r}: its config could not be read ({first_line(exc)}).") from exc
+    from .declared import check_weights
+
+    check_weights(name)  # a hub config fetched just now is sized before from_pretrained builds it
     family = _model_type(config, name, more or {})
     arch = next((a for a in (config.architectures or []) if a in family.heads), family.base)
     cls = getattr(transformers, arch)

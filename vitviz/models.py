@@ -426,6 +426,9 @@ def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
     Raises:
         ModelError: with a sentence naming the model, file or setting at fault.
     """
+    from .declared import check_weights
+
+    check_weights(spec.name, img_size=spec.img_size)  # what the files declare, before anything is built
     kind = parse_model_name(spec.name).kind
     if kind == "bundled":
         return _load_bundled(spec)

@@ -17,7 +17,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .declared import check_parquet
 from .output import _signals_held
+from .settings import Settings
 from .stats import SINK_COLUMNS, STATS_COLUMNS, LayerHeadSummary, StatsTables
 
 STATS_NAME, SINKS_NAME, SUMMARY_NAME = "stats.parquet", "sinks.parquet", "summary.json"
@@ -64,7 +66,7 @@ class StatsStore:
         if not path.exists():
             return set()
         done: set[str] = set()
-        reader = pq.ParquetFile(path)
+        reader = _open(path)
         for batch in reader.iter_batches(columns=["image", "model"]):
             frame = batch.to_pandas()
             done.update(frame.loc[frame["model"] == model, "image"].unique())
@@ -77,7 +79,7 @@ class StatsStore:
         stats_parts = {p.stem.removeprefix("stats-"): p for p in self.parts.glob("stats-*.parquet")}
         fresh = sorted(set(stats_parts) - held)
         if not fresh and all((self.folder / name).exists() for name in (STATS_NAME, SINKS_NAME)):
-            for batch in pq.ParquetFile(self.folder / STATS_NAME).iter_batches():
+            for batch in _open(self.folder / STATS_NAME).iter_batches():
                 summary.add(batch.to_pandas())
             self._remove_parts()
             return summary
@@ -111,10 +113,22 @@ class StatsStore:
             pass
 
 
+def _open(path: Path) -> pq.ParquetFile:
+    """A table or part of this folder, its footer checked before any row is read: it is streamed row group
+    by row group, so the largest group must fit the memory budget (a few kilobytes of footer can declare
+    hundreds of millions of run-length-encoded rows).
+
+    Raises:
+        VitvizError: a sentence naming the file, the declared size and the budget.
+    """
+    limit = Settings.from_env(memory_share=1.0).cache_bytes
+    return pq.ParquetFile(path, metadata=check_parquet(path, str(path), limit, largest_group_only=True))
+
+
 def _parts_held(table: Path) -> set[str]:
     if not table.exists():
         return set()
-    meta = pq.read_schema(table).metadata or {}
+    meta = _open(table).schema_arrow.metadata or {}
     return set(json.loads(meta.get(_PARTS_KEY, b"[]")))
 
 
@@ -124,7 +138,7 @@ def _merge(sources: list[Path], target: Path, schema: pa.Schema, parts: list[str
     pending, rows = [], 0
     with pq.ParquetWriter(target, schema) as writer:
         for source in sources:
-            for batch in pq.ParquetFile(source).iter_batches():
+            for batch in _open(source).iter_batches():
                 table = pa.Table.from_batches([batch]).cast(schema)
                 if each is not None:
                     each(table.to_pandas())
