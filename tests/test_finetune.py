@@ -1,0 +1,156 @@
+"""Bring your own fine-tuned model: a timm checkpoint trained on other classes, saved the way training
+scripts save it, loads as the architecture its tensors describe, with its class names."""
+import argparse
+import json
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+from vitviz.capture import capture
+from vitviz.errors import ModelError
+from vitviz.labels import ClassNames, parse_labels, read_labels
+from vitviz.models import ModelSpec, load_model
+
+ARCH = "vit_tiny_patch16_224"
+CLASSES = ("apple", "banana", "cherry", "date", "elderberry", "fig", "grape")
+
+
+def finetuned(seed: int = 0, **kwargs) -> torch.nn.Module:
+    """``ARCH`` as a lab fine-tunes it (7 classes unless ``kwargs`` say otherwise), weights randomised so a
+    wrongly built model cannot agree by accident (timm zero-initialises some)."""
+    torch.manual_seed(seed)
+    model = timm.create_model(ARCH, pretrained=False, **({"num_classes": 7} | kwargs))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def seven():
+    return finetuned()
+
+
+def _save(model, path, how: str):
+    """Write ``model``'s weights as a user's training script does."""
+    state = model.state_dict()
+    if how == "state_dict":  # torch.save(model.state_dict(), path)
+        torch.save(state, path)
+    elif how == "safetensors":
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    elif how == "timm_train":  # timm's train.py CheckpointSaver: model_best.pth.tar
+        torch.save({"epoch": 9, "arch": ARCH, "state_dict": state, "optimizer": {"state": {}, "param_groups": []},
+                    "version": 2, "args": argparse.Namespace(model=ARCH, num_classes=7, lr=1e-3),
+                    "metric": 91.5}, path)
+    elif how == "model_entry":  # torchvision's reference scripts and many others
+        torch.save({"model": state, "epoch": 9, "args": argparse.Namespace(lr=0.1)}, path)
+    elif how == "data_parallel":  # saved from inside DataParallel / DistributedDataParallel
+        torch.save(torch.nn.DataParallel(model).state_dict(), path)
+    elif how == "compiled":  # saved from torch.compile's wrapper (compiling is lazy: nothing runs here)
+        torch.save(torch.compile(model).state_dict(), path)
+    elif how == "lightning":  # a LightningModule keeping the network as self.model
+        torch.save({"epoch": 3, "global_step": 120, "pytorch-lightning_version": "2.4.0",
+                    "state_dict": {f"model.{k}": v for k, v in state.items()},
+                    "hyper_parameters": {"lr": 1e-3, "num_classes": 7}, "optimizer_states": [], "lr_schedulers": []},
+                   path)
+    else:
+        raise AssertionError(how)
+    return path
+
+
+def _reference(state: dict, **kwargs) -> torch.nn.Module:
+    """timm's own model built with the training script's arguments, the same weights loaded strictly."""
+    model = timm.create_model(ARCH, pretrained=False, **kwargs)
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+# how -> (file name, what the model's notes say was done to find the weights)
+FORMATS = {"state_dict": ("weights.pth", None), "safetensors": ("weights.safetensors", None),
+           "timm_train": ("model_best.pth.tar", "the weights of its 'state_dict' entry"),
+           "model_entry": ("checkpoint.pt", "the weights of its 'model' entry"),
+           "data_parallel": ("pytorch_model.bin", "the keys under 'module.'"),
+           "compiled": ("compiled.pt", "the keys under '_orig_mod.'"),
+           "lightning": ("epoch=3.ckpt", "the weights of its 'state_dict' entry with the keys under 'model.'")}
+
+
+@pytest.mark.parametrize("how", list(FORMATS))
+def test_a_seven_class_checkpoint_loads_as_timm_builds_it(tmp_path, seven, how):
+    name, found = FORMATS[how]
+    path = _save(seven, tmp_path / name, how)
+    loaded = load_model(ModelSpec(name=ARCH, checkpoint=str(path)))
+
+    assert loaded.num_classes == 7 and "num_classes=7" in loaded.label
+    assert (f"Read {found} of {name}." in loaded.notes) if found else not loaded.notes[0].startswith("Read")
+    for key, value in seven.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[key], value), key
+    reference = _reference(seven.state_dict(), num_classes=7)
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        # The same timm module class, weights, input, process and thread count run the same kernels in the
+        # same order: the library's forward is bit-identical, not merely close.
+        assert torch.equal(loaded.model(x), reference(x))
+        # vitviz's spelled-out forward (explicit softmax instead of fused attention) agrees to float32 rounding
+        # of O(1) logits through 12 blocks: 1e-5, the suite's parity bound.
+        torch.testing.assert_close(capture(loaded.model, x).logits, reference(x), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"global_pool": "avg"},                                      # fc_norm present: average pooling
+    {"img_size": 288},                                           # fine-tuned at 288 px: an 18x18 position grid
+    {"reg_tokens": 2},                                           # register tokens
+    {"class_token": False, "global_pool": "avg"},                # no class token
+    {"num_classes": 0},                                          # a headless backbone
+], ids=["global_pool", "img_size", "reg_tokens", "no_class_token", "headless"])
+def test_what_the_training_script_changed_is_read_from_the_tensor_shapes(tmp_path, kwargs):
+    trained = finetuned(seed=2, **kwargs)
+    path = _save(trained, tmp_path / "weights.pth", "state_dict")
+    loaded = load_model(ModelSpec(name=ARCH, checkpoint=str(path)))
+
+    reference = _reference(trained.state_dict(), **({"num_classes": 7} | kwargs))
+    for name in ("num_classes", "global_pool", "num_prefix_tokens", "num_reg_tokens", "has_class_token"):
+        assert getattr(loaded.model, name) == getattr(reference, name), name
+    size = kwargs.get("img_size", 224)
+    assert loaded.data_config["input_size"] == (3, size, size)
+    assert loaded.layout.grid_size == (size // 16, size // 16)
+    x = torch.randn(1, 3, size, size, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        assert torch.equal(loaded.model(x), reference(x))  # bit-identical: see the test above
+
+
+def test_an_asked_resolution_resamples_the_fine_tuned_grid(tmp_path):
+    trained = finetuned(seed=4, img_size=288)
+    path = _save(trained, tmp_path / "weights.safetensors", "safetensors")
+    loaded = load_model(ModelSpec(name=ARCH, checkpoint=str(path), img_size=224))
+    assert loaded.layout.grid_size == (14, 14) and loaded.num_classes == 7
+    assert loaded.native_pos_embed.grid_size == (18, 18)  # the position page shows the weights' own grid
+
+
+@pytest.mark.parametrize("change, sentence", [
+    ({"embed_dim": 128, "num_heads": 4},
+     "Checkpoint wrong.pth does not fit vit_tiny_patch16_224 (num_classes=7): its tensor 'cls_token' has shape "
+     "(1, 1, 128), the architecture's (1, 1, 192)."),
+    ({"depth": 3},
+     "Checkpoint wrong.pth does not fit vit_tiny_patch16_224 (num_classes=7): the architecture's tensor "
+     "'blocks.3.norm1.weight' (192) is not in the checkpoint."),
+    ({"depth": 13},
+     "Checkpoint wrong.pth does not fit vit_tiny_patch16_224 (num_classes=7): its tensor 'blocks.12.norm1.weight' "
+     "(192) has no place in the architecture."),
+], ids=["embed_dim", "fewer_blocks", "more_blocks"])
+def test_a_checkpoint_that_truly_does_not_fit_names_the_first_tensor_and_both_shapes(tmp_path, change, sentence):
+    torch.manual_seed(0)
+    path = _save(timm.create_model(ARCH, num_classes=7, **change), tmp_path / "wrong.pth", "state_dict")
+    with pytest.raises(ModelError) as err:
+        load_model(ModelSpec(name=ARCH, checkpoint=str(path)))
+    assert str(err.value) == sentence
+
+
+def test_a_dictionary_without_weights_says_which_entries_it_has(tmp_path):
+    path = tmp_path / "run.ckpt"
+    torch.save({"epoch": 3, "weights_of_my_net": {"a": torch.zeros(1)}, "note": "hi"}, path)
+    with pytest.raises(ModelError, match=r"run.ckpt: it is not a dictionary of tensors.*none of its entries "
+                                         r"'state_dict_ema', 'model_ema', 'state_dict', 'model' holds one "
+                                         r"\(it has 'epoch', 'weights_of_my_net', 'note'\)"):
+        load_model(ModelSpec(name=ARCH, checkpoint=str(path)))
