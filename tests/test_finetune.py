@@ -154,3 +154,133 @@ def test_a_dictionary_without_weights_says_which_entries_it_has(tmp_path):
                                          r"'state_dict_ema', 'model_ema', 'state_dict', 'model' holds one "
                                          r"\(it has 'epoch', 'weights_of_my_net', 'note'\)"):
         load_model(ModelSpec(name=ARCH, checkpoint=str(path)))
+
+
+# Class names ------------------------------------------------------------------------------------
+
+def test_class_names_as_lines_or_a_json_list():
+    assert parse_labels("apple\r\nbanana\n cherry \n\n", "a.txt") == ClassNames(("apple", "banana", "cherry"), "a.txt")
+    assert parse_labels(' ["apple", "banana split"]\n', "a.json").names == ("apple", "banana split")
+    with pytest.raises(ModelError, match=r"^Class names \(a.txt\): line 2 is empty; give one name per line"):
+        parse_labels("apple\n\nbanana\n", "a.txt")
+    with pytest.raises(ModelError, match=r"^Class names \(a.json\): the JSON list must hold strings"):
+        parse_labels("[1, 2]", "a.json")
+    with pytest.raises(ModelError, match=r"^Class names \(a.json\): it starts like a JSON list but is not one"):
+        parse_labels('["apple",', "a.json")
+
+
+def test_a_labels_file_that_cannot_be_used_gets_a_sentence(tmp_path):
+    with pytest.raises(ModelError, match=r"^Class names \(.*absent.txt\): no such file\.$"):
+        read_labels(tmp_path / "absent.txt")
+    binary = tmp_path / "classes.txt"
+    binary.write_bytes(b"\xff\xfe\x00\x81 not text")
+    with pytest.raises(ModelError, match=r"^Class names \(classes.txt\): it is not UTF-8 text"):
+        read_labels(binary)
+    huge = tmp_path / "huge.txt"
+    huge.write_text("x\n" * (3 << 20))  # 6 MiB
+    with pytest.raises(ModelError, match=r"^Class names \(huge.txt\): the file takes 6 MiB, more than a list of "
+                                         r"class names needs \(at most 4 MiB\)\.$"):
+        read_labels(huge)
+
+
+@pytest.fixture(scope="module")
+def seven_path(tmp_path_factory, seven):
+    return _save(seven, tmp_path_factory.mktemp("ft") / "weights.pth", "state_dict")
+
+
+@pytest.mark.parametrize("text, file", [("\n".join(CLASSES) + "\n", "classes.txt"), (json.dumps(CLASSES), "classes.json")])
+def test_class_names_from_a_file_name_the_top_classes(tmp_path, seven, seven_path, text, file):
+    from vitviz.tokens import top_classes
+
+    (tmp_path / file).write_text(text)
+    loaded = load_model(ModelSpec(name=ARCH, checkpoint=str(seven_path), labels=read_labels(tmp_path / file)))
+    assert loaded.class_labels == CLASSES
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        logits = seven(x)[0].numpy()
+    order = logits.argsort()[::-1]
+    assert [name for _, name, _ in top_classes(logits, 3, loaded.class_labels)] == [CLASSES[i] for i in order[:3]]
+
+
+def test_class_names_that_do_not_count_the_classes_are_refused(tmp_path, seven_path):
+    six = ClassNames(CLASSES[:6], "classes.txt")
+    with pytest.raises(ModelError) as err:
+        load_model(ModelSpec(name=ARCH, checkpoint=str(seven_path), labels=six))
+    assert str(err.value) == ("Class names (classes.txt): 6 names, but vit_tiny_patch16_224 with weights from "
+                              "weights.pth (num_classes=7) has 7 classes; give exactly one name per class, in the "
+                              "order of the head's outputs.")
+    headless = _save(finetuned(num_classes=0), tmp_path / "backbone.pth", "state_dict")
+    with pytest.raises(ModelError, match=r"^Class names \(classes.txt\): .* has no classifier head"):
+        load_model(ModelSpec(name=ARCH, checkpoint=str(headless), labels=six))
+
+
+def test_names_share_the_loaded_model(seven_path):
+    from vitviz.models import with_labels
+
+    plain = load_model(ModelSpec(name=ARCH, checkpoint=str(seven_path)))
+    named = with_labels(plain, ClassNames(CLASSES, "box"))
+    assert named.model is plain.model and named.class_labels == CLASSES and plain.class_labels is None
+    assert named.spec.labels.names == CLASSES and named.card()["spec"]["labels"]["names"] == CLASSES
+
+
+# The attention budget of the fitted architecture ------------------------------------------------
+
+def test_the_budget_counts_the_resolution_the_checkpoint_was_fine_tuned_at(tmp_path):
+    from vitviz.budget import admit, admit_fitted
+    from vitviz.settings import Settings
+
+    path = _save(finetuned(seed=6, img_size=384), tmp_path / "ft384.pth", "state_dict")
+    spec = ModelSpec(name=ARCH, checkpoint=str(path))
+    limits = Settings(cache_bytes=40 << 20)  # one image's attention: at most 20 MiB
+    admit(spec, limits)  # by its name: 224 px, 12 x 3 x 197^2 x 4 B = 5.3 MiB
+    loaded = load_model(spec)
+    # Fitted: 384 px, 577 tokens: 12 x 3 x 577^2 x 4 B = 46 MiB. The largest square that fits: N^2 <= 20 MiB / 144 B
+    # gives N <= 381, so 19 x 19 patches + CLS = 362 tokens: 304 px.
+    with pytest.raises(ModelError, match=r"^Input resolution 384 px: vit_tiny_patch16_224 with weights from ft384.pth "
+                                         r"\(num_classes=7, img_size=384\)'s attention for one image would take 46 MiB "
+                                         r".*the largest size that fits is 304 px\.$"):
+        admit_fitted(loaded, limits)
+    admit_fitted(load_model(ModelSpec(name=ARCH, checkpoint=str(path), img_size=224)), limits)
+
+
+# The command line -------------------------------------------------------------------------------
+
+def test_analyze_names_each_images_top_class_with_labels(tmp_path, seven, seven_path):
+    import numpy as np
+
+    from conftest import ASSETS
+    from vitviz.cli import main
+
+    labels = tmp_path / "classes.txt"
+    labels.write_text("\n".join(CLASSES) + "\n")
+    images = [ASSETS / "chelsea.jpg", ASSETS / "coffee.jpg"]
+    assert main(["analyze", *map(str, images), "--model", ARCH, "--checkpoint", str(seven_path),
+                 "--labels", str(labels), "--out", str(tmp_path / "out")]) == 0
+    settings = json.loads((tmp_path / "out" / "settings.json").read_text())
+    logits = np.load(tmp_path / "out" / "analysis.npz")["logits"]
+    assert logits.shape == (2, 7)
+    assert [im["top1"]["name"] for im in settings["images"]] == [CLASSES[i] for i in logits.argmax(1)]
+    assert settings["model"]["spec"]["labels"] == {"names": list(CLASSES), "source": "classes.txt"}
+
+
+def test_stats_takes_labels_per_model_and_says_when_they_do_not_count_the_classes(tmp_path, seven_path, capsys):
+    from conftest import ASSETS
+    from vitviz.cli import main
+
+    labels = tmp_path / "classes.json"
+    labels.write_text(json.dumps(CLASSES[:5]))
+    code = main(["stats", str(ASSETS / "chelsea.jpg"), "--model", ARCH, "--checkpoint", str(seven_path),
+                 "--labels", str(labels), "--out", str(tmp_path / "stats"), "--workers", "0"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        "error: Class names (classes.json): 5 names, but vit_tiny_patch16_224 with weights from weights.pth "
+        "(num_classes=7) has 7 classes; give exactly one name per class, in the order of the head's outputs.")
+    labels.write_text(json.dumps(CLASSES))
+    assert main(["stats", str(ASSETS / "chelsea.jpg"), "--model", ARCH, "--checkpoint", str(seven_path),
+                 "--labels", str(labels), "--out", str(tmp_path / "stats"), "--workers", "0"]) == 0
+    summary = json.loads((tmp_path / "stats" / "summary.json").read_text())
+    assert summary["models"][ARCH]["spec"]["labels"]["names"] == list(CLASSES)
+    code = main(["stats", str(ASSETS / "chelsea.jpg"), "--model", ARCH, "--model", "bundled",
+                 "--labels", str(labels), "--out", str(tmp_path / "stats")])
+    assert code == 2 and "1 --labels for 2 --model: give one per --model" in capsys.readouterr().err
+
