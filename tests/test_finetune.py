@@ -284,3 +284,41 @@ def test_stats_takes_labels_per_model_and_says_when_they_do_not_count_the_classe
                  "--labels", str(labels), "--out", str(tmp_path / "stats")])
     assert code == 2 and "1 --labels for 2 --model: give one per --model" in capsys.readouterr().err
 
+
+# The app ----------------------------------------------------------------------------------------
+
+def _top5_labels(at) -> list[str]:
+    chart = next(c for c in at.get("plotly_chart") if "top5" in (c.proto.id or ""))
+    bar = json.loads(chart.proto.spec)["data"][0]
+    return list(bar["y"] if bar.get("orientation") == "h" else bar["x"])
+
+
+@pytest.mark.slow
+def test_the_sidebar_loads_a_fine_tuned_checkpoint_with_the_class_names_box(seven, seven_path):
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ASSETS
+    from vitviz.images import load_image, preprocess
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180).run()
+    at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
+    at.sidebar.text_input(key="timm_query").input(ARCH).run()
+    at.sidebar.selectbox(key="timm_name").set_value(ARCH).run()
+    at.sidebar.text_input(key="ckpt_path").input(str(seven_path)).run()
+    at.sidebar.text_area(key="class_names").input("\n".join(CLASSES)).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    assert any("num_classes=7" in c.value for c in at.sidebar.caption)
+
+    x = preprocess([load_image(ASSETS / "astronaut.jpg").image], load_model(  # the first sample photo
+        ModelSpec(name=ARCH, checkpoint=str(seven_path))).data_config).tensor
+    with torch.inference_mode():
+        order = seven(x)[0].argsort(descending=True)[:5].tolist()
+    assert _top5_labels(at) == [f"{CLASSES[i]} ({i})" for i in order]
+
+    # Six names for seven classes: the sentence, and the model stays loaded with its names.
+    at.sidebar.text_area(key="class_names").input("\n".join(CLASSES[:6])).run()
+    assert any(e.value.startswith("Class names (the Class names box): 6 names, but vit_tiny_patch16_224 with "
+                                  "weights from weights.pth (num_classes=7) has 7 classes") for e in at.error)
+    assert _top5_labels(at) == [f"{CLASSES[i]} ({i})" for i in order]
