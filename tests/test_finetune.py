@@ -2,6 +2,7 @@
 scripts save it, loads as the architecture its tensors describe, with its class names."""
 import argparse
 import json
+import os
 
 import pytest
 import timm
@@ -322,3 +323,30 @@ def test_the_sidebar_loads_a_fine_tuned_checkpoint_with_the_class_names_box(seve
     assert any(e.value.startswith("Class names (the Class names box): 6 names, but vit_tiny_patch16_224 with "
                                   "weights from weights.pth (num_classes=7) has 7 classes") for e in at.error)
     assert _top5_labels(at) == [f"{CLASSES[i]} ({i})" for i in order]
+
+
+@pytest.mark.slow
+def test_the_readmes_fine_tuned_command_does_what_it_says(tmp_path, seven):
+    """The README's command typed as it stands, in a folder holding the files it names (saved as timm's
+    train.py and a user's text editor save them); only --out is pointed at a temporary folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import numpy as np
+
+    from conftest import ASSETS, readme_command
+
+    args = readme_command(".venv/bin/python -m vitviz analyze assets/astronaut.jpg --model vit_tiny_patch16_224",
+                          tmp_path / "out")
+    _save(seven, tmp_path / "model_best.pth.tar", "timm_train")
+    (tmp_path / "classes.txt").write_text("\n".join(CLASSES) + "\n")
+    (tmp_path / "assets").symlink_to(ASSETS)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    result = subprocess.run([sys.executable, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    settings = json.loads((tmp_path / "out" / "settings.json").read_text())
+    logits = np.load(tmp_path / "out" / "analysis.npz")["logits"]
+    assert settings["model"]["label"] == "vit_tiny_patch16_224 with weights from model_best.pth.tar (num_classes=7)"
+    assert settings["images"][0]["top1"]["name"] == CLASSES[int(logits[0].argmax())]
