@@ -150,14 +150,14 @@ def unwrap_state_dict(obj, name: str, architecture_keys=()) -> tuple[dict, list[
                              f"entries {', '.join(repr(k) for k in STATE_DICT_ENTRIES)} holds one "
                              f"(it has {keys or 'no entries'}).")
         obj = obj[entry]
-        how.append(f"the weights of its {entry!r} entry")
+        how.append(f"its {entry!r} entry")
     if not _is_state_dict(obj):
         raise ModelError(f"Checkpoint {name}: it is not a dictionary of tensors (a state dict).")
     state = obj
     prefix = _wrapper_prefix(state, set(architecture_keys))
     if prefix:
         state = {k.removeprefix(prefix): v for k, v in state.items() if k.startswith(prefix)}
-        how.append(f"the keys under {prefix!r}")
+        how.append(f"the keys under {prefix!r}, without it")
     return state, how
 
 
@@ -210,7 +210,7 @@ def fit_architecture(state_dict: dict, arch, kwargs: dict) -> dict:
     own = arch.state_dict()
     if 2 * len(own.keys() & state_dict.keys()) < len(state_dict):
         return fitted  # most of its tensors are not this architecture's: nothing to read sizes from
-    head = f"{(arch.pretrained_cfg or {}).get('classifier', 'head')}.weight"
+    head = f"{_classifier_name(arch)}.weight"
     classes = int(state_dict[head].shape[0]) if head in state_dict else 0
     if classes != getattr(arch, "num_classes", classes):
         fitted["num_classes"] = classes
@@ -239,6 +239,17 @@ def fit_architecture(state_dict: dict, arch, kwargs: dict) -> dict:
         if side * side == cells and side > 0 and tuple(patch_embed.grid_size) != (side, side):
             fitted["img_size"] = side * patch
     return fitted
+
+
+def _classifier_name(arch) -> str:
+    """The classifier's module name (``head``, Swin's ``head.fc``): the module timm's ``get_classifier()``
+    returns (an ``Identity`` too, when the architecture has no head by default); else the pretrained config's."""
+    classifier = arch.get_classifier() if hasattr(arch, "get_classifier") else None
+    if isinstance(classifier, tuple):  # distilled DeiT: (head, head_dist), both num_classes wide
+        classifier = classifier[0]
+    found = next((name for name, module in arch.named_modules() if module is classifier and name), None)
+    configured = (getattr(arch, "pretrained_cfg", None) or {}).get("classifier", "head")
+    return found or (configured[0] if isinstance(configured, (tuple, list)) else configured)
 
 
 def describe_fit(kwargs: dict, fitted: dict) -> str:

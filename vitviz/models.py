@@ -347,7 +347,7 @@ def _load_timm_checkpoint(spec: ModelSpec, kwargs: dict) -> LoadedModel:
     model.load_state_dict(filtered, strict=True)
     # A checkpoint in another library's layout (no "pos_embed" key) leaves the native grid unknown.
     native = _timm_native_pos_embed(model, state["pos_embed"]) if "pos_embed" in state else None
-    notes = [f"Read {' with '.join(how)} of {path.name}."] if how else []
+    notes = [f"Weights read from {path.name}: {'; '.join(how)}."] if how else []
     if changed:
         notes.append(f"Built as {spec.name} with {changed}, as the checkpoint's tensor shapes say.")
     label = f"{spec.name} with weights from {path.name}" + (f" ({changed})" if changed else "")
