@@ -56,6 +56,8 @@ def _save(model, path, how: str):
                     "state_dict": {f"model.{k}": v for k, v in state.items()},
                     "hyper_parameters": {"lr": 1e-3, "num_classes": 7}, "optimizer_states": [], "lr_schedulers": []},
                    path)
+    elif how == "deepspeed":  # DeepSpeed's mp_rank_00_model_states.pt
+        torch.save({"module": state, "buffer_names": [], "ds_version": "0.14.0", "global_steps": 120}, path)
     else:
         raise AssertionError(how)
     return path
@@ -74,7 +76,8 @@ FORMATS = {"state_dict": ("weights.pth", None), "safetensors": ("weights.safeten
            "model_entry": ("checkpoint.pt", "its 'model' entry"),
            "data_parallel": ("pytorch_model.bin", "the keys under 'module.', without it"),
            "compiled": ("compiled.pt", "the keys under '_orig_mod.', without it"),
-           "lightning": ("epoch=3.ckpt", "its 'state_dict' entry; the keys under 'model.', without it")}
+           "lightning": ("epoch=3.ckpt", "its 'state_dict' entry; the keys under 'model.', without it"),
+           "deepspeed": ("mp_rank_00_model_states.pt", "its 'module' entry")}
 
 
 @pytest.mark.parametrize("how", list(FORMATS))
@@ -104,8 +107,9 @@ def test_a_seven_class_checkpoint_loads_as_timm_builds_it(tmp_path, seven, how):
     {"img_size": 288},                                           # fine-tuned at 288 px: an 18x18 position grid
     {"reg_tokens": 2},                                           # register tokens
     {"class_token": False, "global_pool": "avg"},                # no class token
+    {"class_token": False, "global_pool": "map"},                # attention pooling, as SigLIP
     {"num_classes": 0},                                          # a headless backbone
-], ids=["global_pool", "img_size", "reg_tokens", "no_class_token", "headless"])
+], ids=["global_pool", "img_size", "reg_tokens", "no_class_token", "map", "headless"])
 def test_what_the_training_script_changed_is_read_from_the_tensor_shapes(tmp_path, kwargs):
     trained = finetuned(seed=2, **kwargs)
     path = _save(trained, tmp_path / "weights.pth", "state_dict")
@@ -174,7 +178,7 @@ def test_a_dictionary_without_weights_says_which_entries_it_has(tmp_path):
     path = tmp_path / "run.ckpt"
     torch.save({"epoch": 3, "weights_of_my_net": {"a": torch.zeros(1)}, "note": "hi"}, path)
     with pytest.raises(ModelError, match=r"run.ckpt: it is not a dictionary of tensors.*none of its entries "
-                                         r"'state_dict_ema', 'model_ema', 'state_dict', 'model' holds one "
+                                         r"'state_dict_ema', 'model_ema', 'state_dict', 'model', 'module' holds one "
                                          r"\(it has 'epoch', 'weights_of_my_net', 'note'\)"):
         load_model(ModelSpec(name=ARCH, checkpoint=str(path)))
 
@@ -372,3 +376,14 @@ def test_the_readmes_fine_tuned_command_does_what_it_says(tmp_path, seven):
     logits = np.load(tmp_path / "out" / "analysis.npz")["logits"]
     assert settings["model"]["label"] == "vit_tiny_patch16_224 with weights from model_best.pth.tar (num_classes=7)"
     assert settings["images"][0]["top1"]["name"] == CLASSES[int(logits[0].argmax())]
+
+
+def test_ema_weights_are_read_first_as_timm_does(tmp_path, seven):
+    """timm's train.py with --model-ema keeps both; timm.models.load_state_dict (use_ema=True) reads the EMA."""
+    ema = finetuned(seed=9)
+    path = tmp_path / "model_best.pth.tar"
+    torch.save({"epoch": 9, "state_dict": seven.state_dict(), "state_dict_ema": ema.state_dict(),
+                "args": argparse.Namespace(model_ema=True)}, path)
+    loaded = load_model(ModelSpec(name=ARCH, checkpoint=str(path)))
+    assert torch.equal(loaded.model.head.weight, ema.head.weight)
+    assert "Weights read from model_best.pth.tar: its 'state_dict_ema' entry." in loaded.notes

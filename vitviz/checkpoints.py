@@ -57,8 +57,8 @@ def declared_bytes(path: Path) -> int:
 CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin", ".tar", ".ckpt")
 # Where training scripts keep the weights, in timm's order (timm.models.load_state_dict, use_ema=True):
 # its train.py saves {"state_dict", "state_dict_ema", "args", ...}; Lightning {"state_dict", ...};
-# torchvision's references and many others {"model", "model_ema", ...}.
-STATE_DICT_ENTRIES = ("state_dict_ema", "model_ema", "state_dict", "model")
+# torchvision's references and many others {"model", "model_ema", ...}; DeepSpeed {"module", ...}.
+STATE_DICT_ENTRIES = ("state_dict_ema", "model_ema", "state_dict", "model", "module")
 
 
 def _safe_globals() -> list:
