@@ -28,7 +28,8 @@ from vitviz import bundled
 from vitviz.budget import admit, architecture, check_resolution
 from vitviz.errors import ImageError, ModelError, first_line
 from vitviz.images import LoadedImage, frame_image, load_image, preprocess
-from vitviz.models import ModelSpec, _read_checkpoint, load_model
+from vitviz.checkpoints import read_checkpoint
+from vitviz.models import ModelSpec, load_model
 from vitviz.settings import SettingError, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -232,7 +233,7 @@ def test_path_box_does_not_tell_whether_a_non_checkpoint_file_exists(tmp_path):
     answers = []
     for path in (existing, tmp_path / "absent.txt"):
         with pytest.raises(ModelError) as err:
-            _read_checkpoint(path)
+            read_checkpoint(path)
         answers.append(str(err.value).replace(path.name, "NAME"))
     assert answers[0] == answers[1] and "unsupported file type" in answers[0]
 

@@ -8,7 +8,7 @@ read cached values. A slider move never runs the model again while its result fi
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import streamlit as st
@@ -19,7 +19,7 @@ from vitviz.analysis import AnalysisSettings, excluded_tokens
 from vitviz.pipeline import WindowForward, forward
 from vitviz.images import preprocess
 from vitviz.layout import TokenLayout
-from vitviz.models import ModelSpec, load_model
+from vitviz.models import ModelSpec, load_model, with_labels
 from vitviz.posembed import patch_position_embeddings, position_embedding_similarity
 from vitviz.rollout import class_gradient_rollout, rollout
 from vitviz.settings import Settings
@@ -79,11 +79,13 @@ def _model_run(message: str, compute):
 
 
 def cached_model(spec: ModelSpec):
+    if spec.labels is not None:  # names change no weight: one cached model for every set of names
+        return with_labels(cached_model(replace(spec, labels=None)), spec.labels)
     return store().get_or_compute(("model", spec), _spinning("Loading the model ...", lambda: load_model(spec)))
 
 
 def model_is_cached(spec: ModelSpec) -> bool:
-    return ("model", spec) in store()
+    return ("model", replace(spec, labels=None)) in store()
 
 
 @dataclass

@@ -19,9 +19,10 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from vitviz.budget import admit
+from vitviz.budget import admit, admit_fitted
 from vitviz.errors import ImageError, VitvizError
 from vitviz.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
+from vitviz.labels import ClassNames, parse_labels
 from vitviz.models import BUNDLED, LoadedModel, ModelSpec, search_models
 from vitviz.settings import SUGGESTED_MODELS, megabytes
 from vitviz.sources import HF_PREFIX, parse_model_name
@@ -191,7 +192,7 @@ def _sidebar_spec() -> ModelSpec:
                                "the internet or the Hugging Face cache, or a local checkpoint or folder.")
     shown = st.session_state.get("good_spec", ModelSpec())
     limits = operator_settings()
-    name, checkpoint = BUNDLED, None
+    name, checkpoint, labels = BUNDLED, None, None
     if choice == TIMM_BY_NAME:
         query = sb.text_input("Search timm models", placeholder="dinov2, deit3, siglip, augreg ...",
                               **_kept("timm_query"), help="Part of a name; the list below shows what timm has.")
@@ -199,14 +200,18 @@ def _sidebar_spec() -> ModelSpec:
         # Nothing loads until a model is picked: the query is a search, not a name.
         picked = sb.selectbox("timm model", options, index=None, placeholder="pick a model",
                               **_kept("timm_name", options))
-        upload = sb.file_uploader("Local checkpoint (optional)", type=["safetensors", "pth", "pt", "bin"], key="ckpt")
+        upload = sb.file_uploader("Local checkpoint (optional)", key="ckpt",
+                                  type=["safetensors", "pth", "pt", "bin", "tar", "ckpt"],
+                                  help="Weights fine-tuned from this architecture, as training scripts save them: "
+                                       "the number of classes, pooling and resolution are read from the tensors.")
         # A shared server reads no file by a path a browser user names: uploads only.
         path = None if limits.shared else sb.text_input("... or checkpoint path", **_kept("ckpt_path"))
+        names = _class_names()
         if picked is None:
             sb.info(f"Pick a model from the list to load it; still showing {shown.name}.")
-            name, checkpoint = shown.name, shown.checkpoint
+            name, checkpoint, labels = shown.name, shown.checkpoint, shown.labels
         else:
-            name = picked
+            name, labels = picked, names
             if upload is not None:
                 checkpoint = _uploaded_checkpoint(upload)
             elif path:
@@ -228,7 +233,26 @@ def _sidebar_spec() -> ModelSpec:
                            help="Sizes whose attention for one image would not fit this server's memory "
                                 f"budget (over {megabytes(limits.attention_limit_bytes)}) are refused with the "
                                 "largest size that fits.")
-    return ModelSpec(name=name, checkpoint=checkpoint, img_size=int(size) or None, device=device, dtype=dtype)
+    return ModelSpec(name=name, checkpoint=checkpoint, img_size=int(size) or None, device=device, dtype=dtype,
+                     labels=labels)
+
+
+CLASS_NAMES_BOX = "the Class names box"
+
+
+def _class_names() -> ClassNames | None:
+    """The names typed or pasted into the sidebar's box for a fine-tuned head; None when empty or unusable
+    (the sentence is shown under the box)."""
+    text = st.sidebar.text_area("Class names (optional)", height=100, placeholder="cat\ndog\nbird",
+                                help="Names of the checkpoint's classes, one per line in class-index order, or a "
+                                     "JSON list; figures and the top classes show them.", **_kept("class_names"))
+    if not text.strip():
+        return None
+    try:
+        return parse_labels(text, CLASS_NAMES_BOX)
+    except VitvizError as exc:
+        st.sidebar.error(str(exc))
+        return None
 
 
 def _hugging_face_name(shown: ModelSpec, shared: bool) -> str:
@@ -303,6 +327,7 @@ def _load(spec: ModelSpec) -> tuple[ModelSpec, LoadedModel]:
             raise VitvizError(failed[spec])
         admit(spec, operator_settings())
         loaded = _load_model(spec)
+        admit_fitted(loaded, operator_settings())  # the architecture a checkpoint was fitted to
         st.session_state["good_spec"] = spec
         return spec, loaded
     except VitvizError as exc:

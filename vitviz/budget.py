@@ -17,7 +17,7 @@ from .settings import megabytes
 from .sources import parse_model_name
 from .types import Architecture, WindowArchitecture
 
-__all__ = ["Architecture", "WindowArchitecture", "admit", "architecture", "check_resolution"]
+__all__ = ["Architecture", "WindowArchitecture", "admit", "admit_fitted", "architecture", "check_resolution"]
 
 
 def architecture(name: str) -> Architecture | None:
@@ -94,8 +94,12 @@ def check_resolution(name: str, img_size: int | None, limit_bytes: int, max_img_
     arch = architecture(name)
     if arch is None:
         return
-    size = img_size or arch.default_size
     label = "the bundled model" if parse_model_name(name).kind == "bundled" else name
+    _check(arch, label, img_size or arch.default_size, limit_bytes, max_img_size, batch)
+
+
+def _check(arch: Architecture, label: str, size: int, limit_bytes: int, max_img_size: int | None, batch: int) -> None:
+    """:func:`check_resolution` for a known architecture; ``label`` names the model in the sentence."""
     if max_img_size is not None and size > max_img_size:
         raise ModelError(f"Input resolution {size} px is over this server's cap of {max_img_size} px "
                          "(VITVIZ_MAX_IMG_SIZE); choose a smaller size.")
@@ -136,3 +140,24 @@ def admit(spec, settings, batch: int = 1) -> None:
                          f"{', '.join(settings.dtypes)}).")
     check_weights(spec.name, settings.cache_bytes, spec.img_size)
     check_resolution(spec.name, spec.img_size, settings.attention_limit_bytes, settings.max_img_size, batch)
+
+
+def admit_fitted(loaded, settings, batch: int = 1) -> None:
+    """:func:`admit`'s attention budget for the architecture a checkpoint was fitted to, before the model runs.
+
+    :func:`admit` knows only the name's architecture; a checkpoint fine-tuned at 384 px (or with register
+    tokens) builds a larger one (:func:`vitviz.checkpoints.fit_architecture`), known once it is read.
+
+    Args:
+        loaded: a :class:`vitviz.models.LoadedModel`.
+        settings: the operator's :class:`vitviz.settings.Settings`.
+        batch: images per forward.
+
+    Raises:
+        ModelError: the fitted architecture's attention would not fit (the sentence of :func:`check_resolution`).
+    """
+    if loaded.spec.checkpoint is None:
+        return
+    arch = loaded.adapter.architecture(loaded.model)
+    _check(arch, loaded.label, int(loaded.data_config["input_size"][-1]), settings.attention_limit_bytes,
+           settings.max_img_size, batch)

@@ -37,7 +37,11 @@ def _parser() -> argparse.ArgumentParser:
                               "transformers folder saved with save_pretrained, or a hub id as "
                               "hf:google/vit-base-patch16-224")
     analyze.add_argument("--checkpoint", type=Path, metavar="PATH",
-                         help="local weights (.safetensors, or .pth/.pt/.bin read with weights_only) for --model's architecture")
+                         help="local weights for --model's architecture: .safetensors, or .pth/.pt/.bin/.tar/.ckpt "
+                              "read with weights_only (a state dict, or a training script's dict holding one); "
+                              "the number of classes, pooling and resolution are read from its tensor shapes")
+    analyze.add_argument("--labels", type=Path, metavar="FILE",
+                         help="class names of the model's head: one per line in class-index order, or a JSON list")
     analyze.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
     analyze.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
     analyze.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
@@ -96,6 +100,9 @@ def _stats_parser(sub) -> None:
     stats.add_argument("--checkpoint", action="append", metavar="PATH",
                        help="local weights for --model's architecture; with several --model, one per --model in "
                             "the same order, '-' for none")
+    stats.add_argument("--labels", action="append", metavar="FILE",
+                       help="class names of --model's head (one per line, or a JSON list); with several --model, one "
+                            "per --model in the same order, '-' for none")
     stats.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created; reused to resume)")
     stats.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: each model's own)")
     stats.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
@@ -228,15 +235,18 @@ def analyze(args: argparse.Namespace) -> int:
     check_writable(args.out)  # before any model work: a wrong --out costs nothing
 
     from .analysis import AnalysisRun, AnalysisSettings, analyze_batch
-    from .budget import admit
+    from .budget import admit, admit_fitted
+    from .labels import read_labels
     from .models import ModelSpec, load_model
     from .settings import Settings
 
     spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
-                     img_size=args.img_size, device=args.device, dtype=args.dtype)
+                     img_size=args.img_size, device=args.device, dtype=args.dtype,
+                     labels=read_labels(args.labels) if args.labels else None)
     # The app's check, before the model runs: one batch's attention must fit half the machine
     # (or half of VITVIZ_CACHE_MB); the streamed run holds nothing bigger.
-    admit(spec, Settings.from_env(memory_share=1.0), batch=min(args.batch_size, len(args.images)))
+    limits, batch = Settings.from_env(memory_share=1.0), min(args.batch_size, len(args.images))
+    admit(spec, limits, batch=batch)
 
     problems: list = []
     batches = _image_batches(args.images, args.batch_size, problems)
@@ -246,6 +256,7 @@ def analyze(args: argparse.Namespace) -> int:
         return 1
 
     loaded = load_model(spec)
+    admit_fitted(loaded, limits, batch=batch)  # a checkpoint's own resolution and tokens, known once it is read
     if loaded.attention_scope == "window":
         return analyze_windows(args, loaded, itertools.chain([first], batches), problems)
     settings = AnalysisSettings(fusion=args.fusion, discard=args.discard, start_layer=args.start_layer - 1,
@@ -269,7 +280,8 @@ def analyze(args: argparse.Namespace) -> int:
                 if args.report:
                     write_image_report(part.arrays, part.input_images, [im.name for im in batch], part.layout,
                                        output.file, first=len(images))
-                images += [{"name": im.name, "sha256": im.sha256, "notes": im.notes} for im in batch]
+                images += [{"name": im.name, "sha256": im.sha256, "notes": im.notes} | _top1(part.arrays, i, loaded)
+                           for i, im in enumerate(batch)]
                 progress.update(done)
         finally:
             progress.close()
@@ -292,19 +304,36 @@ def analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _top1(arrays: dict, i: int, loaded) -> dict:
+    """settings.json's record of image ``i``'s top-1 class, named (``--labels``, the model's own or ImageNet's)."""
+    from .tokens import top_classes
+
+    if "logits" not in arrays:
+        return {}
+    (index, name, probability), = top_classes(arrays["logits"][i], 1, loaded.class_labels)
+    return {"top1": {"class": index, "name": name, "probability": probability}}
+
+
+def _per_model(args: argparse.Namespace, option: str, models: list[str]) -> list[str | None]:
+    """The values of a repeatable per-model option (--checkpoint, --labels): one per --model, '-' for none."""
+    values = getattr(args, option) or ["-"] * len(models)
+    if len(values) != len(models):
+        raise VitvizError(f"{len(values)} --{option} for {len(models)} --model: give one per --model, "
+                          "in the same order ('-' for a model without).")
+    return [None if v == "-" else v for v in values]
+
+
 def _stats_specs(args: argparse.Namespace) -> list:
-    """One ModelSpec per --model, each with its --checkpoint."""
+    """One ModelSpec per --model, each with its --checkpoint and --labels."""
+    from .labels import read_labels
     from .models import ModelSpec
 
     models = args.model or ["bundled"]
     if len(set(models)) < len(models):
         raise VitvizError("Each --model may be given once: the model column of stats.parquet tells models apart by it.")
-    checkpoints = args.checkpoint or ["-"] * len(models)
-    if len(checkpoints) != len(models):
-        raise VitvizError(f"{len(checkpoints)} --checkpoint for {len(models)} --model: give one per --model, "
-                          "in the same order ('-' for a model without).")
-    return [ModelSpec(name=m, checkpoint=None if c == "-" else c, img_size=args.img_size, device=args.device,
-                      dtype=args.dtype) for m, c in zip(models, checkpoints)]
+    return [ModelSpec(name=m, checkpoint=c, img_size=args.img_size, device=args.device, dtype=args.dtype,
+                      labels=read_labels(Path(n)) if n else None)
+            for m, c, n in zip(models, _per_model(args, "checkpoint", models), _per_model(args, "labels", models))]
 
 
 def stats(args: argparse.Namespace) -> int:
@@ -484,7 +513,8 @@ def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -
                 if not args.no_attention:
                     arrays |= {f"window_attention_{g.index}": a.numpy() for a, g in zip(out.attention, geometry)}
                 output.arrays.append(arrays)
-                images += [{"name": im.name, "sha256": im.sha256, "notes": im.notes} for im in batch]
+                images += [{"name": im.name, "sha256": im.sha256, "notes": im.notes} | _top1(arrays, i, loaded)
+                           for i, im in enumerate(batch)]
                 progress.update(done)
         finally:
             progress.close()

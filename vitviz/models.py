@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -16,11 +16,11 @@ import torch
 from . import bundled
 from .errors import ModelError, first_line
 from .hub import _hub_reachable
+from .labels import ClassNames
 from .sources import BUNDLED, parse_model_name
 from .layout import TokenLayout
 from .types import NativePosEmbed
 
-CHECKPOINT_SUFFIXES = (".safetensors", ".pth", ".pt", ".bin")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
@@ -32,10 +32,13 @@ class ModelSpec:
         name: ``"bundled"``, a timm model name, optionally with its pretrained tag
             (``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``), a folder saved with transformers'
             ``save_pretrained`` or a transformers hub id as ``"hf:google/vit-base-patch16-224"``.
-        checkpoint: path of local weights for ``name``'s architecture (.safetensors, .pth, .pt, .bin).
+        checkpoint: path of local weights for ``name``'s architecture (.safetensors, or .pth, .pt, .bin, .tar,
+            .ckpt as training scripts save them; :mod:`vitviz.checkpoints`).
         img_size: input resolution in pixels (square); default the model's own.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
         dtype: ``"float32"``, or ``"float16"`` / ``"bfloat16"`` on a GPU.
+        labels: names of the classifier's outputs (``--labels FILE``, :mod:`vitviz.labels`); None: the
+            model's own (transformers ``id2label``, ImageNet by count) or "class i".
     """
 
     name: str = BUNDLED
@@ -43,6 +46,7 @@ class ModelSpec:
     img_size: int | None = None
     device: str = "auto"
     dtype: str = "float32"
+    labels: ClassNames | None = None
 
 
 @dataclass
@@ -87,8 +91,9 @@ class LoadedModel:
 
     @property
     def class_labels(self) -> tuple[str, ...] | None:
-        """The model's own class names (transformers ``config.id2label``); None: by count (ImageNet) or none."""
-        return self.adapter.class_labels(self.model)
+        """The spec's class names (``--labels``), else the model's own (transformers ``config.id2label``);
+        None: by count (ImageNet) or none."""
+        return self.spec.labels.names if self.spec.labels else self.adapter.class_labels(self.model)
 
     @property
     def has_head(self) -> bool:
@@ -293,53 +298,6 @@ def _unknown_model_error(name: str) -> ModelError:
     return ModelError(f"Unknown model {name!r}: timm has no model of that name.{hint}")
 
 
-def _read_checkpoint(path: Path, max_bytes: int | None = None, needed: str = "") -> dict[str, torch.Tensor]:
-    """Tensors of a local weights file; never unpickles arbitrary objects, never unpacks a bomb.
-
-    Args:
-        path: the file.
-        max_bytes: refuse a file whose contents would take more than this once unpacked (read
-            from its index, see :func:`vitviz.checkpoints.declared_bytes`); None: no limit.
-        needed: what the architecture needs, for the sentence (e.g. ``"deit_tiny (22 MiB)"``).
-    """
-    # The type is checked before the file system is asked anything: the path box must not tell
-    # "exists" from "does not exist" for files that are not checkpoints.
-    if path.suffix.lower() not in CHECKPOINT_SUFFIXES:
-        raise ModelError(f"Checkpoint {path.name}: unsupported file type; use {', '.join(CHECKPOINT_SUFFIXES)}.")
-    if not path.is_file():
-        raise ModelError(f"Checkpoint {path}: no such file.")
-    if path.stat().st_size == 0:
-        raise ModelError(f"Checkpoint {path.name}: it is empty (0 bytes).")
-    if max_bytes is not None:
-        from .checkpoints import declared_bytes
-        from .settings import megabytes
-
-        unpacked = declared_bytes(path)
-        if unpacked > max_bytes:
-            raise ModelError(f"Checkpoint {path.name}: its contents would take {megabytes(unpacked)} once unpacked, "
-                             f"more than {needed or 'the architecture'} can use (at most {megabytes(max_bytes)}); "
-                             "vitviz does not unpack it.")
-    try:
-        if path.suffix.lower() == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(path))
-        else:
-            state = torch.load(str(path), map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure to read a user's file is their file's problem
-        if "weights_only" in str(exc) or "Unsupported global" in str(exc):
-            reason = "it contains Python objects other than tensors, which vitviz refuses to unpickle (unsafe)"
-        else:
-            reason = f"it could not be read ({first_line(exc)})"
-        raise ModelError(f"Checkpoint {path.name}: {reason}.") from exc
-    for key in ("state_dict", "model", "module"):
-        if isinstance(state, dict) and isinstance(state.get(key), dict):
-            state = state[key]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ModelError(f"Checkpoint {path.name}: it is not a dictionary of tensors (a state dict).")
-    return {k.removeprefix("module."): v for k, v in state.items()}
-
-
 # A checkpoint may hold more than the weights (an EMA copy, optimizer moments): up to this many
 # times the architecture's float32 weights, plus a little for metadata, is read; more is refused.
 CHECKPOINT_SLACK = 4
@@ -355,6 +313,60 @@ def _filter_checkpoint(state: dict, model: torch.nn.Module) -> dict:
     return filter_fn(state, model)
 
 
+def _load_timm_checkpoint(spec: ModelSpec, kwargs: dict) -> LoadedModel:
+    """A timm architecture with a local checkpoint's weights, fitted to what its training script changed
+    (classes, pooling, prefix tokens, resolution: :func:`vitviz.checkpoints.fit_architecture`)."""
+    import timm
+
+    from .checkpoints import describe_fit, first_mismatch, fit_architecture, read_checkpoint, unwrap_state_dict
+
+    path = Path(spec.checkpoint).expanduser()
+    architecture = _meta_architecture(spec.name, kwargs)
+    check_supported(architecture, spec.name)
+    weights = sum(p.numel() for p in architecture.state_dict().values()) * 4
+    saved = read_checkpoint(path, CHECKPOINT_SLACK * weights + CHECKPOINT_EXTRA_BYTES,
+                            needed=f"{spec.name} ({weights / (1 << 20):.0f} MiB of float32 weights)")
+    state, how = unwrap_state_dict(saved, path.name, architecture.state_dict().keys())
+    fitted = fit_architecture(state, architecture, kwargs)
+    changed = describe_fit(kwargs, fitted)
+    if changed:
+        architecture = _meta_architecture(spec.name, fitted, f"Checkpoint {path.name} calls for {spec.name} with "
+                                                             f"{changed}, which timm cannot build")
+        check_supported(architecture, spec.name)
+    model = timm.create_model(spec.name, pretrained=False, **fitted)
+    try:
+        filtered = _filter_checkpoint(state, model)
+    except Exception:  # noqa: BLE001 - weights timm's filter cannot adapt: the sentence below names the tensor
+        filtered = state
+    mismatch = first_mismatch(filtered, model)
+    if mismatch:
+        built = f"{spec.name} ({changed})" if changed else spec.name
+        raise ModelError(f"Checkpoint {path.name} does not fit {built}: {mismatch}.")
+    model.load_state_dict(filtered, strict=True)
+    # A checkpoint in another library's layout (no "pos_embed" key) leaves the native grid unknown.
+    native = _timm_native_pos_embed(model, state["pos_embed"]) if "pos_embed" in state else None
+    notes = [f"Weights read from {path.name}: {'; '.join(how)}."] if how else []
+    if changed:
+        notes.append(f"Built as {spec.name} with {changed}, as the checkpoint's tensor shapes say.")
+    label = f"{spec.name} with weights from {path.name}" + (f" ({changed})" if changed else "")
+    return _finish(model, spec, f"local file {path}", label, notes, native)
+
+
+def _meta_architecture(name: str, kwargs: dict, context: str = "") -> torch.nn.Module:
+    """The architecture alone, on the meta device (no memory): what its weights may take, before reading any.
+
+    ``context``: how the sentence starts when timm cannot build it (default: the name and the arguments).
+    """
+    import timm
+
+    try:
+        with torch.device("meta"):
+            return timm.create_model(name, pretrained=False, **kwargs)
+    except (TypeError, AssertionError, ValueError) as exc:
+        context = context or f"Model {name!r} cannot be built with {kwargs or 'its defaults'}"
+        raise ModelError(f"{context}: {exc}") from exc
+
+
 def _load_timm(spec: ModelSpec) -> LoadedModel:
     import timm
 
@@ -362,27 +374,7 @@ def _load_timm(spec: ModelSpec) -> LoadedModel:
         raise _unknown_model_error(spec.name)
     kwargs = _img_size_kwargs(spec.img_size)
     if spec.checkpoint:
-        path = Path(spec.checkpoint).expanduser()
-        try:
-            with torch.device("meta"):  # the architecture alone: what its weights may take, before reading any
-                architecture = timm.create_model(spec.name, pretrained=False, **kwargs)
-        except (TypeError, AssertionError, ValueError) as exc:
-            raise ModelError(f"Model {spec.name!r} cannot be built with {kwargs or 'its defaults'}: {exc}") from exc
-        check_supported(architecture, spec.name)
-        weights = sum(p.numel() for p in architecture.state_dict().values()) * 4
-        state = _read_checkpoint(path, CHECKPOINT_SLACK * weights + CHECKPOINT_EXTRA_BYTES,
-                                 needed=f"{spec.name} ({weights / (1 << 20):.0f} MiB of float32 weights)")
-        model = timm.create_model(spec.name, pretrained=False, **kwargs)
-        try:
-            missing, unexpected = model.load_state_dict(_filter_checkpoint(state, model), strict=False)
-        except Exception as exc:  # noqa: BLE001 - weights that do not fit are the file's problem
-            raise ModelError(f"Checkpoint {path.name} does not fit {spec.name}: {first_line(exc, 300)}") from exc
-        if missing or unexpected:
-            raise ModelError(f"Checkpoint {path.name} does not fit {spec.name}: {len(missing)} missing keys "
-                             f"(e.g. {missing[:3]}), {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}).")
-        # A checkpoint in another library's layout (no "pos_embed" key) leaves the native grid unknown.
-        native = _timm_native_pos_embed(model, state["pos_embed"]) if "pos_embed" in state else None
-        return _finish(model, spec, f"local file {path}", f"{spec.name} with weights from {path.name}", [], native)
+        return _load_timm_checkpoint(spec, kwargs)
 
     with torch.device("meta"):  # the architecture alone, no memory, to refuse unsupported families early
         architecture = timm.create_model(spec.name, pretrained=False, **kwargs)
@@ -426,6 +418,8 @@ def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
     Raises:
         ModelError: with a sentence naming the model, file or setting at fault.
     """
+    if spec.labels is not None:
+        return with_labels(load_model(replace(spec, labels=None)), spec.labels)
     from .declared import check_weights
 
     check_weights(spec.name, img_size=spec.img_size)  # what the files declare, before anything is built
@@ -435,6 +429,17 @@ def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
     if kind == "transformers":
         return _load_hf(spec)
     return _load_timm(spec)
+
+
+def with_labels(loaded: LoadedModel, labels: ClassNames) -> LoadedModel:
+    """``loaded`` with class names: the same model object (names change no weight, so a cache keeps one
+    model for every set of names), its spec naming them.
+
+    Raises:
+        ModelError: not one name per class.
+    """
+    labels.check(loaded.num_classes, loaded.label)
+    return replace(loaded, spec=replace(loaded.spec, labels=labels))
 
 
 def _load_hf(spec: ModelSpec) -> LoadedModel:
