@@ -428,15 +428,15 @@ def test_uploaded_checkpoint_is_deleted_after_loading(monkeypatch):
     torch.manual_seed(0)
     import timm
 
-    import vitviz.models
+    import vitviz.checkpoints
 
     state = timm.create_model("vit_tiny_patch16_224", pretrained=False).state_dict()
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
     # Where the loader really read the upload from, seen by the loader, not re-derived here.
-    read, real = [], vitviz.models._read_checkpoint
-    monkeypatch.setattr(vitviz.models, "_read_checkpoint",
+    read, real = [], vitviz.checkpoints.read_checkpoint
+    monkeypatch.setattr(vitviz.checkpoints, "read_checkpoint",
                         lambda path, *a, **k: read.append((Path(path), Path(path).read_bytes() == data)) or real(path, *a, **k))
     at = AppTest.from_file(APP, default_timeout=180).run()
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
