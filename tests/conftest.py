@@ -5,6 +5,8 @@ import tempfile
 os.environ["HF_HUB_OFFLINE"] = "1"
 # One converted copy of the bundled weights per test session, away from the user's cache.
 os.environ.setdefault("VITVIZ_CACHE", tempfile.mkdtemp(prefix="vitviz-test-cache-"))
+# AppTests read the server-drawn Plotly grids; the browser explorer has its own browser test.
+os.environ.setdefault("VITVIZ_DRAW", "server")
 
 from pathlib import Path  # noqa: E402
 
