@@ -6,7 +6,12 @@ session, so a page switch (which starts with a clean URL) puts it back with :fun
 """
 from __future__ import annotations
 
+import hashlib
+import os
+
 import streamlit as st
+
+from ui.memo import ByteLRU
 
 # URL key -> (session key of the same choice on the server-drawn pages, or None).
 VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "patch", "keep": "keep",
@@ -53,3 +58,81 @@ def restore_params() -> None:
 def saved_view() -> dict[str, str]:
     """The view as last written (URL keys, text values)."""
     return dict(st.session_state.get(SAVED, {}))
+
+
+# ---- uploads kept by content hash -------------------------------------------------------------------
+IMAGES_PARAM = "img"
+CURRENT_PARAM = "image"
+HASH_CHARS = 32  # 128 bits of SHA-256: the link is the only way to an upload; nobody guesses it
+DEFAULT_KEEP_MB = 256
+
+
+@st.cache_resource(show_spinner=False)
+def kept_uploads() -> ByteLRU:
+    """Uploads by content hash, shared by the server's sessions but reachable only through a link that names
+    the hash (``?img=...``), so a reload or a shared link brings an image back; least recently used ones go
+    first beyond ``VITVIZ_KEEP_MB`` (default 256 MB)."""
+    try:
+        budget = int(os.environ.get("VITVIZ_KEEP_MB", DEFAULT_KEEP_MB))
+    except ValueError:
+        budget = DEFAULT_KEEP_MB
+    return ByteLRU(max(1, budget) << 20)
+
+
+def content_name(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:HASH_CHARS]
+
+
+def keep_images(store: dict[str, bytes]) -> list[str]:
+    """Bring back the uploads a link names when this session holds none (F5, a shared link), keep every upload
+    of the session server-side, and name them in the URL. Returns the sentences for uploads that are gone."""
+    kept, gone = kept_uploads(), []
+    wanted = [h for h in st.query_params.get(IMAGES_PARAM, "").split(",") if h]
+    if not store and wanted and not st.session_state.get("persist_restored"):
+        for h in wanted:
+            held = kept.get(h)
+            if held is None:
+                gone.append(f"An image of this link ({h[:8]}…) is no longer kept on this server; upload it again.")
+            else:
+                store[held[0]] = held[1]
+        current = st.query_params.get(CURRENT_PARAM)
+        if current in store:
+            st.session_state["kept_current"] = current
+    st.session_state["persist_restored"] = True
+    names = []
+    for name, data in store.items():
+        h = content_name(data)
+        if h not in kept:
+            kept.put(h, (name, data))
+        names.append(h)
+    text = ",".join(names)
+    if text and st.query_params.get(IMAGES_PARAM) != text:
+        st.query_params[IMAGES_PARAM] = text
+    elif not text and IMAGES_PARAM in st.query_params:
+        del st.query_params[IMAGES_PARAM]
+    return gone
+
+
+def remember_current(name: str) -> None:
+    """The current image's name in the URL (it comes back after F5 when it is an upload or a sample)."""
+    if st.query_params.get(CURRENT_PARAM) != name:
+        st.query_params[CURRENT_PARAM] = name
+
+
+def uploads_box(store: dict[str, bytes]) -> str | None:
+    """What is loaded, each with a × that removes it (the uploader's own × is empty after a page switch).
+    Returns the removed name, if any."""
+    removed = None
+    for name, data in list(store.items()):
+        left, right = st.sidebar.columns([5, 1], vertical_alignment="center")
+        left.caption(f"📄 {name} · {len(data) / 1e6:.1f} MB")
+        if right.button("×", key=f"remove_{content_name(data)}", help=f"Remove {name}"):
+            store.pop(name)
+            removed = name
+    return removed
+
+
+def linked_samples(samples: list[str]) -> list[str]:
+    """The sample photo a link names as the current image, so a fresh session shows it."""
+    current = st.query_params.get(CURRENT_PARAM)
+    return [current] if current in samples else []

@@ -214,6 +214,9 @@ class RenderedMaps:
             "; nothing clipped"
         if len(self.excluded):
             text += f"; patches {sorted(int(p) for p in self.excluded)} set no limit (query / attention sinks)"
+        flat = sum(s.flat for s in self.scales)
+        if flat and not self.scales[0].flat:
+            text += f"; {flat} map{'s' if flat != 1 else ''} flat (every value within 0.1% of its mean), drawn at mid-scale"
         return text + "."
 
 

@@ -75,9 +75,9 @@ function colourScales(maps, mode, exclude, pct) {
   if (!keep.length) keep = [...Array(P).keys()];
   const kept = maps.map((m) => keep.map((i) => m[i]).filter((x) => !Number.isNaN(x)));
   if (mode === "full range per map")
-    return kept.map((v) => ({ lo: Math.min(...v), hi: top(Math.max(...v)), log: false, rule: "each map's minimum to its maximum" }));
+    return kept.map((v) => flatScale(v) || { lo: Math.min(...v), hi: top(Math.max(...v)), log: false, rule: "each map's minimum to its maximum" });
   if (mode === "robust per head")
-    return kept.map((v) => ({ lo: 0, hi: top(percentile(v, pct)), log: false, rule: `0 to each map's ${pct}th percentile` }));
+    return kept.map((v) => flatScale(v) || { lo: 0, hi: top(percentile(v, pct)), log: false, rule: `0 to each map's ${pct}th percentile` });
   const all = kept.flat();
   if (mode === "shared across heads") {
     const s = { lo: 0, hi: top(percentile(all, pct)), log: false, rule: `0 to the ${pct}th percentile of all maps, shared` };
@@ -89,6 +89,17 @@ function colourScales(maps, mode, exclude, pct) {
   const llo = Math.log10(Math.max(lo, 1e-12)), lhi = Math.log10(Math.max(hi, lo > 0 ? lo * 10 : 1e-6));
   const s = { lo: llo, hi: Math.max(lhi, llo + 1e-6), log: true, rule: "log10, 1st to 99.9th percentile of all maps, shared" };
   return maps.map(() => s);
+}
+
+// vitviz/colour.py _flat_scale: a map with no pattern is drawn at mid-scale, not stretched.
+const FLAT_RELATIVE = 1e-3;
+const FLAT_RULE = "flat: every value within 0.1% of the map's mean, drawn at mid-scale (0 to twice the mean), not stretched";
+function flatScale(v) {
+  let sum = 0, lo = Infinity, hi = -Infinity;
+  for (const x of v) { sum += x; lo = Math.min(lo, x); hi = Math.max(hi, x); }
+  const mean = sum / v.length;
+  if (!isFinite(mean) || hi - lo > FLAT_RELATIVE * Math.abs(mean)) return null;
+  return { lo: 0, hi: mean > 0 ? 2 * mean : 1.0, log: false, rule: FLAT_RULE, flat: true };
 }
 
 function normalise(scale, v) {
@@ -385,7 +396,7 @@ function paint(st) {
     const canvas = el("canvas", { width: st.W, height: st.H, class: "vv-tile", "data-head": order[i] + 1 });
     canvas.getContext("2d").putImageData(img, 0, 0);
     const t = scales[i];
-    const label = shared ? `head ${order[i] + 1}` : `head ${order[i] + 1} · top ${g3(t.log ? 10 ** t.hi : t.hi)}`;
+    const label = shared ? `head ${order[i] + 1}` : t.flat ? `head ${order[i] + 1} · flat` : `head ${order[i] + 1} · top ${g3(t.log ? 10 ** t.hi : t.hi)}`;
     const note = header.notes ? header.notes[l][order[i]] : "";
     tiles.push(el("figure", { class: "vv-cell" }, el("figcaption", {}, el("div", { textContent: label }), el("div", { class: "vv-small", textContent: note })), canvas));
   });
@@ -396,6 +407,8 @@ function paint(st) {
   let text = `Colours: ${scales[0].rule}`;
   text += nClipped ? `; ${nClipped} patch${nClipped !== 1 ? "es" : ""} above the top drawn in the top colour, outlined in cyan` : "; nothing clipped";
   if (excluded.length) text += `; patches [${excluded.join(", ")}] set no limit (query / attention sinks)`;
+  const flat = scales.filter((s) => s.flat).length;
+  if (flat && !scales[0].flat) text += `; ${flat} map${flat !== 1 ? "s" : ""} flat (every value within 0.1% of its mean), drawn at mid-scale`;
   st.caption.textContent = text + ".";
   st.painted();
 }
