@@ -8,7 +8,7 @@ from ui.charts import file_stem, show_chart
 from ui.display import Display, display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
 from ui.explorer import browser_draws, heads_explorer
-from ui.persist import restore_params, saved_view
+from ui.persist import saved_view, set_view
 from ui import windows
 from ui.state import setup
 from vitviz.colour import SCALE_MODES, SEQUENTIAL
@@ -27,6 +27,7 @@ if ctx.loaded.attention_scope == "window":  # Swin: each head's window around a 
 r, layout = ctx.result, ctx.result.layout
 L, H = r.attention.shape[:2]
 if opened := st.session_state.pop("opened_from_distance", None):
+    set_view(layer=opened[0])  # the browser-drawn grid reads its layer from the URL
     st.success(f"Opened from the distance plot: layer {opened[0]}, head {opened[1]} (outlined in the grid and "
                "picked below under Compare layers).")
 
@@ -103,7 +104,7 @@ def _panel(v: HeadsView):
 
 
 def _downloads(v: HeadsView, rendered=None) -> None:
-    maps, order, keep, masks, sinks, titles, _, title = _panel(v)
+    maps, order, keep, masks, sinks, titles, notes, title = _panel(v)
     query = v.query if v.by_patch else None
     stem = file_stem("heads", ctx.image.name, f"layer{v.layer + 1}", str(v.query))
     scores = r.head_scores
@@ -114,7 +115,7 @@ def _downloads(v: HeadsView, rendered=None) -> None:
     download_row(stem, {"maps": maps[order], "head_order": np.array(order), "entropy": scores["entropy"],
                         "cls_focus": scores["cls_focus"], "distance": r.distance}, settings,
                  panel_download(r.model_input, maps[order], v.display, titles, title, masks=masks, query=query,
-                                sinks=sinks, columns=3 if H <= 9 else 4))
+                                sinks=sinks, columns=3 if H <= 9 else 4, notes=notes))
 
 
 def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | None, display: Display) -> None:
@@ -202,7 +203,6 @@ _SCORES_CAPTION = (f" H: entropy of the patch queries' attention over patches (n
                    f"{np.log(layout.num_patches):.2f}). Focus: 1 − entropy / ln N of the readout's attention (0 uniform, "
                    "1 one patch). px: mean attention distance of the head.")
 
-restore_params()
 if browser_draws():
     browser_view()
 else:

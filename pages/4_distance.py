@@ -49,7 +49,8 @@ if view == "depth plot":
         st.switch_page("pages/2_heads.py")
 else:
     show_chart(layer_head_heatmap(distance, "mean attention distance", "pixels"), "distance_heatmap", stem)
-st.caption(f"Convention: {CONVENTION}. Dotted line: a head attending uniformly to every patch of this "
+st.caption(("Click a dot to open that head on the Attention heads page. " if view == "depth plot" else "")
+           + f"Convention: {CONVENTION}. Dotted line: a head attending uniformly to every patch of this "
            f"{r.layout.grid_size[0]}x{r.layout.grid_size[1]} grid ({uniform:.1f} px). Grey dashes: receptive field "
            "of a stack of 3x3 stride-1 convolutions of the same depth, for comparison. "
            + (f"Error bars: ± one standard deviation over the {len(names)} images." if spread is not None else

@@ -76,3 +76,27 @@ def test_a_near_uniform_map_is_drawn_flat_at_mid_scale_not_stretched():
     assert not colour_scale(spread[None], "robust per head")[0].flat
     rendered = render_maps(Image.new("RGB", (8, 8)), np.stack([real, uniform]), scale_mode="robust per head")
     assert "1 map flat" in rendered.caption()
+
+
+def test_png_titles_have_the_glyphs_they_use():
+    """Pillow's built-in font draws –, × and → as the same box as an unassigned code point."""
+    from vitviz.overlay import _font
+
+    font = _font(18)
+    missing = bytes(font.getmask("\U0010ffff"))
+    for glyph in "–×→":
+        assert bytes(font.getmask(glyph)) != missing, glyph
+
+
+def test_the_heads_png_keeps_each_tiles_subtitle():
+    from vitviz.colour import ColourScale
+    from vitviz.overlay import colour_bar, panel_png
+
+    tiles = [Image.new("RGB", (40, 40), "grey")] * 2
+    bar = colour_bar(ColourScale(0, 1), "Inferno", "attention weight", 60)
+    plain = panel_png(tiles, ["head 1", "head 2"], "Layer 1", bar, columns=2)
+    noted = panel_png(tiles, ["head 1", "head 2"], "Layer 1", bar, columns=2, notes=["H 3.61 nats", "H 3.47 nats"])
+    assert noted.height > plain.height
+    # The note's line (between the title line and the tile) has ink under the first tile.
+    row = np.asarray(noted)[18 + 16 + 18 + 4: 18 + 16 + 18 + 4 + 12, 10:50]
+    assert (row < 128).any()

@@ -132,6 +132,7 @@ def _assert_tiles_equal_export(pg, name: str) -> None:
 def test_explorer_tiles_equal_the_png_export(browser_page):
     pg, _, _ = browser_page
     pg.screenshot(path=str(SHOTS / "heads_explorer.png"))
+    pg.screenshot(path=str(ROOT / "docs" / "heads.png"))  # the README's picture of the page
     view = pg.evaluate(VIEW_JS)["view"]
     assert view["layer"] == 12 and view["query"] == "cls"
     _assert_tiles_equal_export(pg, "layer 12, CLS, robust per head, sinks marked")
@@ -183,3 +184,39 @@ def test_a_link_opens_the_view_it_names(browser_page):
     assert (view["layer"], view["query"], view["patch"], view["style"], view["cmap"]) == (6, "patch", 100, "heatmap", "Viridis")
     pg.screenshot(path=str(SHOTS / "heads_patch100_heatmap.png"))
     _assert_tiles_equal_export(pg, "layer 6, patch 100 as query, heatmap, shared scale")
+
+
+def test_a_first_visit_explains_and_one_click_opens_the_heads_page(browser_page):
+    pg, _, server = browser_page
+    first = pg.context.browser.new_context(viewport=VIEWPORT).new_page()  # a new visitor: no session, no URL state
+    first.set_default_timeout(240_000)
+    first.goto(server)
+    first.get_by_text("New here? What vitviz shows").wait_for()
+    first.screenshot(path=str(SHOTS / "first_visit.png"))
+    first.get_by_role("button", name="Open chelsea").click()
+    first.wait_for_selector(READY)
+    assert "/heads" in first.url and "image=chelsea.jpg" in first.url
+    assert first.get_by_role("heading", name="Attention heads · chelsea.jpg").is_visible()
+    assert not first.get_by_text("New here?").count()
+    first.context.close()
+
+
+def test_faithfulness_screenshot_for_the_readme(browser_page):
+    """The README's picture of the faithfulness page, after a run with fewer steps and without attention flow."""
+    pg, _, server = browser_page
+    pg.goto(f"{server}/faithfulness")
+    run = pg.locator(".st-key-faith_run button")
+    run.wait_for(timeout=300_000)
+    methods = pg.locator(".st-key-faith_methods")
+    flow = methods.locator('[data-baseweb="tag"]').filter(has_text="flow")
+    while flow.count():  # attention flow takes minutes on a CPU
+        flow.first.locator('[role="presentation"]').last.click()
+        pg.wait_for_timeout(1000)
+    steps = pg.locator(".st-key-faith_steps input")
+    steps.fill("6")
+    steps.press("Enter")
+    pg.wait_for_timeout(1500)
+    run.click()
+    pg.wait_for_selector(".st-key-faith_table", timeout=600_000)
+    pg.wait_for_timeout(3000)
+    pg.screenshot(path=str(ROOT / "docs" / "faithfulness.png"))

@@ -95,7 +95,7 @@ def _label(title: str, scale, shared: bool, note: str | None) -> str:
 
 def panel_download(image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str, *,
                    masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME,
-                   region=None):
+                   region=None, notes: list[str] | None = None):
     """A callable building the publication PNG of the same panel (tiles at ``zoom``x, titles, colour bar)."""
     def build() -> Image.Image:
         rendered = render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
@@ -105,7 +105,7 @@ def panel_download(image: Image.Image, maps: np.ndarray, display: Display, title
         bar_title = value_name if rendered.shared else f"{value_name} / tile's top"
         bar = colour_bar(rendered.scales[0], display.cmap, bar_title, rendered.tiles[0].height,
                          relative=not rendered.shared) if display.style != "DINO mask" else Image.new("RGB", (1, 1), "white")
-        return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)))
+        return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)), notes=notes)
     return build
 
 

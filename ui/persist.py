@@ -38,6 +38,13 @@ def remember_view(view: dict) -> None:
         st.query_params.update(changed)
 
 
+def set_view(**params) -> None:
+    """Set view keys from code (e.g. a head opened from the distance plot); a page switch carries them."""
+    saved = st.session_state.setdefault(SAVED, {})
+    saved.update({k: _text(v) for k, v in params.items()})
+    st.query_params.update({k: _text(v) for k, v in params.items()})
+
+
 def restore_params() -> None:
     """Put the session's saved view back into the URL when a page switch dropped it, and pick up a
     view that arrived in the URL (F5, a shared link) as the session's own."""
@@ -45,7 +52,7 @@ def restore_params() -> None:
     for key in VIEW_PARAMS:
         if key in st.query_params:
             saved[key] = st.query_params[key]
-    missing = {k: v for k, v in saved.items() if k not in st.query_params}
+    missing = {k: v for k, v in saved.items() if k not in st.query_params and k in VIEW_PARAMS | {"intro": None}}
     if missing:
         st.query_params.update(missing)
     if "patch" in saved and st.session_state.get("patch") is None:

@@ -320,7 +320,7 @@ def _load(spec: ModelSpec) -> tuple[ModelSpec, LoadedModel]:
         previous = st.session_state.get("good_spec", ModelSpec())
         if previous != spec:
             at = f"at {previous.img_size} px" if previous.img_size else "at its own resolution"
-            st.info(f"Still showing the previous model ({previous.name} {at}): the maps below are its, not the "
+            st.info(f"Still showing the previous model ({previous.name}) {at}: the maps below are its, not the "
                     "requested setting's.")
         try:
             return previous, _load_model(previous)
@@ -364,6 +364,7 @@ def _leave_legacy_navigation() -> None:
 def setup() -> Context | None:
     """Draw the shared sidebar; return the page context, or None (with a message) when there is no image."""
     _leave_legacy_navigation()
+    persist.restore_params()  # a page switch starts with a clean URL: the session's view goes back into it
     st.sidebar.title("vitviz")
     spec, loaded = _load(_sidebar_spec())
     st.sidebar.caption(f"**{loaded.label}** · {loaded.device} · {str(loaded.dtype).removeprefix('torch.')}")

@@ -178,7 +178,7 @@ def distance_scatter(distance: np.ndarray, receptive_field: np.ndarray | None = 
                                  name="3x3 conv stack receptive field", line=dict(color="grey", dash="dash")))
     fig.update_layout(xaxis=dict(title="network depth (layer)", tickmode="linear", dtick=1, range=[0.5, L + 0.5]),
                       yaxis=dict(title="mean attention distance (pixels)", rangemode="tozero"),
-                      legend=dict(title="click a dot to open that head", orientation="v"), height=460,
+                      legend=dict(title="head", orientation="v"), height=460,
                       margin=dict(l=70, r=10, t=10, b=50), plot_bgcolor="white", paper_bgcolor="white",
                       font_color="black", clickmode="event+select")
     fig.update_xaxes(showgrid=False, linecolor="black", ticks="outside")

@@ -433,7 +433,9 @@ export default function (component) {
     st.paints += 1;
     root.dataset.paints = String(st.paints);
     root.dataset.view = JSON.stringify(st.view);
-    (window.__vvPaints = window.__vvPaints || []).push({ t: performance.now(), view: { ...st.view } });
+    const entry = { t: performance.now(), frame: null, view: { ...st.view } };
+    (window.__vvPaints = window.__vvPaints || []).push(entry);
+    requestAnimationFrame(() => { entry.frame = performance.now(); });
   };
   st.change = (delta) => {
     st.view = { ...st.view, ...delta };
