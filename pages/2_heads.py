@@ -185,11 +185,8 @@ def server_view() -> None:
 def browser_view() -> None:
     """The grid drawn in the browser: layer, query, patch and display changes repaint there; the server hears
     of the view afterwards (URL, session, downloads)."""
-    saved = saved_view()
-    patch = st.session_state.get("patch")
-    payload, reported = heads_explorer(ctx, patch)
-    saved = saved_view() if reported else saved
-    patch = st.session_state.get("patch")
+    payload, _ = heads_explorer(ctx)
+    saved, patch = saved_view(), st.session_state.get("patch")
     st.caption(_SCORES_CAPTION.strip() + f" Sent to the browser: {payload.nbytes / 1e6:.2f} MB for this image "
                f"({'every patch row' if payload.patch_rows else 'CLS and mean rows; a clicked patch’s rows on demand'}).")
     v = _browser_view(saved, patch)

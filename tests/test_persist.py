@@ -50,3 +50,11 @@ def test_the_loaded_list_removes_an_image_after_a_page_switch():
     assert not at.exception
     assert "chelsea.jpg" not in _images(at)
     assert "img" not in at.query_params
+
+
+def test_a_link_brings_back_the_resolution_and_names_the_model():
+    first = _session()
+    first.sidebar.number_input(key="img_size").set_value(280).run()
+    assert (first.query_params["model"], first.query_params["res"]) == ("bundled", "280")
+    reloaded = _session({"model": "bundled", "res": "280"})
+    assert reloaded.sidebar.number_input(key="img_size").value == 280

@@ -46,9 +46,12 @@ def _payload(ctx, selected: int | None) -> ExplorerPayload:
     return payload
 
 
-def heads_explorer(ctx, selected: int | None, key: str = "heads_explorer") -> tuple[ExplorerPayload, dict | None]:
+def heads_explorer(ctx, key: str = "heads_explorer") -> tuple[ExplorerPayload, dict | None]:
     """Mount the explorer for the page's image; returns the payload and the view the browser last reported."""
-    payload = _payload(ctx, selected)
+    reported = st.session_state.get(key)
+    if reported and reported.get("view"):
+        remember_view(reported["view"])  # before building the payload: a new patch's rows must be in it
+    payload = _payload(ctx, st.session_state.get("patch"))
     result = _component(data=payload.data, key=key, on_view_change=lambda: None)
     view = result.get("view") if result is not None else None
     if view:

@@ -143,3 +143,30 @@ def linked_samples(samples: list[str]) -> list[str]:
     """The sample photo a link names as the current image, so a fresh session shows it."""
     current = st.query_params.get(CURRENT_PARAM)
     return [current] if current in samples else []
+
+
+# ---- model and resolution ---------------------------------------------------------------------------
+MODEL_PARAM, SIZE_PARAM = "model", "res"
+
+
+def seed_model(bundled: str, by_name: str) -> None:
+    """On a session's first run, seed the sidebar's model box from a link's ``model`` and ``res`` (the widgets read
+    their ``kept_*`` values)."""
+    if st.session_state.get("persist_model_seeded"):
+        return
+    st.session_state["persist_model_seeded"] = True
+    name = st.query_params.get(MODEL_PARAM)
+    if name and name != bundled and not name.startswith(("hf:", "/", ".")):
+        st.session_state["kept_model_choice"] = by_name
+        st.session_state["kept_timm_query"] = name
+        st.session_state["kept_timm_name"] = name
+    size = st.query_params.get(SIZE_PARAM, "")
+    if size.isdigit():
+        st.session_state["kept_img_size"] = int(size)
+
+
+def remember_model(name: str, img_size: int | None) -> None:
+    """The model shown and its input resolution in the URL (0: the model's own)."""
+    params = {MODEL_PARAM: name, SIZE_PARAM: str(img_size or 0)}
+    if any(st.query_params.get(k) != v for k, v in params.items()):
+        st.query_params.update(params)

@@ -366,7 +366,9 @@ def setup() -> Context | None:
     _leave_legacy_navigation()
     persist.restore_params()  # a page switch starts with a clean URL: the session's view goes back into it
     st.sidebar.title("vitviz")
+    persist.seed_model(BUNDLED, TIMM_BY_NAME)
     spec, loaded = _load(_sidebar_spec())
+    persist.remember_model(spec.name, spec.img_size)
     st.sidebar.caption(f"**{loaded.label}** · {loaded.device} · {str(loaded.dtype).removeprefix('torch.')}")
     images, newest = _sidebar_images()
     if not images:
