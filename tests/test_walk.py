@@ -49,3 +49,16 @@ def test_a_first_visit_explains_until_closed():
     at.button(key="intro_close").click().run()
     assert not any("New here?" in m.value for m in at.markdown)
     assert at.query_params["intro"] == "0"  # and not again after F5
+
+
+def test_distance_heatmap_labels_every_layer_and_its_caption_describes_it():
+    import json
+
+    at = _app()
+    at.switch_page("pages/4_distance.py").run()
+    at.radio(key="distance_view").set_value("layer × head heatmap").run()
+    assert not at.exception
+    spec = json.loads(next(c for c in at.get("plotly_chart") if "distance_heatmap" in c.proto.id).proto.spec)
+    assert spec["layout"]["yaxis"]["dtick"] == 1 and spec["layout"]["xaxis"]["dtick"] == 1
+    captions = " ".join(c.value for c in at.caption)
+    assert "Each cell: one head's mean attention distance" in captions and "Dotted line" not in captions

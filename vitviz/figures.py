@@ -200,7 +200,9 @@ def layer_head_heatmap(values: np.ndarray, title: str, colorbar: str) -> go.Figu
     fig = go.Figure(go.Heatmap(z=values.astype(np.float32), x=np.arange(1, H + 1), y=np.arange(1, L + 1),
                                colorscale=reference_stops("Viridis"), colorbar=dict(title=colorbar),
                                hovertemplate="layer %{y}, head %{x}<br>%{z:.2f}<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="head", yaxis_title="layer", yaxis=dict(autorange="reversed"),
+    # Every layer and head labelled (Plotly's automatic ticks label only every other layer of 12).
+    fig.update_layout(title=title, xaxis=dict(title="head", tickmode="linear", tick0=1, dtick=1),
+                      yaxis=dict(title="layer", autorange="reversed", tickmode="linear", tick0=1, dtick=1),
                       margin=dict(l=60, r=10, t=30, b=50))
     return fig
 
