@@ -62,7 +62,7 @@ def browser_page(server):
         pg = browser.new_page(viewport=VIEWPORT)
         pg.set_default_timeout(240_000)
         pg.route_web_socket(re.compile(r".*/_stcore/stream.*"), through)
-        pg.goto(f"{server}/heads", timeout=300_000)
+        pg.goto(f"{server}/heads?intro=0", timeout=300_000)  # the first visit's explanation has its own test
         pg.wait_for_selector(READY, timeout=300_000)
         yield pg, held, server
         browser.close()
@@ -178,7 +178,7 @@ def test_reload_restores_page_and_layer(browser_page):
 
 def test_a_link_opens_the_view_it_names(browser_page):
     pg, _, server = browser_page
-    pg.goto(f"{server}/heads?layer=6&query=patch&patch=100&style=heatmap&scale=shared+across+heads&sinks=0&cmap=Viridis")
+    pg.goto(f"{server}/heads?intro=0&layer=6&query=patch&patch=100&style=heatmap&scale=shared+across+heads&sinks=0&cmap=Viridis")
     pg.wait_for_selector(READY, timeout=300_000)
     view = pg.evaluate(VIEW_JS)["view"]
     assert (view["layer"], view["query"], view["patch"], view["style"], view["cmap"]) == (6, "patch", 100, "heatmap", "Viridis")
