@@ -114,9 +114,10 @@ class ServerDrawn:
         if kind == "order":
             box = page.locator('[data-testid="stSelectbox"]').filter(has=page.get_by_text("Order heads by", exact=True)).first
 
-            def choose():
+            def choose():  # Streamlit's selectbox is a combobox: type the option, Enter
                 box.click()
-                page.get_by_role("option", name="head number" if k % 2 else "entropy (low = focused)").click()
+                page.keyboard.type("head number" if k % 2 else "entropy")
+                page.keyboard.press("Enter")
             self._timed(kind, choose, record)
         else:
             frame = page.frame_locator('iframe[title*="streamlit_image_coordinates"]').first

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ASSETS
 from loadtest import app_server
-from test_browser import CHROMIUM, CHROMIUM_ARGS, ROOT, VIEWPORT
+from test_browser import CHROMIUM, CHROMIUM_ARGS, IDLE_JS, ROOT, VIEWPORT
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SHOTS = ROOT / "test-artifacts" / "explorer"
@@ -202,21 +202,10 @@ def test_a_first_visit_explains_and_one_click_opens_the_heads_page(browser_page)
 
 
 def test_faithfulness_screenshot_for_the_readme(browser_page):
-    """The README's picture of the faithfulness page, after a run with fewer steps and without attention flow."""
+    """The README's picture of the faithfulness page as it opens: its methods, protocol and run button (a run takes
+    minutes on a shared CPU; its numbers are tested in tests/test_faithfulness.py)."""
     pg, _, server = browser_page
-    pg.goto(f"{server}/faithfulness")
-    run = pg.locator(".st-key-faith_run button")
-    run.wait_for(timeout=300_000)
-    methods = pg.locator(".st-key-faith_methods")
-    flow = methods.locator('[data-baseweb="tag"]').filter(has_text="flow")
-    while flow.count():  # attention flow takes minutes on a CPU
-        flow.first.locator('[role="presentation"]').last.click()
-        pg.wait_for_timeout(1000)
-    steps = pg.locator(".st-key-faith_steps input")
-    steps.fill("6")
-    steps.press("Enter")
-    pg.wait_for_timeout(1500)
-    run.click()
-    pg.wait_for_selector(".st-key-faith_table", timeout=600_000)
-    pg.wait_for_timeout(3000)
+    pg.goto(f"{server}/faithfulness?intro=0")
+    pg.locator(".st-key-faith_run button").wait_for(timeout=300_000)
+    pg.wait_for_function(IDLE_JS, arg=1500, polling=200, timeout=300_000)
     pg.screenshot(path=str(ROOT / "docs" / "faithfulness.png"))
