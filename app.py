@@ -1,9 +1,14 @@
 """vitviz, the Streamlit app: `scripts/app.sh` (sets everything up) or `streamlit run app.py`."""
+import sys
+
 import streamlit as st
 
-import ui.warmup  # noqa: F401  (before any session draws a figure: see its docstring)
-
 st.set_page_config(page_title="vitviz", layout="wide")
+# The first run after a server start imports PyTorch, timm and Plotly (about 10 s): say so instead of a blank page.
+with st.spinner("Starting vitviz: loading PyTorch, timm and Plotly (once per server start) …", show_time=True) \
+        if "torch" not in sys.modules else st.empty():
+    import ui.warmup  # noqa: F401  (before any session draws a figure: see its docstring)
+    from ui.onboarding import first_visit
 # Streamlit's default side padding costs the head grid ~90 px at 1440 px: tiles stay >= 220 px.
 st.markdown("<style>.block-container, [data-testid='stMainBlockContainer'] {padding: 2.5rem 1.5rem 2rem;}</style>",
             unsafe_allow_html=True)
@@ -18,4 +23,7 @@ PAGES = [
     st.Page("pages/8_faithfulness.py", title="Faithfulness"),
     st.Page("pages/9_compare.py", title="Compare models"),
 ]
-st.navigation(PAGES).run()
+page = st.navigation(PAGES)
+if first_visit():  # a sample picked in the first visit's explanation opens the heads page
+    st.switch_page(next(p for p in PAGES if p.title == "Attention heads"))
+page.run()

@@ -1,13 +1,19 @@
 """Attention heads: every head of a layer over the image; query, direction, threshold; compare layers."""
+from dataclasses import asdict, dataclass
+
 import numpy as np
 import streamlit as st
 
 from ui.charts import file_stem, show_chart
-from ui.display import display_controls, map_figure, panel_download, patch_picker
+from ui.display import Display, display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
+from ui.explorer import browser_draws, heads_explorer
+from ui.persist import saved_view, set_view
 from ui import windows
 from ui.state import setup
+from vitviz.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
+from vitviz.overlay import OVERLAY_STYLES
 
 DINO_KEEP = 0.6
 
@@ -21,6 +27,7 @@ if ctx.loaded.attention_scope == "window":  # Swin: each head's window around a 
 r, layout = ctx.result, ctx.result.layout
 L, H = r.attention.shape[:2]
 if opened := st.session_state.pop("opened_from_distance", None):
+    set_view(layer=opened[0])  # the browser-drawn grid reads its layer from the URL
     st.success(f"Opened from the distance plot: layer {opened[0]}, head {opened[1]} (outlined in the grid and "
                "picked below under Compare layers).")
 
@@ -31,9 +38,116 @@ def _compare_head() -> int | None:
     return None if head is None else int(head) - 1
 
 
+@dataclass
+class HeadsView:
+    """What the heads grid shows: layer (0-based), query ("cls", "mean" or a patch), direction, mask, order."""
+
+    layer: int
+    query: str | int
+    mode: str
+    keep: float
+    ranking: str
+    display: Display
+
+    @property
+    def by_patch(self) -> bool:
+        return not isinstance(self.query, str)
+
+    @property
+    def what(self) -> str:
+        if self.by_patch:
+            return f"patch {self.query} as {self.mode}"
+        return {"cls": "CLS query", "mean": "mean over patch queries"}[self.query]
+
+
+def _browser_view(view: dict, patch: int | None) -> HeadsView | None:
+    """The explorer's view (URL keys, as the browser reports them or the URL holds them) in the page's terms."""
+    def number(k, default):
+        try:
+            return float(view[k])
+        except (KeyError, TypeError, ValueError):
+            return default
+    query, direction = view.get("query", "cls" if layout.has_class_token else "mean"), view.get("dir", "query")
+    if query not in ("cls", "mean", "patch") or (query == "cls" and not layout.has_class_token):
+        query = "cls" if layout.has_class_token else "mean"
+    mode = "key" if direction == "key" else "query"
+    if query == "patch" or mode == "key":
+        if patch is None:
+            return None
+        query = patch
+    display = Display(cmap=view.get("cmap") if view.get("cmap") in SEQUENTIAL else "Inferno",
+                      scale_mode=view.get("scale") if view.get("scale") in SCALE_MODES else SCALE_MODES[0],
+                      style=view.get("style") if view.get("style") in OVERLAY_STYLES else OVERLAY_STYLES[0],
+                      opacity=min(1.0, max(0.0, number("opacity", 0.8))), smooth=False,
+                      exclude_sinks=str(view.get("sinks", "1")).lower() not in ("0", "false"))
+    ranking = view.get("order") if view.get("order") in RANKINGS else "head number"
+    layer = int(min(L, max(1, number("layer", L)))) - 1
+    return HeadsView(layer, query, mode, min(1.0, max(0.0, number("keep", 0.0))), ranking, display)
+
+
+def _panel(v: HeadsView):
+    """The grid's maps in tile order and everything drawn with them (the same for the screen and the downloads)."""
+    maps = layer_maps(r.attention, layout, v.layer, v.query, v.mode)
+    order = list(range(H))
+    scores = r.head_scores
+    if v.ranking != "head number":
+        key = RANKINGS[v.ranking]
+        order = list(rank_heads(scores[key][v.layer], descending=key != "entropy"))
+    keep = DINO_KEEP if v.display.style == "DINO mask" and v.keep == 0 else v.keep  # the mask style needs a mask
+    masks = np.stack([threshold_mask(maps[h], keep) for h in order]) if keep > 0 else None
+    sinks = r.sinks.patch_sinks(layout, [v.layer]) if v.display.exclude_sinks else None
+    titles = [f"head {h + 1}" for h in order]
+    notes = [f"H {scores['entropy'][v.layer, h]:.2f} nats · focus {scores['cls_focus'][v.layer, h]:.2f} · "
+             f"{r.distance[v.layer, h]:.0f} px" for h in order]
+    title = f"Layer {v.layer + 1}, every head, {v.what}" + (f", DINO mask keeping {keep:.0%} of the mass" if keep else "")
+    return maps, order, keep, masks, sinks, titles, notes, title
+
+
+def _downloads(v: HeadsView, rendered=None) -> None:
+    maps, order, keep, masks, sinks, titles, notes, title = _panel(v)
+    query = v.query if v.by_patch else None
+    stem = file_stem("heads", ctx.image.name, f"layer{v.layer + 1}", str(v.query))
+    scores = r.head_scores
+    settings = {"display": asdict(v.display)} if rendered is None else v.display.settings(rendered)
+    settings |= {"image": ctx.image.name, "sha256": ctx.image.sha256, "model": ctx.loaded.card()["spec"],
+                 "layer (1-based)": v.layer + 1, "query": v.what, "keep_share": keep,
+                 "head_order (1-based)": [h + 1 for h in order], "maps_axis_0": "heads in head_order"}
+    download_row(stem, {"maps": maps[order], "head_order": np.array(order), "entropy": scores["entropy"],
+                        "cls_focus": scores["cls_focus"], "distance": r.distance}, settings,
+                 panel_download(r.model_input, maps[order], v.display, titles, title, masks=masks, query=query,
+                                sinks=sinks, columns=3 if H <= 9 else 4, notes=notes))
+
+
+def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | None, display: Display) -> None:
+    st.subheader("Compare layers")
+    cc = st.columns([1, 1, 2])
+    head = cc[0].selectbox("Head", list(range(1, H + 1)), key="compare_head") - 1
+    panels = int(cc[1].number_input("Layers side by side", 2, 4, 2, key="compare_n"))
+    cols = st.columns(panels)
+    # Keys per panel count: going from 2 to 4 panels spreads the new defaults over the depth (1, 5, 8, 12
+    # for 12 layers) instead of keeping the two old sliders' values.
+    compare_layers = [col.slider(f"Layer {chr(65 + i)}", 1, L, round(1 + i * (L - 1) / (panels - 1)),
+                                 key=f"compare_{panels}_{i}") - 1 for i, col in enumerate(cols)]
+    compare = np.stack([layer_maps(r.attention, layout, l, query, mode)[head] for l in compare_layers])
+    compare_sinks = [r.sinks.patch_sinks(layout, [l]) for l in compare_layers] if display.exclude_sinks else None
+    compare_titles = [f"layer {l + 1}, head {head + 1}" for l in compare_layers]
+    compare_title = f"Head {head + 1} across layers, {what}"
+    rendered_cmp, fig_cmp = map_figure(r.model_input, compare, layout, display, titles=compare_titles, title=compare_title,
+                                       query=patch if by_patch else None, sinks=compare_sinks, columns=panels)
+    stem = file_stem("compare", ctx.image.name, f"head{head + 1}", "layers", *[l + 1 for l in compare_layers])
+    show_chart(fig_cmp, "compare_grid", stem)
+    st.caption(rendered_cmp.caption())
+    download_row(stem, {"maps": compare, "layers_1based": np.array(compare_layers) + 1},
+                 display.settings(rendered_cmp) | {"image": ctx.image.name, "head (1-based)": head + 1,
+                                                   "layers (1-based)": [l + 1 for l in compare_layers], "query": what},
+                 panel_download(r.model_input, compare, display, compare_titles, compare_title,
+                                query=patch if by_patch else None, sinks=compare_sinks, columns=panels))
+
+
 # A fragment: moving a slider here redraws this view only, not the sidebar and its caches.
 @st.fragment
-def heads_view() -> None:
+def server_view() -> None:
+    """The server-drawn grid (VITVIZ_DRAW=server): every change is a rerun that draws new tiles."""
     controls, grid_col = st.columns([1, 3.3])
     with controls:
         layer = st.slider("Layer", 1, L, L, key="heads_layer") - 1
@@ -55,61 +169,38 @@ def heads_view() -> None:
         grid_col.info("Click a patch on the image at the left first.")
         return
     query = patch if by_patch else {"CLS": "cls", "mean over patches": "mean"}[query_label]
-    mode = "key" if direction == "keys → query" else "query"
-    maps = layer_maps(r.attention, layout, layer, query, mode)
-    order = list(range(H))
-    scores = r.head_scores
-    if ranking != "head number":
-        key = RANKINGS[ranking]
-        order = list(rank_heads(scores[key][layer], descending=key != "entropy"))
-    if display.style == "DINO mask" and keep == 0:
-        keep = DINO_KEEP  # the mask style needs a mask: DINO's own 60% of the mass
-    masks = np.stack([threshold_mask(maps[h], keep) for h in order]) if keep > 0 else None
-    sinks = r.sinks.patch_sinks(layout, [layer]) if display.exclude_sinks else None
-    what = {"cls": "CLS query", "mean": "mean over patch queries"}.get(query, f"patch {patch} as " + mode)
-    titles = [f"head {h + 1}" for h in order]
-    notes = [f"H {scores['entropy'][layer, h]:.2f} nats · focus {scores['cls_focus'][layer, h]:.2f} · "
-             f"{r.distance[layer, h]:.0f} px" for h in order]
-    title = f"Layer {layer + 1}, every head, {what}" + (f", DINO mask keeping {keep:.0%} of the mass" if keep else "")
+    v = HeadsView(layer, query, "key" if direction == "keys → query" else "query", keep, ranking, display)
+    maps, order, keep, masks, sinks, titles, notes, title = _panel(v)
     with grid_col:
         rendered, fig = map_figure(r.model_input, maps[order], layout, display, titles=titles, notes=notes, title=title,
                                    masks=masks, query=patch if by_patch else None, sinks=sinks,
                                    columns=3 if H <= 9 else 4, highlight=_compare_head())
-        stem = file_stem("heads", ctx.image.name, f"layer{layer + 1}", str(query))
-        show_chart(fig, "heads_grid", stem)
-        st.caption(rendered.caption() + " H: entropy of the patch queries' attention over patches (nats; uniform = "
-                   f"ln {layout.num_patches} = {np.log(layout.num_patches):.2f}). Focus: 1 − entropy / ln N of the "
-                   "readout's attention (0 uniform, 1 one patch). px: mean attention distance of the head.")
-        settings = display.settings(rendered) | {
-            "image": ctx.image.name, "sha256": ctx.image.sha256, "model": ctx.loaded.card()["spec"],
-            "layer (1-based)": layer + 1, "query": what, "keep_share": keep,
-            "head_order (1-based)": [h + 1 for h in order], "maps_axis_0": "heads in head_order"}
-        download_row(stem, {"maps": maps[order], "head_order": np.array(order), "entropy": scores["entropy"],
-                            "cls_focus": scores["cls_focus"], "distance": r.distance}, settings,
-                     panel_download(r.model_input, maps[order], display, titles, title, masks=masks,
-                                    query=patch if by_patch else None, sinks=sinks, columns=3 if H <= 9 else 4))
-
-    st.subheader("Compare layers")
-    cc = st.columns([1, 1, 2])
-    head = cc[0].selectbox("Head", list(range(1, H + 1)), key="compare_head") - 1
-    panels = int(cc[1].number_input("Layers side by side", 2, 4, 2, key="compare_n"))
-    cols = st.columns(panels)
-    compare_layers = [col.slider(f"Layer {chr(65 + i)}", 1, L, round(1 + i * (L - 1) / (panels - 1)), key=f"compare_{i}") - 1
-                      for i, col in enumerate(cols)]
-    compare = np.stack([layer_maps(r.attention, layout, l, query, mode)[head] for l in compare_layers])
-    compare_sinks = [r.sinks.patch_sinks(layout, [l]) for l in compare_layers] if display.exclude_sinks else None
-    compare_titles = [f"layer {l + 1}, head {head + 1}" for l in compare_layers]
-    compare_title = f"Head {head + 1} across layers, {what}"
-    rendered_cmp, fig_cmp = map_figure(r.model_input, compare, layout, display, titles=compare_titles, title=compare_title,
-                                       query=patch if by_patch else None, sinks=compare_sinks, columns=panels)
-    stem = file_stem("compare", ctx.image.name, f"head{head + 1}", "layers", *[l + 1 for l in compare_layers])
-    show_chart(fig_cmp, "compare_grid", stem)
-    st.caption(rendered_cmp.caption())
-    download_row(stem, {"maps": compare, "layers_1based": np.array(compare_layers) + 1},
-                 display.settings(rendered_cmp) | {"image": ctx.image.name, "head (1-based)": head + 1,
-                                                   "layers (1-based)": [l + 1 for l in compare_layers], "query": what},
-                 panel_download(r.model_input, compare, display, compare_titles, compare_title,
-                                query=patch if by_patch else None, sinks=compare_sinks, columns=panels))
+        show_chart(fig, "heads_grid", file_stem("heads", ctx.image.name, f"layer{layer + 1}", str(query)))
+        st.caption(rendered.caption() + _SCORES_CAPTION)
+        _downloads(v, rendered)
+    _compare_section(v.query, v.mode, v.what, by_patch, patch, display)
 
 
-heads_view()
+@st.fragment
+def browser_view() -> None:
+    """The grid drawn in the browser: layer, query, patch and display changes repaint there; the server hears
+    of the view afterwards (URL, session, downloads)."""
+    payload, _ = heads_explorer(ctx)
+    saved, patch = saved_view(), st.session_state.get("patch")
+    st.caption(_SCORES_CAPTION.strip() + f" Sent to the browser: {payload.nbytes / 1e6:.2f} MB for this image "
+               f"({'every patch row' if payload.patch_rows else 'CLS and mean rows; a clicked patch’s rows on demand'}).")
+    v = _browser_view(saved, patch)
+    if v is None:
+        return
+    _downloads(v)
+    _compare_section(v.query, v.mode, v.what, v.by_patch, patch, v.display)
+
+
+_SCORES_CAPTION = (f" H: entropy of the patch queries' attention over patches (nats; uniform = ln {layout.num_patches} = "
+                   f"{np.log(layout.num_patches):.2f}). Focus: 1 − entropy / ln N of the readout's attention (0 uniform, "
+                   "1 one patch). px: mean attention distance of the head.")
+
+if browser_draws():
+    browser_view()
+else:
+    server_view()

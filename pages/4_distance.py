@@ -49,11 +49,17 @@ if view == "depth plot":
         st.switch_page("pages/2_heads.py")
 else:
     show_chart(layer_head_heatmap(distance, "mean attention distance", "pixels"), "distance_heatmap", stem)
-st.caption(f"Convention: {CONVENTION}. Dotted line: a head attending uniformly to every patch of this "
-           f"{r.layout.grid_size[0]}x{r.layout.grid_size[1]} grid ({uniform:.1f} px). Grey dashes: receptive field "
-           "of a stack of 3x3 stride-1 convolutions of the same depth, for comparison. "
-           + (f"Error bars: ± one standard deviation over the {len(names)} images." if spread is not None else
-              "Pick all images in the set for the spread over images."))
+if view == "depth plot":
+    st.caption(f"Click a dot to open that head on the Attention heads page. Convention: {CONVENTION}. Dotted line: a "
+               f"head attending uniformly to every patch of this {r.layout.grid_size[0]}x{r.layout.grid_size[1]} grid "
+               f"({uniform:.1f} px). Grey dashes: receptive field of a stack of 3x3 stride-1 convolutions of the same "
+               "depth, for comparison. "
+               + (f"Error bars: ± one standard deviation over the {len(names)} images." if spread is not None else
+                  "Pick all images in the set for the spread over images."))
+else:
+    st.caption(f"Each cell: one head's mean attention distance in pixels ({CONVENTION}), layers down and heads "
+               f"across, both counted from 1; uniform attention on this grid would give {uniform:.1f} px"
+               + (f"; the mean over the {len(names)} images." if len(names) > 1 else "."))
 download_row(stem, {"mean_distance": distance} | ({"mean_distance_std": spread} if spread is not None else {}),
              {"images": names, "model": ctx.loaded.card()["spec"], "convention": CONVENTION,
               "uniform_attention_px": uniform, "axes": "mean_distance[layer - 1, head - 1] (0-based arrays)"})

@@ -54,7 +54,8 @@ a = attention_anatomy(qkv, head, query)
 d, N = qkv.head_dim, len(a.scores)
 name = layout.token_name(query)
 where = f"layer {layer + 1}, head {head + 1}, query {name}"
-stem = file_stem("anatomy", ctx.image.name, f"layer{layer + 1}", f"head{head + 1}", f"token{query}")
+stem = file_stem("anatomy", ctx.image.name, f"layer{layer + 1}", f"head{head + 1}",
+                 "cls" if query_label == "CLS" else f"patch{patch}")  # the patch number the page shows
 
 first.subheader("1 · The query, the keys, the values")
 first.caption("Each token's vector is projected three ways: a query (what it looks for), a key (what it offers) and a "

@@ -7,6 +7,8 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # when VITVIZ_CACHE names one), removed when the session ends (pytest_unconfigure).
 _TEST_CACHE = tempfile.mkdtemp(prefix="vitviz-test-cache-")
 os.environ["VITVIZ_CACHE"] = _TEST_CACHE
+# AppTests read the server-drawn Plotly grids; the browser explorer has its own browser test.
+os.environ.setdefault("VITVIZ_DRAW", "server")
 
 from pathlib import Path  # noqa: E402
 

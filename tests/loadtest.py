@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -71,13 +72,17 @@ class Server:
 
 
 @contextmanager
-def app_server(log: Path, env: dict[str, str] | None = None, start_timeout: float = 300):
-    """A fresh (cold) server from ``scripts/app.sh`` in its own process group, killed with its group at exit."""
+def app_server(log: Path, env: dict[str, str] | None = None, start_timeout: float = 300, direct: bool = False):
+    """A fresh (cold) server from ``scripts/app.sh`` in its own process group, killed with its group at exit.
+
+    direct: ``streamlit run app.py`` with this interpreter instead (no venv check: for tests of the app itself).
+    """
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1") | (env or {})
     log.parent.mkdir(parents=True, exist_ok=True)
     out = open(log, "wb")
-    proc = subprocess.Popen(["bash", "scripts/app.sh", "--server.port", str(port), "--server.address", "127.0.0.1",
+    start = [sys.executable, "-m", "streamlit", "run", "app.py"] if direct else ["bash", "scripts/app.sh"]
+    proc = subprocess.Popen([*start, "--server.port", str(port), "--server.address", "127.0.0.1",
                              "--server.headless", "true", "--server.fileWatcherType", "none"],
                             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -83,12 +83,19 @@ def test_heads_page_threshold_mask_and_ranking(bundled):
 
 def test_compare_layers_side_by_side(bundled):
     at = _page("pages/2_heads.py")
-    at.slider(key="compare_0").set_value(2).run()
-    at.slider(key="compare_1").set_value(9).run()
+    at.slider(key="compare_2_0").set_value(2).run()
+    at.slider(key="compare_2_1").set_value(9).run()
     attention, layout = _core_attention(bundled, "astronaut.jpg")
     a, b = _heatmaps(at, "compare_grid")
     np.testing.assert_allclose(a, query_attention_map(attention, layout, 1, 0, "cls"), atol=1e-6)
     np.testing.assert_allclose(b, query_attention_map(attention, layout, 8, 0, "cls"), atol=1e-6)
+
+
+def test_compare_layers_spread_over_the_depth_when_panels_grow(bundled):
+    """2 -> 4 panels once gave layers 1, 12, 8, 12 (the two old sliders kept their values)."""
+    at = _page("pages/2_heads.py")
+    at.number_input(key="compare_n").set_value(4).run()
+    assert [at.slider(key=f"compare_4_{i}").value for i in range(4)] == [1, 5, 8, 12]
 
 
 def test_bad_upload_shows_a_sentence_and_the_good_image_still_renders():

@@ -113,6 +113,9 @@ def test_depth_figure_lines_are_the_layer_means_and_dots_the_head_means():
     dots = [t for t in fig.data if t.mode == "markers"]
     assert [t.name for t in dots] == ["shallow (2 layers, 2 images)", "deep (4 layers, 2 images)"]
     np.testing.assert_allclose(dots[0].error_y.array, [2, 0, 3, 5])
+    # The lower bar stops at 0: mean - arrayminus >= 0 (a share or a distance is never negative).
+    means = heads[heads["model"] == "shallow"]["mean"].to_numpy()
+    np.testing.assert_allclose(dots[0].error_y.arrayminus, np.minimum([2, 0, 3, 5], means))
     # 1-based layers on x, each model shifted the same small amount to its own side of the layer.
     shift = np.asarray(dots[0].x) - np.repeat([1, 2], 2)
     assert np.allclose(shift, shift[0]) and -0.2 < shift[0] < 0
@@ -140,3 +143,13 @@ def test_the_shared_store_weighs_a_stats_table_by_its_columns():
     table = read_stats_table(parquet_bytes(stats_table("m", np.ones((100, 12, 12)))))
     # 5 float64 + 2 int32 columns = 48 bytes a row, plus the two category code columns (1 byte each).
     assert 48 * len(table) <= nbytes(table) <= 52 * len(table) + 10_000
+
+
+def test_error_bars_stop_at_zero_for_a_statistic_that_cannot_be_negative():
+    values = np.array([[[0.0, 0.5]], [[0.0, 0.5]], [[0.3, 0.5]]])  # 3 images, 1 layer, 2 heads
+    heads = head_summary(combine({"a": stats_table("m", values)}), "mean_distance")
+    fig = depth_comparison(heads, layer_summary(heads), STATISTICS["mean_distance"])
+    dots = next(t for t in fig.data if t.mode == "markers")
+    low = np.asarray(dots.y) - np.asarray(dots.error_y.arrayminus)
+    assert low[0] == 0 and heads["std"].to_numpy()[0] > heads["mean"].to_numpy()[0]  # clipped, not 0.1 - 0.17
+    assert np.asarray(dots.error_y.arrayminus)[1] == heads["std"].to_numpy()[1]

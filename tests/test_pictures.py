@@ -203,7 +203,9 @@ def test_a_panel_without_values_in_its_colours_has_no_colour_bar():
 
 
 def test_sinks_are_marked_on_their_own_tile_and_none_sets_a_limit():
-    maps = np.full((2, 16, 16), 0.01)
+    # A faint gradient up to 0.01 (a constant map would be drawn flat at mid-scale, whatever its sinks).
+    maps = np.tile(np.linspace(0.005, 0.009, 256).reshape(16, 16), (2, 1, 1))
+    maps[:, 8, 8] = 0.01
     maps[0, 0, 0] = 5.0   # a sink of the first tile's layer
     maps[1, 15, 15] = 5.0  # a sink of the second tile's layer
     image = Image.new("RGB", (224, 224), "white")

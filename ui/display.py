@@ -81,24 +81,31 @@ def _tile_of_head(titles: list[str], head: int | None) -> int | None:
     return titles.index(name) if name in titles else None
 
 
+def tile_label(title: str, scale, shared: bool) -> str:
+    """A tile's title with its own scale when the tiles do not share one (a flat map says so)."""
+    if shared:
+        return title
+    return f"{title} · flat" if scale.flat else f"{title} · top {10 ** scale.hi if scale.log else scale.hi:.3g}"
+
+
 def _label(title: str, scale, shared: bool, note: str | None) -> str:
-    text = title if shared else f"{title} · top {10 ** scale.hi if scale.log else scale.hi:.3g}"
+    text = tile_label(title, scale, shared)
     return f"{text}<br><span style='font-size:11px'>{note}</span>" if note else text
 
 
 def panel_download(image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str, *,
                    masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME,
-                   region=None):
+                   region=None, notes: list[str] | None = None):
     """A callable building the publication PNG of the same panel (tiles at ``zoom``x, titles, colour bar)."""
     def build() -> Image.Image:
         rendered = render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
                                opacity=display.opacity, smooth=display.smooth, masks=masks, query=query,
                                sinks=sinks, region=region, zoom=zoom)
-        labels = titles if rendered.shared else [f"{t} · top {s.hi:.3g}" for t, s in zip(titles, rendered.scales)]
+        labels = [tile_label(t, s, rendered.shared) for t, s in zip(titles, rendered.scales)]
         bar_title = value_name if rendered.shared else f"{value_name} / tile's top"
         bar = colour_bar(rendered.scales[0], display.cmap, bar_title, rendered.tiles[0].height,
                          relative=not rendered.shared) if display.style != "DINO mask" else Image.new("RGB", (1, 1), "white")
-        return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)))
+        return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)), notes=notes)
     return build
 
 

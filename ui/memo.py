@@ -90,6 +90,14 @@ class ByteLRU:
             self._entries.move_to_end(key)
             self._evict()
 
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        """The value of ``key`` (now the most recently used), or ``default``."""
+        with self._lock:
+            if key not in self._entries:
+                return default
+            self._entries.move_to_end(key)
+            return self._entries[key][0]
+
     def __contains__(self, key: Hashable) -> bool:
         with self._lock:
             return key in self._entries

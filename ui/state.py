@@ -27,12 +27,14 @@ from vitviz.models import BUNDLED, LoadedModel, ModelSpec, search_models
 from vitviz.settings import SUGGESTED_MODELS, megabytes
 from vitviz.sources import HF_PREFIX, parse_model_name
 
+from . import persist
 from .cache import ImageResult, cached_image_result, cached_model, model_is_cached, operator_settings, store
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SAMPLES = sorted(p.name for p in ASSETS.glob("*.jpg"))
 IMAGE_TYPES = ["jpg", "jpeg", "png", "webp", "bmp", "tif", "tiff", "gif"]
 TIMM_BY_NAME = "timm model by name"
+RESOLUTION_INPUT_MAX = 10_000
 HUGGING_FACE = "Hugging Face (hub id or local folder)"
 FRAMING_LABELS = {"crop": "crop centre (the model's own)", "pad": "resize whole image (pad)"}
 # A visible share above this is a rounding-level crop, not worth a sentence.
@@ -157,7 +159,10 @@ def _sidebar_images() -> tuple[list[LoadedImage], str | None]:
     """The decoded image set (uploads, then chosen samples) and the newest upload's name."""
     store = _image_store()
     newest = _sync_uploads(store)
-    st.session_state.setdefault("kept_samples", SAMPLES[:1])
+    persist.uploads_box(store)
+    for gone in persist.keep_images(store):
+        st.sidebar.warning(gone)
+    st.session_state.setdefault("kept_samples", persist.linked_samples(SAMPLES) or SAMPLES[:1])
     samples = st.sidebar.multiselect("Sample photos (assets/)", SAMPLES, **_kept("samples", SAMPLES))
     images, problems = [], []
     for name, data in store.items():
@@ -222,13 +227,17 @@ def _sidebar_spec() -> ModelSpec:
               (["mps"] if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else [])
     devices = [d for d in devices if limits.devices is None or d in limits.devices] or ["cpu"]
     device = sb.selectbox("Device", devices, **_kept("device", devices))
+    if "cuda" not in devices and "mps" not in devices:
+        sb.caption("GPU: none found (PyTorch sees no CUDA or MPS device on this server).")
     dtypes = [d for d in ("float32", "float16", "bfloat16") if limits.dtypes is None or d in limits.dtypes]
     dtype = sb.selectbox("Precision", dtypes, **_kept("dtype", dtypes)) \
         if len(devices) > 2 and len(dtypes) > 1 else "float32"
     if parse_model_name(name).kind == "transformers":
         sb.caption("Input resolution: the model's own image processor's.")
         return ModelSpec(name=name, device=device, dtype=dtype)
-    size = sb.number_input("Input resolution (px, 0 = the model's own)", 0, limits.max_img_size or 1036,
+    # No widget maximum below what the server checks: a size too large gets the server's sentence with the
+    # largest size that fits, not a widget tooltip.
+    size = sb.number_input("Input resolution (px, 0 = the model's own)", 0, RESOLUTION_INPUT_MAX,
                            step=14 if parse_model_name(name).kind == "bundled" else 16, **_kept("img_size"),
                            help="Sizes whose attention for one image would not fit this server's memory "
                                 f"budget (over {megabytes(limits.attention_limit_bytes)}) are refused with the "
@@ -335,7 +344,9 @@ def _load(spec: ModelSpec) -> tuple[ModelSpec, LoadedModel]:
         st.error(str(exc))
         previous = st.session_state.get("good_spec", ModelSpec())
         if previous != spec:
-            st.info(f"Still showing the previous model ({previous.name}).")
+            at = f"at {previous.img_size} px" if previous.img_size else "at its own resolution"
+            st.info(f"Still showing the previous model ({previous.name}) {at}: the maps below are its, not the "
+                    "requested setting's.")
         try:
             return previous, _load_model(previous)
         except VitvizError:
@@ -378,8 +389,11 @@ def _leave_legacy_navigation() -> None:
 def setup() -> Context | None:
     """Draw the shared sidebar; return the page context, or None (with a message) when there is no image."""
     _leave_legacy_navigation()
+    persist.restore_params()  # a page switch starts with a clean URL: the session's view goes back into it
     st.sidebar.title("vitviz")
+    persist.seed_model(BUNDLED, TIMM_BY_NAME)
     spec, loaded = _load(_sidebar_spec())
+    persist.remember_model(spec.name, spec.img_size)
     st.sidebar.caption(f"**{loaded.label}** · {loaded.device} · {str(loaded.dtype).removeprefix('torch.')}")
     images, newest = _sidebar_images()
     if not images:
@@ -393,6 +407,7 @@ def setup() -> Context | None:
     if newest in names:
         _choose("current", newest)  # the newest upload becomes the current image
     current = images[names.index(st.sidebar.selectbox("Current image", names, **_kept("current", names)))]
+    persist.remember_current(current.name)
     caption = _framing_caption(current, framing, loaded.data_config)
     if framing == "pad":
         fill = mean_colour(loaded.data_config)

@@ -16,6 +16,11 @@ SEQUENTIAL = ("Inferno", "Viridis", "Magma", "Cividis", "Greys")
 DIVERGING = "RdBu_r"
 SCALE_MODES = ("robust per head", "shared across heads", "log", "full range per map")
 ROBUST_PERCENTILE = 99.0
+# A map whose values all lie within this share of their mean shows no pattern (a random or untrained head's
+# near-uniform attention): a per-map scale would stretch its 1e-9 ripples to the full colour range.
+FLAT_RELATIVE = 1e-3
+FLAT_RULE = (f"flat: every value within {FLAT_RELATIVE:.1%} of the map's mean, drawn at mid-scale "
+             "(0 to twice the mean), not stretched")
 
 
 def reference_stops(name: str) -> list[list]:
@@ -52,6 +57,7 @@ class ColourScale:
     hi: float
     log: bool = False
     rule: str = ""
+    flat: bool = False
 
     def normalise(self, values: np.ndarray) -> np.ndarray:
         """Values -> [0, 1] positions on the colour map (clipped at both ends; NaN stays NaN)."""
@@ -68,7 +74,7 @@ class ColourScale:
         return v > top * (1 + 1e-9)
 
     def to_dict(self) -> dict:
-        return {"lo": self.lo, "hi": self.hi, "log10": self.log, "rule": self.rule}
+        return {"lo": self.lo, "hi": self.hi, "log10": self.log, "rule": self.rule, "flat": self.flat}
 
 
 def colour_scale(maps: np.ndarray, mode: str = "robust per head", *, exclude: np.ndarray | None = None,
@@ -96,11 +102,11 @@ def colour_scale(maps: np.ndarray, mode: str = "robust per head", *, exclude: np
     values = maps[:, keep]  # (k, cells used for limits)
     finite = np.where(np.isfinite(values), values, np.nan)
     if mode == "full range per map":
-        return [ColourScale(float(np.nanmin(v)), _top(np.nanmax(v)), rule="each map's minimum to its maximum")
-                for v in finite]
+        return [_flat_scale(v) or ColourScale(float(np.nanmin(v)), _top(np.nanmax(v)),
+                                              rule="each map's minimum to its maximum") for v in finite]
     if mode == "robust per head":
-        return [ColourScale(0.0, _top(np.nanpercentile(v, percentile)),
-                            rule=f"0 to each map's {percentile:g}th percentile") for v in finite]
+        return [_flat_scale(v) or ColourScale(0.0, _top(np.nanpercentile(v, percentile)),
+                                              rule=f"0 to each map's {percentile:g}th percentile") for v in finite]
     if mode == "shared across heads":
         shared = ColourScale(0.0, _top(np.nanpercentile(finite, percentile)),
                              rule=f"0 to the {percentile:g}th percentile of all maps, shared")
@@ -111,6 +117,14 @@ def colour_scale(maps: np.ndarray, mode: str = "robust per head", *, exclude: np
     shared = ColourScale(float(lo), float(max(hi, lo + 1e-6)), log=True,
                          rule="log10, 1st to 99.9th percentile of all maps, shared")
     return [shared] * len(maps)
+
+
+def _flat_scale(values: np.ndarray) -> ColourScale | None:
+    """The mid-scale of a map with no pattern (every value within :data:`FLAT_RELATIVE` of its mean), or None."""
+    mean = float(np.nanmean(values))
+    if not np.isfinite(mean) or float(np.nanmax(values) - np.nanmin(values)) > FLAT_RELATIVE * abs(mean):
+        return None
+    return ColourScale(0.0, 2 * mean if mean > 0 else 1.0, rule=FLAT_RULE, flat=True)
 
 
 def _top(value: float) -> float:

@@ -57,7 +57,9 @@ def depth_comparison(heads: pd.DataFrame, layers: pd.DataFrame, statistic: Stati
             name=f"{model} ({depth} layers, {n_images} image{'s' if n_images != 1 else ''})",
             marker=dict(color=colour, size=7, opacity=0.85, symbol=SYMBOLS[m % len(SYMBOLS)],
                         line=dict(color="white", width=0.5)),
-            error_y=dict(type="data", array=h["std"].to_numpy(), thickness=0.8, width=0, color=colour),
+            # Every statistic here is >= 0 (pixels, nats, shares): the bar stops at 0, not below it.
+            error_y=dict(type="data", array=h["std"].to_numpy(), thickness=0.8, width=0, color=colour,
+                         arrayminus=np.minimum(h["std"].to_numpy(), h["mean"].to_numpy())),
             hovertemplate="%{customdata[0]}<br>layer %{customdata[1]}" + f" of {depth}"
                           + ", head %{customdata[2]}<br>%{y:.4g} " + statistic.unit
                           + " ± %{customdata[3]:.3g} (std over %{customdata[4]} images)<extra></extra>"))

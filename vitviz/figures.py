@@ -178,7 +178,7 @@ def distance_scatter(distance: np.ndarray, receptive_field: np.ndarray | None = 
                                  name="3x3 conv stack receptive field", line=dict(color="grey", dash="dash")))
     fig.update_layout(xaxis=dict(title="network depth (layer)", tickmode="linear", dtick=1, range=[0.5, L + 0.5]),
                       yaxis=dict(title="mean attention distance (pixels)", rangemode="tozero"),
-                      legend=dict(title="click a dot to open that head", orientation="v"), height=460,
+                      legend=dict(title="head", orientation="v"), height=460,
                       margin=dict(l=70, r=10, t=10, b=50), plot_bgcolor="white", paper_bgcolor="white",
                       font_color="black", clickmode="event+select")
     fig.update_xaxes(showgrid=False, linecolor="black", ticks="outside")
@@ -200,7 +200,9 @@ def layer_head_heatmap(values: np.ndarray, title: str, colorbar: str) -> go.Figu
     fig = go.Figure(go.Heatmap(z=values.astype(np.float32), x=np.arange(1, H + 1), y=np.arange(1, L + 1),
                                colorscale=reference_stops("Viridis"), colorbar=dict(title=colorbar),
                                hovertemplate="layer %{y}, head %{x}<br>%{z:.2f}<extra></extra>"))
-    fig.update_layout(title=title, xaxis_title="head", yaxis_title="layer", yaxis=dict(autorange="reversed"),
+    # Every layer and head labelled (Plotly's automatic ticks label only every other layer of 12).
+    fig.update_layout(title=title, xaxis=dict(title="head", tickmode="linear", tick0=1, dtick=1),
+                      yaxis=dict(title="layer", autorange="reversed", tickmode="linear", tick0=1, dtick=1),
                       margin=dict(l=60, r=10, t=30, b=50))
     return fig
 

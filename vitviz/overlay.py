@@ -119,7 +119,16 @@ def _draw_contour(draw: ImageDraw.ImageDraw, mask: np.ndarray, ph: float, pw: fl
                 draw.line([x1, y0, x1, y1], fill="white", width=width)
 
 
+# Fonts with the glyphs the titles use (–, ×, →, ·): Pillow's built-in font draws a box for the first three.
+FONT_FILES = ("DejaVuSans.ttf", "LiberationSans-Regular.ttf")
+
+
 def _font(size: int) -> ImageFont.ImageFont:
+    for name in FONT_FILES:
+        try:
+            return ImageFont.truetype(name, size)
+        except OSError:
+            continue
     return ImageFont.load_default(size=size)
 
 
@@ -165,12 +174,14 @@ def colour_bar_ticks(scale: ColourScale, relative: bool = False) -> list[tuple[f
 
 
 def panel_png(tiles: list[Image.Image], titles: list[str], title: str, bar: Image.Image, *, columns: int,
-              gap: int = 10, font_size: int = 18) -> Image.Image:
-    """Tiles in a grid with their titles, a figure title on top and a colour bar on the right."""
-    font, title_font = _font(font_size), _font(font_size + 4)
+              gap: int = 10, font_size: int = 18, notes: list[str] | None = None) -> Image.Image:
+    """Tiles in a grid with their titles (and a smaller note under each, as on screen), a figure title on top
+    and a colour bar on the right."""
+    font, title_font, note_font = _font(font_size), _font(font_size + 4), _font(font_size * 3 // 4)
     tw, th = tiles[0].size
     rows = -(-len(tiles) // columns)
-    cell_h = th + font_size + 8
+    note_h = font_size if notes else 0
+    cell_h = th + font_size + 8 + note_h
     head = font_size + 16
     width = columns * (tw + gap) + bar.width + gap
     height = head + rows * (cell_h + gap)
@@ -181,7 +192,9 @@ def panel_png(tiles: list[Image.Image], titles: list[str], title: str, bar: Imag
         r, c = divmod(i, columns)
         x, y = gap + c * (tw + gap), head + r * (cell_h + gap)
         draw.text((x + tw / 2, y), text, fill="black", font=font, anchor="ma")
-        out.paste(tile, (x, y + font_size + 6))
+        if notes:
+            draw.text((x + tw / 2, y + font_size + 4), notes[i], fill=(70, 70, 70), font=note_font, anchor="ma")
+        out.paste(tile, (x, y + font_size + 6 + note_h))
     out.paste(bar.resize((bar.width, min(bar.height, out.height - head))), (columns * (tw + gap) + gap // 2, head))
     return out
 
@@ -214,6 +227,9 @@ class RenderedMaps:
             "; nothing clipped"
         if len(self.excluded):
             text += f"; patches {sorted(int(p) for p in self.excluded)} set no limit (query / attention sinks)"
+        flat = sum(s.flat for s in self.scales)
+        if flat and not self.scales[0].flat:
+            text += f"; {flat} map{'s' if flat != 1 else ''} flat (every value within 0.1% of its mean), drawn at mid-scale"
         return text + "."
 
 

@@ -1,0 +1,102 @@
+"""The browser explorer's payload (vitviz/explorer.py) and the flat-map floor of the colour scales."""
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+
+from conftest import tiny_model
+from vitviz.capture import capture
+from vitviz.colour import FLAT_RELATIVE, colour_scale, colourise, lookup_table
+from vitviz.explorer import FLOAT16_ABSOLUTE, FLOAT16_RELATIVE, explorer_payload, unpack
+from vitviz.maps import key_attention_map, query_attention_map
+from vitviz.overlay import render_maps
+
+
+def _attention(family="dinov2_reg"):
+    model = tiny_model(family)
+    size = model.patch_embed.img_size
+    torch.manual_seed(1)
+    out = capture(model, torch.randn(1, 3, *size))
+    return out.attention[0].numpy(), out.layout
+
+
+def _close_as_float16(got, want):
+    """float16 keeps 11 significant bits: |got - want| <= 2^-11 |want|, or 2^-25 below float16's normal range."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.all(np.abs(got - want) <= np.maximum(FLOAT16_RELATIVE * np.abs(want), FLOAT16_ABSOLUTE)), \
+        np.abs(got - want).max()
+
+
+def test_payload_rows_are_the_attention_maps_in_float16():
+    attention, layout = _attention()  # CLS + 4 registers: a wrong prefix offset reads register columns
+    L, H = attention.shape[:2]
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (70, 70, 3), dtype=np.uint8))
+    payload = explorer_payload(attention, layout, image, sinks=[np.zeros(0, int)] * L)
+    header, arrays = unpack(payload.data)
+    assert payload.patch_rows and header["grid"] == list(layout.grid_size) and header["layers"] == L
+    for layer in (0, L - 1):
+        for head in range(H):
+            _close_as_float16(arrays["cls"][layer, head], query_attention_map(attention, layout, layer, head, "cls").ravel())
+            _close_as_float16(arrays["mean"][layer, head], query_attention_map(attention, layout, layer, head, "mean").ravel())
+            _close_as_float16(arrays["rows"][layer, head, 7], query_attention_map(attention, layout, layer, head, 7).ravel())
+            _close_as_float16(arrays["rows"][layer, head, :, 7], key_attention_map(attention, layout, layer, head, 7).ravel())
+    decoded = np.asarray(Image.open(io.BytesIO(arrays["image"].tobytes())))
+    np.testing.assert_array_equal(decoded, np.asarray(image))  # PNG: the exact pixels the tiles blend with
+
+
+def test_payload_over_budget_sends_the_selected_patch_only():
+    attention, layout = _attention()
+    L, H = attention.shape[:2]
+    image = Image.new("RGB", (70, 70))
+    payload = explorer_payload(attention, layout, image, sinks=[np.zeros(0, int)] * L, selected=11, patch_rows_budget=0)
+    header, arrays = unpack(payload.data)
+    assert not payload.patch_rows and "rows" not in arrays and header["selected"] == 11
+    _close_as_float16(arrays["row"][1, 2], query_attention_map(attention, layout, 1, 2, 11).ravel())
+    _close_as_float16(arrays["col"][1, 2], key_attention_map(attention, layout, 1, 2, 11).ravel())
+    # Same attention, same bytes, same name: the browser keeps its view across reruns.
+    again = explorer_payload(attention, layout, image, sinks=[np.zeros(0, int)] * L, selected=11, patch_rows_budget=0)
+    assert again.digest == payload.digest and again.data == payload.data
+
+
+def test_a_near_uniform_map_is_drawn_flat_at_mid_scale_not_stretched():
+    rng = np.random.default_rng(0)
+    uniform = np.full((4, 4), 1 / 17) + rng.normal(0, 1e-9, (4, 4))  # a random head's attention: ripples of 1e-9
+    real = np.full((4, 4), 0.01)
+    real[1, 2] = 0.5
+    flat_scale, real_scale = colour_scale(np.stack([uniform, real]), "robust per head")
+    assert flat_scale.flat and not real_scale.flat
+    # Without the floor the 99th percentile sits at the ripples' top and half the map is drawn in the top colour.
+    colours = colourise(uniform, flat_scale, "Inferno").reshape(-1, 3).astype(int)
+    middle = lookup_table("Inferno")[127:129].astype(int)  # t = 0.5 lies between steps 127 and 128 of 255
+    assert all((c == middle).all(axis=1).any() for c in colours)
+    assert not colour_scale(np.stack([real]), "full range per map")[0].flat
+    spread = np.full((4, 4), 0.1)
+    spread[0, 0] *= 1 + 3 * FLAT_RELATIVE  # above the floor: a real, if faint, pattern keeps its stretched scale
+    assert not colour_scale(spread[None], "robust per head")[0].flat
+    rendered = render_maps(Image.new("RGB", (8, 8)), np.stack([real, uniform]), scale_mode="robust per head")
+    assert "1 map flat" in rendered.caption()
+
+
+def test_png_titles_have_the_glyphs_they_use():
+    """Pillow's built-in font draws –, × and → as the same box as an unassigned code point."""
+    from vitviz.overlay import _font
+
+    font = _font(18)
+    missing = bytes(font.getmask("\U0010ffff"))
+    for glyph in "–×→":
+        assert bytes(font.getmask(glyph)) != missing, glyph
+
+
+def test_the_heads_png_keeps_each_tiles_subtitle():
+    from vitviz.colour import ColourScale
+    from vitviz.overlay import colour_bar, panel_png
+
+    tiles = [Image.new("RGB", (40, 40), "grey")] * 2
+    bar = colour_bar(ColourScale(0, 1), "Inferno", "attention weight", 60)
+    plain = panel_png(tiles, ["head 1", "head 2"], "Layer 1", bar, columns=2)
+    noted = panel_png(tiles, ["head 1", "head 2"], "Layer 1", bar, columns=2, notes=["H 3.61 nats", "H 3.47 nats"])
+    assert noted.height > plain.height
+    # The note's line (between the title line and the tile) has ink under the first tile.
+    row = np.asarray(noted)[18 + 16 + 18 + 4: 18 + 16 + 18 + 4 + 12, 10:50]
+    assert (row < 128).any()

@@ -1,0 +1,211 @@
+"""The heads explorer in a real browser (Debian Chromium through Playwright), drawn client-side.
+
+One app server with ``VITVIZ_DRAW=browser`` and one page whose websocket to the server goes through
+a Playwright route, so a test can hold back every message the browser sends. The tests run in file
+order on that page: the component's pixels against the PNG export's renderer, a layer move repainting
+while nothing reaches the server, a reload (F5) bringing back page and layer, a view opened from a link.
+"""
+import hashlib
+import os
+import re
+
+import numpy as np
+import pytest
+
+from conftest import ASSETS
+from loadtest import app_server
+from test_browser import CHROMIUM, CHROMIUM_ARGS, IDLE_JS, ROOT, VIEWPORT
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+SHOTS = ROOT / "test-artifacts" / "explorer"
+READY = '.vv-explorer[data-ready="1"]'
+IMAGE = "astronaut.jpg"  # the first sample photo, shown before anything is uploaded
+
+# The explorer's root, in its shadow root (the component isolates its styles) or in the document.
+ROOT_JS = """(() => [...document.querySelectorAll('*')].map(e => e.shadowRoot && e.shadowRoot.querySelector('.vv-explorer'))
+  .find(Boolean) || document.querySelector('.vv-explorer'))()"""
+TILES_JS = f"""() => [...{ROOT_JS}.querySelectorAll('canvas.vv-tile')].map(c => ({{head: Number(c.dataset.head),
+  w: c.width, h: c.height, px: Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)}}))"""
+VIEW_JS = f"""() => {{ const r = {ROOT_JS}; return r ? {{view: JSON.parse(r.dataset.view || 'null'),
+  paints: Number(r.dataset.paints || 0)}} : null; }}"""
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    with app_server(ROOT / "test-artifacts" / "explorer_server.log", env={"VITVIZ_DRAW": "browser", "PYTHONPATH": str(ROOT)},
+                    direct=True) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="module")
+def browser_page(server):
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    held = {"on": False, "held": 0}
+
+    def through(ws):
+        upstream = ws.connect_to_server()
+
+        def outgoing(message):
+            if held["on"]:
+                held["held"] += 1  # never reaches the server
+            else:
+                upstream.send(message)
+        ws.on_message(outgoing)
+        upstream.on_message(lambda message: ws.send(message))
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        pg = browser.new_page(viewport=VIEWPORT)
+        pg.set_default_timeout(240_000)
+        pg.route_web_socket(re.compile(r".*/_stcore/stream.*"), through)
+        pg.goto(f"{server}/heads?intro=0", timeout=300_000)  # the first visit's explanation has its own test
+        pg.wait_for_selector(READY, timeout=300_000)
+        yield pg, held, server
+        browser.close()
+
+
+def _reference(view: dict):
+    """The PNG export's tiles (vitviz.overlay.render_maps, as ui.display.panel_download calls it, at zoom 1)
+    for the page's image, computed here from the model's own forward in float32."""
+    from vitviz.images import load_image
+    from vitviz.maps import layer_maps
+    from vitviz.models import ModelSpec, load_model
+    from vitviz.overlay import render_maps
+    from vitviz.pipeline import forward
+
+    loaded = load_model(ModelSpec())
+    fwd = forward(loaded, [load_image(ASSETS / IMAGE).image])
+    attention, layout = fwd.capture.attention[0].numpy(), fwd.layout
+    layer = view["layer"] - 1
+    by_patch = view["query"] == "patch" or view["dir"] == "key"
+    query = view["patch"] if by_patch else view["query"]
+    maps = layer_maps(attention, layout, layer, query, "key" if view["dir"] == "key" else "query")
+    sinks = fwd.sinks[0].patch_sinks(layout, [layer]) if view["sinks"] else None
+    rendered = render_maps(fwd.batch.images[0], maps, scale_mode=view["scale"], cmap=view["cmap"], style=view["style"],
+                           opacity=view["opacity"], query=query if by_patch else None, sinks=sinks)
+    return maps, rendered, layout
+
+
+def _lut_step(cmap: str) -> int:
+    from vitviz.colour import lookup_table
+
+    return int(np.abs(np.diff(lookup_table(cmap).astype(int), axis=0)).max())
+
+
+def _assert_tiles_equal_export(pg, name: str) -> None:
+    state = pg.evaluate(VIEW_JS)
+    view = state["view"]
+    tiles = sorted(pg.evaluate(TILES_JS), key=lambda t: t["head"])
+    maps, rendered, layout = _reference(view)
+    assert len(tiles) == len(maps)
+    # float16 keeps 11 significant bits: a weight (and so a percentile top) moves by at most 2^-11 relative, so a
+    # cell's position on the colour map t = v / top moves by at most ~2^-10 * t; 255 * 2^-10 < 1, so its colour is
+    # at most one step of the 256-step map away, blended at alpha <= opacity: |d| <= one LUT step + 1 (rounding).
+    tolerance = _lut_step(view["cmap"]) + 1
+    gh, gw = layout.grid_size
+    worst, exact, pixels = 0, 0, 0
+    for t, reference, values, scale in zip(tiles, rendered.tiles, maps, rendered.scales):
+        got = np.array(t["px"], dtype=np.uint8).reshape(t["h"], t["w"], 4)[..., :3].astype(int)
+        want = np.asarray(reference, dtype=int)
+        assert got.shape == want.shape
+        diff = np.abs(got - want).max(axis=2)
+        # A cell within float16 rounding of its scale's top may be outlined (clipped) on one side only.
+        top = 10 ** scale.hi if scale.log else scale.hi
+        near = np.abs(values - top) <= 2 * 2.0 ** -11 * top
+        ph, pw = want.shape[0] // gh, want.shape[1] // gw
+        border = np.zeros(diff.shape, bool)
+        for r, c in zip(*np.nonzero(near)):
+            block = border[r * ph:(r + 1) * ph, c * pw:(c + 1) * pw]
+            block[:] = True
+            block[1:-1, 1:-1] = False
+        worst = max(worst, int(diff[~border].max()))
+        exact, pixels = exact + int((diff == 0).sum()), pixels + diff.size
+        assert diff[~border].max() <= tolerance, (name, t["head"], int(diff[~border].max()), tolerance)
+    print(f"{name}: worst channel difference {worst} (tolerance {tolerance}), "
+          f"{exact / pixels:.4%} of pixels identical")
+
+
+def test_explorer_tiles_equal_the_png_export(browser_page):
+    pg, _, _ = browser_page
+    pg.screenshot(path=str(SHOTS / "heads_explorer.png"))
+    pg.screenshot(path=str(ROOT / "docs" / "heads.png"))  # the README's picture of the page
+    view = pg.evaluate(VIEW_JS)["view"]
+    assert view["layer"] == 12 and view["query"] == "cls"
+    _assert_tiles_equal_export(pg, "layer 12, CLS, robust per head, sinks marked")
+
+
+def _tile_hash(pg) -> str:
+    return hashlib.sha256(bytes(sum((t["px"] for t in pg.evaluate(TILES_JS)), []))).hexdigest()
+
+
+def test_layer_move_repaints_with_the_server_cut_off(browser_page):
+    pg, held, _ = browser_page
+    before, paints = _tile_hash(pg), pg.evaluate(VIEW_JS)["paints"]
+    held["on"], held["held"] = True, 0
+    try:
+        slider = pg.locator('.vv-explorer input[data-key="layer"]')
+        slider.focus()
+        slider.press("ArrowLeft")
+        pg.wait_for_function(f"() => ({VIEW_JS})().paints > {paints}", timeout=10_000)
+        state = pg.evaluate(VIEW_JS)
+        assert state["view"]["layer"] == 11
+        assert _tile_hash(pg) != before  # new pixels, drawn while no message could reach the server
+        assert held["held"] == 0  # the repaint did not wait for the server: nothing was sent before it
+        pg.wait_for_timeout(1500)  # (a time.sleep would not let Playwright run the route handler)
+        assert held["held"] >= 1  # afterwards the view went out (and was held back here)
+    finally:
+        held["on"] = False
+    assert "layer=11" in pg.url
+    pg.screenshot(path=str(SHOTS / "heads_layer11_offline.png"))
+
+
+def test_reload_restores_page_and_layer(browser_page):
+    pg, _, _ = browser_page
+    slider = pg.locator('.vv-explorer input[data-key="layer"]')
+    slider.focus()
+    slider.press("ArrowLeft")  # layer 10, now with the server listening
+    pg.wait_for_function(f"() => ({VIEW_JS})().view.layer === 10")
+    pg.wait_for_timeout(2500)  # the debounced report and its rerun
+    pg.reload()
+    pg.wait_for_selector(READY, timeout=300_000)
+    assert "/heads" in pg.url
+    assert pg.evaluate(VIEW_JS)["view"]["layer"] == 10
+
+
+def test_a_link_opens_the_view_it_names(browser_page):
+    pg, _, server = browser_page
+    pg.goto(f"{server}/heads?intro=0&layer=6&query=patch&patch=100&style=heatmap&scale=shared+across+heads&sinks=0&cmap=Viridis")
+    pg.wait_for_selector(READY, timeout=300_000)
+    view = pg.evaluate(VIEW_JS)["view"]
+    assert (view["layer"], view["query"], view["patch"], view["style"], view["cmap"]) == (6, "patch", 100, "heatmap", "Viridis")
+    pg.screenshot(path=str(SHOTS / "heads_patch100_heatmap.png"))
+    _assert_tiles_equal_export(pg, "layer 6, patch 100 as query, heatmap, shared scale")
+
+
+def test_a_first_visit_explains_and_one_click_opens_the_heads_page(browser_page):
+    pg, _, server = browser_page
+    first = pg.context.browser.new_context(viewport=VIEWPORT).new_page()  # a new visitor: no session, no URL state
+    first.set_default_timeout(240_000)
+    first.goto(server)
+    first.get_by_text("New here? What vitviz shows").wait_for()
+    first.screenshot(path=str(SHOTS / "first_visit.png"))
+    first.get_by_role("button", name="Open chelsea").click()
+    first.wait_for_selector(READY)
+    assert "/heads" in first.url and "image=chelsea.jpg" in first.url
+    assert first.get_by_role("heading", name="Attention heads · chelsea.jpg").is_visible()
+    assert not first.get_by_text("New here?").count()
+    first.context.close()
+
+
+def test_faithfulness_screenshot_for_the_readme(browser_page):
+    """The README's picture of the faithfulness page as it opens: its methods, protocol and run button (a run takes
+    minutes on a shared CPU; its numbers are tested in tests/test_faithfulness.py)."""
+    pg, _, server = browser_page
+    pg.goto(f"{server}/faithfulness?intro=0")
+    pg.locator(".st-key-faith_run button").wait_for(timeout=300_000)
+    pg.wait_for_function(IDLE_JS, arg=1500, polling=200, timeout=300_000)
+    pg.screenshot(path=str(ROOT / "docs" / "faithfulness.png"))

@@ -1,0 +1,60 @@
+"""State that survives: uploads kept by content hash and named in the URL, the view in the URL (AppTest)."""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from conftest import ASSETS
+
+pytestmark = pytest.mark.slow
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+CHELSEA = ("chelsea.jpg", (ASSETS / "chelsea.jpg").read_bytes(), "image/jpeg")
+
+
+def _session(params: dict | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    for k, v in (params or {}).items():
+        at.query_params[k] = v
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    return at
+
+
+def _images(at) -> list[str]:
+    return at.sidebar.selectbox(key="current").options
+
+
+def test_an_upload_comes_back_from_its_link_and_only_from_it():
+    first = _session()
+    first.sidebar.file_uploader(key="uploads").set_value([CHELSEA]).run()
+    link = first.query_params["img"]
+    assert "chelsea.jpg" in _images(first) and first.query_params["image"] == "chelsea.jpg"
+    # F5 or a shared link: a new session with the link's query string shows the upload as the current image.
+    reloaded = _session({"img": link, "image": "chelsea.jpg"})
+    assert "chelsea.jpg" in _images(reloaded)
+    assert reloaded.sidebar.selectbox(key="current").value == "chelsea.jpg"
+    # Another session without the link never sees it.
+    assert "chelsea.jpg" not in _images(_session())
+    # A link to an image this server no longer keeps says so in a sentence.
+    stale = _session({"img": "0" * 32})
+    assert any("no longer kept on this server" in w.value for w in stale.sidebar.warning)
+
+
+def test_the_loaded_list_removes_an_image_after_a_page_switch():
+    at = _session()
+    at.sidebar.file_uploader(key="uploads").set_value([CHELSEA]).run()
+    at.switch_page("pages/4_distance.py").run()  # the uploader is empty here: its own x cannot remove anything
+    assert "chelsea.jpg" in _images(at)
+    remove = next(b for b in at.sidebar.button if (b.key or "").startswith("remove_"))
+    remove.click().run()
+    assert not at.exception
+    assert "chelsea.jpg" not in _images(at)
+    assert "img" not in at.query_params
+
+
+def test_a_link_brings_back_the_resolution_and_names_the_model():
+    first = _session()
+    first.sidebar.number_input(key="img_size").set_value(280).run()
+    assert (first.query_params["model"], first.query_params["res"]) == ("bundled", "280")
+    reloaded = _session({"model": "bundled", "res": "280"})
+    assert reloaded.sidebar.number_input(key="img_size").value == 280

@@ -1,0 +1,59 @@
+"""A first visit's explanation: what a patch, a head, a layer and rollout are, and one click to a good first view."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+from PIL import Image, ImageOps
+
+from ui.persist import SAVED
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+SEEN = "intro"  # URL key: ?intro=0 once the explanation was closed, so a reload does not show it again
+FIRST_VIEW = {"layer": "12", "query": "cls", "dir": "query"}  # the last layer's CLS heads outline objects
+
+
+def _thumbnail(name: str) -> Image.Image:
+    return ImageOps.fit(Image.open(ASSETS / name).convert("RGB"), (160, 160))
+
+
+def _close() -> None:
+    st.session_state["intro_done"] = True
+    st.session_state.setdefault(SAVED, {})[SEEN] = "0"
+    st.query_params[SEEN] = "0"
+
+
+def _open(name: str) -> None:
+    _close()
+    st.session_state["kept_samples"] = [name]
+    st.session_state["kept_current"] = name
+    st.session_state[SAVED].update(FIRST_VIEW)
+    st.session_state["intro_open"] = True
+
+
+def first_visit() -> bool:
+    """The explanation at the top of the first page a session opens, until closed or a view is opened from it.
+
+    Returns True when a sample was picked: the caller then switches to the heads page (after ``st.navigation``).
+    """
+    if st.session_state.pop("intro_open", False):
+        return True
+    if st.session_state.get("intro_done") or st.query_params.get(SEEN) == "0":
+        return False
+    samples = sorted(p.name for p in ASSETS.glob("*.jpg"))
+    with st.container(border=True, key="onboarding"):
+        st.markdown(
+            "#### New here? What vitviz shows\n"
+            "A Vision Transformer cuts the image into square **patches** (14×14 pixels for the bundled model) and "
+            "turns each into a token. In every **layer**, each **head** lets every token look at every other token: "
+            "its *attention* is a share for each patch, and the maps here colour those shares over the image. Early "
+            "layers look nearby, late layers gather the object. **Rollout** multiplies the layers' attention "
+            "together to follow what reaches the class token at the end.\n\n"
+            "Start with a sample photo: it opens the last layer's heads, where the class token's attention "
+            "outlines the object. Then move the layer slider or click a patch.")
+        cols = st.columns(len(samples) + 1)
+        for col, name in zip(cols, samples):
+            col.image(_thumbnail(name), caption=name)
+            col.button(f"Open {name.removesuffix('.jpg')}", key=f"intro_{name}", on_click=_open, args=(name,))
+        cols[-1].button("Close", key="intro_close", on_click=_close)
+    return False

@@ -1,0 +1,172 @@
+"""State that survives a reload, a shared link and a page switch: the view lives in the URL and the session.
+
+The browser explorer writes its view (layer, query, patch, display) into the URL itself as it
+repaints and tells the server afterwards; :func:`remember_view` keeps the server's copy in the
+session, so a page switch (which starts with a clean URL) puts it back with :func:`restore_params`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import streamlit as st
+
+from ui.memo import ByteLRU
+
+# URL key -> (session key of the same choice on the server-drawn pages, or None).
+VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "patch", "keep": "keep",
+               "order": "ranking", "cmap": "cmap", "scale": "scale_mode", "style": "style", "opacity": "opacity",
+               "sinks": "exclude_sinks"}
+SAVED = "persist_params"
+
+
+def _text(value) -> str:
+    return ("1" if value else "0") if isinstance(value, bool) else str(value)
+
+
+def remember_view(view: dict) -> None:
+    """Keep the explorer's view in the session and the URL (the browser has already written the URL;
+    writing the same values keeps Streamlit's copy of the query string in step)."""
+    params = {k: _text(v) for k, v in view.items() if k in VIEW_PARAMS and v is not None}
+    saved = st.session_state.setdefault(SAVED, {})
+    saved.update(params)
+    if view.get("patch") is None:
+        saved.pop("patch", None)
+    st.session_state["patch"] = None if view.get("patch") is None else int(view["patch"])
+    changed = {k: v for k, v in params.items() if st.query_params.get(k) != v}
+    if changed:
+        st.query_params.update(changed)
+
+
+def set_view(**params) -> None:
+    """Set view keys from code (e.g. a head opened from the distance plot); a page switch carries them."""
+    saved = st.session_state.setdefault(SAVED, {})
+    saved.update({k: _text(v) for k, v in params.items()})
+    st.query_params.update({k: _text(v) for k, v in params.items()})
+
+
+def restore_params() -> None:
+    """Put the session's saved view back into the URL when a page switch dropped it, and pick up a
+    view that arrived in the URL (F5, a shared link) as the session's own."""
+    saved = st.session_state.setdefault(SAVED, {})
+    for key in VIEW_PARAMS:
+        if key in st.query_params:
+            saved[key] = st.query_params[key]
+    missing = {k: v for k, v in saved.items() if k not in st.query_params and k in VIEW_PARAMS | {"intro": None}}
+    if missing:
+        st.query_params.update(missing)
+    if "patch" in saved and st.session_state.get("patch") is None:
+        try:
+            st.session_state["patch"] = int(saved["patch"])
+        except ValueError:
+            saved.pop("patch")
+
+
+def saved_view() -> dict[str, str]:
+    """The view as last written (URL keys, text values)."""
+    return dict(st.session_state.get(SAVED, {}))
+
+
+# ---- uploads kept by content hash -------------------------------------------------------------------
+IMAGES_PARAM = "img"
+CURRENT_PARAM = "image"
+HASH_CHARS = 32  # 128 bits of SHA-256: the link is the only way to an upload; nobody guesses it
+DEFAULT_KEEP_MB = 256
+
+
+@st.cache_resource(show_spinner=False)
+def kept_uploads() -> ByteLRU:
+    """Uploads by content hash, shared by the server's sessions but reachable only through a link that names
+    the hash (``?img=...``), so a reload or a shared link brings an image back; least recently used ones go
+    first beyond ``VITVIZ_KEEP_MB`` (default 256 MB)."""
+    try:
+        budget = int(os.environ.get("VITVIZ_KEEP_MB", DEFAULT_KEEP_MB))
+    except ValueError:
+        budget = DEFAULT_KEEP_MB
+    return ByteLRU(max(1, budget) << 20)
+
+
+def content_name(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:HASH_CHARS]
+
+
+def keep_images(store: dict[str, bytes]) -> list[str]:
+    """Bring back the uploads a link names when this session holds none (F5, a shared link), keep every upload
+    of the session server-side, and name them in the URL. Returns the sentences for uploads that are gone."""
+    kept, gone = kept_uploads(), []
+    wanted = [h for h in st.query_params.get(IMAGES_PARAM, "").split(",") if h]
+    if not store and wanted and not st.session_state.get("persist_restored"):
+        for h in wanted:
+            held = kept.get(h)
+            if held is None:
+                gone.append(f"An image of this link ({h[:8]}…) is no longer kept on this server; upload it again.")
+            else:
+                store[held[0]] = held[1]
+        current = st.query_params.get(CURRENT_PARAM)
+        if current in store:
+            st.session_state["kept_current"] = current
+    st.session_state["persist_restored"] = True
+    names = []
+    for name, data in store.items():
+        h = content_name(data)
+        if h not in kept:
+            kept.put(h, (name, data))
+        names.append(h)
+    text = ",".join(names)
+    if text and st.query_params.get(IMAGES_PARAM) != text:
+        st.query_params[IMAGES_PARAM] = text
+    elif not text and IMAGES_PARAM in st.query_params:
+        del st.query_params[IMAGES_PARAM]
+    return gone
+
+
+def remember_current(name: str) -> None:
+    """The current image's name in the URL (it comes back after F5 when it is an upload or a sample)."""
+    if st.query_params.get(CURRENT_PARAM) != name:
+        st.query_params[CURRENT_PARAM] = name
+
+
+def uploads_box(store: dict[str, bytes]) -> str | None:
+    """What is loaded, each with a × that removes it (the uploader's own × is empty after a page switch).
+    Returns the removed name, if any."""
+    removed = None
+    for name, data in list(store.items()):
+        left, right = st.sidebar.columns([5, 1], vertical_alignment="center")
+        left.caption(f"📄 {name} · {len(data) / 1e6:.1f} MB")
+        if right.button("×", key=f"remove_{content_name(data)}", help=f"Remove {name}"):
+            store.pop(name)
+            removed = name
+    return removed
+
+
+def linked_samples(samples: list[str]) -> list[str]:
+    """The sample photo a link names as the current image, so a fresh session shows it."""
+    current = st.query_params.get(CURRENT_PARAM)
+    return [current] if current in samples else []
+
+
+# ---- model and resolution ---------------------------------------------------------------------------
+MODEL_PARAM, SIZE_PARAM = "model", "res"
+
+
+def seed_model(bundled: str, by_name: str) -> None:
+    """On a session's first run, seed the sidebar's model box from a link's ``model`` and ``res`` (the widgets read
+    their ``kept_*`` values)."""
+    if st.session_state.get("persist_model_seeded"):
+        return
+    st.session_state["persist_model_seeded"] = True
+    name = st.query_params.get(MODEL_PARAM)
+    if name and name != bundled and not name.startswith(("hf:", "/", ".")):
+        st.session_state["kept_model_choice"] = by_name
+        st.session_state["kept_timm_query"] = name
+        st.session_state["kept_timm_name"] = name
+    size = st.query_params.get(SIZE_PARAM, "")
+    if size.isdigit():
+        st.session_state["kept_img_size"] = int(size)
+
+
+def remember_model(name: str, img_size: int | None) -> None:
+    """The model shown and its input resolution in the URL (0: the model's own)."""
+    params = {MODEL_PARAM: name, SIZE_PARAM: str(img_size or 0)}
+    if any(st.query_params.get(k) != v for k, v in params.items()):
+        st.query_params.update(params)
