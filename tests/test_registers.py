@@ -1,0 +1,196 @@
+"""Outliers, register neurons and the test-time register (vitviz.registers) on a planted model: a tiny
+random timm ViT into which the test writes one MLP neuron that fires on a few patches and makes them
+high-norm outliers from its layer on."""
+import copy
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+from vitviz import registers as R
+from vitviz.adapters import run
+from vitviz.layout import TokenLayout
+
+LAYER, NEURON, PATCHES = 1, 7, (3, 6, 9)  # 0-based layer and hidden unit, raster patches on the 4x4 grid
+
+
+def plant(model: torch.nn.Module, layer: int = LAYER, neuron: int = NEURON, patches=PATCHES) -> torch.nn.Module:
+    """Write one register neuron into ``model`` (in place): the position embedding of ``patches`` gets a
+    component along a direction u (3x a typical token norm: visible, but far below the outlier rule); the
+    neuron reads u after ``norm2`` of ``layer`` (GELU(4 u.x - 14): ~14 where the component is, ~0 elsewhere)
+    and writes 30 typical norms x 3 along another direction v: those patches become outliers from ``layer`` on."""
+    layout = TokenLayout.from_model(model)
+    D = model.embed_dim
+    typical = float(R.token_norms(model, torch.randn(4, 3, *model.patch_embed.img_size))[:, 0, layout.patch_slice]
+                    .median())
+    g = torch.Generator().manual_seed(1)
+    u, v = torch.randn(D, generator=g), torch.randn(D, generator=g)
+    u, v = (u - u.mean()) / (u - u.mean()).norm(), (v - v.mean()) / (v - v.mean()).norm()
+    blk = model.blocks[layer]
+    with torch.no_grad():
+        for p in patches:
+            model.pos_embed[0, layout.pos_embed_prefix_rows + p] += 3 * typical * u
+        blk.mlp.fc1.weight[neuron] = 4 * u / blk.norm2.weight
+        blk.mlp.fc1.bias[neuron] = -14 - 4 * (blk.norm2.bias @ u)
+        blk.mlp.fc2.weight[:, neuron] = 30 * typical / 14 * 3 * v
+    return model
+
+
+def tiny_vit(seed: int = 0, **kw) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = timm.create_model("vit_small_patch16_224", pretrained=False, **({"depth": 4, "embed_dim": 64, "num_heads": 4,
+                                                                             "img_size": 64, "num_classes": 10} | kw))
+    with torch.no_grad():  # random init leaves heads near zero; randomise so a wrong forward shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def planted():
+    model = plant(tiny_vit())
+    torch.manual_seed(2)
+    return model, TokenLayout.from_model(model), torch.randn(6, 3, 64, 64)
+
+
+def test_plain_tiny_vit_has_no_outliers_and_the_planted_one_has_them_from_its_layer_on(planted):
+    model, layout, x = planted
+    plain = R.find_outliers(R.token_norms(tiny_vit(), x).numpy(), layout)
+    assert not plain.any and plain.emergence_layer is None
+    out = R.find_outliers(R.token_norms(model, x).numpy(), layout)
+    assert out.emergence_layer == LAYER
+    assert not out.mask[:, :LAYER].any()
+    for layer in range(LAYER, 4):
+        assert [p.tolist() for p in out.positions(layer)] == [list(PATCHES)] * len(x)
+
+
+def test_search_ranks_the_planted_neuron_first_in_the_layers_up_to_emergence(planted):
+    model, layout, x = planted
+    search = R.search_register_neurons(model, [x[:4], x[4:]], layout)
+    best = search.neurons[0]
+    assert (best.layer, best.index) == (LAYER, NEURON)
+    assert best.score > 5 * search.neurons[1].score
+    assert {n.layer for n in search.neurons} <= {0, LAYER}  # nothing past the emergence layer is searched
+    data = search.to_json()
+    assert data["emergence_layer"] == LAYER + 1 and data["neurons"][0] == {"layer": LAYER + 1, "index": NEURON,
+                                                                            "score": best.score}
+    assert data["threshold"] == R.OUTLIER_FACTOR and search.images_with_outliers == len(x)
+
+
+def test_search_scores_are_the_mean_absolute_activation_at_the_outliers(planted):
+    """The score by hand: the hidden units of the planted layer at the three outlier patches, |.|, mean over
+    patches, then over images (numpy on the adapter's mlp_hidden point)."""
+    model, layout, x = planted
+    search = R.search_register_neurons(model, [x], layout)
+    with torch.no_grad():
+        h = run(model, x, keep=(f"blocks.{LAYER}.mlp_hidden",))[f"blocks.{LAYER}.mlp_hidden"].numpy()
+    expected = np.abs(h[:, [1 + p for p in PATCHES]]).mean(axis=1).mean(axis=0)
+    np.testing.assert_allclose(search.scores[LAYER], expected, rtol=1e-5)
+
+
+def test_register_moves_the_outliers_to_the_extra_token_and_keeps_the_output(planted):
+    """After the repair no patch is above the threshold in the last layer, the extra token (one more prefix
+    token) carries the norm, and the output changes less than removing the outliers' cause does: the same
+    neuron zeroed everywhere without an extra token (the baseline that needs no register) -- per image, a
+    pooled cosine at least as high and no larger logit change. A random head's top-1 margins can be tiny
+    (0.016 here), so top-1 must agree only where the margin exceeds twice the largest logit change (the most
+    a change of that size can close)."""
+    model, layout, x = planted
+    register = R.TestTimeRegister(((LAYER, NEURON),))
+    after = register.layout(layout)
+    assert after.prefix_tokens == ("cls", R.EXTRA_TOKEN) and after.num_tokens == layout.num_tokens + 1
+    norms = R.token_norms(model, x, edit=register.edit(layout)).numpy()
+    out = R.find_outliers(norms, after)
+    assert not out.mask[:, -1].any()
+    assert (norms[:, -1, 1] > R.OUTLIER_FACTOR * out.median[:, -1]).all()
+    repaired = R.compare_outputs(model, x, register.edit(layout))
+
+    def ablate(h, point):
+        h = h.clone()
+        h[..., NEURON] = 0
+        return h
+
+    ablated = R.compare_outputs(model, x, {f"blocks.{LAYER}.mlp_hidden": ablate})
+    assert (repaired.pooled_cosine >= ablated.pooled_cosine).all()
+    assert (repaired.max_logit_change <= ablated.max_logit_change).all()
+    with torch.no_grad():
+        top2 = model(x).topk(2).values
+    safe = (top2[:, 0] - top2[:, 1]).numpy() > 2 * repaired.max_logit_change
+    assert safe.sum() >= 4 and repaired.top1_agrees[safe].all()
+
+
+def test_register_through_edit_equals_the_same_done_by_hand_on_the_modules(planted):
+    """The reference: timm's own forward of a deep copy, with forward hooks on ``norm_pre`` (the tokens entering
+    block 1: insert the extra token after CLS) and on the planted block's ``mlp.act`` (the hidden units). Both
+    runs are float32; the spelled-out attention differs from timm's fused one by rounding (~1e-6)."""
+    model, layout, x = planted
+    for init in ("zero", "mean"):
+        register = R.TestTimeRegister(((LAYER, NEURON), (0, 5)), init=init)
+        with torch.no_grad():
+            ours = run(model, x, keep=("logits",), edit=register.edit(layout))["logits"]
+        copy_ = copy.deepcopy(model)
+
+        def insert(module, inputs, out):
+            extra = out[:, 1:].mean(1, keepdim=True) if init == "mean" else torch.zeros_like(out[:, :1])
+            return torch.cat([out[:, :1], extra, out[:, 1:]], dim=1)
+
+        def move(index):
+            def hook(module, inputs, out):
+                out = out.clone()
+                out[:, 1, index] = out[:, 2:, index].max(dim=1).values
+                out[:, 2:, index] = 0
+                return out
+            return hook
+
+        copy_.norm_pre.register_forward_hook(insert)
+        copy_.blocks[LAYER].mlp.act.register_forward_hook(move(NEURON))
+        copy_.blocks[0].mlp.act.register_forward_hook(move(5))
+        with torch.no_grad():
+            theirs = copy_(x)
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), atol=1e-5, rtol=1e-5)
+        assert not np.allclose(theirs.numpy(), model(x).detach().numpy(), atol=1e-3)  # the repair did something
+
+
+def test_sink_masking_drops_the_masked_keys_and_renormalises_rows(planted):
+    model, layout, x = planted
+    out = R.find_outliers(R.token_norms(model, x).numpy(), layout)
+    masked = R.outlier_mask(out)
+    with torch.no_grad():
+        attn = run(model, x, keep=("blocks.*.attn",), edit=R.mask_keys(masked))
+    for layer in range(4):
+        a = attn[f"blocks.{layer}.attn"]
+        torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)))
+        cols = [1 + p for p in PATCHES]
+        assert (a[..., cols] == 0).all() == (layer >= LAYER)
+
+
+def test_trained_registers_are_prefix_tokens_apart_from_the_patches():
+    from vitviz.registers_figures import norm_by_layer
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=2, embed_dim=64,
+                              num_heads=4, img_size=70).eval()
+    layout = TokenLayout.from_model(model)
+    assert layout.prefix_tokens == ("cls", "reg0", "reg1", "reg2", "reg3")
+    norms = R.token_norms(model, torch.randn(2, 3, 70, 70)).numpy()
+    assert norms.shape == (2, 2, 5 + 25)
+    fig = norm_by_layer(R.find_outliers(norms, layout))
+    names = [t.name for t in fig.data]
+    assert "registers (reg0-reg3)" in names and "CLS" in names
+    reg = next(t for t in fig.data if t.name == "registers (reg0-reg3)")
+    np.testing.assert_allclose(reg.y, norms[:, :, 1:5].max(axis=(0, 2)), rtol=1e-6)
+
+
+def test_register_json_mistakes_get_a_sentence(planted):
+    model, _, _ = planted
+    with pytest.raises(ValueError, match="no register neurons"):
+        R.register_from_json({"neurons": []})
+    with pytest.raises(ValueError, match="integer 'layer' and 'index'"):
+        R.register_from_json({"neurons": [{"layer": "x"}]})
+    with pytest.raises(ValueError, match="layer 9, and this model has 4"):
+        R.check_register(model, R.register_from_json({"neurons": [{"layer": 9, "index": 0}]}))
+    with pytest.raises(ValueError, match="hidden unit 999 of layer 2, which has 256"):
+        R.check_register(model, R.register_from_json({"neurons": [{"layer": 2, "index": 999}]}))
+    assert R.why_no_register(tiny_vit(global_pool="avg", class_token=False)) is not None
+    assert R.why_no_register(model) is None
