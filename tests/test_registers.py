@@ -194,3 +194,80 @@ def test_register_json_mistakes_get_a_sentence(planted):
         R.check_register(model, R.register_from_json({"neurons": [{"layer": 2, "index": 999}]}))
     assert R.why_no_register(tiny_vit(global_pool="avg", class_token=False)) is not None
     assert R.why_no_register(model) is None
+
+
+@pytest.fixture(scope="module")
+def planted_checkpoint(tmp_path_factory):
+    """A planted ViT-Ti/16 at 64 px, saved the way users save weights (safetensors of the state dict)."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=64).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    plant(model)
+    path = tmp_path_factory.mktemp("planted") / "planted.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return model, path
+
+
+def test_cli_finds_the_planted_neuron_and_analyze_runs_with_the_register(planted_checkpoint, tmp_path):
+    import json
+
+    import pandas as pd
+
+    from conftest import ASSETS
+    from vitviz.cli import main
+
+    model, weights = planted_checkpoint
+    photos = [str(ASSETS / n) for n in ("chelsea.jpg", "coffee.jpg", "astronaut.jpg", "rocket.jpg")]
+    common = ["--model", "vit_tiny_patch16_224", "--checkpoint", str(weights), "--img-size", "64"]
+    assert main(["registers", *photos, *common, "--out", str(tmp_path / "r")]) == 0
+    data = json.loads((tmp_path / "r" / "registers.json").read_text())
+    assert data["threshold"] == R.OUTLIER_FACTOR and data["emergence_layer"] == LAYER + 1
+    assert {k: data["neurons"][0][k] for k in ("layer", "index")} == {"layer": LAYER + 1, "index": NEURON}
+    norms = pd.read_parquet(tmp_path / "r" / "norms.parquet")
+    assert len(norms) == 4 * 12 * 17 and norms["layer"].min() == 1 and norms["layer"].max() == 12
+    outliers = norms[norms["outlier"]]
+    assert set(outliers["token"]) == {1 + p for p in PATCHES} and outliers["layer"].min() == LAYER + 1
+
+    out = tmp_path / "a"
+    assert main(["analyze", *photos[:2], *common, "--registers", str(tmp_path / "r" / "registers.json"),
+                 "--register-neurons", "1", "--out", str(out)]) == 0
+    arrays = np.load(out / "analysis.npz")
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["analysis"]["token_layout"]["prefix_tokens"] == ["cls", R.EXTRA_TOKEN]
+    assert settings["analysis"]["test_time_register"]["neurons"] == [{"layer": LAYER + 1, "index": NEURON}]
+    assert arrays["token_norms"].shape == (2, 12, 18) and arrays["attention"].shape == (2, 12, 3, 18, 18)
+    register = R.TestTimeRegister(((LAYER, NEURON),))
+    layout = TokenLayout.from_model(model)
+    with torch.no_grad():
+        expected = run(model, torch.from_numpy(arrays["input"]), keep=("logits",), edit=register.edit(layout))["logits"]
+    np.testing.assert_allclose(arrays["logits"], expected.numpy(), rtol=1e-4, atol=1e-4)
+    patch_norms = arrays["token_norms"][:, -1, 2:]
+    assert (patch_norms.max(-1) < R.OUTLIER_FACTOR * np.median(patch_norms, -1)).all()
+
+
+def test_cli_register_mistakes_get_a_sentence_and_write_nothing(planted_checkpoint, tmp_path, capsys):
+    import json
+
+    from conftest import ASSETS
+    from vitviz.cli import main
+
+    _, weights = planted_checkpoint
+    common = [str(ASSETS / "rocket.jpg"), "--model", "vit_tiny_patch16_224", "--checkpoint", str(weights),
+              "--img-size", "64"]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"neurons": [{"layer": 20, "index": 3, "score": 1.0}]}))
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"neurons": []}))
+    for path, sentence in ((bad, "is not JSON"), (other, "names layer 20, and this model has 12 (was it written for "
+                                                         "another model?)"), (empty, "nothing to repair")):
+        out = tmp_path / path.stem
+        assert main(["analyze", *common, "--registers", str(path), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--registers {path}" in err and sentence in err and "Traceback" not in err
+        assert not (out / "analysis.npz").exists()
