@@ -271,3 +271,33 @@ def test_cli_register_mistakes_get_a_sentence_and_write_nothing(planted_checkpoi
         err = capsys.readouterr().err
         assert f"--registers {path}" in err and sentence in err and "Traceback" not in err
         assert not (out / "analysis.npz").exists()
+
+
+@pytest.mark.slow
+def test_registers_page_says_the_bundled_model_has_nothing_to_repair_and_masks_its_sinks(bundled):
+    """The bundled DINOv2-S/14 has no outliers (max/median <= 1.9 at 224): the page says so plainly, its
+    norm plot's patch max equals the core's, and sink masking is shown with its output change."""
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ASSETS
+    from vitviz.images import load_image, preprocess
+
+    app = str(Path(__file__).resolve().parent.parent / "app.py")
+    at = AppTest.from_file(app, default_timeout=300).run()
+    at.switch_page("pages/11_registers.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("No outliers: nothing to repair" in i.value for i in at.info)
+    chart = next(c for c in at.get("plotly_chart") if "registers_norms" in (c.proto.id or ""))
+    import json
+
+    traces = {t["name"]: t for t in json.loads(chart.proto.spec)["data"]}
+    image = at.sidebar.selectbox(key="current").value
+    x = preprocess([load_image(ASSETS / image).image], bundled.data_config).tensor
+    norms = R.token_norms(bundled.model, x).numpy()
+    y = traces["patches: max"]["y"]
+    y = np.frombuffer(__import__("base64").b64decode(y["bdata"]), dtype=y["dtype"]) if isinstance(y, dict) else y
+    np.testing.assert_allclose(y, norms[0, :, 1:].max(-1), rtol=1e-5)
+    assert any("Sink masking" in s.value for s in at.subheader)
+    assert any("pooled cosine" in c for df in at.dataframe for c in df.value.columns)

@@ -433,3 +433,63 @@ def compare_outputs(model, x: torch.Tensor, edit: dict) -> OutputChange:
     """One forward as the model is and one with ``edit``: their :class:`OutputChange`."""
     keep = ("pooled", "logits") if adapter_for(model).num_classes(model) > 0 else ("pooled",)
     return output_change(run(model, x, keep=keep), run(model, x, keep=keep, edit=edit))
+
+
+# ---------------------------------------------------------------------------------------------
+# Before and after, for one image (the registers page)
+
+
+@dataclass
+class RepairMaps:
+    """One image before and after a repair: what the registers page draws side by side.
+
+    Attributes:
+        heads_before, heads_after: (H, gh, gw) the last layer's attention of the readout (CLS, else the mean
+            patch query) on the patches, per head.
+        rollout_before, rollout_after: (gh, gw) attention rollout of the readout over all layers.
+        norms_before, norms_after: (L, N) and (L, N') token output norms (N' counts an extra token).
+        layout_before, layout_after: the token layouts of the two runs.
+        change: the output change (pooled cosine; top-1 and logits for classifiers).
+    """
+
+    heads_before: np.ndarray
+    heads_after: np.ndarray
+    rollout_before: np.ndarray
+    rollout_after: np.ndarray
+    norms_before: np.ndarray
+    norms_after: np.ndarray
+    layout_before: TokenLayout
+    layout_after: TokenLayout
+    change: OutputChange
+
+
+def _readout_maps(attention: np.ndarray, layout: TokenLayout) -> tuple[np.ndarray, np.ndarray]:
+    from .maps import query_attention_map
+    from .rollout import rollout
+
+    query = "cls" if layout.has_class_token else "mean"
+    heads = np.stack([query_attention_map(attention, layout, -1, h, query) for h in range(attention.shape[1])])
+    return heads, rollout(attention, layout).map
+
+
+def repair_maps(model, x: torch.Tensor, layout: TokenLayout, edit: dict, after_layout: TokenLayout | None = None) -> RepairMaps:
+    """Capture one image (x: (1, 3, H, W)) as the model is and with ``edit`` (a repair whose runs have
+    ``after_layout``, default ``layout``): last-layer heads, rollout, norms and the output change."""
+    from .capture import capture
+
+    after_layout = after_layout or layout
+    before, after = capture(model, x, layout=layout), capture(model, x, edit=edit, layout=after_layout)
+    a0, a1 = to_host(before.attention[0]), to_host(after.attention[0])
+    h0, r0 = _readout_maps(a0, layout)
+    h1, r1 = _readout_maps(a1, after_layout)
+    return RepairMaps(h0, h1, r0, r1, to_host(before.token_norms[0]), to_host(after.token_norms[0]), layout,
+                      after_layout, compare_outputs(model, x, edit))
+
+
+@torch.inference_mode()
+def neuron_maps(model, x: torch.Tensor, layout: TokenLayout, neurons: list[RegisterNeuron]) -> np.ndarray:
+    """Each neuron's activation over the patches of one image (x: (1, 3, H, W)): (k, gh, gw)."""
+    names = [point_name("mlp_hidden", layer) for layer in sorted({n.layer for n in neurons})]
+    out = run(model, x, keep=names, stop_after=names[-1])
+    return np.stack([layout.to_grid(to_host(out[point_name("mlp_hidden", n.layer)][0, layout.patch_slice, n.index]))
+                     for n in neurons])
