@@ -67,7 +67,7 @@ else:
     top = search.neurons[:k_show]
     st.dataframe([{"rank": i + 1, "layer": n.layer + 1, "unit": n.index, "score (mean |activation|)": round(n.score, 3)}
                   for i, n in enumerate(top)], hide_index=True)
-    acts = cached_neuron_maps(ctx.spec, ctx.image.sha256, r.model_input, top,
+    acts = cached_neuron_maps(ctx.spec, ctx.image.sha256, ctx.image.image, top,
                               tuple((n.layer, n.index) for n in top))
     fig, caption = maps_figure(r.model_input, acts, [f"#{i + 1}: layer {n.layer + 1}, unit {n.index}"
                                                      for i, n in enumerate(top)], layout,
@@ -82,7 +82,7 @@ else:
                     key="registers_k")
     init = c[1].radio("The extra token starts as", ["zero", "mean"], horizontal=True, key="registers_init",
                       help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
-    repaired = cached_register(ctx.spec, ctx.image.sha256, r.model_input,
+    repaired = cached_register(ctx.spec, ctx.image.sha256, ctx.image.image,
                                tuple((n.layer, n.index) for n in search.neurons[:k]), init)
     if isinstance(repaired, str):
         st.info(repaired)
@@ -132,5 +132,5 @@ st.caption("Each layer's patch sinks (a robust z-score above 8 and at least 10×
 if sum(sinks) == 0:
     st.info("No patch sinks in any layer of this image: nothing to mask.")
 else:
-    before_after("sink masking", cached_sink_masking(ctx.spec, ctx.image.sha256, r), "sinks", r.sinks.patch_sinks(layout))
+    before_after("sink masking", cached_sink_masking(ctx.spec, ctx.image.sha256, ctx.image.image, r), "sinks", r.sinks.patch_sinks(layout))
     st.caption("Crossed: the patches masked as keys (in the layers where they are sinks).")

@@ -301,3 +301,57 @@ def test_registers_page_says_the_bundled_model_has_nothing_to_repair_and_masks_i
     np.testing.assert_allclose(y, norms[0, :, 1:].max(-1), rtol=1e-5)
     assert any("Sink masking" in s.value for s in at.subheader)
     assert any("pooled cosine" in c for df in at.dataframe for c in df.value.columns)
+
+
+@pytest.mark.slow
+def test_registers_page_repairs_the_planted_model(planted_checkpoint):
+    """The planted ViT-Ti loaded the way a user does (timm name, checkpoint path, 64 px): the page finds the
+    planted neuron first and draws the heads and rollout before and after the register, whose 'after' rollout
+    equals the core's rollout of the repaired forward."""
+    import json
+    from pathlib import Path
+
+    from streamlit.testing.v1 import AppTest
+
+    from vitviz.capture import capture
+    from vitviz.images import load_image, preprocess
+    from vitviz.models import ModelSpec, load_model
+    from vitviz.rollout import rollout
+
+    model, weights = planted_checkpoint
+    app = str(Path(__file__).resolve().parent.parent / "app.py")
+    at = AppTest.from_file(app, default_timeout=300).run()
+    at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
+    at.sidebar.text_input(key="timm_query").input("vit_tiny_patch16_224").run()
+    name = next(o for o in at.sidebar.selectbox(key="timm_name").options if o.startswith("vit_tiny_patch16_224"))
+    at.sidebar.selectbox(key="timm_name").set_value(name).run()
+    at.sidebar.text_input(key="ckpt_path").input(str(weights)).run()
+    at.sidebar.number_input(key="img_size").set_value(64).run()
+    at.switch_page("pages/11_registers.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not any("nothing to repair" in i.value for i in at.info)
+    ranks = at.dataframe[0].value
+    assert (int(ranks.iloc[0]["layer"]), int(ranks.iloc[0]["unit"])) == (LAYER + 1, NEURON)
+    assert any("Test-time register" in s.value for s in at.subheader)
+    at.slider(key="registers_k").set_value(1).run()
+    chart = next(c for c in at.get("plotly_chart") if "register_rollout" in (c.proto.id or ""))
+    heat = [t for t in json.loads(chart.proto.spec)["data"] if t["type"] == "heatmap"]
+    from conftest import ASSETS
+
+    image = at.sidebar.selectbox(key="current").value
+    loaded = load_model(ModelSpec(name=name, checkpoint=str(weights), img_size=64))
+    x = preprocess([load_image(ASSETS / image).image], loaded.data_config).tensor
+    register = R.TestTimeRegister(((LAYER, NEURON),))
+    layout = TokenLayout.from_model(model)
+    after = capture(model, x, edit=register.edit(layout), layout=register.layout(layout))
+    expected = rollout(after.attention[0].numpy(), register.layout(layout)).map
+
+    def z(t):
+        v = t["z"]
+        if isinstance(v, dict):
+            import base64
+            return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).reshape(
+                [int(n) for n in str(v["shape"]).split(",")])
+        return np.array(v, dtype=float)
+
+    np.testing.assert_allclose(z(heat[1]), expected, rtol=1e-4, atol=1e-7)

@@ -26,10 +26,12 @@ def _input(spec: ModelSpec, image):
     return loaded, preprocess([image], loaded.data_config).tensor.to(param.device, param.dtype)
 
 
-def cached_sink_masking(spec: ModelSpec, sha256: str, _result: ImageResult) -> RepairMaps:
-    """The current image with its patch sinks (per layer) dropped as keys, rows renormalised."""
+def cached_sink_masking(spec: ModelSpec, sha256: str, _image, _result: ImageResult) -> RepairMaps:
+    """The current image with its patch sinks (per layer) dropped as keys, rows renormalised.
+
+    ``_image``: the image as loaded (the model's own preprocessing runs again, as for ``_result``)."""
     def compute():
-        loaded, x = _input(spec, _result.model_input)
+        loaded, x = _input(spec, _image)
         edit = mask_keys(sink_mask([_result.sinks], _result.layout, x.device))
         return repair_maps(loaded.model, x, _result.layout, edit)
 
