@@ -72,9 +72,10 @@ else:
     fig, caption = maps_figure(r.model_input, acts, [f"#{i + 1}: layer {n.layer + 1}, unit {n.index}"
                                                      for i, n in enumerate(top)], layout,
                                "Activation of the top register neurons on this image", value_name="activation",
-                               shared=False, marked=patches, columns=4, tile_px=220)
+                               shared=False, columns=4, tile_px=220)
     show_chart(fig, "registers_neurons", file_stem("register_neurons", ctx.image.name))
-    st.caption(caption)
+    st.caption(f"{caption} Each neuron's hidden unit after the activation, in its own layer; this image's outliers "
+               f"(layer {detect + 1}): patches {patches.tolist()}.")
 
     st.subheader("Test-time register: before and after")
     c = st.columns(2)
@@ -111,6 +112,16 @@ def before_after(name: str, maps, key: str, marked) -> None:
                                    value_name="rollout", columns=2, tile_px=260, marked=marked)
         show_chart(fig, f"{key}_rollout", file_stem(key, "rollout", ctx.image.name))
         st.caption(caption + " One colour scale for both.")
+    def last_ratio(norms, lay):
+        patch = norms[-1, lay.patch_slice]
+        return patch.max() / np.median(patch)
+
+    extra = [i for i, n in enumerate(maps.layout_after.prefix_tokens) if n not in maps.layout_before.prefix_tokens]
+    st.caption("Crossed: the patches the repair acts on. Largest patch norm / median in the last layer: "
+               f"before {last_ratio(maps.norms_before, maps.layout_before):.2f}, after "
+               f"{last_ratio(maps.norms_after, maps.layout_after):.2f}"
+               + (f"; the extra token's norm there: {maps.norms_after[-1, extra[0]]:.3g} (the median patch's "
+                  f"{np.median(maps.norms_after[-1, maps.layout_after.patch_slice]):.3g})." if extra else "."))
     st.markdown("**Output change** (this image)")
     st.dataframe(output_change_table(maps.change, [ctx.image.name]), hide_index=True)
     download_row(file_stem(key, ctx.image.name), {
@@ -132,5 +143,5 @@ st.caption("Each layer's patch sinks (a robust z-score above 8 and at least 10×
 if sum(sinks) == 0:
     st.info("No patch sinks in any layer of this image: nothing to mask.")
 else:
-    before_after("sink masking", cached_sink_masking(ctx.spec, ctx.image.sha256, ctx.image.image, r), "sinks", r.sinks.patch_sinks(layout))
-    st.caption("Crossed: the patches masked as keys (in the layers where they are sinks).")
+    before_after("sink masking", cached_sink_masking(ctx.spec, ctx.image.sha256, ctx.image.image, r), "sinks",
+                 r.sinks.patch_sinks(layout))
