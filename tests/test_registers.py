@@ -183,15 +183,15 @@ def test_trained_registers_are_prefix_tokens_apart_from_the_patches():
 
 
 def test_register_json_mistakes_get_a_sentence(planted):
-    model, _, _ = planted
+    model, layout, _ = planted
     with pytest.raises(ValueError, match="no register neurons"):
         R.register_from_json({"neurons": []})
     with pytest.raises(ValueError, match="integer 'layer' and 'index'"):
         R.register_from_json({"neurons": [{"layer": "x"}]})
     with pytest.raises(ValueError, match="layer 9, and this model has 4"):
-        R.check_register(model, R.register_from_json({"neurons": [{"layer": 9, "index": 0}]}))
+        R.check_register(model, R.register_from_json({"neurons": [{"layer": 9, "index": 0}]}), layout)
     with pytest.raises(ValueError, match="hidden unit 999 of layer 2, which has 256"):
-        R.check_register(model, R.register_from_json({"neurons": [{"layer": 2, "index": 999}]}))
+        R.check_register(model, R.register_from_json({"neurons": [{"layer": 2, "index": 999}]}), layout)
     assert R.why_no_register(tiny_vit(global_pool="avg", class_token=False)) is not None
     assert R.why_no_register(model) is None
 
@@ -355,3 +355,25 @@ def test_registers_page_repairs_the_planted_model(planted_checkpoint):
         return np.array(v, dtype=float)
 
     np.testing.assert_allclose(z(heat[1]), expected, rtol=1e-4, atol=1e-7)
+
+
+def test_compose_edits_applies_every_mapping_at_a_shared_point_in_order(planted):
+    """Capture reads ``blocks.*.attn`` while a repair masks it: the capture must see the masked attention."""
+    from vitviz.adapters import compose_edits
+
+    model, layout, x = planted
+    seen = {}
+
+    def read(a, point):
+        seen[point.layer] = a
+        return a
+
+    masked = R.outlier_mask(R.find_outliers(R.token_norms(model, x).numpy(), layout))
+    with torch.no_grad():
+        run(model, x, edit=compose_edits(R.mask_keys(masked), {"blocks.*.attn": read}))
+    cols = [1 + p for p in PATCHES]
+    assert (seen[3][..., cols] == 0).all() and torch.allclose(seen[3].sum(-1), torch.ones(()))
+    seen.clear()
+    with torch.no_grad():
+        run(model, x, edit=compose_edits({"blocks.*.attn": read}, R.mask_keys(masked)))
+    assert (seen[3][..., cols] > 0).all()  # read first: the attention before masking

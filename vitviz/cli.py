@@ -343,7 +343,8 @@ def analyze(args: argparse.Namespace) -> int:
         if args.faithfulness or args.cluster_layer is not None:
             raise VitvizError("--registers runs the analyses of one forward with the register; --faithfulness and "
                               "--cluster-layer run forwards of their own and cannot take it yet.")
-        register, data = load_register(args.registers, loaded.model, args.register_neurons, args.register_init)
+        register, data = load_register(args.registers, loaded.model, loaded.layout, args.register_neurons,
+                                       args.register_init)
         edit, layout = register.edit(loaded.layout), register.layout(loaded.layout)
         register_info = register.to_dict() | {"file": str(args.registers), "threshold": data.get("threshold"),
                                               "emergence_layer": data.get("emergence_layer")}

@@ -19,7 +19,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from .adapters import adapter_for, point_name, run
+from .adapters import adapter_for, compose_edits, point_name, run
 from .layout import TokenLayout
 from .tensors import to_host
 from .tokens import ARTIFACT_FACTOR, AttentionSinks
@@ -45,8 +45,6 @@ def token_norms(model, x: torch.Tensor, edit=None) -> torch.Tensor:
 
     ``edit``: the adapters' ``edit=`` run in the same forward (e.g. a repair; then N counts its tokens).
     """
-    from .adapters import compose_edits
-
     norms: dict[int, torch.Tensor] = {}
 
     def keep(value, point):
@@ -186,7 +184,7 @@ class Search:
         }
 
 
-def _hidden_size(model, x: torch.Tensor) -> None:
+def _check_hidden_point(model, x: torch.Tensor) -> None:
     """A sentence when the family's MLP has no ``mlp_hidden`` point (its class is not spelled out)."""
     name = point_name("mlp_hidden", 0)
     if name not in run(model, x[:1], keep=(name,), stop_after=point_name("resid_post", 0)):
@@ -216,7 +214,7 @@ def search_register_neurons(model, batches: Iterable[torch.Tensor], layout: Toke
     all_norms, all_scores = [], []
     for x in batches:
         if not all_norms:
-            _hidden_size(model, x)
+            _check_hidden_point(model, x)
         hidden: dict[int, torch.Tensor] = {}
         norms: dict[int, torch.Tensor] = {}
 
@@ -334,23 +332,29 @@ def register_from_json(data: dict, k: int | None = None, init: str = "zero") -> 
         raise ValueError("has a neuron without an integer 'layer' and 'index'") from exc
 
 
-def check_register(model, register: TestTimeRegister) -> None:
-    """A sentence when ``register``'s neurons do not exist in ``model`` (registers.json of another model)."""
-    adapter = adapter_for(model)
-    depth = adapter.num_layers(model)
-    for layer, index in register.neurons:
+def check_register(model, register: TestTimeRegister, layout: TokenLayout) -> None:
+    """A sentence when ``register``'s neurons do not exist in ``model`` (a registers.json of another model).
+
+    The hidden widths are read from one forward of a blank input up to the last named layer (no module is
+    asked: only the adapters know a family's modules)."""
+    depth = adapter_for(model).num_layers(model)
+    for layer, _ in register.neurons:
         if not 0 <= layer < depth:
             raise ValueError(f"names layer {layer + 1}, and this model has {depth}")
-        width = _mlp_width(model, layer)
-        if width is not None and not 0 <= index < width:
+    names = [point_name("mlp_hidden", layer) for layer in sorted({layer for layer, _ in register.neurons})]
+    param = next(model.parameters())
+    (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
+    with torch.inference_mode():
+        out = run(model, torch.zeros(1, 3, gh * ph, gw * pw, device=param.device, dtype=param.dtype), keep=names,
+                  stop_after=names[-1])
+    for layer, index in register.neurons:
+        name = point_name("mlp_hidden", layer)
+        if name not in out:
+            raise ValueError(f"names layer {layer + 1}, whose MLP this model runs as its own module (its hidden units "
+                             "cannot be read or moved)")
+        width = out[name].shape[-1]
+        if not 0 <= index < width:
             raise ValueError(f"names hidden unit {index} of layer {layer + 1}, which has {width}")
-
-
-def _mlp_width(model, layer: int) -> int | None:
-    blocks = getattr(model, "blocks", None)
-    mlp = getattr(blocks[layer], "mlp", None) if blocks is not None else None
-    fc2 = getattr(mlp, "fc2", None)
-    return int(fc2.in_features) if isinstance(fc2, torch.nn.Linear) else None
 
 
 def mask_keys(masked: torch.Tensor) -> dict:

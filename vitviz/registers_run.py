@@ -84,7 +84,7 @@ def write_search(out: Path, search: Search, names: list[str], facts: dict) -> No
             Path(p).unlink(missing_ok=True)
 
 
-def load_register(path: Path, model, k: int | None = None, init: str = "zero") -> tuple[TestTimeRegister, dict]:
+def load_register(path: Path, model, layout, k: int | None = None, init: str = "zero") -> tuple[TestTimeRegister, dict]:
     """The test-time register a registers.json describes, checked against ``model``; a sentence naming the
     file for every mistake a user can make (not JSON, no neurons, another model's neurons, a model that
     cannot take the extra token)."""
@@ -108,7 +108,7 @@ def load_register(path: Path, model, k: int | None = None, init: str = "zero") -
     except ValueError as exc:
         raise VitvizError(f"{where}: {exc}.") from exc
     try:
-        check_register(model, register)
+        check_register(model, register, layout)
     except ValueError as exc:
         raise VitvizError(f"{where}: {exc} (was it written for another model?).") from exc
     return register, data
