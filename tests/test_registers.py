@@ -377,3 +377,21 @@ def test_compose_edits_applies_every_mapping_at_a_shared_point_in_order(planted)
     with torch.no_grad():
         run(model, x, edit=compose_edits({"blocks.*.attn": read}, R.mask_keys(masked)))
     assert (seen[3][..., cols] > 0).all()  # read first: the attention before masking
+
+
+def test_cli_registers_on_the_bundled_model_finds_nothing_to_repair(tmp_path, capsys):
+    """The bundled DINOv2-S/14 has no outliers at 10x (largest 1.90x the median): registers.json lists no neuron
+    and no emergence layer, and analyze --registers with it says there is nothing to repair."""
+    import json
+
+    from conftest import ASSETS
+    from vitviz.cli import main
+
+    assert main(["registers", str(ASSETS / "chelsea.jpg"), str(ASSETS / "rocket.jpg"), "--out", str(tmp_path)]) == 0
+    assert "no outliers" in capsys.readouterr().out
+    data = json.loads((tmp_path / "registers.json").read_text())
+    assert data["neurons"] == [] and data["emergence_layer"] is None and data["images_with_outliers"] == 0
+    assert data["model"]["model"] == "bundled" and data["detect_layer"] == 12
+    assert main(["analyze", str(ASSETS / "rocket.jpg"), "--registers", str(tmp_path / "registers.json"),
+                 "--out", str(tmp_path / "a")]) == 2
+    assert "nothing to repair" in capsys.readouterr().err
