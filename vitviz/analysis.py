@@ -126,15 +126,16 @@ class BatchAnalysis:
 
 
 def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: AnalysisSettings,
-                  keep_attention: bool = True) -> BatchAnalysis:
+                  keep_attention: bool = True, edit=None, layout: TokenLayout | None = None) -> BatchAnalysis:
     """One forward for b images (b <= settings.batch_size) and every per-image analysis of it.
 
     Nothing is kept across batches, so a run's memory does not grow with its image count. The
     analyses run where the model ran (a GPU's attention stays there); ``keep_attention=False``
     leaves the raw (b, L, H, N, N) attention out of ``arrays``, and then it never reaches the host
-    (flow and faithfulness copy one image's at a time).
+    (flow and faithfulness copy one image's at a time). ``edit``, ``layout``: a repair run in the forward
+    and the gradient rollout, and the token layout it makes (:mod:`vitviz.registers`).
     """
-    fwd = forward(loaded, images)
+    fwd = forward(loaded, images, edit=edit, layout=layout)
     batch, out, layout = fwd.batch, fwd.capture, fwd.layout
     attention, norms = out.attention, fwd.token_norms
     arrays = {"input": batch.tensor.numpy(), "features": out.features.numpy(), "token_norms": norms}
@@ -163,7 +164,8 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     if loaded.has_head:
         maps, targets = [], []
         for i in range(len(images)):
-            grad_map, target = class_gradient_rollout(loaded.model, batch.tensor[i:i + 1], layout, settings.target_class)
+            grad_map, target = class_gradient_rollout(loaded.model, batch.tensor[i:i + 1], layout, settings.target_class,
+                                                      edit=edit)
             maps.append(grad_map)
             targets.append(target)
         arrays["gradient_rollout"] = np.stack(maps)

@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .adapters import adapter_for, run
+from .adapters import adapter_for, compose_edits, run
 from .types import Capture, to_model_input
 
 __all__ = ["Capture", "attention_and_logits", "capture", "for_each_layer", "num_classes", "to_model_input"]
@@ -40,22 +40,26 @@ def num_classes(model) -> int:
     return adapter_for(model).num_classes(model)
 
 
-def attention_and_logits(model, x: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+def attention_and_logits(model, x: torch.Tensor, edit=None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The attention of every layer [(B, H, N, N)] and the logits (B, C) of one forward, in one graph
-    (gradients of the logits reach each layer's attention)."""
-    out = run(model, x, keep=("blocks.*.attn", "logits"))
+    (gradients of the logits reach each layer's attention); ``edit``: the adapters' ``edit=`` (a repair)."""
+    out = run(model, x, keep=("blocks.*.attn", "logits"), edit=edit)
     layers = [out[f"blocks.{i}.attn"] for i in range(adapter_for(model).num_layers(model))]
     return layers, out["logits"]
 
 
 @torch.inference_mode()
-def capture(model, images: torch.Tensor,
+def capture(model, images: torch.Tensor, edit=None, layout=None,
             each_layer: Callable[[int, torch.Tensor], None] | None = None) -> Capture:
     """Attention of every layer and head, the final features and the logits, in one pass.
 
     Args:
         model: a model an adapter reads (:mod:`vitviz.adapters`), in eval mode.
         images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
+        edit: the adapters' ``edit=`` applied in the same forward, before capture reads a point (a repair,
+            :mod:`vitviz.registers`).
+        layout: the token layout the edited forward runs (an extra token: one more prefix token);
+            default the model's own.
         each_layer: called with (layer index, that layer's attention (B, H, N, N) float32) as the forward
             runs: per-layer reductions then read a contiguous tensor that is still in cache, not a
             strided slice of the whole (B, L, H, N, N) array afterwards.
@@ -66,7 +70,7 @@ def capture(model, images: torch.Tensor,
     """
     adapter = adapter_for(model)
     x = to_model_input(model, images)
-    layout = adapter.layout(model, tuple(images.shape[-2:]))
+    layout = layout or adapter.layout(model, tuple(images.shape[-2:]))
     B, L, N = x.shape[0], adapter.num_layers(model), layout.num_tokens
     # Written in place layer by layer: no list of per-layer copies stacked at the end.
     attention = torch.empty(B, L, adapter.num_heads(model), N, N, dtype=torch.float32, device=x.device)
@@ -83,7 +87,8 @@ def capture(model, images: torch.Tensor,
         return value
 
     keep = ("final_norm", "logits") if adapter.num_classes(model) > 0 else ("final_norm",)
-    out = run(model, x, keep=keep, edit={"blocks.*.attn": keep_attention, "blocks.*.resid_post": keep_norm})
+    out = run(model, x, keep=keep, edit=compose_edits(edit, {"blocks.*.attn": keep_attention,
+                                                            "blocks.*.resid_post": keep_norm}))
     logits = out.get("logits")
     return Capture(
         attention=attention,

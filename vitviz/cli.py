@@ -75,11 +75,99 @@ def _parser() -> argparse.ArgumentParser:
                                "(B, gh, gw), labels numbered by size, largest first")
     clusters.add_argument("--cluster-layer", type=int, metavar="L",
                           help="cluster the output of block L (1-based) instead of the final features")
+    regs = analyze.add_argument_group("test-time register (Jiang et al. 2025)")
+    regs.add_argument("--registers", type=Path, metavar="JSON",
+                      help="run with the test-time register of this registers.json (from `python -m vitviz registers`): "
+                           "one extra token after the model's prefix tokens (recorded in settings.json's token layout), "
+                           "the register neurons moved onto it; attention, token_norms, logits are of that forward")
+    regs.add_argument("--register-neurons", type=int, metavar="K", help="use the best K neurons (default all listed)")
+    regs.add_argument("--register-init", default="zero", choices=["zero", "mean"],
+                      help="the extra token entering block 1: zero (default, as Jiang et al.) or the patch tokens' mean")
     analyze.add_argument("--report", action="store_true", help="also write a PNG per figure into DIR")
     analyze.add_argument("--no-attention", action="store_true",
                          help="leave the raw attention (B, L, H, N, N) out of analysis.npz (every analysis still runs)")
     _stats_parser(sub)
+    _registers_parser(sub)
     return parser
+
+
+def _registers_parser(sub) -> None:
+    regs = sub.add_parser(
+        "registers",
+        help="find high-norm outlier tokens and the MLP neurons that write them (register neurons)",
+        description="Run a ViT on an image set; write DIR/registers.json (the outlier threshold, the layer where "
+                    "outliers emerge, 1-based, and the register neurons best first: layer 1-based, index, score) and "
+                    "DIR/norms.parquet (every token's output norm per image and layer). Give the json to "
+                    "`analyze --registers` to run with a test-time register.")
+    regs.add_argument("inputs", nargs="+", metavar="INPUT",
+                      help="image files, folders (searched recursively) or .txt files listing one path per line")
+    regs.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
+    regs.add_argument("--model", default="bundled", help="as for analyze")
+    regs.add_argument("--checkpoint", type=Path, metavar="PATH", help="local weights for --model's architecture")
+    regs.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
+    regs.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
+    regs.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
+                      help="model precision; half precisions need a GPU")
+    regs.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward pass")
+    regs.add_argument("--threshold", type=float, default=10.0, metavar="F",
+                      help="a patch is an outlier when its output norm exceeds F x the median patch norm of its image "
+                           "and layer (default 10, Darcet et al.)")
+    regs.add_argument("--detect-layer", type=int, metavar="L",
+                      help="the layer (1-based) whose outliers are the positions the neurons are scored at "
+                           "(default: the last, as Jiang et al.)")
+    regs.add_argument("--top", type=int, default=50, metavar="K", help="neurons to list (default 50)")
+
+
+def registers(args: argparse.Namespace) -> int:
+    """Outliers and register neurons of an image set: registers.json and norms.parquet, each whole or not at all."""
+    from .images import load_images
+    from .inputs import expand_inputs
+    from .models import ModelSpec, load_model
+    from .registers import OUTLIER_FACTOR
+    from .registers_run import REGISTERS_NAME, search_images, write_search
+
+    if args.batch_size < 1:
+        raise VitvizError(f"--batch-size must be 1 or more, not {args.batch_size}.")
+    if args.threshold <= 1:
+        raise VitvizError(f"--threshold is a multiple of the median norm and must be above 1, not {args.threshold:g}.")
+    if args.top < 1:
+        raise VitvizError(f"--top must be 1 or more, not {args.top}.")
+    check_writable(args.out)
+    files, problems = expand_inputs(args.inputs)
+    images, image_names, bad = [], [], []
+    for f in files:
+        decoded, errors = load_images([f.path])
+        images += decoded
+        image_names += [f.name] * len(decoded)
+        bad += errors
+    for p in problems + bad:
+        print(f"skipped {p}", file=sys.stderr)
+    if not images:
+        print("error: no image could be analysed.", file=sys.stderr)
+        return 1
+    loaded = load_model(ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
+                                  img_size=args.img_size, device=args.device, dtype=args.dtype))
+    if loaded.attention_scope == "window":
+        raise VitvizError(f"{loaded.label} attends within shifted windows and has no prefix tokens to take a register; "
+                          "registers reads models whose tokens attend to every token.")
+    depth = loaded.adapter.num_layers(loaded.model)
+    if args.detect_layer is not None and not 1 <= args.detect_layer <= depth:
+        raise VitvizError(f"--detect-layer {args.detect_layer} is not a layer of this model (1 to {depth}).")
+    search = search_images(loaded, images, args.batch_size, args.threshold,
+                           -1 if args.detect_layer is None else args.detect_layer - 1, args.top)
+    write_search(args.out, search, image_names, {
+        "command": "registers", "model": loaded.card(), "versions": _versions(),
+        "skipped": [{"name": p.name, "reason": p.reason} for p in problems + bad],
+        "default_threshold": OUTLIER_FACTOR})
+    o = search.outliers
+    if search.neurons:
+        best = search.neurons[0]
+        print(f"outliers emerge in layer {o.emergence_layer + 1}; best register neuron: layer {best.layer + 1}, "
+              f"unit {best.index}; wrote {args.out / REGISTERS_NAME}")
+    else:
+        print(f"no outliers (largest patch norm {o.ratio.max():.2f}x the median, threshold {o.factor:g}x): nothing to "
+              f"repair; wrote {args.out / REGISTERS_NAME}")
+    return 0
 
 
 def _stats_parser(sub) -> None:
@@ -259,6 +347,20 @@ def analyze(args: argparse.Namespace) -> int:
     admit_fitted(loaded, limits, batch=batch)  # a checkpoint's own resolution and tokens, known once it is read
     if loaded.attention_scope == "window":
         return analyze_windows(args, loaded, itertools.chain([first], batches), problems)
+    edit, layout, register_info = None, None, None
+    if args.registers is not None:
+        from .registers_run import load_register
+
+        if args.faithfulness or args.cluster_layer is not None:
+            raise VitvizError("--registers runs the analyses of one forward with the register; --faithfulness and "
+                              "--cluster-layer run forwards of their own and cannot take it yet.")
+        register, data = load_register(args.registers, loaded.model, loaded.layout, args.register_neurons,
+                                       args.register_init)
+        edit, layout = register.edit(loaded.layout), register.layout(loaded.layout)
+        register_info = register.to_dict() | {"file": str(args.registers), "threshold": data.get("threshold"),
+                                              "emergence_layer": data.get("emergence_layer")}
+    elif args.register_neurons is not None:
+        raise VitvizError("--register-neurons needs --registers JSON: the file whose neurons it counts.")
     settings = AnalysisSettings(fusion=args.fusion, discard=args.discard, start_layer=args.start_layer - 1,
                                 end_layer=args.end_layer, exclude_artifacts=args.exclude_artifacts,
                                 exclude_sinks=args.exclude_sinks, faithfulness=args.faithfulness,
@@ -272,7 +374,7 @@ def analyze(args: argparse.Namespace) -> int:
             for done, batch in itertools.chain([first], batches):
                 try:
                     part = analyze_batch(loaded, [im.image for im in batch], settings,
-                                         keep_attention=not args.no_attention or args.report)
+                                         keep_attention=not args.no_attention or args.report, edit=edit, layout=layout)
                 except ValueError as exc:  # parameter out of range, e.g. a layer past the model's depth
                     raise VitvizError(f"Invalid analysis setting: {exc}") from exc
                 run.add(part)
@@ -296,7 +398,8 @@ def analyze(args: argparse.Namespace) -> int:
             "images": images,
             "skipped": [{"name": p.name, "reason": p.reason} for p in problems],
             "arrays": output.arrays.shapes(),
-            "analysis": run.info() | {"attention_saved": not args.no_attention},
+            "analysis": run.info() | {"attention_saved": not args.no_attention}
+            | ({"test_time_register": register_info} if register_info else {}),
             "conventions": {"attention": "softmax probabilities, rows (last axis) sum to 1; token order = "
                                          "token_layout.prefix_tokens then patches in raster order"},
         })
@@ -485,7 +588,7 @@ def _read_json(path: Path) -> dict:
 GLOBAL_ATTENTION_OPTIONS = {"fusion": "mean", "discard": 0.0, "start_layer": 1, "end_layer": None,
                             "exclude_artifacts": False, "exclude_sinks": False, "target_class": None,
                             "faithfulness": False, "flow": False, "clusters": None, "cluster_layer": None,
-                            "report": False}
+                            "report": False, "registers": None, "register_neurons": None}
 
 
 def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -> int:
@@ -551,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return stats(args) if args.command == "stats" else analyze(args)
+        return {"stats": stats, "registers": registers}.get(args.command, analyze)(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -101,8 +101,11 @@ class WindowForward:
         return self.capture.layout
 
 
-def forward(loaded, images: list[Image.Image]) -> GlobalForward | WindowForward:
-    """Preprocess ``images`` with the model's own rules and run them through it once (one batch)."""
+def forward(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | None = None) -> GlobalForward | WindowForward:
+    """Preprocess ``images`` with the model's own rules and run them through it once (one batch).
+
+    ``edit``, ``layout``: a repair run in the same forward (global attention only) and the token layout it
+    makes (:mod:`vitviz.registers`); default the model as it is."""
     batch = preprocess(images, loaded.data_config)
     if loaded.attention_scope == "window":
         from . import swin
@@ -112,8 +115,9 @@ def forward(loaded, images: list[Image.Image]) -> GlobalForward | WindowForward:
                              distance=[swin.mean_window_attention_distance(a, g)
                                        for a, g in zip(out.attention, out.geometry)],
                              uniform_distance=np.array([swin.uniform_window_distance(g) for g in out.geometry]))
-    reduce = _LayerReductions(loaded.adapter.layout(loaded.model, tuple(batch.tensor.shape[-2:])))
-    out = capture(loaded.model, batch.tensor, each_layer=reduce)
+    layout = layout or loaded.adapter.layout(loaded.model, tuple(batch.tensor.shape[-2:]))
+    reduce = _LayerReductions(layout)
+    out = capture(loaded.model, batch.tensor, edit=edit, layout=layout, each_layer=reduce)
     layout = out.layout
     norms = to_host(out.token_norms)
     return GlobalForward(batch=batch, capture=out, token_norms=norms,

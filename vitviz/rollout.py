@@ -236,7 +236,8 @@ def gradient_rollout(attention: np.ndarray | torch.Tensor, gradients: np.ndarray
     return layout.to_grid(to_host(v)[layout.patch_slice])
 
 
-def class_gradient_rollout(model, images, layout: TokenLayout, target: int | None = None) -> tuple[np.ndarray, int]:
+def class_gradient_rollout(model, images, layout: TokenLayout, target: int | None = None,
+                           edit=None) -> tuple[np.ndarray, int]:
     """:func:`gradient_rollout` of :func:`attention_gradients`, without keeping either array.
 
     Each layer's mean_h((dy/dA * A)^+) (N x N, float64) is taken by a hook the moment backward
@@ -249,6 +250,7 @@ def class_gradient_rollout(model, images, layout: TokenLayout, target: int | Non
         images: (1, 3, H, W) normalised input.
         layout: the token layout of that input.
         target: class index; default the top-1 class.
+        edit: the adapters' ``edit=`` run in the same forward (a repair; ``layout`` is then the one it makes).
 
     Returns:
         (map (gh, gw), target class).
@@ -259,7 +261,7 @@ def class_gradient_rollout(model, images, layout: TokenLayout, target: int | Non
         raise ValueError("Gradient-weighted rollout needs a classifier head; this model has none.")
     with torch.enable_grad():
         x = to_model_input(model, images).detach().requires_grad_(True)
-        layers, logits = attention_and_logits(model, x)
+        layers, logits = attention_and_logits(model, x, edit)
         fused: list[torch.Tensor | None] = [None] * len(layers)
         for i, probs in enumerate(layers):
             # The hook holds a detached view, not ``probs`` itself: probs -> its hook -> probs would be a

@@ -235,6 +235,11 @@ class Adapter:
         """One sentence saying why ``view`` (one of :data:`VIEWS`) does not apply to this model, or None."""
         return None
 
+    def why_no_extra_token(self, model: torch.nn.Module) -> str | None:
+        """Why a token inserted at ``embed`` after the prefix tokens (a test-time register) would not run
+        through this family's forward as one more prefix token, as a sentence fragment; None when it does."""
+        return f"the {self.label(model)} forward does not take an extra token yet"
+
     def position_encoding(self, model: torch.nn.Module) -> str:
         return "none"
 
@@ -286,6 +291,27 @@ class Adapter:
         """The same from a transformers config alone, before the model is built (the memory budget), for the
         types in :attr:`hf_model_types`; None: the budget reads the usual ViT config fields."""
         return None
+
+
+def compose_edits(*edits: Mapping[str, Callable] | None) -> dict[str, Callable]:
+    """One ``edit=`` mapping that applies, at every point, each given mapping's edit in turn (first to last).
+
+    A :class:`Hooks` run applies one function per point; two readers or changers of the same point (a
+    capture reading ``blocks.*.attn`` and a repair masking it) are composed here instead. Keys stay as
+    given (names or patterns), so a run still skips the points nobody asked for.
+    """
+    given = [dict(e) for e in edits if e]
+
+    def apply(value, point: Point):
+        for mapping in given:
+            fn = mapping.get(point.name)
+            if fn is None:
+                fn = next((f for p, f in mapping.items() if fnmatch.fnmatchcase(point.name, p)), None)
+            if fn is not None:
+                value = fn(value, point)
+        return value
+
+    return {key: apply for mapping in given for key in mapping}
 
 
 def run(adapter: Adapter, model: torch.nn.Module, x: torch.Tensor, keep=(), edit=None, stop_after=None,

@@ -408,6 +408,19 @@ class TimmViT(Adapter):
             reader = model_reader(model)
             reader.head(model, features, hooks)
 
+    def why_no_extra_token(self, model) -> str | None:
+        """Attention is blind to token order once the position embedding is added at ``embed``, so a token
+        inserted there runs as a prefix token, unless position enters inside the blocks or the head pools
+        the patches."""
+        if getattr(model, "rope", None) is not None:
+            return "its rotary position embedding is laid out for the model's own prefix tokens"
+        if getattr(model, "rel_pos_bias", None) is not None or getattr(
+                model.blocks[0].attn, "relative_position_bias_table", None) is not None:
+            return "its relative position bias is sized for the model's own tokens"
+        if model_reader(model).head is _standard_head and model.global_pool != "token":
+            return f"its head pools the patch tokens (global_pool={model.global_pool!r}) and would count the extra token"
+        return None
+
     def position_encoding(self, model) -> str:
         return model_reader(model).position(model)
 

@@ -1,0 +1,147 @@
+"""Registers: the high-norm outlier tokens and attention sinks that distort the maps, and their repair
+(test-time register, Jiang et al. 2025; sink masking), before and after side by side."""
+import numpy as np
+import streamlit as st
+
+from ui.charts import file_stem, show_chart
+from ui.downloads import download_row
+from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
+from ui.state import setup, view_applies
+from vitviz.registers import OUTLIER_FACTOR, SEARCH_RULE, outlier_rule
+from vitviz.registers_figures import maps_figure, norm_by_layer, output_change_table
+
+ctx = setup()
+if ctx is None:
+    st.stop()
+view_applies(ctx, "registers")
+if ctx.loaded.attention_scope == "window":
+    st.info(f"{ctx.loaded.label} attends within shifted windows and has no prefix tokens: there is no register to add.")
+    st.stop()
+st.header(f"Registers · {ctx.image.name}")
+st.caption("Large ViTs write a few high-norm *outlier* tokens into background patches, and attention to them "
+           "puts bright specks in the maps (Darcet et al. 2024). A handful of MLP neurons write them; moving those "
+           "neurons' activation onto one extra token at test time (a *test-time register*, Jiang et al. 2025) cleans "
+           "the maps without training. Attention *sinks* (patches that receive a disproportionate share of "
+           "attention) are repaired by dropping them as keys instead.")
+
+r, layout, loaded = ctx.result, ctx.result.layout, ctx.loaded
+factor = st.slider("Outlier threshold (× the median patch-token norm of the image and layer)", 2.0, 20.0,
+                   float(OUTLIER_FACTOR), 0.5, key="registers_factor")
+search = cached_search(ctx.spec, tuple(im.sha256 for im in ctx.images), [im.image for im in ctx.images], factor)
+out = search.outliers
+current = [im.sha256 for im in ctx.images].index(ctx.image.sha256)
+n_images = len(ctx.images)
+
+st.subheader(f"Token norms by layer · {n_images} image{'s' if n_images != 1 else ''} in the set")
+stem = file_stem("norms_by_layer", f"{n_images}images")
+show_chart(norm_by_layer(out), "registers_norms", stem)
+ratio = out.ratio.max(axis=0)
+st.caption(f"Rule: {outlier_rule(factor)}. Prefix tokens (CLS, trained registers, the test-time register) are "
+           "drawn apart from the patches and never count as outliers. Largest patch norm / median per layer, over "
+           f"the set: {' · '.join(f'{i + 1}: {v:.2f}' for i, v in enumerate(ratio))}.")
+download_row(stem, {"norms": out.norms, "median": out.median, "outlier_mask": out.mask},
+             {"images": [im.name for im in ctx.images], "rule": outlier_rule(factor), "model": loaded.card()["spec"],
+              "axes": "norms[image, layer - 1, token] (0-based arrays; tokens: prefix then patches in raster order)"})
+
+if not out.any:
+    st.info(f"**No outliers: nothing to repair.** No patch token's norm exceeds {factor:g}× the median in any layer "
+            f"of the {n_images} image{'s' if n_images != 1 else ''} (the largest is {ratio.max():.2f}× the median). "
+            "What distorts this model's maps is attention sinks: sink masking below drops them as keys.")
+else:
+    emergence = out.emergence_layer
+    st.subheader("Outliers on the image")
+    detect = search.detect_layer
+    patches = out.positions(detect)[current]
+    norms_map = layout.to_grid(out.norms[current, detect, layout.patch_slice])[None]
+    fig, caption = maps_figure(r.model_input, norms_map, [f"layer {detect + 1} output norm"], layout,
+                               f"Outlier patches of layer {detect + 1} (crossed): {len(patches)}",
+                               value_name="norm", marked=patches, columns=1, tile_px=300)
+    show_chart(fig, "registers_outliers", file_stem("outliers", ctx.image.name))
+    st.caption(f"{caption} Outliers emerge in layer {emergence + 1} "
+               f"({int(out.images_per_layer[emergence])} of {n_images} images have one there).")
+
+    st.subheader("Register neurons")
+    st.caption(f"Search: {SEARCH_RULE}. Positions: the outliers of layer {detect + 1}; "
+               f"{search.images_with_outliers} of {n_images} images have some.")
+    k_show = min(8, len(search.neurons))
+    top = search.neurons[:k_show]
+    st.dataframe([{"rank": i + 1, "layer": n.layer + 1, "unit": n.index, "score (mean |activation|)": round(n.score, 3)}
+                  for i, n in enumerate(top)], hide_index=True)
+    acts = cached_neuron_maps(ctx.spec, ctx.image.sha256, ctx.image.image, top,
+                              tuple((n.layer, n.index) for n in top))
+    fig, caption = maps_figure(r.model_input, acts, [f"#{i + 1}: layer {n.layer + 1}, unit {n.index}"
+                                                     for i, n in enumerate(top)], layout,
+                               "Activation of the top register neurons on this image", value_name="activation",
+                               shared=False, columns=4, tile_px=220)
+    show_chart(fig, "registers_neurons", file_stem("register_neurons", ctx.image.name))
+    st.caption(f"{caption} Each neuron's hidden unit after the activation, in its own layer; this image's outliers "
+               f"(layer {detect + 1}): patches {patches.tolist()}.")
+
+    st.subheader("Test-time register: before and after")
+    c = st.columns(2)
+    k = c[0].slider("Neurons moved onto the register", 1, min(len(search.neurons), 50), min(10, len(search.neurons)),
+                    key="registers_k")
+    init = c[1].radio("The extra token starts as", ["zero", "mean"], horizontal=True, key="registers_init",
+                      help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
+    repaired = cached_register(ctx.spec, ctx.image.sha256, ctx.image.image,
+                               tuple((n.layer, n.index) for n in search.neurons[:k]), init)
+    if isinstance(repaired, str):
+        st.info(repaired)
+    else:
+        _before_after = repaired
+
+
+def before_after(name: str, maps, key: str, marked) -> None:
+    """Last-layer heads and rollout before and after one repair, on shared scales, and the output change;
+    ``marked``: the patches the repair acts on (crossed; they set no colour limit)."""
+    H = len(maps.heads_before)
+    head = st.selectbox("Head (last layer)", ["mean over heads"] + [f"head {h + 1}" for h in range(H)], key=f"{key}_head")
+    pick = (lambda a: a.mean(axis=0)) if head == "mean over heads" else (lambda a: a[int(head.split()[1]) - 1])
+    readout = "CLS" if maps.layout_before.has_class_token else "mean patch query"
+    tiles = np.stack([pick(maps.heads_before), pick(maps.heads_after)])
+    cols = st.columns(2)
+    with cols[0]:
+        fig, caption = maps_figure(r.model_input, tiles, ["before", f"after ({name})"], layout,
+                                   f"Last layer, {head}, {readout} → patches", value_name="attention", columns=2,
+                                   tile_px=260, marked=marked)
+        show_chart(fig, f"{key}_heads", file_stem(key, "heads", ctx.image.name))
+        st.caption(caption + " One colour scale for both.")
+    with cols[1]:
+        fig, caption = maps_figure(r.model_input, np.stack([maps.rollout_before, maps.rollout_after]),
+                                   ["before", f"after ({name})"], layout, f"Rollout of the {readout}, all layers",
+                                   value_name="rollout", columns=2, tile_px=260, marked=marked)
+        show_chart(fig, f"{key}_rollout", file_stem(key, "rollout", ctx.image.name))
+        st.caption(caption + " One colour scale for both.")
+    def last_ratio(norms, lay):
+        patch = norms[-1, lay.patch_slice]
+        return patch.max() / np.median(patch)
+
+    extra = [i for i, n in enumerate(maps.layout_after.prefix_tokens) if n not in maps.layout_before.prefix_tokens]
+    st.caption("Crossed: the patches the repair acts on. Largest patch norm / median in the last layer: "
+               f"before {last_ratio(maps.norms_before, maps.layout_before):.2f}, after "
+               f"{last_ratio(maps.norms_after, maps.layout_after):.2f}"
+               + (f"; the extra token's norm there: {maps.norms_after[-1, extra[0]]:.3g} (the median patch's "
+                  f"{np.median(maps.norms_after[-1, maps.layout_after.patch_slice]):.3g})." if extra else "."))
+    st.markdown("**Output change** (this image)")
+    st.dataframe(output_change_table(maps.change, [ctx.image.name]), hide_index=True)
+    download_row(file_stem(key, ctx.image.name), {
+        "heads_before": maps.heads_before, "heads_after": maps.heads_after, "rollout_before": maps.rollout_before,
+        "rollout_after": maps.rollout_after, "norms_before": maps.norms_before, "norms_after": maps.norms_after},
+        {"image": ctx.image.name, "repair": name, "model": loaded.card()["spec"],
+         "token_layout_after": maps.layout_after.to_dict(), "output_change": maps.change.to_dict()})
+
+
+if out.any and not isinstance(repaired, str):
+    before_after("test-time register", _before_after, "register", patches)
+
+st.subheader("Sink masking: before and after")
+sinks = [len(s[s >= layout.num_prefix_tokens]) for s in r.sinks.sinks]
+st.caption("Each layer's patch sinks (a robust z-score above 8 and at least 10× the uniform share of attention) "
+           "dropped as keys in that layer, every row renormalised, and the forward run on, so the output changes "
+           "too (the analyses' *exclude sinks* drops the same tokens from the maps only). Patch sinks per layer on "
+           f"this image: {' '.join(str(n) for n in sinks)}.")
+if sum(sinks) == 0:
+    st.info("No patch sinks in any layer of this image: nothing to mask.")
+else:
+    before_after("sink masking", cached_sink_masking(ctx.spec, ctx.image.sha256, ctx.image.image, r), "sinks",
+                 r.sinks.patch_sinks(layout))

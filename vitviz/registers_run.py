@@ -1,0 +1,114 @@
+"""The register search over an image set and its files: ``python -m vitviz registers INPUT... --out DIR``
+writes ``DIR/registers.json`` and ``DIR/norms.parquet``; ``analyze --registers DIR/registers.json`` reads
+the first back (:func:`load_register`)."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .errors import VitvizError
+from .registers import (OUTLIER_FACTOR, Outliers, Search, TestTimeRegister, check_register, register_from_json,
+                        search_register_neurons, why_no_register)
+
+REGISTERS_NAME = "registers.json"
+NORMS_NAME = "norms.parquet"
+NORMS_COLUMNS = {
+    "image": "the file as given, or relative to the folder given",
+    "layer": "1-based block whose output the norm is of (before the final norm)",
+    "token": "0-based index into the sequence (prefix tokens first, then patches in raster order)",
+    "token_name": "cls, reg0.. (trained registers), or patch <raster index>",
+    "norm": "L2 norm of the token leaving the block",
+    "outlier": "the patch is above threshold x the median patch norm of its image and layer",
+}
+
+
+def search_images(loaded, images: list, batch_size: int = 8, factor: float = OUTLIER_FACTOR,
+                  detect_layer: int = -1, top: int | None = 50) -> Search:
+    """:func:`vitviz.registers.search_register_neurons` over decoded images (``LoadedImage`` or PIL), b at a time."""
+    from .images import preprocess
+
+    pil = [getattr(im, "image", im) for im in images]
+    device = next(loaded.model.parameters())
+
+    def batches():
+        for i in range(0, len(pil), batch_size):
+            yield preprocess(pil[i:i + batch_size], loaded.data_config).tensor.to(device.device, device.dtype)
+
+    try:
+        return search_register_neurons(loaded.model, batches(), loaded.layout, factor, detect_layer, top)
+    except ValueError as exc:
+        raise VitvizError(str(exc)) from exc
+
+
+def norms_table(outliers: Outliers, names: list[str]) -> pd.DataFrame:
+    """One row per image, layer and token (:data:`NORMS_COLUMNS`)."""
+    B, L, N = outliers.norms.shape
+    layout = outliers.layout
+    token_names = list(layout.prefix_tokens) + [f"patch {p}" for p in range(layout.num_patches)]
+    outlier = np.zeros((B, L, N), dtype=bool)
+    outlier[:, :, layout.patch_slice] = outliers.mask
+    return pd.DataFrame({
+        "image": np.repeat(np.asarray(names, dtype=object), L * N),
+        "layer": np.tile(np.repeat(np.arange(1, L + 1), N), B).astype(np.int16),
+        "token": np.tile(np.arange(N), B * L).astype(np.int32),
+        "token_name": np.tile(np.asarray(token_names, dtype=object), B * L),
+        "norm": outliers.norms.reshape(-1).astype(np.float32),
+        "outlier": outlier.reshape(-1),
+    })
+
+
+def write_search(out: Path, search: Search, names: list[str], facts: dict) -> None:
+    """``registers.json`` and ``norms.parquet`` into ``out``, each written to a temporary file and renamed:
+    a reader finds the previous pair or this one, never half a file (the json goes last and names the table)."""
+    data = search.to_json() | facts | {"norms_table": NORMS_NAME, "norms_columns": NORMS_COLUMNS,
+                                       "images_searched": names}
+    parts = []
+    try:
+        fd, table_tmp = tempfile.mkstemp(dir=out, prefix=".norms-", suffix=".parquet")
+        os.close(fd)
+        parts.append(table_tmp)
+        norms_table(search.outliers, names).to_parquet(table_tmp, index=False)
+        fd, json_tmp = tempfile.mkstemp(dir=out, prefix=".registers-", suffix=".json")
+        parts.append(json_tmp)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+        os.replace(table_tmp, out / NORMS_NAME)
+        os.replace(json_tmp, out / REGISTERS_NAME)
+    finally:
+        for p in parts:
+            Path(p).unlink(missing_ok=True)
+
+
+def load_register(path: Path, model, layout, k: int | None = None, init: str = "zero") -> tuple[TestTimeRegister, dict]:
+    """The test-time register a registers.json describes, checked against ``model``; a sentence naming the
+    file for every mistake a user can make (not JSON, no neurons, another model's neurons, a model that
+    cannot take the extra token)."""
+    where = f"--registers {path}"
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise VitvizError(f"{where}: cannot be read ({exc.strerror or exc}).") from exc
+    except ValueError as exc:
+        raise VitvizError(f"{where}: is not JSON ({exc}); give the registers.json that "
+                          "`python -m vitviz registers` wrote.") from exc
+    if not isinstance(data, dict):
+        raise VitvizError(f"{where}: is not a registers.json (expected an object with 'neurons').")
+    if k is not None and k < 1:
+        raise VitvizError(f"--register-neurons must be 1 or more, not {k}.")
+    why = why_no_register(model)
+    if why is not None:
+        raise VitvizError(why)
+    try:
+        register = register_from_json(data, k, init)
+    except ValueError as exc:
+        raise VitvizError(f"{where}: {exc}.") from exc
+    try:
+        check_register(model, register, layout)
+    except ValueError as exc:
+        raise VitvizError(f"{where}: {exc} (was it written for another model?).") from exc
+    return register, data
