@@ -94,8 +94,9 @@ class Rules:
         return a, b
 
     def softmax(self, scores: torch.Tensor) -> torch.Tensor:
-        """The attention softmax, float32 (so half-precision models still give rows that sum to 1)."""
-        return scores.softmax(dim=-1, dtype=torch.float32)
+        """The attention softmax, at least float32 (half-precision models still give rows that sum to 1;
+        float64 models stay float64, so a float64 reference run is not rounded to float32 here)."""
+        return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
 
 
 PLAIN = Rules()
@@ -213,6 +214,12 @@ class Adapter:
     # --- the forward ---------------------------------------------------------------------------
     def forward(self, model: torch.nn.Module, x: torch.Tensor, hooks: Hooks) -> None:
         """The model's forward, spelled out, calling ``hooks`` at every named point."""
+        raise NotImplementedError
+
+    def readout(self, model: torch.nn.Module, tokens: torch.Tensor, hooks: Hooks) -> None:
+        """The model's final norm and head applied to ``tokens`` (B, N, D), a block's output, calling the points
+        ``final_norm``, ``pooled`` and ``logits`` (LeGrad reads each layer's tokens through it). A family
+        whose head cannot read an intermediate layer's tokens leaves it unimplemented."""
         raise NotImplementedError
 
     # --- what the views read -------------------------------------------------------------------

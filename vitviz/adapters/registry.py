@@ -16,7 +16,7 @@ ADAPTERS: dict[str, Adapter] = {}
 _BY_TYPE: dict[type, Adapter] = {}
 _LOCK = threading.Lock()
 # The family modules, in the order they are asked to claim a model.
-FAMILY_MODULES = ("timm_vit", "timm_swin", "hf")
+FAMILY_MODULES = ("timm_vit", "timm_swin", "hf", "tv_vit")
 _loaded = False
 
 

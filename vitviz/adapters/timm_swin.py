@@ -33,6 +33,9 @@ WHY_NOT = {
     "stats": ("The per-head statistics are defined on attention over the whole image (layers x heads of one token "
               "sequence); the current model attends within windows (Swin): its distances per block are on the "
               "Attention distance page."),
+    "attribution": ("Attribution (AttnLRP, LeGrad, Grad-CAM) is not supported yet for window attention (Swin): its "
+                    "forward is not yet spelled out block by block in vitviz, so the relevance rules and the "
+                    "per-layer gradients have nowhere to act."),
 }
 WHY_NOT["flow"] = WHY_NOT["rollout"]
 
