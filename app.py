@@ -17,5 +17,6 @@ PAGES = [
     st.Page("pages/7_anatomy.py", title="Attention anatomy"),
     st.Page("pages/8_faithfulness.py", title="Faithfulness"),
     st.Page("pages/9_compare.py", title="Compare models"),
+    st.Page("pages/10_attribution.py", title="Attribution"),
 ]
 st.navigation(PAGES).run()

@@ -9,7 +9,7 @@ import pytest
 import timm
 import torch
 
-from conftest import timm_unfused_attention, tiny_model  # noqa: F401
+from conftest import tiny_model
 from vitviz import attribution as A
 from vitviz.adapters import run
 
@@ -242,3 +242,97 @@ def test_unknown_method_is_one_sentence():
     with pytest.raises(ValueError, match="choose from"):
         A.parse_methods("attnlrp,shap")
     assert A.parse_methods("AttnLRP, cp-lrp,attnlrp") == ["attnlrp", "cp-lrp"]
+
+
+def test_cli_writes_attribution_arrays_and_target(tmp_path):
+    """analyze --attribution on a classifier saved the way users save it: the npz's maps equal the library's own
+    call on the npz's exact input, and settings.json states the target."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from conftest import ASSETS
+    from vitviz.cli import main
+
+    torch.manual_seed(0)
+    model = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=64).eval()
+    weights = tmp_path / "deit.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights))
+    out = tmp_path / "out"
+    assert main(["analyze", str(ASSETS / "rocket.jpg"), str(ASSETS / "coffee.jpg"), "--model",
+                 "deit_tiny_distilled_patch16_224", "--checkpoint", str(weights), "--img-size", "64", "--out", str(out),
+                 "--attribution", "attnlrp,cp-lrp,legrad,gradcam", "--target-class", "3", "--no-attention"]) == 0
+    data = np.load(out / "analysis.npz")
+    for key in ("attribution_attnlrp", "attribution_cp_lrp", "attribution_legrad", "attribution_gradcam"):
+        assert data[key].shape == (2, 4, 4)
+    assert data["attribution_attnlrp_pixels"].shape == data["attribution_cp_lrp_pixels"].shape == (2, 64, 64)
+    assert "attribution_legrad_pixels" not in data.files
+    ref = A.relevance(model, torch.from_numpy(data["input"]), "attnlrp", A.ClassLogit(3)).pixels
+    np.testing.assert_allclose(data["attribution_attnlrp_pixels"], ref, rtol=0, atol=1e-5 * np.abs(ref).max())
+    settings = json.loads((out / "settings.json").read_text())["analysis"]["attribution"]
+    assert settings["target"]["kind"] == "logit" and settings["target"]["class"] == 3
+    assert settings["target"]["classes"] == [3, 3]
+    assert len(settings["conservation"]["attnlrp"]) == 2
+
+
+def test_cli_headless_target_is_the_projection(tmp_path, bundled):
+    import json
+
+    from conftest import ASSETS
+    from vitviz.cli import main
+
+    out = tmp_path / "out"
+    assert main(["analyze", str(ASSETS / "chelsea.jpg"), "--out", str(out), "--attribution", "attnlrp",
+                 "--no-attention"]) == 0
+    data = np.load(out / "analysis.npz")
+    assert data["attribution_attnlrp"].shape == (1, 16, 16)
+    assert data["attribution_attnlrp_pixels"].shape == (1, 224, 224)
+    target = json.loads((out / "settings.json").read_text())["analysis"]["attribution"]["target"]
+    assert target["kind"] == "projection"
+
+
+def test_cli_unknown_attribution_method_is_one_sentence(tmp_path, capsys):
+    from conftest import ASSETS
+    from vitviz.cli import main
+
+    assert main(["analyze", str(ASSETS / "chelsea.jpg"), "--out", str(tmp_path / "o"), "--attribution", "shap"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method shap" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_attribution_page_shows_the_librarys_maps_and_the_target(bundled, sample_images):
+    """The page through AppTest on the bundled model and the default image: the maps drawn equal the library's
+    on the same input, the title states the target, the conservation figure is there."""
+    import base64
+    import json
+
+    from streamlit.testing.v1 import AppTest
+
+    from vitviz.images import preprocess
+
+    at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=300).run()
+    at.switch_page("pages/10_attribution.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    charts = {c.proto.id: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+    maps = next(spec for key, spec in charts.items() if "attr_maps" in key)
+    assert "projection" in maps["layout"]["title"]["text"]
+    assert any("attr_conservation" in key for key in charts)
+
+    def z(trace):
+        v = trace["z"]
+        if isinstance(v, dict):
+            shape = [int(n) for n in str(v["shape"]).split(",")]
+            return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).reshape(shape)
+        return np.array(v, dtype=float)
+
+    heatmaps = [t for t in maps["data"] if t["type"] == "heatmap"]
+    assert len(heatmaps) == 3  # attnlrp, legrad, gradcam by default
+    from ui.state import SAMPLES  # the page's image when nothing is uploaded: the first sample photo
+
+    first = next(im for im in sample_images if im.name == SAMPLES[0])
+    x = preprocess([first.image], bundled.data_config).tensor
+    ref = A.legrad(bundled.model, x).patches[0]
+    np.testing.assert_allclose(z(heatmaps[1])[::-1], ref, atol=1e-6)
+    ref = A.relevance(bundled.model, x, "attnlrp").pixels[0]
+    np.testing.assert_allclose(z(heatmaps[0])[::-1], ref, atol=1e-5 * np.abs(ref).max())
