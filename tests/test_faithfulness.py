@@ -332,3 +332,17 @@ def test_rollout_page_shows_attention_flow_equal_to_the_core(bundled):
     expected = attention_flow(out.attention[0].numpy(), out.layout, start=10, end=12)
     np.testing.assert_allclose(_heatmaps(at, "flow_fig")[0], expected.map, atol=1e-6)
     assert (expected.map > 0).all() and expected.error_bound.max() < 1e-4
+
+
+def test_attention_flow_into_a_clicked_patch_is_the_min_cut_to_that_patch():
+    """Flow follows rollout's readout choice: with ``query`` the sink is that patch's top token (brute-force min
+    cut of the same graph), and the readout says which."""
+    layout = TokenLayout(prefix_tokens=("cls",), grid_size=(1, 2), patch_size=(1, 1), global_pool="token",
+                         pos_embed_prefix_rows=1)
+    attention = np.random.default_rng(5).multinomial(8, [1 / 3] * 3, size=(2, 1, 3)) / 8  # exact in sixteenths
+    result = attention_flow(attention, layout, query=1)
+    capacity, nodes = _layered_graph(layer_capacities(attention, layout, query=1), np.array([0, 0, 1.0]))
+    for p in range(2):
+        assert result.map.ravel()[p] == _brute_force_min_cut(capacity, nodes, (0, 1 + p), "out")
+    assert "patch 1" in result.readout
+    assert not np.array_equal(result.map, attention_flow(attention, layout).map)
