@@ -32,7 +32,7 @@ if loaded.has_head:
 else:
     c2.markdown("**Target**: this model has no classifier head; the pooled vector's projection on its own "
                 "unperturbed direction, s(x) = ⟨p(x), p(x₀)⟩ / ‖p(x₀)‖, is explained.")
-pixels = c3.radio("Resolution", ["pixels", "patches"], key="attr_resolution",
+pixels = c3.radio("Resolution", ["patches", "pixels"], key="attr_resolution",
                   help="Relevance methods give a value per pixel; the patch map is its sum per patch. LeGrad and "
                        "Grad-CAM give one value per patch.") == "pixels"
 if not methods:

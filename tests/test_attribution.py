@@ -334,5 +334,5 @@ def test_attribution_page_shows_the_librarys_maps_and_the_target(bundled, sample
     x = preprocess([first.image], bundled.data_config).tensor
     ref = A.legrad(bundled.model, x).patches[0]
     np.testing.assert_allclose(z(heatmaps[1])[::-1], ref, atol=1e-6)
-    ref = A.relevance(bundled.model, x, "attnlrp").pixels[0]
+    ref = A.relevance(bundled.model, x, "attnlrp").patches[0]  # the page's default: patch maps
     np.testing.assert_allclose(z(heatmaps[0])[::-1], ref, atol=1e-5 * np.abs(ref).max())

@@ -31,36 +31,37 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
     n = len(results) + 1
     titles = ["model input"] + [LABELS[r.method] + (" (pixels)" if pixels and r.pixels is not None else "")
                                 for r in results]
-    fig = make_subplots(rows=1, cols=n, subplot_titles=titles, horizontal_spacing=0.06)
+    fig = make_subplots(rows=1, cols=n, subplot_titles=titles, horizontal_spacing=0.07)
     fig.add_trace(go.Image(z=np.asarray(image.convert("RGB"))), row=1, col=1)
     notes = []
     for i, r in enumerate(results):
-        grid = r.pixels[index] if pixels and r.pixels is not None else r.patches[index]
+        at_pixels = pixels and r.pixels is not None
+        grid = r.pixels[index] if at_pixels else r.patches[index]
         signed = _signed(r.method)
         limit = robust_limit(grid)
-        lo = -limit if signed else 0.0
         clipped = int((np.abs(grid) > limit).sum()) if signed else int((grid > limit).sum())
         if clipped:
-            notes.append(f"{LABELS[r.method]}: {clipped} {'pixels' if grid.ndim and grid.shape[0] > 64 else 'patches'} "
-                         f"beyond ±{limit:.3g} shown at the end colour")
+            notes.append(f"{LABELS[r.method]}: {clipped} {'pixels' if at_pixels else 'patches'} "
+                         f"{'beyond ±' if signed else 'above '}{limit:.3g} drawn at the end colour")
         col = i + 2
-        x0 = (col - 1) / n
-        unit = ("relevance: red raises the target, blue lowers it" if signed else
-                "relevance (non-negative, min-max scaled)" if r.method == "legrad" else "Grad-CAM (ReLU, ≥ 0)")
+        right = fig.layout[f"xaxis{col}"].domain[1]
+        unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else "ReLU(Σ w·A)"
         fig.add_trace(go.Heatmap(
-            z=grid[::-1], zmin=lo, zmax=limit, zmid=0.0 if signed else None,
+            z=grid[::-1], zmin=-limit if signed else 0.0, zmax=limit,
             colorscale=reference_stops(DIVERGING) if signed else reference_stops(SEQUENTIAL_MAP),
-            colorbar=dict(title=dict(text=unit, side="right"), len=0.8, thickness=10,
-                          x=x0 + 1 / n - 0.012, xanchor="left"),
+            colorbar=dict(title=dict(text=unit, side="top", font=dict(size=11)), len=0.75, thickness=10,
+                          x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
             hovertemplate="row %{y}, col %{x}: %{z:.4g}<extra>" + LABELS[r.method] + "</extra>"),
             row=1, col=col)
-        fig.update_xaxes(showticklabels=False, row=1, col=col)
-        fig.update_yaxes(showticklabels=False, scaleanchor=f"x{col}", row=1, col=col)
-    fig.update_xaxes(showticklabels=False, row=1, col=1)
-    fig.update_yaxes(showticklabels=False, row=1, col=1)
+        fig.update_yaxes(scaleanchor=f"x{col}", row=1, col=col)
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
+    meaning = ("signed maps: red raises the target, blue lowers it, white is 0 (limits ±99th percentile of |value|)"
+               if any(_signed(r.method) for r in results) else "")
     title = f"Attribution of the {target_text}" if target_text else "Attribution"
-    fig.update_layout(title=dict(text=title + ("<br><sup>" + "; ".join(notes) + "</sup>" if notes else "")),
-                      height=360, margin=dict(l=10, r=60, t=90, b=10), template="plotly_white")
+    sub = "<br>".join(t for t in (meaning, "; ".join(notes)) if t)
+    fig.update_layout(title=dict(text=title + (f"<br><sup>{sub}</sup>" if sub else "")),
+                      height=400, margin=dict(l=10, r=50, t=135, b=10), template="plotly_white")
     return fig
 
 
@@ -79,7 +80,8 @@ def conservation_figure(results: list[Attribution], index: int = 0, target_text:
                text=[f"{s:.1%} of the value" for s in share], textposition="outside",
                hovertemplate="%{x}: the pixels receive %{y:.4g}<extra></extra>"),
     ])
-    fig.update_layout(barmode="group", template="plotly_white", height=340,
+    fig.update_traces(width=0.25)
+    fig.update_layout(barmode="group", template="plotly_white", height=340, bargroupgap=0.1,
                       title=dict(text="Conservation: how much of the target reaches the pixels"
                                       + (f"<br><sup>target: {target_text}</sup>" if target_text else "")),
                       yaxis_title="target units", margin=dict(l=10, r=10, t=80, b=10),
