@@ -5,7 +5,7 @@ from ui.attribution import attributions
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.state import setup, view_applies
-from vitviz.attribution import LABELS, METHODS
+from vitviz.attribution import LABELS, METHODS, why_not
 from vitviz.attribution_figures import conservation_figure, maps_figure
 from vitviz.tokens import top_classes
 
@@ -15,6 +15,9 @@ if ctx is None:
 st.header(f"Attribution · {ctx.image.name}")
 view_applies(ctx, "attribution")
 loaded, r = ctx.loaded, ctx.result
+if why_not(loaded.model):
+    st.info(why_not(loaded.model))
+    st.stop()
 st.caption("AttnLRP (Achtibat et al. 2024) and CP-LRP (Ali et al. 2022) propagate the target's value back to the "
            "pixels as a modified gradient (Gradient × Input, lxt's rules); LeGrad (Bousselham et al. 2025) sums "
            "positive gradients through the last two layers' attention maps; Grad-CAM weights the last block's ln1 "

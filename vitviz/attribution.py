@@ -290,8 +290,22 @@ LABELS = {"attnlrp": "AttnLRP", "cp-lrp": "CP-LRP", "legrad": "LeGrad", "gradcam
           "gradient": "Gradient × Input"}
 
 
+def why_not(model) -> str | None:
+    """One sentence saying why attribution does not apply to ``model``, or None. It needs the family's forward
+    spelled out in vitviz (the rules act there; LeGrad reads each layer through the head, :meth:`Adapter.readout`)."""
+    from .adapters import Adapter
+
+    adapter = adapter_for(model)
+    why = adapter.why_not(model, "attribution")
+    if why is None and type(adapter).readout is Adapter.readout:
+        why = (f"Attribution (AttnLRP, LeGrad, Grad-CAM) is not supported yet for {adapter.label(model)} models: vitviz "
+               "runs them through their library's own forward, where the relevance rules and per-layer gradients "
+               "cannot act.")
+    return why
+
+
 def _check(model, method: str) -> None:
-    why = adapter_for(model).why_not(model, "attribution")
+    why = why_not(model)
     if why:
         raise ValueError(why)
 
