@@ -34,8 +34,9 @@ r, layout, loaded = ctx.result, ctx.result.layout, ctx.loaded
 L, H = r.attention.shape[:2]
 score_text = ("softmax probability of the target class" if loaded.has_head else
               "cosine similarity of the pre-logits vector with the original's (this model has no classifier head)")
-st.caption(f"Protocol: {PROTOCOL}. Score: {score_text}. Random map: the floor; a map below it on deletion "
-           "(or above it on insertion) ranks patches better than chance.")
+st.caption(f"Protocol: {PROTOCOL}. Score: {score_text}. Random maps: the floor, the mean of {RANDOM_SEEDS} seeds; a "
+           "map counts as better than chance only below their spread on deletion (or above it on insertion): one "
+           "seed alone moves by a few hundredths.")
 
 c1, c2, c3 = st.columns([3, 1, 2])
 with c3:
