@@ -159,5 +159,6 @@ def test_every_registered_adapter_has_an_example():
     load_all()
     test_only = {name for name, a in ADAPTERS.items() if type(a).__module__.startswith(("test_", "tests."))}
     interim = {"transformers", "timm-swin"}  # tested against their libraries in test_hf_*.py / test_swin.py
+    interim.add("torchvision-vit")  # not loadable in the app yet: parity with torchvision in test_attribution.py
     missing = set(ADAPTERS) - set(EXAMPLES) - test_only - interim
     assert not missing, f"adapters without a parity example: {sorted(missing)}"

@@ -49,12 +49,20 @@ def _lxt_pixels(model, x: torch.Tensor, classes: list[int], method: str, tmp_pat
 
 
 def test_torchvision_adapter_equals_torchvision_forward(tv_vit):
+    """Logits equal torchvision's forward; each layer's probabilities equal its MultiheadAttention's per-head
+    weights (need_weights=True) on the same block input; an identity edit changes nothing."""
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     with torch.no_grad():
         ref = tv_vit(x)
-        got = run(tv_vit, x, keep=("logits",))["logits"]
+        out = run(tv_vit, x, keep=("logits", "blocks.*.resid_pre", "blocks.*.attn"))
+        edited = run(tv_vit, x, keep=("logits",), edit={"blocks.*.attn": lambda v, p: v})["logits"]
+        for i, blk in enumerate(tv_vit.encoder.layers):
+            h = blk.ln_1(out[f"blocks.{i}.resid_pre"])
+            _, weights = blk.self_attention(h, h, h, need_weights=True, average_attn_weights=False)
+            assert torch.allclose(out[f"blocks.{i}.attn"], weights, rtol=0, atol=1e-12)
     # float64, the same operations in another order: rounding ~1e-16 of the logits' scale
-    assert torch.allclose(got, ref, rtol=0, atol=1e-12 * ref.abs().max().item())
+    assert torch.allclose(out["logits"], ref, rtol=0, atol=1e-12 * ref.abs().max().item())
+    assert torch.equal(edited, out["logits"])
 
 
 @pytest.mark.parametrize("method", ["cp-lrp", "attnlrp"])
