@@ -90,7 +90,11 @@ def auc_table() -> None:
         result = perturbation_curves(model, x[i], per_image, layout, fractions=default_fractions(11))
         for m, d, s in zip(result.methods, result.deletion_auc, result.insertion_auc):
             rows.setdefault(m, []).append((float(d), float(s)))
-        print(f"  {name}: score = {result.score}", flush=True)
+        seeds_auc = np.array([rows[f"random seed {s}"][-1] for s in seeds])
+        print(f"  {name} ({result.score}): random {seeds_auc[:, 0].mean():.3f} ± {seeds_auc[:, 0].std(ddof=1):.3f} / "
+              f"{seeds_auc[:, 1].mean():.3f} ± {seeds_auc[:, 1].std(ddof=1):.3f}; " +
+              ", ".join(f"{m} {v[-1][0]:.3f} / {v[-1][1]:.3f}" for m, v in rows.items()
+                        if not m.startswith("random seed")), flush=True)
     rand = np.array([rows[f"random seed {s}"] for s in seeds])  # (seeds, images, 2)
     print("\nAUC, bundled model, 11 steps, mean colour; per image deletion / insertion; lower deletion and higher "
           "insertion are better")
