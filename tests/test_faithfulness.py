@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import ASSETS, tiny_model
-from vitviz.faithfulness import (attention_maps, auc, patch_order, perturbation_curves, perturbed_at, random_map,
-                                 step_counts)
+from vitviz.faithfulness import (ChanceBand, attention_maps, auc, ordered, patch_order, perturbation_curves,
+                                 perturbed_at, random_map, random_seed_maps, step_counts)
 from vitviz.flow import FlowNetwork, attention_flow, layer_capacities
 from vitviz.rollout import readout_vector
 from vitviz.layout import TokenLayout
@@ -298,18 +298,23 @@ def test_faithfulness_page_shows_the_cores_curves_and_aucs(bundled):
     out = capture(bundled.model, image)
     attention, layout = out.attention[0].numpy(), out.layout
     maps = attention_maps(attention, layout, rollout_map=rollout(attention, layout, start=2).map)
-    expected = perturbation_curves(bundled.model, image[0], {m: maps[m] for m in
-                                                             ("rollout", "last_layer_head_2", "random")},
-                                   layout, fractions=np.array([0, 0.5, 1]))
+    # The random floor is the mean of 10 seeded maps' curves (seeds 0-9).
+    expected = perturbation_curves(bundled.model, image[0], {m: maps[m] for m in ("rollout", "last_layer_head_2")}
+                                   | random_seed_maps(layout.grid_size, 0), layout, fractions=np.array([0, 0.5, 1]))
+    deletion = np.vstack([expected.deletion[:2], expected.deletion[2:].mean(0)])
+    insertion = np.vstack([expected.insertion[:2], expected.insertion[2:].mean(0)])
     traces = [t for t in _traces(at, "faith_curves") if t["type"] == "scatter"]
     assert len(traces) == 6  # 3 methods x (deletion, insertion)
     for k, t in enumerate(traces):
-        curves = expected.deletion if k < 3 else expected.insertion
+        curves = deletion if k < 3 else insertion
         np.testing.assert_allclose(_decode(t["y"]), curves[k % 3], atol=1e-5)
     table = at.dataframe[0].value
-    assert list(table["method"]) == ["rollout", "last layer, head 2", "random"]
-    np.testing.assert_allclose(table["deletion AUC ↓"], expected.deletion_auc, atol=1e-5)
-    np.testing.assert_allclose(table["insertion AUC ↑"], expected.insertion_auc, atol=1e-5)
+    assert list(table["method"]) == ["rollout", "last layer, head 2", "random (mean of 10 seeds)"]
+    fractions = np.array([0, 0.5, 1])
+    np.testing.assert_allclose(table["deletion AUC ↓"], auc(deletion, fractions), atol=1e-5)
+    np.testing.assert_allclose(table["insertion AUC ↑"], auc(insertion, fractions), atol=1e-5)
+    band = ChanceBand(expected.deletion_auc[2:], expected.insertion_auc[2:])
+    assert list(table["vs chance: deletion"])[:2] == [band.compare("deletion", d) for d in expected.deletion_auc[:2]]
     assert "pre-logits" in at.caption[0].value
 
 
@@ -332,3 +337,45 @@ def test_rollout_page_shows_attention_flow_equal_to_the_core(bundled):
     expected = attention_flow(out.attention[0].numpy(), out.layout, start=10, end=12)
     np.testing.assert_allclose(_heatmaps(at, "flow_fig")[0], expected.map, atol=1e-6)
     assert (expected.map > 0).all() and expected.error_bound.max() < 1e-4
+
+
+def test_attention_flow_into_a_clicked_patch_is_the_min_cut_to_that_patch():
+    """Flow follows rollout's readout choice: with ``query`` the sink is that patch's top token (brute-force min
+    cut of the same graph), and the readout says which."""
+    layout = TokenLayout(prefix_tokens=("cls",), grid_size=(1, 2), patch_size=(1, 1), global_pool="token",
+                         pos_embed_prefix_rows=1)
+    attention = np.random.default_rng(5).multinomial(8, [1 / 3] * 3, size=(2, 1, 3)) / 8  # exact in sixteenths
+    result = attention_flow(attention, layout, query=1)
+    capacity, nodes = _layered_graph(layer_capacities(attention, layout, query=1), np.array([0, 0, 1.0]))
+    for p in range(2):
+        assert result.map.ravel()[p] == _brute_force_min_cut(capacity, nodes, (0, 1 + p), "out")
+    assert "patch 1" in result.readout
+    assert not np.array_equal(result.map, attention_flow(attention, layout).map)
+
+
+def test_orderings_of_a_signed_map():
+    grid = np.array([[0.5, -2.0], [0.0, 1.0]])
+    assert list(patch_order(ordered(grid, "signed"))) == [3, 0, 2, 1]  # most negative last
+    assert list(patch_order(ordered(grid, "absolute"))) == [1, 3, 0, 2]  # the strongest of either sign first
+    assert ordered(grid, "positive").min() == 0 and list(patch_order(ordered(grid, "positive")))[:2] == [3, 0]
+    with pytest.raises(ValueError, match="choose from"):
+        ordered(grid, "sorted")
+
+
+def test_chance_band_says_when_a_method_cannot_be_told_from_chance():
+    band = ChanceBand(deletion=np.array([0.80, 0.84, 0.82, 0.86]), insertion=np.array([0.84, 0.85, 0.83, 0.84]))
+    mean, sd = band.band("deletion")
+    assert mean == pytest.approx(0.83) and sd == pytest.approx(np.std([0.80, 0.84, 0.82, 0.86], ddof=1))
+    assert band.compare("deletion", mean + 1.9 * sd) == "chance"
+    assert band.compare("deletion", mean - 2.1 * sd) == "better"  # lower deletion is better
+    assert band.compare("insertion", 0.70) == "worse"  # lower insertion is worse
+    assert "cannot be told from chance" in band.sentence("rollout", 0.83, 0.84)
+    text = band.sentence("AttnLRP", 0.70, 0.84)
+    assert "better than chance on deletion" in text and "not distinguishable from chance on insertion" in text
+
+
+def test_random_seed_maps_are_distinct_and_reproducible():
+    maps = random_seed_maps((4, 5), first_seed=3, seeds=10)
+    assert list(maps) == [f"random_seed_{s}" for s in range(3, 13)]
+    np.testing.assert_array_equal(maps["random_seed_3"], random_map((4, 5), 3))
+    assert len({m.tobytes() for m in maps.values()}) == 10

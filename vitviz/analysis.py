@@ -41,6 +41,8 @@ class AnalysisSettings:
         flow: attention flow (exact max-flow) with the rollout's fusion, discard, layers and exclusions.
         clusters: k-means clusters of each image's patch tokens (2..12); None = no clustering.
         cluster_layer: 0-based block whose output is clustered; None = the final features.
+        attribution: methods of :mod:`vitviz.attribution` to run (target: ``target_class``'s logit, default
+            each image's top-1, or the pooled vector's projection for a model without a head).
     """
 
     fusion: str = "mean"
@@ -56,6 +58,7 @@ class AnalysisSettings:
     flow: bool = False
     clusters: int | None = None
     cluster_layer: int | None = None
+    attribution: tuple[str, ...] = ()
 
 
 @dataclass
@@ -178,6 +181,8 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
         facts["flow_error_bound"] = [float(f.error_bound.max()) for f in flows]
         run_facts["attention_flow"] = {"layers": list(flows[0].layers), "readout": flows[0].readout,
                                        "capacity_scale": flows[0].scale, "definition": FLOW_DEFINITION}
+    if settings.attribution:
+        _attribution(loaded, batch.tensor, settings, arrays, facts)
     if settings.faithfulness:
         results = faithfulness_curves(loaded, batch.tensor, attention, arrays, layout, settings)
         arrays["deletion"] = np.stack([r.deletion for r in results])
@@ -189,6 +194,23 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
         facts["reference"] = [r.reference() for r in results]
         run_facts["faithfulness"] = {"methods": results[0].methods, "patches_per_step": results[0].counts.tolist()}
     return BatchAnalysis(arrays=arrays, facts=facts, run_facts=run_facts, input_images=batch.images, layout=layout)
+
+
+def _attribution(loaded: LoadedModel, inputs: torch.Tensor, settings: AnalysisSettings, arrays: dict,
+                 facts: dict) -> None:
+    """``attribution_<method>`` (b, gh, gw) and, for relevance methods, ``attribution_<method>_pixels`` (b, H, W)."""
+    from .attribution import attribute, default_target
+
+    target = default_target(loaded.model, settings.target_class)
+    for method in settings.attribution:
+        result = attribute(loaded.model, inputs, method, target)
+        key = "attribution_" + method.replace("-", "_")
+        arrays[key] = result.patches.astype(np.float32)
+        if result.pixels is not None:
+            arrays[key + "_pixels"] = result.pixels.astype(np.float32)
+            facts[f"attribution_conservation_{method}"] = result.conservation()
+    facts["attribution_target"] = [result.target.describe()]  # one per batch (its classes per image)
+    facts["attribution_target_value"] = result.target_value.tolist()
 
 
 def faithfulness_curves(loaded: LoadedModel, inputs: torch.Tensor, attention: torch.Tensor,
@@ -276,6 +298,8 @@ class AnalysisRun:
             info["gradient_rollout_targets"] = facts["gradient_rollout_targets"]
         else:
             info["notes"].append("Gradient rollout needs a classifier head; this model has none.")
+        if settings.attribution:
+            info["attribution"] = attribution_info(settings.attribution, facts)
         if settings.flow:
             info["attention_flow"] = self.run_facts["attention_flow"] | {
                 "max_error_bound": max(facts["flow_error_bound"])}
@@ -289,3 +313,23 @@ class AnalysisRun:
                 "patches_per_step": self.run_facts["faithfulness"]["patches_per_step"],
                 "auc": facts["auc"], "reference": facts["reference"]}
         return info
+
+
+def attribution_info(methods: tuple[str, ...], facts: dict) -> dict:
+    """settings.json's ``analysis.attribution``: the methods, the target and how much of it reached the pixels."""
+    from .attribution import LABELS
+
+    target = dict(facts["attribution_target"][0])
+    classes = [c for t in facts["attribution_target"] for c in t.get("classes", [])]
+    if classes:
+        target["classes"] = classes
+    return {
+        "methods": {m: LABELS[m] for m in methods},
+        "target": target,
+        "target_value": facts["attribution_target_value"],
+        "conservation": {m: facts[f"attribution_conservation_{m}"] for m in methods
+                         if f"attribution_conservation_{m}" in facts},
+        "definition": "relevance methods: sum over colour channels of input (the npz's normalised input) x modified "
+                      "gradient; patch map = sum per patch. LeGrad: min-max scaled per image, last two layers. "
+                      "Grad-CAM: last block's ln1, ReLU, not rescaled",
+    }

@@ -69,6 +69,13 @@ def _parser() -> argparse.ArgumentParser:
     faith.add_argument("--flow", action="store_true",
                        help="attention flow (exact max-flow, with the rollout's fusion, discard, layers and exclusions); "
                             "adds attention_flow (B, gh, gw). Slow: ~0.15 s per patch for a 12-layer ViT-S on CPU")
+    attribution = analyze.add_argument_group("attribution")
+    attribution.add_argument("--attribution", metavar="METHODS", default=None,
+                             help="comma-separated: attnlrp, cp-lrp, legrad, gradcam, gradient (Gradient x Input); "
+                                  "writes attribution_<method> (B, gh, gw) and, for the relevance methods, "
+                                  "attribution_<method>_pixels (B, H, W) on the npz's input (dashes become "
+                                  "underscores). Target: --target-class's logit (default each image's top-1), or "
+                                  "for a model without a head the pooled vector's projection on its own direction")
     clusters = analyze.add_argument_group("token clusters")
     clusters.add_argument("--clusters", type=int, metavar="K",
                           help="k-means of each image's patch tokens into K clusters (2..12); adds 'clusters' "
@@ -316,6 +323,18 @@ def _image_batches(paths: list[Path], size: int, problems: list):
         yield done, batch
 
 
+def _attribution_methods(text: str | None) -> tuple[str, ...]:
+    """``--attribution``'s methods, checked before any model work."""
+    if text is None:
+        return ()
+    from .attribution import parse_methods
+
+    try:
+        return tuple(parse_methods(text))
+    except ValueError as exc:
+        raise VitvizError(str(exc)) from None
+
+
 def analyze(args: argparse.Namespace) -> int:
     """Stream the images through the model batch by batch; write the run's files whole or not at all."""
     if args.cluster_layer is not None and args.clusters is None:
@@ -343,6 +362,7 @@ def analyze(args: argparse.Namespace) -> int:
         print("error: no image could be analysed.", file=sys.stderr)
         return 1
 
+    attribution = _attribution_methods(args.attribution)
     loaded = load_model(spec)
     admit_fitted(loaded, limits, batch=batch)  # a checkpoint's own resolution and tokens, known once it is read
     if loaded.attention_scope == "window":
@@ -367,7 +387,8 @@ def analyze(args: argparse.Namespace) -> int:
                                 faithfulness_steps=args.faithfulness_steps, flow=args.flow,
                                 target_class=args.target_class, batch_size=args.batch_size,
                                 clusters=args.clusters,
-                                cluster_layer=None if args.cluster_layer is None else args.cluster_layer - 1)
+                                cluster_layer=None if args.cluster_layer is None else args.cluster_layer - 1,
+                                attribution=attribution)
     run, images, progress = AnalysisRun(loaded, settings), [], Progress(len(args.images))
     with RunOutput(args.out) as output:
         try:
@@ -588,7 +609,7 @@ def _read_json(path: Path) -> dict:
 GLOBAL_ATTENTION_OPTIONS = {"fusion": "mean", "discard": 0.0, "start_layer": 1, "end_layer": None,
                             "exclude_artifacts": False, "exclude_sinks": False, "target_class": None,
                             "faithfulness": False, "flow": False, "clusters": None, "cluster_layer": None,
-                            "report": False, "registers": None, "register_neurons": None}
+                            "report": False, "attribution": None, "registers": None, "register_neurons": None}
 
 
 def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -> int:

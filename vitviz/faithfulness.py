@@ -315,3 +315,81 @@ def perturbed_at(image: torch.Tensor, grid_map: np.ndarray, layout: TokenLayout,
     counts = step_counts(np.array([fraction]), layout.num_patches)
     pixels = pixel_masks(patch_masks(patch_order(grid_map), counts, layout.grid_size), layout, tuple(image.shape[-2:]))
     return {mode: perturb(image, pixels, mode)[0] for mode in MODES}
+
+
+# ---------------------------------------------------------------------------------------------
+# Honest statistics: the random floor over several seeds, and how a signed map is ordered
+
+RANDOM_SEEDS = 10
+ORDERINGS = ("signed", "positive", "absolute")
+SEED_PREFIX = "random_seed_"
+
+
+def ordered(grid_map: np.ndarray, ordering: str = "signed") -> np.ndarray:
+    """The map whose descending order is the perturbation order: ``signed`` (as is: most positive first,
+    most negative last), ``positive`` (negative values tie at 0) or ``absolute`` (|value|)."""
+    if ordering == "signed":
+        return grid_map
+    if ordering == "positive":
+        return np.maximum(grid_map, 0)
+    if ordering == "absolute":
+        return np.abs(grid_map)
+    raise ValueError(f"unknown ordering {ordering!r}: choose from {', '.join(ORDERINGS)}")
+
+
+def random_seed_maps(grid_size: tuple[int, int], first_seed: int = 0, seeds: int = RANDOM_SEEDS) -> dict:
+    """``random_seed_<s>`` -> the seeded random map, for seeds first_seed .. first_seed + seeds - 1."""
+    return {f"{SEED_PREFIX}{s}": random_map(grid_size, s) for s in range(first_seed, first_seed + seeds)}
+
+
+@dataclass
+class ChanceBand:
+    """The random maps' AUCs over seeds on one image: where chance lies, and how far it wanders.
+
+    Attributes:
+        deletion, insertion: (seeds,) AUC of each seed's random map.
+    """
+
+    deletion: np.ndarray
+    insertion: np.ndarray
+
+    @property
+    def seeds(self) -> int:
+        return len(self.deletion)
+
+    def band(self, protocol: str) -> tuple[float, float]:
+        """(mean, standard deviation over seeds, ddof=1) of ``"deletion"`` or ``"insertion"`` AUC."""
+        values = getattr(self, protocol)
+        return float(values.mean()), float(values.std(ddof=1)) if len(values) > 1 else 0.0
+
+    def compare(self, protocol: str, value: float) -> str:
+        """``"better"``, ``"worse"`` or ``"chance"``: outside mean ± 2 s.d. of the seeds on the right side (lower
+        deletion, higher insertion), on the wrong side, or inside the band."""
+        mean, sd = self.band(protocol)
+        if abs(value - mean) <= 2 * sd:
+            return "chance"
+        better = value < mean if protocol == "deletion" else value > mean
+        return "better" if better else "worse"
+
+    def sentence(self, name: str, deletion_auc: float, insertion_auc: float) -> str:
+        """One plain sentence: can ``name`` be told from the random maps on this image?"""
+        verdicts = {p: self.compare(p, v) for p, v in (("deletion", deletion_auc), ("insertion", insertion_auc))}
+        spread = "; ".join(f"{p} {self.band(p)[0]:.3f} ± {self.band(p)[1]:.3f}" for p in verdicts)
+        if all(v == "chance" for v in verdicts.values()):
+            return (f"{name} cannot be told from chance on this image: its deletion AUC {deletion_auc:.3f} and "
+                    f"insertion AUC {insertion_auc:.3f} lie within two standard deviations of the random maps' "
+                    f"({spread}, mean ± s.d. over {self.seeds} seeds).")
+        parts = [f"{'better than' if v == 'better' else 'worse than' if v == 'worse' else 'not distinguishable from'} "
+                 f"chance on {p}" for p, v in verdicts.items()]
+        return (f"{name} is {' and '.join(parts)} (deletion {deletion_auc:.3f}, insertion {insertion_auc:.3f}; "
+                f"random maps {spread}, mean ± s.d. over {self.seeds} seeds; outside ± 2 s.d. counts).")
+
+
+def split_random_seeds(result: Faithfulness) -> tuple[list[int], ChanceBand | None]:
+    """The indices of ``result``'s non-random methods and the chance band of its ``random_seed_*`` maps (None
+    without any)."""
+    seeds = [m for m, name in enumerate(result.methods) if name.startswith(SEED_PREFIX)]
+    others = [m for m in range(len(result.methods)) if m not in seeds]
+    if not seeds:
+        return others, None
+    return others, ChanceBand(result.deletion_auc[seeds], result.insertion_auc[seeds])

@@ -5,6 +5,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from .attribution import LABELS as ATTRIBUTION_LABELS
 from .faithfulness import MODES
 from .figures import qualitative_colours
 
@@ -17,6 +18,8 @@ def method_label(name: str) -> str:
         return "last layer, mean of heads"
     if name.startswith("last_layer_head_"):
         return f"last layer, head {name.rsplit('_', 1)[1]}"
+    if name in ATTRIBUTION_LABELS:
+        return ATTRIBUTION_LABELS[name]
     return name.replace("_", " ")
 
 
@@ -25,7 +28,7 @@ def method_unit(name: str) -> str:
     if name.startswith("last_layer"):
         return "attention weight"
     return {"rollout": "rollout mass", "gradient_rollout": "relevance", "attention_flow": "flow (attention mass)",
-            "random": "random value"}.get(name, "map value")
+            "random": "random value"}.get(name, "relevance" if name in ATTRIBUTION_LABELS else "map value")
 
 
 def score_axis(score: str) -> str:

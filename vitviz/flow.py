@@ -25,7 +25,7 @@ from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
 from .layout import TokenLayout
-from .rollout import discard_lowest, fuse_heads, readout_vector, rollout_step
+from .rollout import discard_lowest, fuse_heads, readout_index, readout_name, readout_vector, rollout_step
 
 # 2**24: capacities up to 1 stay well inside int32 (the flow into the readout is at most ~S),
 # and the rounding error per cut edge is below 6e-8.
@@ -57,14 +57,15 @@ class AttentionFlow:
 
 
 def layer_capacities(attention: np.ndarray, layout: TokenLayout, *, fusion: str = "mean", discard: float = 0.0,
-                     start: int = 0, end: int | None = None,
-                     exclude_tokens: tuple[int, ...] = ()) -> list[np.ndarray]:
-    """The per-layer matrices A' of the range, exactly as rollout builds them: (L, H, N, N) -> [(N, N)] * (end - start)."""
+                     start: int = 0, end: int | None = None, exclude_tokens: tuple[int, ...] = (),
+                     query: int | None = None) -> list[np.ndarray]:
+    """The per-layer matrices A' of the range, exactly as rollout builds them (the readout's column, CLS or patch
+    ``query``, never discarded): (L, H, N, N) -> [(N, N)] * (end - start)."""
     L = attention.shape[0]
     end = L if end is None else end
     if not 0 <= start < end <= L:
         raise ValueError(f"layer range must satisfy 0 <= start < end <= {L}, got ({start}, {end})")
-    return [rollout_step(discard_lowest(fuse_heads(attention[layer], fusion), discard, layout.cls_index),
+    return [rollout_step(discard_lowest(fuse_heads(attention[layer], fusion), discard, readout_index(layout, query)),
                          exclude_tokens) for layer in range(start, end)]
 
 
@@ -142,7 +143,8 @@ class FlowNetwork:
 
 def attention_flow(attention: np.ndarray, layout: TokenLayout, *, fusion: str = "mean", discard: float = 0.0,
                    start: int = 0, end: int | None = None, exclude_tokens: tuple[int, ...] = (),
-                   scale: int = DEFAULT_SCALE, progress: Callable[[int, int], None] | None = None) -> AttentionFlow:
+                   scale: int = DEFAULT_SCALE, progress: Callable[[int, int], None] | None = None,
+                   query: int | None = None) -> AttentionFlow:
     """Attention flow of one image: max-flow from every input patch to the readout.
 
     Args:
@@ -151,13 +153,15 @@ def attention_flow(attention: np.ndarray, layout: TokenLayout, *, fusion: str = 
         fusion, discard, start, end, exclude_tokens: as in :func:`vitviz.rollout.rollout`.
         scale: integer scale of the capacities (see the module docstring for the error bound).
         progress: called with (patches done, patches) after each patch.
+        query: flow into patch ``query``'s token at the top (raster order, 0-based: a clicked patch, as rollout's
+            ``query``) instead of the model's readout.
 
     Returns:
         AttentionFlow with map and error_bound (gh, gw).
     """
     caps = layer_capacities(attention, layout, fusion=fusion, discard=discard, start=start, end=end,
-                            exclude_tokens=exclude_tokens)
-    network = FlowNetwork(caps, readout_vector(layout), scale)
+                            exclude_tokens=exclude_tokens, query=query)
+    network = FlowNetwork(caps, readout_vector(layout, query), scale)
     P, offset = layout.num_patches, layout.num_prefix_tokens
     values, bounds = np.zeros(P), np.zeros(P)
     for p in range(P):
@@ -166,4 +170,5 @@ def attention_flow(attention: np.ndarray, layout: TokenLayout, *, fusion: str = 
             progress(p + 1, P)
     end = attention.shape[0] if end is None else end
     return AttentionFlow(map=layout.to_grid(values), error_bound=layout.to_grid(bounds), layers=(start, end),
-                         readout="cls" if layout.has_class_token else "mean over patch rows", scale=int(scale))
+                         readout=("cls" if layout.has_class_token else "mean over patch rows") if query is None
+                         else readout_name(layout, query), scale=int(scale))

@@ -104,8 +104,9 @@ class Rules:
         return a, b
 
     def softmax(self, scores: torch.Tensor) -> torch.Tensor:
-        """The attention softmax, float32 (so half-precision models still give rows that sum to 1)."""
-        return scores.softmax(dim=-1, dtype=torch.float32)
+        """The attention softmax, at least float32 (half-precision models still give rows that sum to 1;
+        float64 models stay float64, so a float64 reference run is not rounded to float32 here)."""
+        return scores.softmax(dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
 
 
 PLAIN = Rules()
@@ -229,6 +230,12 @@ class Adapter:
         """Window families: one :class:`vitviz.adapters.windows.WindowGeometry` per block for an input of
         ``input_hw`` pixels (where each block's windows lie on the image, in the forward's order)."""
         raise NotImplementedError(f"{type(model).__name__} attends globally: it has no windows")
+
+    def readout(self, model: torch.nn.Module, tokens: torch.Tensor, hooks: Hooks) -> None:
+        """The model's final norm and head applied to ``tokens`` (B, N, D), a block's output, calling the points
+        ``final_norm``, ``pooled`` and ``logits`` (LeGrad reads each layer's tokens through it). A family
+        whose head cannot read an intermediate layer's tokens leaves it unimplemented."""
+        raise NotImplementedError
 
     # --- what the views read -------------------------------------------------------------------
     def why_not(self, model: torch.nn.Module, view: str) -> str | None:

@@ -401,12 +401,13 @@ class TimmViT(Adapter):
         h = hooks("embed", h)
         for i, (blk, t) in enumerate(zip(model.blocks, terms)):
             h = block(blk, i, h, t, hooks)
-        if not any(hooks.wants(p) for p in ("final_norm", "pooled", "logits")):
-            return
-        features = hooks("final_norm", common.norm(hooks, model.norm, h))
+        if any(hooks.wants(p) for p in ("final_norm", "pooled", "logits")):
+            self.readout(model, h, hooks)
+
+    def readout(self, model, tokens: torch.Tensor, hooks: Hooks) -> None:
+        features = hooks("final_norm", common.norm(hooks, model.norm, tokens))
         if hooks.wants("pooled") or hooks.wants("logits"):
-            reader = model_reader(model)
-            reader.head(model, features, hooks)
+            model_reader(model).head(model, features, hooks)
 
     def why_no_extra_token(self, model) -> str | None:
         """Attention is blind to token order once the position embedding is added at ``embed``, so a token

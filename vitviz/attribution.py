@@ -1,0 +1,441 @@
+"""Which pixels and patches made the model give its output: AttnLRP, CP-LRP, LeGrad and Grad-CAM.
+
+Every method runs on the adapters' spelled-out forward (:mod:`vitviz.adapters`), so one
+implementation serves every family whose forward is spelled out.
+
+- **AttnLRP** (Achtibat et al., ICML 2024) as a modified gradient, the way its reference code ``lxt``
+  computes it: Gradient × Input through a forward whose norms hold their normalising statistics
+  constant, whose element-wise activations pass the gradient f(x)/x (the identity rule) and whose
+  bilinear products (q·kᵀ, attention @ v, gates) give each operand half the gradient (the uniform
+  rule); softmax, linear layers, the patch embedding and residual adds keep the true Jacobian. The
+  rules are :class:`AttnLRP`, a :class:`vitviz.adapters.Rules`; the forward's *values* are unchanged.
+- **CP-LRP** (Ali et al., ICML 2022): the same, with the attention probabilities held constant.
+- **Gradient × Input**: the plain gradient (the rules switched off), a baseline.
+- **LeGrad** (Bousselham et al., CVPR 2025): per layer, the target computed from that layer's tokens through
+  the final norm and head; its gradient with respect to that layer's attention map, ReLU, mean over
+  heads and query rows, prefix columns dropped; summed over layers and min-max scaled.
+- **Grad-CAM for ViTs** (pytorch-grad-cam's recipe): a block's ``ln1`` activations weighted by the mean
+  of their gradients over the patch tokens, ReLU; prefix tokens dropped.
+
+Relevance at the pixels is Σ over colour channels of input ⊙ (modified) gradient, with the input
+being the normalised model input; the patch map is its sum over each patch. What the pixels
+receive is compared with the target's value (conservation): the rest went to the prefix tokens,
+the position embedding, biases and the softmax.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .adapters import Hooks, Rules, adapter_for, point_name, run
+from .layout import TokenLayout
+
+# ---------------------------------------------------------------------------------------------
+# Rules
+
+
+class _IdentityRule(torch.autograd.Function):
+    """Value fn(x), gradient fn(x)/(x + 1e-10) (lxt's ``identity_rule_implicit``, same epsilon)."""
+
+    @staticmethod
+    def forward(ctx, fn, x):
+        out = fn(x)
+        ctx.save_for_backward(out / (x + 1e-10))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (ratio,) = ctx.saved_tensors
+        return None, ratio * grad
+
+
+class _HalfGradient(torch.autograd.Function):
+    """The identity whose gradient is halved (the uniform rule on one operand of a product of two)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad / 2
+
+
+def _layer_norm(module: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    dims = tuple(range(-len(module.normalized_shape), 0))
+    mean = x.mean(dim=dims, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)
+    y = (x - mean) / (var + module.eps).sqrt().detach()
+    if module.weight is not None:
+        y = y * module.weight
+    if module.bias is not None:
+        y = y + module.bias
+    return y
+
+
+def _rms_norm(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    eps = module.eps if module.eps is not None else torch.finfo(x.dtype).eps
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps).detach()
+    return y if module.weight is None else y * module.weight
+
+
+def _is_rms_norm(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.RMSNorm) or type(module).__name__ in ("RmsNorm", "RMSNorm") \
+        and hasattr(module, "eps") and hasattr(module, "weight")
+
+
+class AttnLRP(Rules):
+    """AttnLRP's rules (lxt 2.1's efficient implementation) as a modified gradient; forward values unchanged.
+
+    Attributes:
+        calls: how many norms, activations, products and softmaxes the forward passed through these
+            rules (a forward that is not spelled out passes none: :func:`relevance` then refuses).
+    """
+
+    name = "attnlrp"
+
+    def __init__(self):
+        self.calls = 0
+
+    def norm(self, module, x):
+        """LayerNorm: (x − mean) / stop_gradient(std) (the mean is still differentiated); RMSNorm: x ·
+        stop_gradient(1/rms)."""
+        self.calls += 1
+        if isinstance(module, torch.nn.LayerNorm):
+            return _layer_norm(module, x)
+        if _is_rms_norm(module):
+            return _rms_norm(module, x)
+        raise ValueError(f"AttnLRP has no rule for the norm {type(module).__name__}; relevance propagation "
+                         "needs LayerNorm or RMSNorm.")
+
+    def act(self, fn, x):
+        self.calls += 1
+        return _IdentityRule.apply(fn, x)
+
+    def bilinear(self, a, b):
+        """Half the gradient to each operand where both carry one (a product with a constant is linear)."""
+        self.calls += 1
+        if a.requires_grad and b.requires_grad:
+            return _HalfGradient.apply(a), _HalfGradient.apply(b)
+        return a, b
+
+    def softmax(self, scores):
+        self.calls += 1
+        return super().softmax(scores)
+
+
+class CPLRP(AttnLRP):
+    """CP-LRP: AttnLRP's rules with the attention probabilities held constant (lxt's torchvision ViT map:
+    its query and key carry no gradient), so attention @ v passes the whole gradient to v."""
+
+    name = "cp-lrp"
+
+    def softmax(self, scores):
+        return super().softmax(scores).detach()
+
+
+# ---------------------------------------------------------------------------------------------
+# Targets
+
+
+class Target:
+    """What is explained: a scalar per image computed from the forward's kept points.
+
+    :meth:`bind` fixes what depends on the unperturbed input (the top-1 class, the reference vector)
+    from the points of the forward at that input; the bound target is then a function of any points.
+    """
+
+    point = "logits"
+
+    def bind(self, points: dict[str, torch.Tensor]) -> "Target":
+        return self
+
+    def __call__(self, points: dict[str, torch.Tensor]) -> torch.Tensor:  # -> (B,)
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ClassLogit(Target):
+    """The classifier's logit of class ``cls``; None = each image's top-1 of the unperturbed input.
+
+    Attributes:
+        classes: after :meth:`bind`, the class per image (B,).
+    """
+
+    cls: int | None = None
+    classes: tuple[int, ...] | None = field(default=None, compare=False)
+    labels: tuple[str, ...] | None = field(default=None, compare=False)
+
+    def bind(self, points):
+        logits = points["logits"].detach()
+        if self.cls is None:
+            classes = tuple(int(c) for c in logits.argmax(-1))
+        else:
+            if not 0 <= self.cls < logits.shape[-1]:
+                raise ValueError(f"class {self.cls} is out of range: the model has {logits.shape[-1]} classes "
+                                 f"(0 to {logits.shape[-1] - 1}).")
+            classes = (self.cls,) * logits.shape[0]
+        return ClassLogit(self.cls, classes, self.labels)
+
+    def __call__(self, points):
+        logits = points["logits"]
+        index = torch.tensor(self.classes, device=logits.device)[:, None]
+        return logits.gather(-1, index)[:, 0]
+
+    def describe(self) -> dict:
+        out = {"kind": "logit", "class": self.cls}
+        if self.cls is None:
+            out["rule"] = "top-1 class of each unperturbed image"
+        if self.classes is not None:
+            out["classes"] = list(self.classes)
+        return out
+
+    def text(self) -> str:
+        if self.classes is not None and len(set(self.classes)) == 1:
+            c = self.classes[0]
+            name = f" ({self.labels[c]})" if self.labels and c < len(self.labels) else ""
+            return f"logit of class {c}{name}" + (" (top-1)" if self.cls is None else "")
+        return "logit of the top-1 class" if self.cls is None else f"logit of class {self.cls}"
+
+
+@dataclass(frozen=True)
+class Projection(Target):
+    """Headless models: s(x) = ⟨p(x), p(x₀)⟩ / ‖p(x₀)‖, the pooled vector's projection on its own
+    unperturbed direction (a cosine score has zero gradient at x₀).
+
+    Args:
+        reference: p(x₀) (B, D); None = the pooled vector of the input being explained (set by :meth:`bind`).
+        vector: what the pooled vector is, in words.
+    """
+
+    reference: torch.Tensor | None = field(default=None, compare=False)
+    vector: str = "the pooled vector"
+    point = "pooled"
+
+    def bind(self, points):
+        if self.reference is not None:
+            return self
+        return Projection(points["pooled"].detach(), self.vector)
+
+    def __call__(self, points):
+        ref = self.reference.to(points["pooled"].dtype)
+        return (points["pooled"] * ref).sum(-1) / ref.norm(dim=-1)
+
+    def describe(self) -> dict:
+        return {"kind": "projection", "vector": self.vector,
+                "definition": "s(x) = <p(x), p(x0)> / ||p(x0)||, p = the pooled vector, x0 = the unperturbed image"}
+
+    def text(self) -> str:
+        return f"projection of {self.vector} on its unperturbed direction"
+
+
+def default_target(model, cls: int | None = None) -> Target:
+    """The logit of ``cls`` (default top-1) for a classifier, else the projection of the pooled vector."""
+    adapter = adapter_for(model)
+    if adapter.num_classes(model) > 0:
+        return ClassLogit(cls, labels=adapter.class_labels(model))
+    if cls is not None:
+        raise ValueError(f"class {cls} was asked for, but the model has no classifier head: its pooled vector's "
+                         "projection is explained instead.")
+    return Projection(vector=adapter.pooled_text(model))
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@dataclass
+class Attribution:
+    """One method's maps for a batch.
+
+    Attributes:
+        method: ``"attnlrp"``, ``"cp-lrp"``, ``"gradient"``, ``"legrad"`` or ``"gradcam"``.
+        patches: (B, gh, gw) the patch map (signed for the relevance methods).
+        pixels: (B, H, W) relevance per pixel of the model input (relevance methods), or None.
+        target_value: (B,) the target's value at the input.
+        target: the bound target (its :meth:`Target.describe` goes into settings.json).
+    """
+
+    method: str
+    patches: np.ndarray
+    pixels: np.ndarray | None
+    target_value: np.ndarray
+    target: Target
+
+    @property
+    def pixel_sum(self) -> np.ndarray | None:
+        """(B,) the relevance the pixels receive, to compare with :attr:`target_value` (conservation)."""
+        return None if self.pixels is None else self.pixels.reshape(len(self.pixels), -1).sum(-1)
+
+    def conservation(self) -> list[dict] | None:
+        """Per image: the target's value, the pixels' total relevance and their share of the value."""
+        if self.pixels is None:
+            return None
+        return [{"target_value": float(v), "pixel_relevance": float(p),
+                 "pixel_share": float(p / v) if v != 0 else None}
+                for v, p in zip(self.target_value, self.pixel_sum)]
+
+
+PIXEL_METHODS = ("attnlrp", "cp-lrp", "gradient")
+METHODS = ("attnlrp", "cp-lrp", "legrad", "gradcam", "gradient")
+LABELS = {"attnlrp": "AttnLRP", "cp-lrp": "CP-LRP", "legrad": "LeGrad", "gradcam": "Grad-CAM",
+          "gradient": "Gradient × Input"}
+
+
+def why_not(model) -> str | None:
+    """One sentence saying why attribution does not apply to ``model``, or None. It needs the family's forward
+    spelled out in vitviz (the rules act there; LeGrad reads each layer through the head, :meth:`Adapter.readout`)."""
+    from .adapters import Adapter
+
+    adapter = adapter_for(model)
+    why = adapter.why_not(model, "attribution")
+    if why is None and type(adapter).readout is Adapter.readout:
+        why = (f"Attribution (AttnLRP, LeGrad, Grad-CAM) is not supported yet for {adapter.label(model)} models: vitviz "
+               "runs them through their library's own forward, where the relevance rules and per-layer gradients "
+               "cannot act.")
+    return why
+
+
+def _check(model, method: str) -> None:
+    why = why_not(model)
+    if why:
+        raise ValueError(why)
+
+
+def _to_model(model, x: torch.Tensor) -> torch.Tensor:
+    param = next(model.parameters())
+    return x.detach().to(device=param.device, dtype=param.dtype)
+
+
+def patch_sums(pixels: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """(B, H, W) -> (B, gh, gw): the sum over each patch (pixels past the last whole patch are not read by the model)."""
+    (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
+    B = pixels.shape[0]
+    return pixels[:, :gh * ph, :gw * pw].reshape(B, gh, ph, gw, pw).sum(dim=(2, 4))
+
+
+def relevance(model, x: torch.Tensor, method: str = "attnlrp", target: Target | None = None) -> Attribution:
+    """Gradient × Input of ``target`` at the pixels with ``method``'s rules: (B, 3, H, W) -> maps.
+
+    Args:
+        method: ``"attnlrp"``, ``"cp-lrp"`` or ``"gradient"`` (the plain gradient).
+        target: default :func:`default_target`.
+
+    Raises:
+        ValueError: the model's family does not run its forward through the rules (sentence says why).
+    """
+    _check(model, method)
+    rules = {"attnlrp": AttnLRP, "cp-lrp": CPLRP, "gradient": Rules}[method]()
+    target = target or default_target(model)
+    adapter = adapter_for(model)
+    x = _to_model(model, x).requires_grad_(True)
+    with torch.enable_grad():
+        points = run(model, x, keep=(target.point,), rules=rules)
+        bound = target.bind(points)
+        score = bound(points)
+        (grad,) = torch.autograd.grad(score.sum(), x)
+    if method != "gradient" and rules.calls == 0:
+        raise ValueError(f"{adapter.label(model)} models run through their library's own forward here, so "
+                         f"{LABELS[method]}'s rules cannot be applied to them yet.")
+    pixels = (x.detach() * grad).sum(1)
+    layout = adapter.layout(model, tuple(x.shape[-2:]))
+    return Attribution(method, patch_sums(pixels, layout).double().cpu().numpy(), pixels.double().cpu().numpy(),
+                       score.detach().double().cpu().numpy(), bound)
+
+
+def _min_max(maps: torch.Tensor) -> torch.Tensor:
+    flat = maps.reshape(len(maps), -1)
+    lo, hi = flat.min(-1).values, flat.max(-1).values
+    return ((flat - lo[:, None]) / (hi - lo).clamp_min(torch.finfo(flat.dtype).tiny)[:, None]).reshape(maps.shape)
+
+
+def legrad(model, x: torch.Tensor, target: Target | None = None, layers: range | None = None) -> Attribution:
+    """LeGrad (reference: ``WalBouss/LeGrad`` ``compute_legrad``): (B, 3, H, W) -> (B, gh, gw) in [0, 1].
+
+    Args:
+        layers: 0-based blocks whose attention is read; default the last two (the reference's
+            ``layer_index=-2``).
+    """
+    _check(model, "legrad")
+    adapter = adapter_for(model)
+    depth = adapter.num_layers(model)
+    layers = range(max(depth - 2, 0), depth) if layers is None else layers
+    target = target or default_target(model)
+    x = _to_model(model, x).requires_grad_(True)  # so the attention maps are in a graph even with frozen weights
+    layout = adapter.layout(model, tuple(x.shape[-2:]))
+    keep = [point_name(k, i) for i in layers for k in ("attn", "resid_post")] + [target.point]
+    with torch.enable_grad():
+        points = run(model, x, keep=keep)
+        bound = target.bind(points)
+        total = 0
+        for i in layers:
+            hooks = Hooks(keep=(target.point,))
+            try:
+                adapter.readout(model, points[point_name("resid_post", i)], hooks)
+            except NotImplementedError:
+                raise ValueError(f"LeGrad reads each layer's tokens through the model's head, which vitviz cannot "
+                                 f"do yet for {adapter.label(model)} models.") from None
+            attn = points[point_name("attn", i)]
+            (grad,) = torch.autograd.grad(bound(hooks.kept).sum(), attn, retain_graph=True)
+            total = total + grad.clamp_min(0).mean(dim=1).mean(dim=1)[:, layout.num_prefix_tokens:]
+    gh, gw = layout.grid_size
+    maps = _min_max(total.detach().double().reshape(-1, gh, gw))
+    return Attribution("legrad", maps.cpu().numpy(), None, bound(points).detach().double().cpu().numpy(), bound)
+
+
+def gradcam(model, x: torch.Tensor, target: Target | None = None, layer: int = -1) -> Attribution:
+    """Grad-CAM with pytorch-grad-cam's ViT recipe: (B, 3, H, W) -> (B, gh, gw), ReLU'd, not rescaled.
+
+    The activations A (B, N, D) of block ``layer``'s ``ln1`` (0-based; -1 the last), prefix tokens
+    dropped; weights = the mean of ∂target/∂A over patches per channel; map = ReLU(Σ_c w_c A_c).
+    """
+    _check(model, "gradcam")
+    adapter = adapter_for(model)
+    layer = layer % adapter.num_layers(model)
+    target = target or default_target(model)
+    x = _to_model(model, x).requires_grad_(True)
+    layout = adapter.layout(model, tuple(x.shape[-2:]))
+    name = point_name("ln1", layer)
+    with torch.enable_grad():
+        points = run(model, x, keep=(name, target.point))
+        if name not in points:
+            raise ValueError(f"Grad-CAM reads a block's ln1 activations, which {adapter.label(model)} models do not "
+                             "show yet.")
+        bound = target.bind(points)
+        score = bound(points)
+        (grad,) = torch.autograd.grad(score.sum(), points[name])
+    npt = layout.num_prefix_tokens
+    acts, grad = points[name].detach()[:, npt:], grad[:, npt:]
+    cam = (grad.mean(dim=1, keepdim=True) * acts).sum(-1).clamp_min(0)
+    gh, gw = layout.grid_size
+    return Attribution("gradcam", cam.double().reshape(-1, gh, gw).cpu().numpy(), None,
+                       score.detach().double().cpu().numpy(), bound)
+
+
+def attribute(model, x: torch.Tensor, method: str, target: Target | None = None) -> Attribution:
+    """One of :data:`METHODS` on a batch (B, 3, H, W)."""
+    if method in PIXEL_METHODS:
+        return relevance(model, x, method, target)
+    if method == "legrad":
+        return legrad(model, x, target)
+    if method == "gradcam":
+        return gradcam(model, x, target)
+    raise ValueError(f"unknown attribution method {method!r}: choose from {', '.join(METHODS)}.")
+
+
+def parse_methods(text: str) -> list[str]:
+    """``"attnlrp,cp-lrp"`` -> ``["attnlrp", "cp-lrp"]``, checked against :data:`METHODS`."""
+    methods = [m.strip().lower() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise ValueError(f"--attribution: unknown method {', '.join(unknown) or '(none)'}; choose from "
+                         f"{', '.join(METHODS)}.")
+    return list(dict.fromkeys(methods))
