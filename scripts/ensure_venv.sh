@@ -18,10 +18,11 @@ fi
 files=("$root/requirements.txt")
 stamp="$venv/.vitviz-installed"
 if [ "$want_dev" = "--dev" ]; then
-    files+=("$root/requirements-dev.txt" "$root/scripts/ensure_venv.sh")
+    files+=("$root/requirements-dev.txt")
     stamp="$venv/.vitviz-installed-dev"
 fi
-digest="$(cat "${files[@]}" "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+# This script is in the digest too: a change in what it installs (the --no-deps lines) reinstalls.
+digest="$(cat "${files[@]}" "$root/pyproject.toml" "$root/scripts/ensure_venv.sh" | sha256sum | cut -d' ' -f1)"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     echo "Installing vitviz dependencies into $venv (first run takes a few minutes) ..." >&2
     req_args=()
