@@ -271,6 +271,8 @@ def test_distance_plot_click_opens_the_head(page):
     dot = dots.nth(n // 2 + 3)  # a dot in the middle layers, not the first trace's first point
     expected = dot.evaluate(POINT_JS)  # [layer, head, ...] from the figure's customdata, or None
     print(f"\ndepth-plot dot: customdata {expected}")
+    # The first visit's explanation stands above the plot until closed: a click outside the viewport is lost.
+    dot.scroll_into_view_if_needed()
     box = dot.bounding_box()
     page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     page.screenshot(path=SHOTS / "distance_dot_clicked.png")
