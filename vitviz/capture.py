@@ -49,8 +49,7 @@ def attention_and_logits(model, x: torch.Tensor, edit=None) -> tuple[list[torch.
 
 
 @torch.inference_mode()
-def capture(model, images: torch.Tensor, edit=None, layout=None,
-            each_layer: Callable[[int, torch.Tensor], None] | None = None) -> Capture:
+def capture(model, images: torch.Tensor, edit=None, layout=None) -> Capture:
     """Attention of every layer and head, the final features and the logits, in one pass.
 
     Args:
@@ -60,9 +59,6 @@ def capture(model, images: torch.Tensor, edit=None, layout=None,
             :mod:`vitviz.registers`).
         layout: the token layout the edited forward runs (an extra token: one more prefix token);
             default the model's own.
-        each_layer: called with (layer index, that layer's attention (B, H, N, N) float32) as the forward
-            runs: per-layer reductions then read a contiguous tensor that is still in cache, not a
-            strided slice of the whole (B, L, H, N, N) array afterwards.
 
     Returns:
         Capture with attention (B, L, H, N, N) and token norms on the model's device, features
@@ -78,8 +74,6 @@ def capture(model, images: torch.Tensor, edit=None, layout=None,
 
     def keep_attention(value, point):
         attention[:, point.layer] = value
-        if each_layer is not None:
-            each_layer(point.layer, value.float())
         return value
 
     def keep_norm(value, point):

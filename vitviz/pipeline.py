@@ -13,15 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-import torch
-
 from .capture import capture
-from .distance import _query_sums, patch_distances
+from .distance import mean_attention_distance
 from .images import preprocess
 from .layout import TokenLayout
-from .maps import _entropy, cls_focus_rows
+from .maps import cls_focus, head_entropy
 from .tensors import to_host
-from .tokens import AttentionSinks, artifact_tokens, received_share, sinks_from_received
+from .tokens import AttentionSinks, artifact_tokens, attention_sinks
 from .types import Capture, ModelInput
 
 
@@ -56,28 +54,6 @@ class GlobalForward:
     def head_scores(self, i: int) -> dict[str, np.ndarray]:
         """Image ``i``'s per-head scores for ranking (as :func:`vitviz.maps.head_scores`), each (L, H)."""
         return {"entropy": self.entropy[i], "cls_focus": self.cls_focus[i], "distance": self.distance[i]}
-
-
-class _LayerReductions:
-    """What the analyses reduce from each layer's attention, computed as the forward runs (one layer's
-    contiguous (b, H, N, N) at a time, on the model's device): the sums of the mean attention distance,
-    the shares each token receives (sinks), the entropy and the readout's focus per head."""
-
-    def __init__(self, layout: TokenLayout):
-        self.layout = layout
-        self.distances = torch.as_tensor(patch_distances(layout))
-        self.by_layer: dict[int, tuple[torch.Tensor, ...]] = {}
-
-    def __call__(self, layer: int, attention: torch.Tensor) -> None:
-        ps = self.layout.patch_slice
-        weighted, mass = _query_sums(attention, self.layout, self.distances.to(attention.device))
-        self.by_layer[layer] = ((weighted / mass).mean(-1), received_share(attention),
-                                _entropy(attention[..., ps, ps]).mean(dim=-1),
-                                cls_focus_rows(attention, self.layout))
-
-    def stacked(self, k: int) -> np.ndarray:
-        """Reduction ``k`` of every layer, (b, L, ...) on the host."""
-        return to_host(torch.stack([self.by_layer[layer][k] for layer in sorted(self.by_layer)], dim=1))
 
 
 @dataclass
@@ -115,12 +91,14 @@ def forward(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | 
                              distance=[swin.mean_window_attention_distance(a, g)
                                        for a, g in zip(out.attention, out.geometry)],
                              uniform_distance=np.array([swin.uniform_window_distance(g) for g in out.geometry]))
-    layout = layout or loaded.adapter.layout(loaded.model, tuple(batch.tensor.shape[-2:]))
-    reduce = _LayerReductions(layout)
-    out = capture(loaded.model, batch.tensor, edit=edit, layout=layout, each_layer=reduce)
+    # The analyses read the whole (b, L, H, N, N) array after the forward, where the model ran. Reducing each
+    # layer inside the forward instead was measured slower on the CPU (benchmarks/README.md, issue 18).
+    out = capture(loaded.model, batch.tensor, edit=edit, layout=layout)
     layout = out.layout
     norms = to_host(out.token_norms)
     return GlobalForward(batch=batch, capture=out, token_norms=norms,
                          artifacts=[artifact_tokens(n[-1], layout) for n in norms],
-                         sinks=[sinks_from_received(r, layout) for r in reduce.stacked(1)],
-                         distance=reduce.stacked(0), entropy=reduce.stacked(2), cls_focus=reduce.stacked(3))
+                         sinks=[attention_sinks(a, layout) for a in out.attention],
+                         distance=mean_attention_distance(out.attention, layout),
+                         entropy=np.stack([head_entropy(a, layout) for a in out.attention]),
+                         cls_focus=np.stack([cls_focus(a, layout) for a in out.attention]))

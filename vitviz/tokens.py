@@ -70,17 +70,9 @@ def attention_sinks(attention: np.ndarray, layout: TokenLayout, z_threshold: flo
     return sinks_from_received(received, layout, z_threshold, min_share)
 
 
-def received_share(layer: torch.Tensor) -> torch.Tensor:
-    """One layer's attention of b images (b, H, N, N) -> (b, N) float64: the mean share each token receives
-    (over heads and queries), the input of :func:`sinks_from_received`."""
-    b, H, N, _ = layer.shape
-    return layer.reshape(b, H * N, N).sum(dim=1, dtype=torch.float64) / (H * N)
-
-
 def sinks_from_received(received: np.ndarray, layout: TokenLayout, z_threshold: float = SINK_Z,
                         min_share: float = SINK_MIN_SHARE) -> AttentionSinks:
-    """:func:`attention_sinks` from the received shares (L, N) already summed (e.g. layer by layer during the
-    forward, :func:`received_share`)."""
+    """:func:`attention_sinks` from the received shares (L, N): robust z-scores against the patch tokens."""
     patch = received[:, layout.patch_slice]
     median = np.median(patch, axis=1, keepdims=True)
     mad = 1.4826 * np.median(np.abs(patch - median), axis=1, keepdims=True)
