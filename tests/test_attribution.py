@@ -346,15 +346,18 @@ def test_attribution_page_shows_the_librarys_maps_and_the_target(bundled, sample
     np.testing.assert_allclose(z(heatmaps[0])[::-1], ref, atol=1e-5 * np.abs(ref).max())
 
 
-def test_families_whose_forward_is_not_spelled_out_are_refused_with_a_sentence():
-    """Hugging Face models still run through transformers' own forward (interim adapter): the rules could not act,
-    so attribution says so instead of returning a plain gradient under AttnLRP's name."""
+def test_families_without_a_readout_are_refused_with_a_sentence(monkeypatch):
+    """A family whose head cannot read a layer's tokens (no readout) is refused with a sentence instead of returning
+    a plain gradient under AttnLRP's name; Hugging Face ViTs now have one (tests/test_attribution_hf.py)."""
     from transformers import ViTConfig, ViTForImageClassification
+
+    from vitviz.adapters import Adapter, adapter_for
 
     model = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                 intermediate_size=64, image_size=32, patch_size=8,
                                                 num_labels=3)).eval()
+    assert A.why_not(model) is None and A.why_not(tiny_model("vit_augreg")) is None
+    monkeypatch.setattr(type(adapter_for(model)), "readout", Adapter.readout)
     assert "not supported yet" in A.why_not(model)
     with pytest.raises(ValueError, match="not supported yet"):
         A.relevance(model, torch.randn(1, 3, 32, 32), "attnlrp")
-    assert A.why_not(tiny_model("vit_augreg")) is None

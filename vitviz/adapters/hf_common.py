@@ -219,9 +219,13 @@ class HFAdapter(Adapter):
         h = hooks("embed", h)
         for i, (layer, t) in enumerate(zip(self.layers(model), terms)):
             h = block(self.block, layer, i, h, t, hooks)
-        if not any(hooks.wants(p) for p in ("final_norm", "pooled", "logits")):
-            return
-        features = hooks("final_norm", self.final_norm(model, h, hooks))
+        if any(hooks.wants(p) for p in ("final_norm", "pooled", "logits")):
+            self.readout(model, h, hooks)
+
+    def readout(self, model, tokens: torch.Tensor, hooks: Hooks) -> None:
+        """The final norm and the family's head applied to any layer's tokens (B, N, D), through the run's rules:
+        ``final_norm``, ``pooled`` and (with a classifier) ``logits``."""
+        features = hooks("final_norm", self.final_norm(model, tokens, hooks))
         if hooks.wants("pooled") or hooks.wants("logits"):
             self.head(model, features, hooks)
 
