@@ -144,3 +144,47 @@ def test_every_method_ranks_the_planted_patches_first(method, planted):
     grid = A.attribute(model, x, method, A.ClassLogit(cls)).patches[0]
     top = {divmod(int(i), 4) for i in np.argsort(-grid.ravel(), kind="stable")[:len(PLANTED)]}
     assert top == set(PLANTED)
+
+
+@pytest.mark.slow
+def test_attribution_page_with_an_hf_folder_shows_the_librarys_maps(hf_folders):  # noqa: F811
+    """The Attribution page through AppTest with a transformers ViT folder chosen in the sidebar: no exception or
+    sentence of refusal, the title states the logit target, and the AttnLRP and LeGrad maps drawn equal the library's
+    on the same input (float32 model: the page and this call run the same code, 1e-5 of the largest value)."""
+    import base64
+    import json
+
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ASSETS
+    from test_app import APP
+    from ui.state import SAMPLES
+    from vitviz.images import load_image, preprocess
+
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.sidebar.selectbox(key="model_choice").set_value("Hugging Face (hub id or local folder)").run()
+    at.sidebar.text_input(key="hf_name").input(hf_folders["vit"]).run()
+    at.switch_page("pages/10_attribution.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert not [i.value for i in at.info], "the page refused the model"
+    charts = {c.proto.id: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+    maps = next(spec for key, spec in charts.items() if "attr_maps" in key)
+    assert "logit of class" in maps["layout"]["title"]["text"]
+    assert any("attr_conservation" in key for key in charts)
+
+    def z(trace):
+        v = trace["z"]
+        if isinstance(v, dict):
+            shape = [int(n) for n in str(v["shape"]).split(",")]
+            return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).reshape(shape)
+        return np.array(v, dtype=float)
+
+    heatmaps = [t for t in maps["data"] if t["type"] == "heatmap"]
+    assert len(heatmaps) == 3  # attnlrp, legrad, gradcam by default
+    loaded = load_model(ModelSpec(name=hf_folders["vit"]))
+    x = preprocess([load_image(ASSETS / SAMPLES[0]).image], loaded.data_config).tensor
+    ref = A.relevance(loaded.model, x, "attnlrp").patches[0]  # default target: the top-1 logit, as the page's
+    np.testing.assert_allclose(z(heatmaps[0])[::-1], ref, atol=1e-5 * np.abs(ref).max())
+    ref = A.legrad(loaded.model, x).patches[0]
+    np.testing.assert_allclose(z(heatmaps[1])[::-1], ref, atol=1e-5)
