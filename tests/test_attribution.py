@@ -11,7 +11,7 @@ import torch
 
 from conftest import tiny_model
 from vitviz import attribution as A
-from vitviz.adapters import run
+from vitviz.adapters import adapter_for, run
 
 TV_CONFIG = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=10)
 
@@ -239,11 +239,73 @@ def test_default_target_is_top1_logit(vit64):
     assert r.target.describe()["kind"] == "logit"
 
 
-def test_window_models_are_refused_with_a_sentence():
-    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(1, 1), num_heads=(2, 4),
-                              embed_dim=32, img_size=56, window_size=7).eval()
+def _swin(seed: int = 0, num_classes: int = 5) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(2, 2), num_heads=(2, 4),
+                              embed_dim=32, img_size=56, window_size=7, num_classes=num_classes)
+    with torch.no_grad():  # random init leaves biases at 0: make a wrong forward show
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval().double()
+
+
+def test_swin_rules_off_equal_autograd_gradient_times_input():
+    """timm Swin (two stages: shifted windows, patch merging): Gradient x Input with the rules off equals autograd
+    through timm's own forward. Float64, the same operations: rounding only, asserted at 1e-12 (measured 0)."""
+    model = _swin()
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 56, 56, dtype=torch.float64)
+    got = A.relevance(model, x, "gradient")
+    xr = x.clone().requires_grad_(True)
+    out = model(xr)
+    score = out.gather(1, out.argmax(-1, keepdim=True))[:, 0]
+    (grad,) = torch.autograd.grad(score.sum(), xr)
+    ref = (x * grad).sum(1).numpy()
+    assert np.abs(got.pixels - ref).max() <= 1e-12 * np.abs(ref).max()
+    np.testing.assert_allclose(got.target_value, score.detach().numpy(), rtol=1e-12)
+    assert got.patches.shape == (2, 14, 14)  # the stage-1 patch grid: 4-pixel patches of the 56-pixel input
+    np.testing.assert_allclose(got.patches, A.patch_sums(torch.from_numpy(got.pixels), adapter_for(model).layout(
+        model, (56, 56))).numpy(), rtol=0, atol=1e-15)
+
+
+def test_swin_cp_lrp_conserves_the_target_when_nothing_absorbs_it():
+    """With every bias zeroed a Swin has nothing but the pixels to give relevance to (no CLS token, no absolute
+    position table; the relative position bias and shift mask sit inside the softmax, which CP-LRP holds constant):
+    CP-LRP's pixel relevance then sums to the logit exactly, which it does only if every LayerNorm (patch embedding,
+    blocks, patch merging, final) and GELU runs through the rules. Float64; the identity rule's 1e-10 epsilon moves
+    each GELU's share by ~1e-10 relative, asserted at 1e-8. The plain gradient does not conserve (measured ~1e-6 of
+    the logit on the pixels)."""
+    model = _swin(seed=3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    torch.manual_seed(4)
+    x = torch.randn(2, 3, 56, 56, dtype=torch.float64)
+    r = A.relevance(model, x, "cp-lrp")
+    np.testing.assert_allclose(r.pixel_sum, r.target_value, rtol=1e-8)
+    plain = A.relevance(model, x, "gradient")
+    assert np.all(np.abs(plain.pixel_sum - plain.target_value) > 0.1 * np.abs(plain.target_value))
+    lrp = A.relevance(model, x, "attnlrp")  # the softmax's true Jacobian does not conserve: close, not equal
+    assert np.all(np.abs(lrp.pixel_sum - lrp.target_value) < 0.5 * np.abs(lrp.target_value))
+
+
+def test_window_models_refuse_what_does_not_apply_with_a_sentence():
+    """timm Swin: the relevance methods run, LeGrad and Grad-CAM are refused with one sentence each; transformers'
+    Swin (its patch embedding and merging still run as its own modules) is refused as a whole."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    model = _swin()
+    assert A.why_not(model) is None
+    assert A.methods_for(model)[0] == ["attnlrp", "cp-lrp", "gradient"]
+    for method, words in (("legrad", "LeGrad does not apply"), ("gradcam", "Grad-CAM is not offered")):
+        with pytest.raises(ValueError, match=words):
+            A.attribute(model, torch.randn(1, 3, 56, 56, dtype=torch.float64), method)
+    hf = SwinForImageClassification(SwinConfig(image_size=56, patch_size=4, embed_dim=32, depths=[1, 1],
+                                               num_heads=[2, 4], window_size=7, num_labels=3)).eval()
+    assert "timm's Swin is supported" in A.why_not(hf)
     with pytest.raises(ValueError, match="Swin"):
-        A.relevance(model, torch.randn(1, 3, 56, 56), "attnlrp")
+        A.relevance(hf, torch.randn(1, 3, 56, 56), "attnlrp")
 
 
 def test_unknown_method_is_one_sentence():
