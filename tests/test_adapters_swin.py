@@ -397,8 +397,9 @@ def test_hf_swin_views_say_why_not_and_the_card_names_the_family(hf_swin):
     from vitviz.adapters import VIEWS
 
     plain, absolute = hf_swin[64], hf_swin[72]
-    assert {v for v in VIEWS if plain.why_not(v) is None} == {"heads", "distance", "filters"}
-    assert {v for v in VIEWS if absolute.why_not(v) is None} == {"heads", "distance", "filters", "position"}
+    assert {v for v in VIEWS if plain.why_not(v) is None} == {"heads", "distance", "filters", "attribution"}
+    assert {v for v in VIEWS if absolute.why_not(v) is None} == {"heads", "distance", "filters", "position",
+                                                                  "attribution"}
     assert "Swin, transformers" in plain.why_not("rollout")
     assert plain.position_encoding == "relative position bias per window"
     assert absolute.position_encoding.startswith("learned absolute position embedding + ")

@@ -290,22 +290,55 @@ def test_swin_cp_lrp_conserves_the_target_when_nothing_absorbs_it():
     assert np.all(np.abs(lrp.pixel_sum - lrp.target_value) < 0.5 * np.abs(lrp.target_value))
 
 
-def test_window_models_refuse_what_does_not_apply_with_a_sentence():
-    """timm Swin: the relevance methods run, LeGrad and Grad-CAM are refused with one sentence each; transformers'
-    Swin (its patch embedding and merging still run as its own modules) is refused as a whole."""
-    from transformers import SwinConfig, SwinForImageClassification
+def _hf_swin(version: str, size: int) -> torch.nn.Module:
+    """A tiny random transformers Swin V1 or V2 classifier (two stages, 4x4 windows; 72 px: padded windows)."""
+    import transformers
 
-    model = _swin()
-    assert A.why_not(model) is None
-    assert A.methods_for(model)[0] == ["attnlrp", "cp-lrp", "gradient"]
-    for method, words in (("legrad", "LeGrad does not apply"), ("gradcam", "Grad-CAM is not offered")):
-        with pytest.raises(ValueError, match=words):
-            A.attribute(model, torch.randn(1, 3, 56, 56, dtype=torch.float64), method)
-    hf = SwinForImageClassification(SwinConfig(image_size=56, patch_size=4, embed_dim=32, depths=[1, 1],
-                                               num_heads=[2, 4], window_size=7, num_labels=3)).eval()
-    assert "timm's Swin is supported" in A.why_not(hf)
-    with pytest.raises(ValueError, match="Swin"):
-        A.relevance(hf, torch.randn(1, 3, 56, 56), "attnlrp")
+    config, model = {"v1": ("SwinConfig", "SwinForImageClassification"),
+                     "v2": ("Swinv2Config", "Swinv2ForImageClassification")}[version]
+    torch.manual_seed(0)
+    model = getattr(transformers, model)(getattr(transformers, config)(
+        image_size=size, patch_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval().double()
+
+
+@pytest.mark.parametrize("version,size", [("v1", 56), ("v1", 72), ("v2", 72)])
+def test_hf_swin_rules_off_equal_autograd_and_cp_lrp_conserves(version, size):
+    """transformers Swin V1/V2 (patch merging spelled out; V2: reduction before its norm): Gradient x Input with the
+    rules off equals autograd through the library's forward (float64, rounding only: measured <= 3e-15, asserted
+    1e-12); with every bias and the position terms zeroed, CP-LRP's pixel relevance sums to the logit (as for timm's
+    Swin: every norm through the rules; 1e-8 for the identity rule's epsilon)."""
+    model = _hf_swin(version, size)
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, size, size, dtype=torch.float64)
+    got = A.relevance(model, x, "gradient")
+    xr = x.clone().requires_grad_(True)
+    out = model(pixel_values=xr).logits
+    score = out.gather(1, out.argmax(-1, keepdim=True))[:, 0]
+    (grad,) = torch.autograd.grad(score.sum(), xr)
+    ref = (x * grad).sum(1).numpy()
+    assert np.abs(got.pixels - ref).max() <= 1e-12 * np.abs(ref).max()
+    assert got.patches.shape == (2, size // 4, size // 4)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "position_embeddings" in name:
+                p.zero_()
+    r = A.relevance(model, x, "cp-lrp")
+    np.testing.assert_allclose(r.pixel_sum, r.target_value, rtol=1e-8)
+
+
+def test_window_models_refuse_what_does_not_apply_with_a_sentence():
+    """Swin (timm and transformers): the relevance methods run, LeGrad and Grad-CAM are refused with one sentence
+    each."""
+    for model in (_swin(), _hf_swin("v1", 56)):
+        assert A.why_not(model) is None
+        assert A.methods_for(model)[0] == ["attnlrp", "cp-lrp", "gradient"]
+        for method, words in (("legrad", "LeGrad does not apply"), ("gradcam", "Grad-CAM is not offered")):
+            with pytest.raises(ValueError, match=words):
+                A.attribute(model, torch.randn(1, 3, 56, 56, dtype=torch.float64), method)
 
 
 def test_unknown_method_is_one_sentence():

@@ -16,7 +16,6 @@ from .registry import register_adapter
 
 POSITION_ENCODING = "relative position bias per window"
 WHY_NOT = windows.why_not_views("Swin")
-del WHY_NOT["attribution"]  # AttnLRP, CP-LRP and Gradient x Input run on the spelled-out forward below
 WHY_NOT_ATTRIBUTION = windows.why_not_attribution("Swin")
 
 

@@ -188,7 +188,8 @@ class WindowGeometry:
 
 def why_not_views(family: str) -> dict[str, str]:
     """View -> the one sentence a window model of ``family`` ("Swin") shows for each view of
-    :data:`vitviz.adapters.base.VIEWS` that does not apply (heads, distance and filters apply)."""
+    :data:`vitviz.adapters.base.VIEWS` that does not apply (heads, distance, filters and attribution apply: its
+    methods that do not are in :func:`why_not_attribution`)."""
     why = {
         "overview": (f"Token norms, attention sinks, feature PCA and token clusters are not supported yet for window "
                      f"attention ({family}): they read one token sequence at one resolution, and its tokens are "
@@ -209,9 +210,6 @@ def why_not_views(family: str) -> dict[str, str]:
                   "are on the Attention distance page."),
         "position": (f"The position-embedding view does not apply ({family}): the model has no learned absolute "
                      "position table, only a relative position bias inside each window."),
-        "attribution": (f"Attribution maps are not supported yet for this window-attention model ({family}): its "
-                        "patch embedding and patch merging run as the library's own modules, where the relevance rules "
-                        "cannot act (timm's Swin is supported)."),
         "registers": (f"The registers view does not apply ({family}): the model has no register or other prefix "
                       "tokens, only patch tokens in windows."),
     }
