@@ -5,7 +5,7 @@ from ui.attribution import attributions
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.state import setup, view_applies
-from vitviz.attribution import LABELS, METHODS, why_not
+from vitviz.attribution import LABELS, methods_for, why_not
 from vitviz.attribution_figures import conservation_figure, maps_figure
 from vitviz.tokens import top_classes
 
@@ -23,9 +23,12 @@ st.caption("AttnLRP (Achtibat et al. 2024) and CP-LRP (Ali et al. 2022) propagat
            "positive gradients through the last two layers' attention maps; Grad-CAM weights the last block's ln1 "
            "activations by their mean gradient (pytorch-grad-cam's ViT recipe).")
 
+available, refused = methods_for(loaded.model)
+if any(m not in available for m in st.session_state.get("attr_methods", [])):  # chosen for another model
+    st.session_state["attr_methods"] = [m for m in st.session_state["attr_methods"] if m in available]
 c1, c2, c3 = st.columns([3, 2, 1])
-methods = c1.multiselect("Methods", METHODS, default=["attnlrp", "legrad", "gradcam"], format_func=LABELS.get,
-                         key="attr_methods")
+methods = c1.multiselect("Methods", available, default=[m for m in ("attnlrp", "legrad", "gradcam") if m in available],
+                         format_func=LABELS.get, key="attr_methods")
 target_class = None
 if loaded.has_head:
     top = top_classes(r.logits, k=10, labels=loaded.class_labels)
@@ -38,6 +41,8 @@ else:
 pixels = c3.radio("Resolution", ["patches", "pixels"], key="attr_resolution",
                   help="Relevance methods give a value per pixel; the patch map is its sum per patch. LeGrad and "
                        "Grad-CAM give one value per patch.") == "pixels"
+for why in refused.values():
+    st.caption(why)
 if not methods:
     st.info("Choose at least one method.")
     st.stop()

@@ -1,8 +1,9 @@
-"""lxt 2.1's relevance for a torchvision ViT, run as a script in its own process (lxt patches torch classes
-globally). Usage: python lxt_reference.py {cp-lrp|attnlrp} IN.pt OUT.pt
+"""lxt 2.1's relevance for a torchvision ViT or a Hugging Face ViT, run as a script in its own process (lxt
+patches torch classes globally). Usage: python lxt_reference.py {cp-lrp|attnlrp} IN.pt OUT.pt
 
-IN.pt holds the model's constructor arguments, its state_dict (float64), the input and the class; OUT.pt gets
-the relevance per pixel (B, H, W): Σ over channels of input ⊙ gradient of the class logit, as lxt's examples do.
+IN.pt holds the input and the classes, and either the torchvision model's constructor arguments and state_dict
+(float64) or ``folder``, a transformers ViT's save_pretrained folder; OUT.pt gets the relevance per pixel (B, H, W):
+Σ over channels of input ⊙ gradient of the class logit, as lxt's examples do.
 """
 import sys
 import types
@@ -24,8 +25,36 @@ def _import_lxt():
         import lxt.efficient  # noqa: F401
 
 
+def _hf_vit(method: str, folder: str):
+    """A transformers ViT (SDPA attention, float64) with lxt's rules: its LayerNorm and identity-rule activation
+    patches on the classes, and its attention wrapper (uniform rule at q, k, v; CP-LRP: q and k detached) around
+    the SDPA function. lxt's own ``patch_attention`` replaces transformers' attention registry with a plain dict,
+    which transformers 5 can no longer call (``get_interface``): the same wrapper is registered by hand instead.
+    SDPA rather than eager: eager computes the softmax in float32 even in a float64 model."""
+    from lxt.efficient.patches import (cp_wrap_attention_forward, layer_norm_forward, non_linear_forward, patch_method,
+                                       wrap_attention_forward)
+    from transformers import ViTForImageClassification, activations
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.models.vit import modeling_vit
+
+    patch_method(layer_norm_forward, torch.nn.LayerNorm)
+    patch_method(non_linear_forward, activations.GELUActivation, keep_original=True)
+    wrap = cp_wrap_attention_forward if method == "cp-lrp" else wrap_attention_forward
+    modeling_vit.ALL_ATTENTION_FUNCTIONS["sdpa"] = wrap(sdpa_attention_forward)
+    model = ViTForImageClassification.from_pretrained(folder, attn_implementation="sdpa").double().eval()
+    return lambda x: model(pixel_values=x).logits
+
+
 def main(method: str, src: str, dst: str) -> None:
     _import_lxt()
+    data = torch.load(src)
+    if "folder" in data:
+        forward = _hf_vit(method, data["folder"])
+        x = data["input"].clone().requires_grad_(True)
+        logits = forward(x)
+        logits[torch.arange(len(x)), data["classes"]].sum().backward()
+        torch.save({"pixels": (x * x.grad).sum(1).detach(), "logits": logits.detach()}, dst)
+        return
     from functools import partial
 
     from lxt.efficient import monkey_patch
@@ -41,7 +70,6 @@ def main(method: str, src: str, dst: str) -> None:
             vision_transformer.nn.LayerNorm: partial(patch_method, layer_norm_forward),
             mha: lambda cls: patch_method(wrap_attention_forward(cls.forward), cls),
         })
-    data = torch.load(src)
     model = vision_transformer.VisionTransformer(**data["config"]).double().eval()
     model.load_state_dict(data["state_dict"])
     x = data["input"].clone().requires_grad_(True)

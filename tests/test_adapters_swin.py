@@ -218,10 +218,13 @@ def test_every_view_that_does_not_apply_to_a_window_model_says_so_in_one_sentenc
 
     loaded = timm_swin[None]
     applies = {v for v in VIEWS if loaded.why_not(v) is None}
-    assert applies == {"heads", "distance", "filters"}
+    assert applies == {"heads", "distance", "filters", "attribution"}  # attribution: its pixel methods
     for view in set(VIEWS) - applies:
         why = loaded.why_not(view)
         assert why.endswith(".") and why.count(". ") == 0 and "Swin" in why, (view, why)
+    for method in ("legrad", "gradcam"):  # the attribution methods that do not apply: one sentence each
+        why = loaded.adapter.why_not_attribution(loaded.model, method)
+        assert why.endswith(".") and why.count(". ") == 0 and "Swin" in why, (method, why)
     assert np.isfinite(loaded.adapter.architecture(loaded.model).attention_bytes(64))
 
 
@@ -394,8 +397,9 @@ def test_hf_swin_views_say_why_not_and_the_card_names_the_family(hf_swin):
     from vitviz.adapters import VIEWS
 
     plain, absolute = hf_swin[64], hf_swin[72]
-    assert {v for v in VIEWS if plain.why_not(v) is None} == {"heads", "distance", "filters"}
-    assert {v for v in VIEWS if absolute.why_not(v) is None} == {"heads", "distance", "filters", "position"}
+    assert {v for v in VIEWS if plain.why_not(v) is None} == {"heads", "distance", "filters", "attribution"}
+    assert {v for v in VIEWS if absolute.why_not(v) is None} == {"heads", "distance", "filters", "position",
+                                                                  "attribution"}
     assert "Swin, transformers" in plain.why_not("rollout")
     assert plain.position_encoding == "relative position bias per window"
     assert absolute.position_encoding.startswith("learned absolute position embedding + ")

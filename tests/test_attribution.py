@@ -11,7 +11,7 @@ import torch
 
 from conftest import tiny_model
 from vitviz import attribution as A
-from vitviz.adapters import run
+from vitviz.adapters import adapter_for, run
 
 TV_CONFIG = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=10)
 
@@ -239,11 +239,106 @@ def test_default_target_is_top1_logit(vit64):
     assert r.target.describe()["kind"] == "logit"
 
 
-def test_window_models_are_refused_with_a_sentence():
-    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(1, 1), num_heads=(2, 4),
-                              embed_dim=32, img_size=56, window_size=7).eval()
-    with pytest.raises(ValueError, match="Swin"):
-        A.relevance(model, torch.randn(1, 3, 56, 56), "attnlrp")
+def _swin(seed: int = 0, num_classes: int = 5) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False, depths=(2, 2), num_heads=(2, 4),
+                              embed_dim=32, img_size=56, window_size=7, num_classes=num_classes)
+    with torch.no_grad():  # random init leaves biases at 0: make a wrong forward show
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval().double()
+
+
+def test_swin_rules_off_equal_autograd_gradient_times_input():
+    """timm Swin (two stages: shifted windows, patch merging): Gradient x Input with the rules off equals autograd
+    through timm's own forward. Float64, the same operations: rounding only, asserted at 1e-12 (measured 0)."""
+    model = _swin()
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, 56, 56, dtype=torch.float64)
+    got = A.relevance(model, x, "gradient")
+    xr = x.clone().requires_grad_(True)
+    out = model(xr)
+    score = out.gather(1, out.argmax(-1, keepdim=True))[:, 0]
+    (grad,) = torch.autograd.grad(score.sum(), xr)
+    ref = (x * grad).sum(1).numpy()
+    assert np.abs(got.pixels - ref).max() <= 1e-12 * np.abs(ref).max()
+    np.testing.assert_allclose(got.target_value, score.detach().numpy(), rtol=1e-12)
+    assert got.patches.shape == (2, 14, 14)  # the stage-1 patch grid: 4-pixel patches of the 56-pixel input
+    np.testing.assert_allclose(got.patches, A.patch_sums(torch.from_numpy(got.pixels), adapter_for(model).layout(
+        model, (56, 56))).numpy(), rtol=0, atol=1e-15)
+
+
+def test_swin_cp_lrp_conserves_the_target_when_nothing_absorbs_it():
+    """With every bias zeroed a Swin has nothing but the pixels to give relevance to (no CLS token, no absolute
+    position table; the relative position bias and shift mask sit inside the softmax, which CP-LRP holds constant):
+    CP-LRP's pixel relevance then sums to the logit exactly, which it does only if every LayerNorm (patch embedding,
+    blocks, patch merging, final) and GELU runs through the rules. Float64; the identity rule's 1e-10 epsilon moves
+    each GELU's share by ~1e-10 relative, asserted at 1e-8. The plain gradient does not conserve (measured ~1e-6 of
+    the logit on the pixels)."""
+    model = _swin(seed=3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+    torch.manual_seed(4)
+    x = torch.randn(2, 3, 56, 56, dtype=torch.float64)
+    r = A.relevance(model, x, "cp-lrp")
+    np.testing.assert_allclose(r.pixel_sum, r.target_value, rtol=1e-8)
+    plain = A.relevance(model, x, "gradient")
+    assert np.all(np.abs(plain.pixel_sum - plain.target_value) > 0.1 * np.abs(plain.target_value))
+    lrp = A.relevance(model, x, "attnlrp")  # the softmax's true Jacobian does not conserve: close, not equal
+    assert np.all(np.abs(lrp.pixel_sum - lrp.target_value) < 0.5 * np.abs(lrp.target_value))
+
+
+def _hf_swin(version: str, size: int) -> torch.nn.Module:
+    """A tiny random transformers Swin V1 or V2 classifier (two stages, 4x4 windows; 72 px: padded windows)."""
+    import transformers
+
+    config, model = {"v1": ("SwinConfig", "SwinForImageClassification"),
+                     "v2": ("Swinv2Config", "Swinv2ForImageClassification")}[version]
+    torch.manual_seed(0)
+    model = getattr(transformers, model)(getattr(transformers, config)(
+        image_size=size, patch_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4], window_size=4, num_labels=3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval().double()
+
+
+@pytest.mark.parametrize("version,size", [("v1", 56), ("v1", 72), ("v2", 72)])
+def test_hf_swin_rules_off_equal_autograd_and_cp_lrp_conserves(version, size):
+    """transformers Swin V1/V2 (patch merging spelled out; V2: reduction before its norm): Gradient x Input with the
+    rules off equals autograd through the library's forward (float64, rounding only: measured <= 3e-15, asserted
+    1e-12); with every bias and the position terms zeroed, CP-LRP's pixel relevance sums to the logit (as for timm's
+    Swin: every norm through the rules; 1e-8 for the identity rule's epsilon)."""
+    model = _hf_swin(version, size)
+    torch.manual_seed(2)
+    x = torch.randn(2, 3, size, size, dtype=torch.float64)
+    got = A.relevance(model, x, "gradient")
+    xr = x.clone().requires_grad_(True)
+    out = model(pixel_values=xr).logits
+    score = out.gather(1, out.argmax(-1, keepdim=True))[:, 0]
+    (grad,) = torch.autograd.grad(score.sum(), xr)
+    ref = (x * grad).sum(1).numpy()
+    assert np.abs(got.pixels - ref).max() <= 1e-12 * np.abs(ref).max()
+    assert got.patches.shape == (2, size // 4, size // 4)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "position_embeddings" in name:
+                p.zero_()
+    r = A.relevance(model, x, "cp-lrp")
+    np.testing.assert_allclose(r.pixel_sum, r.target_value, rtol=1e-8)
+
+
+def test_window_models_refuse_what_does_not_apply_with_a_sentence():
+    """Swin (timm and transformers): the relevance methods run, LeGrad and Grad-CAM are refused with one sentence
+    each."""
+    for model in (_swin(), _hf_swin("v1", 56)):
+        assert A.why_not(model) is None
+        assert A.methods_for(model)[0] == ["attnlrp", "cp-lrp", "gradient"]
+        for method, words in (("legrad", "LeGrad does not apply"), ("gradcam", "Grad-CAM is not offered")):
+            with pytest.raises(ValueError, match=words):
+                A.attribute(model, torch.randn(1, 3, 56, 56, dtype=torch.float64), method)
 
 
 def test_unknown_method_is_one_sentence():
@@ -346,15 +441,18 @@ def test_attribution_page_shows_the_librarys_maps_and_the_target(bundled, sample
     np.testing.assert_allclose(z(heatmaps[0])[::-1], ref, atol=1e-5 * np.abs(ref).max())
 
 
-def test_families_whose_forward_is_not_spelled_out_are_refused_with_a_sentence():
-    """Hugging Face models still run through transformers' own forward (interim adapter): the rules could not act,
-    so attribution says so instead of returning a plain gradient under AttnLRP's name."""
+def test_families_without_a_readout_are_refused_with_a_sentence(monkeypatch):
+    """A family whose head cannot read a layer's tokens (no readout) is refused with a sentence instead of returning
+    a plain gradient under AttnLRP's name; Hugging Face ViTs now have one (tests/test_attribution_hf.py)."""
     from transformers import ViTConfig, ViTForImageClassification
+
+    from vitviz.adapters import Adapter, adapter_for
 
     model = ViTForImageClassification(ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                                 intermediate_size=64, image_size=32, patch_size=8,
                                                 num_labels=3)).eval()
+    assert A.why_not(model) is None and A.why_not(tiny_model("vit_augreg")) is None
+    monkeypatch.setattr(type(adapter_for(model)), "readout", Adapter.readout)
     assert "not supported yet" in A.why_not(model)
     with pytest.raises(ValueError, match="not supported yet"):
         A.relevance(model, torch.randn(1, 3, 32, 32), "attnlrp")
-    assert A.why_not(tiny_model("vit_augreg")) is None

@@ -355,3 +355,41 @@ def test_app_pages_with_a_swin_checkpoint_show_windows_or_a_sentence(swin_checkp
     assert not at.exception, [e.message for e in at.exception]
     dots = [t for t in _traces(at, "window_distance_plot") if t.get("name", "").startswith("head ")]
     assert all(_decode(t["error_y"]["array"]).max() > 0 for t in dots)  # the spread over the two images
+
+
+@pytest.mark.slow
+def test_attribution_page_with_a_swin_checkpoint_shows_relevance_and_says_what_does_not_apply(swin_checkpoint):
+    """The Attribution page with a timm Swin: AttnLRP is drawn (the library's map on the same input, per stage-1
+    patch), and LeGrad and Grad-CAM are not offered, each with its sentence."""
+    import base64
+
+    from streamlit.testing.v1 import AppTest
+
+    from test_app import APP
+    from ui.state import SAMPLES
+    from vitviz import attribution as A
+
+    at = AppTest.from_file(APP, default_timeout=180).run()
+    at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
+    at.sidebar.text_input(key="timm_query").input(TINY_SWIN).run()
+    at.sidebar.selectbox(key="timm_name").set_value(TINY_SWIN).run()
+    at.sidebar.text_input(key="ckpt_path").input(str(swin_checkpoint)).run()
+    at.switch_page("pages/10_attribution.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error and not at.info, ([e.value for e in at.error], [i.value for i in at.info])
+    assert at.multiselect(key="attr_methods").options == ["AttnLRP", "CP-LRP", "Gradient × Input"]
+    captions = " ".join(c.value for c in at.caption)
+    assert "LeGrad does not apply to window attention" in captions and "Grad-CAM is not offered" in captions
+    charts = {c.proto.id: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+    maps = next(spec for key, spec in charts.items() if "attr_maps" in key)
+    heatmaps = [t for t in maps["data"] if t["type"] == "heatmap"]
+    assert len(heatmaps) == 1  # AttnLRP, the only default that applies
+    z = heatmaps[0]["z"]
+    if isinstance(z, dict):
+        shape = [int(n) for n in str(z["shape"]).split(",")]
+        z = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(shape)
+    loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint)))
+    x = preprocess([load_image(ASSETS / SAMPLES[0]).image], loaded.data_config).tensor
+    ref = A.relevance(loaded.model, x, "attnlrp").patches[0]
+    assert ref.shape == (16, 16)
+    np.testing.assert_allclose(np.asarray(z, dtype=float)[::-1], ref, atol=1e-5 * np.abs(ref).max())

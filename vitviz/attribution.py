@@ -290,22 +290,32 @@ LABELS = {"attnlrp": "AttnLRP", "cp-lrp": "CP-LRP", "legrad": "LeGrad", "gradcam
           "gradient": "Gradient × Input"}
 
 
-def why_not(model) -> str | None:
-    """One sentence saying why attribution does not apply to ``model``, or None. It needs the family's forward
-    spelled out in vitviz (the rules act there; LeGrad reads each layer through the head, :meth:`Adapter.readout`)."""
+def why_not(model, method: str | None = None) -> str | None:
+    """One sentence saying why attribution (``method``: that method; None: the whole view) does not apply to
+    ``model``, or None. Every method needs the family's forward spelled out in vitviz (the rules act there); LeGrad
+    also reads each layer's tokens through the head (:meth:`Adapter.readout`)."""
     from .adapters import Adapter
 
     adapter = adapter_for(model)
     why = adapter.why_not(model, "attribution")
-    if why is None and type(adapter).readout is Adapter.readout:
+    if why is None and method is not None:
+        why = adapter.why_not_attribution(model, method)
+    # A family without a readout that does not say which methods it refuses has not been spelled out for them
+    if why is None and type(adapter).readout is Adapter.readout and adapter.why_not_attribution(model, "legrad") is None:
         why = (f"Attribution (AttnLRP, LeGrad, Grad-CAM) is not supported yet for {adapter.label(model)} models: vitviz "
                "runs them through their library's own forward, where the relevance rules and per-layer gradients "
                "cannot act.")
     return why
 
 
+def methods_for(model) -> tuple[list[str], dict[str, str]]:
+    """(the methods of :data:`METHODS` that apply to ``model``, method -> the sentence refusing each other one)."""
+    refused = {m: why for m in METHODS if (why := why_not(model, m))}
+    return [m for m in METHODS if m not in refused], refused
+
+
 def _check(model, method: str) -> None:
-    why = why_not(model)
+    why = why_not(model, method)
     if why:
         raise ValueError(why)
 

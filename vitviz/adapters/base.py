@@ -242,6 +242,11 @@ class Adapter:
         """One sentence saying why ``view`` (one of :data:`VIEWS`) does not apply to this model, or None."""
         return None
 
+    def why_not_attribution(self, model: torch.nn.Module, method: str) -> str | None:
+        """One sentence saying why the attribution ``method`` (one of :data:`vitviz.attribution.METHODS`) does not
+        apply to this model where the attribution view does, or None."""
+        return None
+
     def why_no_extra_token(self, model: torch.nn.Module) -> str | None:
         """Why a token inserted at ``embed`` after the prefix tokens (a test-time register) would not run
         through this family's forward as one more prefix token, as a sentence fragment; None when it does."""

@@ -70,9 +70,11 @@ class HFClip(HFAdapter):
 
     def embed(self, model, x: torch.Tensor):
         tokens = model.embeddings(x, interpolate_pos_encoding=interpolates(model, x))
-        if not _is_siglip(model):
-            tokens = model.pre_layrnorm(tokens)
         return tokens, [NO_TERMS] * len(self.layers(model))
+
+    def embed_norm(self, model, h: torch.Tensor, hooks: Hooks) -> torch.Tensor:
+        """CLIP: ``pre_layrnorm`` (part of ``embed``); SigLIP has none."""
+        return h if _is_siglip(model) else common.norm(hooks, model.pre_layrnorm, h)
 
     def final_norm(self, model, h: torch.Tensor, hooks: Hooks) -> torch.Tensor:
         return common.norm(hooks, model.post_layernorm, h) if _is_siglip(model) else h

@@ -203,8 +203,14 @@ class HFAdapter(Adapter):
         raise NotImplementedError
 
     def embed(self, model, x: torch.Tensor) -> tuple[torch.Tensor, list[Terms]]:
-        """(tokens entering layer 1 (B, N, D), one :class:`Terms` per layer)."""
+        """(the embeddings' tokens (B, N, D), entering layer 1 after :meth:`embed_norm`; one :class:`Terms` per
+        layer)."""
         raise NotImplementedError
+
+    def embed_norm(self, model, h: torch.Tensor, hooks: Hooks) -> torch.Tensor:
+        """A norm between the embeddings and layer 1 (CLIP's ``pre_layrnorm``), through the run's rules; most
+        families have none."""
+        return h
 
     def final_norm(self, model, h: torch.Tensor, hooks: Hooks) -> torch.Tensor:
         """The model's ``last_hidden_state`` from the last layer's tokens."""
@@ -216,12 +222,16 @@ class HFAdapter(Adapter):
 
     def forward(self, model, x: torch.Tensor, hooks: Hooks) -> None:
         h, terms = self.embed(model, x)
-        h = hooks("embed", h)
+        h = hooks("embed", self.embed_norm(model, h, hooks))
         for i, (layer, t) in enumerate(zip(self.layers(model), terms)):
             h = block(self.block, layer, i, h, t, hooks)
-        if not any(hooks.wants(p) for p in ("final_norm", "pooled", "logits")):
-            return
-        features = hooks("final_norm", self.final_norm(model, h, hooks))
+        if any(hooks.wants(p) for p in ("final_norm", "pooled", "logits")):
+            self.readout(model, h, hooks)
+
+    def readout(self, model, tokens: torch.Tensor, hooks: Hooks) -> None:
+        """The final norm and the family's head applied to any layer's tokens (B, N, D), through the run's rules:
+        ``final_norm``, ``pooled`` and (with a classifier) ``logits``."""
+        features = hooks("final_norm", self.final_norm(model, tokens, hooks))
         if hooks.wants("pooled") or hooks.wants("logits"):
             self.head(model, features, hooks)
 

@@ -6,7 +6,8 @@ with a relative position bias per head and the shift mask in the scores, and run
 :mod:`vitviz.adapters.windows` with the named points in window shapes. transformers differs from timm in
 three places the geometry follows: it pads the grid to whole windows *before* the cyclic roll, it pads
 the image to whole patches, and it shrinks the window to the grid (and drops the shift) at run time where
-a stage's grid is no larger than the window. Patch merging runs as transformers' module. Weights come
+a stage's grid is no larger than the window. Patch merging is spelled out as transformers computes it (its norm
+through the run's rules, as the patch embedding's). Weights come
 from a ``save_pretrained`` folder or the hub (``hf:owner/name``); the image processor is the model's own
 (:func:`vitviz.hf.data_config`).
 """
@@ -30,6 +31,17 @@ def _side(value) -> int:
     return int(value if isinstance(value, int) else value[0])
 
 
+def _merge(module, h: torch.Tensor, hooks: Hooks, norm_last: bool) -> torch.Tensor:
+    """transformers ``SwinPatchMerging`` (norm, then reduction) or ``Swinv2PatchMerging`` (reduction, then norm),
+    the norm through the run's rules: (B, gh, gw, C) -> (B, ceil(gh / 2), ceil(gw / 2), C')."""
+    B, gh, gw, C = h.shape
+    x = torch.nn.functional.pad(h, (0, 0, 0, gw % 2, 0, gh % 2))
+    x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], dim=-1)
+    if norm_last:
+        return common.norm(hooks, module.norm, module.reduction(x))
+    return module.reduction(common.norm(hooks, module.norm, x))
+
+
 @register_adapter
 class HFSwin(Adapter):
     """transformers Swin V1; :mod:`vitviz.adapters.hf_swinv2` overrides the attention and the block layout."""
@@ -41,6 +53,7 @@ class HFSwin(Adapter):
     hf_model_types = {"swin": HFModelType("Swin", "SwinModel", ("SwinForImageClassification",))}
     model_type = "swin"
     version = "Swin"
+    merge_norm_last = False  # patch merging: norm, then reduction (Swin V2: reduction, then norm)
 
     def claims(self, model) -> bool:
         return type(model).__module__.startswith("transformers.") and \
@@ -121,7 +134,7 @@ class HFSwin(Adapter):
         geometry = iter(self.geometry(model, tuple(x.shape[-2:])))
         emb = base.embeddings
         tokens, (gh, gw) = emb.patch_embeddings(x)  # pads the image to whole patches: (B, gh * gw, D)
-        tokens = emb.norm(tokens)
+        tokens = common.norm(hooks, emb.norm, tokens)
         if emb.position_embeddings is not None:
             table = emb.position_embeddings if emb.position_embeddings.shape[1] == tokens.shape[1] else \
                 emb.interpolate_pos_encoding(tokens, *x.shape[-2:])
@@ -131,8 +144,7 @@ class HFSwin(Adapter):
             for blk in stage.blocks:
                 h = windows.block(hooks, next(geometry), self.parts(blk), h)
             if stage.downsample is not None:
-                B, gh, gw, C = h.shape
-                h = stage.downsample(h.reshape(B, gh * gw, C), (gh, gw)).view(B, (gh + 1) // 2, (gw + 1) // 2, -1)
+                h = _merge(stage.downsample, h, hooks, self.merge_norm_last)
         features = hooks("final_norm", common.norm(hooks, base.layernorm, h))
         if base.pooler is not None and (hooks.wants("pooled") or hooks.wants("logits")):
             pooled = hooks("pooled", base.pooler(features.flatten(1, 2).transpose(1, 2)).flatten(1))
@@ -141,9 +153,12 @@ class HFSwin(Adapter):
 
     # --- what the views read -----------------------------------------------------------------------
     def why_not(self, model, view: str) -> str | None:
-        if view == "position" and self.position_table(model) is not None:
+        if view == "attribution" or (view == "position" and self.position_table(model) is not None):
             return None
         return windows.why_not_views(f"{self.version}, transformers").get(view)
+
+    def why_not_attribution(self, model, method: str) -> str | None:
+        return windows.why_not_attribution(f"{self.version}, transformers").get(method)
 
     def position_encoding(self, model) -> str:
         bias = "relative position bias per window" if self.version == "Swin" else \

@@ -30,6 +30,7 @@ class HFSwinV2(HFSwin):
     hf_model_types = {"swinv2": HFModelType("Swin V2", "Swinv2Model", ("Swinv2ForImageClassification",))}
     model_type = "swinv2"
     version = "Swin V2"
+    merge_norm_last = True
 
     def why_unsupported(self, model) -> str | None:
         return None

@@ -16,6 +16,7 @@ from .registry import register_adapter
 
 POSITION_ENCODING = "relative position bias per window"
 WHY_NOT = windows.why_not_views("Swin")
+WHY_NOT_ATTRIBUTION = windows.why_not_attribution("Swin")
 
 
 def _heads(attn):
@@ -31,6 +32,34 @@ def _heads(attn):
 def _parts(blk) -> windows.BlockParts:
     return windows.BlockParts(norm1=blk.norm1, norm2=blk.norm2, heads=_heads(blk.attn), proj=blk.attn.proj,
                               mlp=lambda hooks, layer, x: common.mlp(hooks, layer, blk.mlp, x))
+
+
+def _patch_embed(patch_embed, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
+    """timm ``PatchEmbed`` with NHWC output, its norm through the run's rules: (B, 3, H, W) -> (B, gh, gw, D)."""
+    if patch_embed.img_size is not None and patch_embed.strict_img_size and \
+            tuple(x.shape[-2:]) != tuple(patch_embed.img_size):
+        raise ValueError(f"this Swin model was built for {patch_embed.img_size[0]}x{patch_embed.img_size[1]} inputs and "
+                         f"was given {x.shape[-2]}x{x.shape[-1]}; load it at that size (timm's strict_img_size).")
+    if patch_embed.dynamic_img_pad:
+        ph, pw = patch_embed.patch_size
+        x = torch.nn.functional.pad(x, (0, (pw - x.shape[-1] % pw) % pw, 0, (ph - x.shape[-2] % ph) % ph))
+    return common.norm(hooks, patch_embed.norm, patch_embed.proj(x).permute(0, 2, 3, 1))
+
+
+def _downsample(module, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
+    """timm ``PatchMerging`` (pad to even, 2x2 neighbours concatenated, norm through the run's rules, linear
+    reduction), or the stage's identity: (B, gh, gw, C) -> (B, ceil(gh / 2), ceil(gw / 2), C')."""
+    from timm.models.swin_transformer import PatchMerging
+
+    if isinstance(module, torch.nn.Identity):
+        return x
+    if type(module) is not PatchMerging:
+        return module(x)
+    B, H, W, C = x.shape
+    x = torch.nn.functional.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+    _, H, W, _ = x.shape
+    x = x.reshape(B, H // 2, 2, W // 2, 2, C).permute(0, 1, 3, 4, 2, 5).flatten(3)
+    return module.reduction(common.norm(hooks, module.norm, x))
 
 
 @register_adapter
@@ -98,9 +127,9 @@ class TimmSwin(Adapter):
 
     def forward(self, model, x: torch.Tensor, hooks: Hooks) -> None:
         geometry = iter(self.geometry(model, tuple(x.shape[-2:])))
-        h = hooks("embed", model.patch_embed(x))  # (B, gh, gw, D): timm's Swin keeps tokens as NHWC
+        h = hooks("embed", _patch_embed(model.patch_embed, x, hooks))  # (B, gh, gw, D): timm's Swin keeps NHWC
         for stage in model.layers:
-            h = stage.downsample(h)
+            h = _downsample(stage.downsample, h, hooks)
             for blk in stage.blocks:
                 h = windows.block(hooks, next(geometry), _parts(blk), h)
         features = hooks("final_norm", common.norm(hooks, model.norm, h))
@@ -111,6 +140,9 @@ class TimmSwin(Adapter):
 
     def why_not(self, model, view: str) -> str | None:
         return WHY_NOT.get(view)
+
+    def why_not_attribution(self, model, method: str) -> str | None:
+        return WHY_NOT_ATTRIBUTION.get(method)
 
     def position_encoding(self, model) -> str:
         return POSITION_ENCODING
