@@ -1,0 +1,46 @@
+"""Walk items of issue 20 that only a browser shows: the filters page's downloads finish (a deferred npz once
+left a spinner that never ended), and screenshots of the pages these items touch, for a person to look at
+(test-artifacts/walk_items/)."""
+import os
+from pathlib import Path
+
+import pytest
+
+from loadtest import app_server
+from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+ROOT = Path(__file__).resolve().parent.parent
+SHOTS = ROOT / "test-artifacts" / "walk_items"
+
+
+@pytest.fixture(scope="module")
+def page():
+    from playwright.sync_api import sync_playwright
+
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with app_server(ROOT / "test-artifacts" / "walk_items_server.log", direct=True,
+                    env={"VITVIZ_DRAW": "browser"}) as running, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        pg = browser.new_page(viewport=VIEWPORT, accept_downloads=True)
+        pg.set_default_timeout(120_000)
+        pg.goto(f"{running.url}/?intro=0", timeout=180_000)
+        _wait_idle(pg)
+        yield pg
+        browser.close()
+
+
+def _open(page, name: str):
+    page.get_by_role("link", name=name, exact=True).click()
+    _wait_idle(page)
+
+
+def test_the_overview_grid_shows_no_legend(page):
+    page.screenshot(path=SHOTS / "overview.png")
+    grid = page.locator('[data-testid="stPlotlyChart"]').first  # the patch grid, the page's first chart
+    assert grid.locator(".main-svg").count() > 0
+    assert grid.locator(".legend").count() == 0  # once "Aa trace 2"
