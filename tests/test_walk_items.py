@@ -42,3 +42,24 @@ def test_one_model_has_one_name_on_compare():
                      "this session": stats_table(" bundled", values + 1)})
     # Recognised as one model from two sources: told apart by source, never two unrelated names.
     assert sorted(table["model"].unique()) == ["bundled (stats.parquet)", "bundled (this session)"]
+
+
+def _layout(grid: int, patch: int) -> TokenLayout:
+    return TokenLayout(("cls",), (grid, grid), (patch, patch), "token", 1)
+
+
+def test_a_selected_patch_keeps_its_place_in_the_image_when_the_grid_changes():
+    """Reference: the centre pixel of the old patch, scaled to the new input size, looked up with patch_at."""
+    old, new = _layout(16, 14), _layout(37, 14)  # the bundled model at 224 and at 518 px
+    assert new.patch_from(8 * 16 + 8, (16, 16)) == 19 * 37 + 19
+    for index in range(old.num_patches):
+        row, col = divmod(index, 16)
+        y, x = (row + 0.5) * 14 * 518 / 224, (col + 0.5) * 14 * 518 / 224
+        assert new.patch_from(index, (16, 16)) == new.patch_at(x, y), index
+    # Back to the old grid: every patch returns to itself; the same grid leaves the number alone.
+    assert all(old.patch_from(new.patch_from(i, (16, 16)), (37, 37)) == i for i in range(old.num_patches))
+    assert all(old.patch_from(i, (16, 16)) == i for i in range(old.num_patches))
+    # A non-square grid: row 1 of 2 (centre at 3/4 of the height) is row 3 of 4; the last column stays the last.
+    wide = TokenLayout(("cls",), (4, 8), (16, 16), "token", 1)
+    assert wide.patch_from(15, (2, 8)) == 3 * 8 + 7
+    assert _layout(2, 16).patch_from(31, (4, 8)) == 1 * 2 + 1

@@ -47,3 +47,17 @@ def test_compare_lists_the_bundled_model_once_by_one_name():
     names = {t["name"].removesuffix(": mean over heads") for t in _chart(at, "compare_plot")["data"]
              if t.get("mode") == "lines" and t["name"].endswith(": mean over heads")}
     assert names == {"bundled (stats.parquet)", "bundled (this session)"}
+
+
+def test_the_selected_patch_keeps_its_place_when_the_resolution_changes():
+    at = _app()
+    at.session_state["patch"] = 8 * 16 + 8  # row 9, col 9 (1-based) of the bundled model's 16x16 grid at 224 px
+    at.run()
+    assert at.session_state["patch"] == 136 and at.session_state["patch_grid"] == (16, 16)
+    at.sidebar.number_input(key="img_size").set_value(518).run()  # 37x37 patches of 14 px
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state["patch_grid"] == (37, 37)
+    assert at.session_state["patch"] == 19 * 37 + 19  # centre 8.5/16 of each side -> 19.66/37: row and col 19
+    assert at.query_params["patch"] == [str(19 * 37 + 19)] or at.query_params["patch"] == str(19 * 37 + 19)
+    at.sidebar.number_input(key="img_size").set_value(224).run()  # and back to the same patch
+    assert at.session_state["patch"] == 136
