@@ -5,8 +5,10 @@ from PIL import Image
 
 from test_compare import stats_table
 from vitviz.compare import combine
+from vitviz.explorer import explorer_payload, unpack
 from vitviz.figures import patch_grid_image
 from vitviz.layout import TokenLayout
+from vitviz.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES
 from vitviz.sources import canonical_model_name
 
 
@@ -63,3 +65,19 @@ def test_a_selected_patch_keeps_its_place_in_the_image_when_the_grid_changes():
     wide = TokenLayout(("cls",), (4, 8), (16, 16), "token", 1)
     assert wide.patch_from(15, (2, 8)) == 3 * 8 + 7
     assert _layout(2, 16).patch_from(31, (4, 8)) == 1 * 2 + 1
+
+
+def test_the_overlay_choice_says_what_is_drawn():
+    """"transparent where low" over an orange image left open what fades; the choice now reads as what it draws,
+    the values kept in URLs and settings unchanged, and the browser's explorer shows the same words."""
+    assert OVERLAY_STYLES == ("transparent where low", "heatmap", "DINO mask")
+    assert OVERLAY_LABELS["transparent where low"] == "opacity follows the value (low values transparent)"
+    assert "colour bar always gives a value's colour at full opacity" in OVERLAY_HELP
+    assert "Opacity × √(its position on the colour scale)" in OVERLAY_HELP
+    layout = _layout(2, 14)
+    attention = np.full((1, 1, 5, 5), 0.2, np.float32)
+    payload = explorer_payload(attention, layout, Image.new("RGB", (28, 28)), sinks=[np.zeros(0, int)])
+    header, _ = unpack(payload.data)
+    assert header["styles"] == list(OVERLAY_STYLES)
+    assert header["style_labels"] == [OVERLAY_LABELS[s] for s in OVERLAY_STYLES]
+    assert header["style_help"] == OVERLAY_HELP

@@ -10,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from test_compare import parquet_bytes, stats_table
 from test_walk_items import _legend_entries
+from vitviz.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES
 
 pytestmark = pytest.mark.slow
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -61,3 +62,13 @@ def test_the_selected_patch_keeps_its_place_when_the_resolution_changes():
     assert at.query_params["patch"] == [str(19 * 37 + 19)] or at.query_params["patch"] == str(19 * 37 + 19)
     at.sidebar.number_input(key="img_size").set_value(224).run()  # and back to the same patch
     assert at.session_state["patch"] == 136
+
+
+def test_the_overlay_choice_reads_as_what_it_draws():
+    at = _app()
+    at.switch_page("pages/3_rollout.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    box = at.selectbox(key="style")
+    assert box.options == [OVERLAY_LABELS[s] for s in OVERLAY_STYLES]
+    assert box.value == "transparent where low"  # the value kept in URLs and settings is unchanged
+    assert box.help == OVERLAY_HELP

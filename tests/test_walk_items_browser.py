@@ -44,3 +44,13 @@ def test_the_overview_grid_shows_no_legend(page):
     grid = page.locator('[data-testid="stPlotlyChart"]').first  # the patch grid, the page's first chart
     assert grid.locator(".main-svg").count() > 0
     assert grid.locator(".legend").count() == 0  # once "Aa trace 2"
+
+
+def test_the_overlay_choice_in_the_browser_explorer(page):
+    _open(page, "Attention heads")
+    page.wait_for_selector('.vv-explorer[data-ready="1"]', timeout=180_000)
+    page.locator("details.vv-display summary").click()
+    style = page.locator('select[data-key="style"]')
+    assert style.locator("option").all_inner_texts()[0] == "opacity follows the value (low values transparent)"
+    assert "full opacity" in style.get_attribute("title")
+    page.screenshot(path=SHOTS / "heads_display.png")
