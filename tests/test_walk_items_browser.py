@@ -4,6 +4,7 @@ left a spinner that never ended), and screenshots of the pages these items touch
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from loadtest import app_server
@@ -44,6 +45,31 @@ def test_the_overview_grid_shows_no_legend(page):
     grid = page.locator('[data-testid="stPlotlyChart"]').first  # the patch grid, the page's first chart
     assert grid.locator(".main-svg").count() > 0
     assert grid.locator(".legend").count() == 0  # once "Aa trace 2"
+
+
+def test_the_filters_downloads_finish_with_the_files(page, tmp_path):
+    _open(page, "Embedding filters")
+    page.screenshot(path=SHOTS / "filters.png")
+    files = {}
+    for label in ["Data (npz)", "Image (png)", "Settings (json)"]:
+        button = page.get_by_role("button", name=label).first
+        button.scroll_into_view_if_needed()
+        with page.expect_download(timeout=60_000) as info:
+            button.click()
+        path = tmp_path / info.value.suggested_filename
+        info.value.save_as(path)
+        files[label] = path
+    assert files["Data (npz)"].name == "filter_pca.npz"
+    with np.load(files["Data (npz)"]) as npz:
+        assert set(npz.files) == {"filter_pca", "filter_pca_explained"}
+        share = npz["filter_pca_explained"]
+        assert np.all(share > 0) and share.sum() <= 1 + 1e-9  # shares of the filters' variance
+    assert files["Image (png)"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b'"n_components"' in files["Settings (json)"].read_bytes()
+    _wait_idle(page)
+    # Nothing left spinning after the clicks.
+    assert page.locator('[data-testid="stSpinner"], [data-testid="stStatusWidget"]').count() == 0
+    page.screenshot(path=SHOTS / "filters_after_downloads.png")
 
 
 def test_the_overlay_choice_in_the_browser_explorer(page):
