@@ -55,19 +55,20 @@ def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settin
     The files are built only when a button is clicked (deferred data), not on every rerun;
     ``arrays`` may be a table (saved as CSV), ``png`` a function returning the image.
     ``prepared``: plain buttons holding the files' bytes, built once per content (hashed) and kept in the
-    session, for small files: the click is then an ordinary browser download with no server round trip
-    (the filters page's deferred npz once left a spinner that never ended).
+    session, for small files: the click is then an ordinary browser download that reruns nothing
+    (``on_click="ignore"``; the filters page's deferred npz, with its rerun of the page, once left a
+    spinner that never ended).
     """
     cols = st.columns(3)
     if prepared and not isinstance(arrays, pd.DataFrame):
         image = png() if callable(png) else png
         cols[0].download_button("Data (npz)", _once(name, "npz", _digest(arrays), lambda: npz_bytes(arrays)),
-                                f"{name}.npz", "application/octet-stream", key=f"npz-{name}")
+                                f"{name}.npz", "application/octet-stream", key=f"npz-{name}", on_click="ignore")
         cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
-                                "application/json", key=f"json-{name}")
+                                "application/json", key=f"json-{name}", on_click="ignore")
         if image is not None:
             cols[2].download_button("Image (png)", _once(name, "png", _digest(image=image), lambda: png_bytes(image)),
-                                    f"{name}.png", "image/png", key=f"png-{name}")
+                                    f"{name}.png", "image/png", key=f"png-{name}", on_click="ignore")
         return
     if isinstance(arrays, pd.DataFrame):
         cols[0].download_button("Data (csv)", lambda: arrays.to_csv(index=False), f"{name}.csv", "text/csv",
