@@ -42,7 +42,7 @@ download_row("filter_pca", {"filter_pca": pca.components, "filter_pca_explained"
              {"model": ctx.loaded.card()["spec"], "n_components": k, "components": "0-based in the arrays, "
               "PC1 on screen is filter_pca[0]", "sign": "largest-magnitude entry of each component positive",
               "tiles": "each component min-max scaled to 0..1", "explained": "share of variance, 0..1"},
-             pca_image)
+             pca_image, prepared=True)
 
 n_raw = st.slider("Raw filters shown", 8, D, min(64, D), 8, key="n_raw")
 raw_image = labelled_tile_image(minmax_tiles(filters[:n_raw]), [str(i + 1) for i in range(n_raw)],
@@ -52,4 +52,5 @@ fig = rgb_image(raw_image)
 fig.update_layout(height=raw_image.height)
 show_chart(fig, "raw_tiles", "raw_filters")
 download_row("raw_filters", {"filters": filters}, {"model": ctx.loaded.card()["spec"], "shown": n_raw,
-                                                   "labels": "1-based; filters[i] is label i + 1"}, raw_image)
+                                                   "labels": "1-based; filters[i] is label i + 1"}, raw_image,
+             prepared=True)

@@ -11,6 +11,7 @@ from vitviz.compare import (STATISTICS, StatsTableError, check_stats_table, comb
                             model_overview, read_stats_table, stats_path)
 from vitviz.compare_figures import depth_comparison
 from vitviz.errors import VitvizError
+from vitviz.sources import canonical_model_name
 from vitviz.stats import table_for_images
 
 
@@ -66,11 +67,13 @@ runs: dict = st.session_state.setdefault("compare_runs", {})  # this session's i
 if ctx is not None and ctx.loaded.why_not("stats"):
     local.info(ctx.loaded.why_not("stats"))
 elif ctx is not None:
-    label = ctx.loaded.label + (f" at {ctx.spec.img_size} px" if ctx.spec.img_size else "")
+    # The model's one name, as `vitviz stats --model` writes it: a table of the same model sits beside this run
+    # as "name (source)", not under a second name (its long label).
+    label = canonical_model_name(ctx.spec.name) + (f" at {ctx.spec.img_size} px" if ctx.spec.img_size else "")
     if local.button(f"Add this session's {len(ctx.images)} image{'s' if len(ctx.images) != 1 else ''} with "
                     "the current model", key="compare_run",
-                    help=f"Runs {label} on the sidebar's image set ({ctx.framing} framing) and adds it as one "
-                         "more model."):
+                    help=f"Runs {ctx.loaded.label} on the sidebar's image set ({ctx.framing} framing) and adds "
+                         f"it as one more model, named {label!r} as `python -m vitviz stats --model` names it."):
         bar = st.progress(0.0, text=f"{label}: running the model on the image set ...")
         table = table_for_images(ctx.loaded, [im.image for im in ctx.images], [im.name for im in ctx.images],
                                  progress=lambda done, total: bar.progress(done / total, f"{label}: {done} of {total} images"),

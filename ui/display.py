@@ -15,7 +15,7 @@ from streamlit_image_coordinates import streamlit_image_coordinates
 from vitviz.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.figures import map_panel
 from vitviz.layout import TokenLayout
-from vitviz.overlay import OVERLAY_STYLES, RenderedMaps, colour_bar, panel_png, render_maps
+from vitviz.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES, RenderedMaps, colour_bar, panel_png, render_maps
 from vitviz.report import outline_patch
 
 CLICK_SCALE = 2  # the picker image is drawn at twice the model input, then fitted to the column
@@ -48,8 +48,8 @@ def display_controls(prefix: str = "") -> Display:
         scale_mode = st.selectbox("Colour scale", SCALE_MODES, key=f"{prefix}scale_mode",
                                   help="robust: the 99th percentile sets the top colour, so one hot patch cannot "
                                        "flatten the rest; clipped patches are outlined in cyan")
-        style = st.selectbox("Overlay", OVERLAY_STYLES, key=f"{prefix}style",
-                             help="transparent where low: the colour's opacity follows the value")
+        style = st.selectbox("Overlay", OVERLAY_STYLES, key=f"{prefix}style", format_func=OVERLAY_LABELS.get,
+                             help=OVERLAY_HELP)
         opacity = st.slider("Opacity", 0.0, 1.0, 0.8, 0.05, key=f"{prefix}opacity")
         smooth = st.toggle("Smooth (bilinear between patch centres)", False, key=f"{prefix}smooth")
         exclude_sinks = st.toggle("Mark attention sinks, keep them out of the colour scale", True,

@@ -1,6 +1,7 @@
 """Every figure gets a data download (npz or CSV) and its settings as JSON; images also as PNG."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from typing import Callable
@@ -23,14 +24,52 @@ def png_bytes(image: Image.Image) -> bytes:
     return buf.getvalue()
 
 
+PREPARED = "download_bytes"  # session key: (name, kind) -> (content digest, file bytes)
+
+
+def _digest(arrays: dict[str, np.ndarray] | None = None, image: Image.Image | None = None) -> str:
+    h = hashlib.sha256()
+    for key, value in (arrays or {}).items():
+        value = np.ascontiguousarray(value)
+        h.update(f"{key}|{value.dtype.str}|{value.shape}|".encode())
+        h.update(value.tobytes() if value.dtype != object else repr(value.tolist()).encode())
+    if image is not None:
+        h.update(f"{image.mode}|{image.size}|".encode())
+        h.update(image.tobytes())
+    return h.hexdigest()
+
+
+def _once(name: str, kind: str, digest: str, build: Callable[[], bytes]) -> bytes:
+    """The file's bytes, built once per content and kept for the session (one entry per button)."""
+    held = st.session_state.setdefault(PREPARED, {})
+    entry = held.get((name, kind))
+    if entry is None or entry[0] != digest:
+        entry = held[(name, kind)] = (digest, build())
+    return entry[1]
+
+
 def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settings: dict,
-                 png: Image.Image | Callable[[], Image.Image] | None = None) -> None:
+                 png: Image.Image | Callable[[], Image.Image] | None = None, *, prepared: bool = False) -> None:
     """Buttons under a figure, files named ``name.*``. Plotly's own toolbar also saves any chart as PNG.
 
     The files are built only when a button is clicked (deferred data), not on every rerun;
     ``arrays`` may be a table (saved as CSV), ``png`` a function returning the image.
+    ``prepared``: plain buttons holding the files' bytes, built once per content (hashed) and kept in the
+    session, for small files: the click is then an ordinary browser download that reruns nothing
+    (``on_click="ignore"``; the filters page's deferred npz, with its rerun of the page, once left a
+    spinner that never ended).
     """
     cols = st.columns(3)
+    if prepared and not isinstance(arrays, pd.DataFrame):
+        image = png() if callable(png) else png
+        cols[0].download_button("Data (npz)", _once(name, "npz", _digest(arrays), lambda: npz_bytes(arrays)),
+                                f"{name}.npz", "application/octet-stream", key=f"npz-{name}", on_click="ignore")
+        cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
+                                "application/json", key=f"json-{name}", on_click="ignore")
+        if image is not None:
+            cols[2].download_button("Image (png)", _once(name, "png", _digest(image=image), lambda: png_bytes(image)),
+                                    f"{name}.png", "image/png", key=f"png-{name}", on_click="ignore")
+        return
     if isinstance(arrays, pd.DataFrame):
         cols[0].download_button("Data (csv)", lambda: arrays.to_csv(index=False), f"{name}.csv", "text/csv",
                                 key=f"csv-{name}")

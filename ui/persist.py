@@ -18,6 +18,8 @@ VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "pat
                "order": "ranking", "cmap": "cmap", "scale": "scale_mode", "style": "style", "opacity": "opacity",
                "sinks": "exclude_sinks"}
 SAVED = "persist_params"
+PATCH_GRID = "patch_grid"  # (rows, cols) of the grid the selected patch was picked on
+STALE_PATCH = "patch_before_grid_change"
 
 
 def _text(value) -> str:
@@ -32,7 +34,16 @@ def remember_view(view: dict) -> None:
     saved.update(params)
     if view.get("patch") is None:
         saved.pop("patch", None)
-    st.session_state["patch"] = None if view.get("patch") is None else int(view["patch"])
+    patch = None if view.get("patch") is None else int(view["patch"])
+    if patch is not None and patch == st.session_state.get(STALE_PATCH):
+        # The browser's last report still names the patch by the old grid's number: keep the mapped one.
+        patch = st.session_state.get("patch")
+        params.pop("patch", None)
+        if patch is not None:
+            saved["patch"] = str(patch)
+    else:
+        st.session_state.pop(STALE_PATCH, None)
+    st.session_state["patch"] = patch
     changed = {k: v for k, v in params.items() if st.query_params.get(k) != v}
     if changed:
         st.query_params.update(changed)
@@ -60,6 +71,29 @@ def restore_params() -> None:
             st.session_state["patch"] = int(saved["patch"])
         except ValueError:
             saved.pop("patch")
+
+
+def follow_grid(layout) -> None:
+    """Keep the selected patch on the same place of the image when the patch grid changes.
+
+    The selection is a raster index of the grid it was picked on (``st.session_state["patch"]``); a new
+    resolution or model gives another grid, where the same number is another place. Map it to the patch
+    that holds the old patch's centre (:meth:`vitviz.layout.TokenLayout.patch_from`); call once per run,
+    before a page reads the selection.
+    """
+    grid = tuple(layout.grid_size)
+    old, patch = st.session_state.get(PATCH_GRID), st.session_state.get("patch")
+    st.session_state[PATCH_GRID] = grid
+    if patch is None or old is None or tuple(old) == grid:
+        if patch is not None and not 0 <= patch < layout.num_patches:  # a number from a link for another grid
+            st.session_state["patch"] = None
+            st.session_state.setdefault(SAVED, {}).pop("patch", None)
+        return
+    mapped = layout.patch_from(patch, tuple(old))
+    st.session_state["patch"] = mapped
+    st.session_state[STALE_PATCH] = patch
+    st.session_state.setdefault(SAVED, {})["patch"] = str(mapped)
+    st.query_params["patch"] = str(mapped)
 
 
 def saved_view() -> dict[str, str]:

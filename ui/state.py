@@ -424,6 +424,7 @@ def setup() -> Context | None:
         return None
     finally:
         _cache_caption()
+    persist.follow_grid(result.layout)
     return Context(spec=spec, loaded=loaded, image=current, images=images, framing=framing, result=result)
 
 

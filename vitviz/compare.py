@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import VitvizError, first_line
+from .sources import canonical_model_name
 from .stats import STATS_COLUMNS as COLUMNS
 
 STATS_NAME = "stats.parquet"
@@ -145,10 +146,12 @@ def combine(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Checked tables by source name -> one table; a model found in several sources is told apart.
 
     The same model name in two files (two runs of one model on other images) becomes
-    ``"model (source)"`` in each, so their rows are never averaged together unnoticed.
+    ``"model (source)"`` in each, so their rows are never averaged together unnoticed. Names are
+    compared in their canonical form (:func:`vitviz.sources.canonical_model_name`).
     """
     if not tables:
         return pd.DataFrame({c: pd.Series(dtype=d) for c, d in DTYPES.items()})
+    tables = {source: _canonical(table) for source, table in tables.items()}
     sources: dict[str, list[str]] = {}
     for source, table in tables.items():
         for model in table["model"].unique():
@@ -158,6 +161,13 @@ def combine(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
         renamed = {m: f"{m} ({source})" for m in table["model"].unique() if len(sources[m]) > 1}
         parts.append(table.assign(model=table["model"].astype(str).replace(renamed)) if renamed else table)
     return pd.concat(parts, ignore_index=True).astype(DTYPES)
+
+
+def _canonical(table: pd.DataFrame) -> pd.DataFrame:
+    names = {m: canonical_model_name(m) for m in table["model"].astype(str).unique()}
+    if all(k == v for k, v in names.items()):
+        return table
+    return table.assign(model=table["model"].astype(str).map(names))
 
 
 def head_summary(table: pd.DataFrame, statistic: str) -> pd.DataFrame:

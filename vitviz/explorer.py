@@ -21,7 +21,7 @@ from PIL import Image
 
 from .colour import SCALE_MODES, SEQUENTIAL, ROBUST_PERCENTILE, lookup_table
 from .layout import TokenLayout
-from .overlay import CLIPPED_COLOUR, OVERLAY_STYLES, QUERY_COLOUR, SINK_COLOUR
+from .overlay import CLIPPED_COLOUR, OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES, QUERY_COLOUR, SINK_COLOUR
 from .tensors import as_tensor
 
 # All patch rows go to the browser while they fit in this many bytes (bundled model @224: 9.4 MB);
@@ -147,7 +147,8 @@ def explorer_payload(attention, layout: TokenLayout, image: Image.Image, *, sink
         "rankings": {name: {"scores": np.asarray(v, dtype=np.float64).tolist(), "descending": bool(d)}
                      for name, (v, d) in (scores or {}).items()},
         "luts": {name: lookup_table(name).tolist() for name in SEQUENTIAL},
-        "scale_modes": list(SCALE_MODES), "styles": list(OVERLAY_STYLES), "percentile": ROBUST_PERCENTILE,
+        "scale_modes": list(SCALE_MODES), "styles": list(OVERLAY_STYLES), "style_labels": [OVERLAY_LABELS[s] for s in OVERLAY_STYLES],
+        "style_help": OVERLAY_HELP, "percentile": ROBUST_PERCENTILE,
         "colours": {"clipped": list(CLIPPED_COLOUR), "sink": list(SINK_COLOUR), "query": list(QUERY_COLOUR)},
         "quantisation": quantisation_note(),
     }

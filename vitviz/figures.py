@@ -124,8 +124,9 @@ def patch_grid_image(image: Image.Image, layout: TokenLayout, show_indices: bool
         tokens = np.arange(layout.num_patches) + layout.num_prefix_tokens
         fig.add_trace(go.Scatter(x=centres[:, 1], y=centres[:, 0], mode="text", text=[str(t) for t in tokens],
                                  textfont=dict(color="yellow", size=8), hoverinfo="text",
-                                 hovertext=[layout.token_name(int(t)) for t in tokens]))
-    fig.update_layout(margin=dict(l=0, r=0, t=0, b=0), xaxis=dict(visible=False, range=[0, image.width]),
+                                 hovertext=[layout.token_name(int(t)) for t in tokens], showlegend=False))
+    # showlegend off on the layout too: an unnamed trace once drew a stray "Aa trace 2" legend beside the image.
+    fig.update_layout(showlegend=False, margin=dict(l=0, r=0, t=0, b=0), xaxis=dict(visible=False, range=[0, image.width]),
                       yaxis=dict(visible=False, scaleanchor="x", range=[image.height, 0]))
     return fig
 

@@ -84,6 +84,21 @@ class TokenLayout:
         col = min(max(int(x / scale // self.patch_size[1]), 0), self.grid_size[1] - 1)
         return row * self.grid_size[1] + col
 
+    def patch_from(self, index: int, grid: tuple[int, int]) -> int:
+        """The patch of this grid that holds the centre of patch ``index`` (raster) of ``grid``.
+
+        Both grids cover the same model-input image, so a selection keeps its place in the picture
+        when the resolution changes: patch (8, 8) of 16x16 (centre at 8.5/16 of each side) is patch
+        (19, 19) of 37x37 (8.5/16 * 37 = 19.66).
+        """
+        gh, gw = grid
+        row, col = divmod(int(index), gw)
+        new_h, new_w = self.grid_size
+        # Exact integer arithmetic: floor((row + 1/2) / gh * new_h) = floor((2 row + 1) new_h / (2 gh)).
+        new_row = min((2 * row + 1) * new_h // (2 * gh), new_h - 1)
+        new_col = min((2 * col + 1) * new_w // (2 * gw), new_w - 1)
+        return new_row * new_w + new_col
+
     def token_name(self, index: int) -> str:
         """A readable name: ``"cls"``, ``"reg2"`` or ``"patch 17 (row 2, col 2)"`` on a 16-wide grid.
 

@@ -13,6 +13,19 @@ from PIL import Image, ImageDraw, ImageFont
 from .colour import ColourScale, colourise, lookup_table
 
 OVERLAY_STYLES = ("transparent where low", "heatmap", "DINO mask")
+# What each style draws, as the Overlay choice reads on screen ("transparent where low" over an orange image
+# left open whether the colour, the image or both fade). The keys stay the values kept in URLs and settings.
+OVERLAY_LABELS = {
+    "transparent where low": "opacity follows the value (low values transparent)",
+    "heatmap": "solid heatmap (every patch at the Opacity)",
+    "DINO mask": "DINO mask (image kept where the mass is, the rest dimmed)",
+}
+OVERLAY_HELP = ("What is drawn over the image. Opacity follows the value: each patch's colour is the colour bar's "
+                "colour for its value, drawn with opacity = Opacity × √(its position on the colour scale), so the "
+                "lowest values are fully transparent (the photo shows through) and the top of the scale is drawn "
+                "at the Opacity setting. Solid heatmap: every patch at that opacity. DINO mask: no colour; the "
+                "patches holding the kept share of mass stay clear, the rest is dimmed. The colour bar always "
+                "gives a value's colour at full opacity.")
 CLIPPED_COLOUR = (0, 255, 255)     # cyan outline: above the top of the colour scale
 SINK_COLOUR = (255, 255, 255)      # white cross: an attention sink (excluded from the scale)
 QUERY_COLOUR = (0, 255, 0)         # green outline: the query (or key) patch

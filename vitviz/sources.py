@@ -29,6 +29,18 @@ class ModelSource:
         return Path(self.name).expanduser() if self.kind == "transformers" and self.hub_id is None else None
 
 
+def canonical_model_name(name: str) -> str:
+    """The one name of a model, as the ``stats`` command writes it in a table's model column.
+
+    The app's in-session runs, typed names and read tables all go through this, so one model is not
+    listed twice (the bundled model once appeared as ``bundled`` from a table and as its long label
+    from an in-app run): surrounding spaces go, an ``hf:`` id loses spaces after the prefix, and
+    anything else is kept as typed (timm names and folders are case- and path-sensitive).
+    """
+    source = parse_model_name(name.strip())
+    return f"{HF_PREFIX}{source.hub_id}" if source.hub_id is not None else source.name
+
+
 def parse_model_name(name: str) -> ModelSource:
     """``"bundled"``; ``"hf:owner/name"`` or anything path-like (a ``/``, a ``\\`` or an existing folder):
     transformers; anything else: a timm name."""

@@ -275,7 +275,7 @@ function build(st) {
     order: select("order", ["head number", ...Object.keys(header.rankings)]),
     cmap: select("cmap", Object.keys(header.luts)),
     scale: select("scale", header.scale_modes),
-    style: select("style", header.styles),
+    style: Object.assign(select("style", header.styles, header.style_labels), { title: header.style_help || "" }),
     opacity: el("input", { type: "range", min: 0, max: 1, step: 0.05, "data-key": "opacity", "aria-label": "Opacity" }),
     sinks: el("input", { type: "checkbox", "data-key": "sinks" }),
   };
