@@ -379,15 +379,19 @@ def test_compose_edits_applies_every_mapping_at_a_shared_point_in_order(planted)
     assert (seen[3][..., cols] > 0).all()  # read first: the attention before masking
 
 
-def test_cli_registers_on_the_bundled_model_finds_nothing_to_repair(tmp_path, capsys):
-    """The bundled DINOv2-S/14 has no outliers at 10x (largest 1.90x the median): registers.json lists no neuron
-    and no emergence layer, and analyze --registers with it says there is nothing to repair."""
+def test_cli_registers_on_the_bundled_model_finds_nothing_to_repair(tmp_path, monkeypatch, capsys):
+    """The README's ``registers`` line, typed as it stands (the four sample photos): the bundled DINOv2-S/14 has no
+    outliers at 10x (largest 1.90x the median), so registers.json lists no neuron and no emergence layer, and
+    analyze --registers with it says there is nothing to repair."""
     import json
 
-    from conftest import ASSETS
+    from conftest import ASSETS, readme_command
     from vitviz.cli import main
 
-    assert main(["registers", str(ASSETS / "chelsea.jpg"), str(ASSETS / "rocket.jpg"), "--out", str(tmp_path)]) == 0
+    monkeypatch.chdir(ASSETS.parent)  # the README's paths are relative to the repository
+    args = readme_command(".venv/bin/python -m vitviz registers", tmp_path)
+    assert args[:3] == ["-m", "vitviz", "registers"]
+    assert main(args[2:]) == 0
     assert "no outliers" in capsys.readouterr().out
     data = json.loads((tmp_path / "registers.json").read_text())
     assert data["neurons"] == [] and data["emergence_layer"] is None and data["images_with_outliers"] == 0
