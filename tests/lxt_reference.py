@@ -47,7 +47,7 @@ def _hf_vit(method: str, folder: str):
 
 def main(method: str, src: str, dst: str) -> None:
     _import_lxt()
-    data = torch.load(src)
+    data = torch.load(src, weights_only=True)
     if "folder" in data:
         forward = _hf_vit(method, data["folder"])
         x = data["input"].clone().requires_grad_(True)

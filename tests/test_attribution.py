@@ -45,7 +45,7 @@ def _lxt_pixels(model, x: torch.Tensor, classes: list[int], method: str, tmp_pat
                src)
     subprocess.run([sys.executable, str(Path(__file__).with_name("lxt_reference.py")), method, str(src), str(dst)],
                    check=True, timeout=600)
-    return torch.load(dst)["pixels"]
+    return torch.load(dst, weights_only=True)["pixels"]
 
 
 def test_torchvision_adapter_equals_torchvision_forward(tv_vit):

@@ -122,7 +122,7 @@ def test_relevance_equals_lxt_on_a_transformers_vit(method, hf_folders, tmp_path
     torch.save({"folder": folder, "input": x, "classes": torch.tensor(classes)}, src)
     subprocess.run([sys.executable, str(Path(__file__).with_name("lxt_reference.py")), method, str(src), str(dst)],
                    check=True, timeout=600)
-    ref = torch.load(dst)["pixels"]
+    ref = torch.load(dst, weights_only=True)["pixels"]
     got = torch.cat([torch.from_numpy(A.relevance(ours, x[i:i + 1], method, A.ClassLogit(c)).pixels)
                      for i, c in enumerate(classes)])
     scale = ref.abs().max().item()
