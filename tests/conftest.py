@@ -146,3 +146,34 @@ def timm_unfused_attention(model, x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         reference(x)
     return torch.stack(seen, 1)
+
+
+def assert_edits_stay_in_their_thread(run, model, x, point: str) -> None:
+    """Two threads, each scaling ``blocks.0.mlp_hidden`` by its own factor five times on one shared model, get
+    exactly what the same edit gives alone: no edit leaks into the other thread's forward."""
+    import threading
+
+    def scaled(factor):
+        return lambda h, p: h * factor
+
+    with torch.no_grad():
+        serial = {f: run(model, x, keep=(point,), edit={"blocks.0.mlp_hidden": scaled(f)})[point] for f in (0.0, 2.0)}
+    results = {}
+
+    def work(factor):
+        with torch.no_grad():
+            for _ in range(5):
+                results.setdefault(factor, []).append(
+                    run(model, x, keep=(point,), edit={"blocks.0.mlp_hidden": scaled(factor)})[point])
+
+    threads = [threading.Thread(target=work, args=(f,)) for f in (0.0, 2.0)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # The two edits give different outputs, so a leaked edit would show.
+    assert (serial[0.0] - serial[2.0]).abs().max() > 1e-3 * serial[2.0].abs().max()
+    for factor in (0.0, 2.0):
+        assert len(results[factor]) == 5
+        for out in results[factor]:
+            assert torch.equal(out, serial[factor])

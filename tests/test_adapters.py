@@ -8,11 +8,11 @@ applies ``attn_drop`` to them. A new adapter fails :func:`test_every_registered_
 until it is given an example here, so it is tested the moment it is registered.
 """
 import copy
-import threading
 
 import pytest
 import torch
 
+from conftest import assert_edits_stay_in_their_thread  # noqa: E402
 from vitviz.adapters import ADAPTERS, adapter_for, load_all, run
 
 from test_adapters_relpos import VARIANTS as RELPOS_VARIANTS, loader as relpos_loader
@@ -126,28 +126,7 @@ def test_two_threads_with_different_edits_on_one_model_get_their_own_results(loa
     model, x = loaded.model, _images(loaded, 1)
     point = _output_point(model)
 
-    def scaled(factor):
-        return lambda h, p: h * factor
-
-    with torch.no_grad():
-        serial = {f: run(model, x, keep=(point,), edit={"blocks.0.mlp_hidden": scaled(f)})[point] for f in (0.0, 2.0)}
-    results = {}
-
-    def work(factor):
-        with torch.no_grad():
-            for _ in range(5):
-                results.setdefault(factor, []).append(
-                    run(model, x, keep=(point,), edit={"blocks.0.mlp_hidden": scaled(factor)})[point])
-
-    threads = [threading.Thread(target=work, args=(f,)) for f in (0.0, 2.0)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert _rel(serial[0.0], serial[2.0]) > 1e-3  # the two edits give different outputs
-    for factor, outs in results.items():
-        for out in outs:
-            assert torch.equal(out, serial[factor])
+    assert_edits_stay_in_their_thread(run, model, x, point)
 
 
 def test_keep_reads_every_named_point_with_the_documented_shapes_and_stop_after_ends_the_run(loaded_cases):

@@ -8,13 +8,13 @@ inside the library's copy by hand: a forward pre-hook on that layer's attention 
 zeroes the head's slice of its input, which is exactly what zero probabilities give (0 @ v = 0).
 """
 import copy
-import threading
 
 import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
 
+from conftest import assert_edits_stay_in_their_thread  # noqa: E402
 from vitviz.adapters import adapter_for, run  # noqa: E402
 from vitviz.images import preprocess  # noqa: E402
 from vitviz.models import ModelSpec, load_model  # noqa: E402
@@ -131,29 +131,7 @@ def test_two_threads_with_different_edits_on_one_hf_model_get_their_own_results(
     model, x = loaded.model, _inputs(loaded, chelsea, 1)
     point = "logits" if adapter_for(model).num_classes(model) else "pooled"
 
-    def scaled(factor):
-        return lambda h, p: h * factor
-
-    with torch.no_grad():
-        serial = {f: run(model, x, keep=(point,), edit={"blocks.0.mlp_hidden": scaled(f)})[point] for f in (0.0, 2.0)}
-    results = {}
-
-    def work(factor):
-        with torch.no_grad():
-            for _ in range(5):
-                results.setdefault(factor, []).append(
-                    run(model, x, keep=(point,), edit={"blocks.0.mlp_hidden": scaled(factor)})[point])
-
-    threads = [threading.Thread(target=work, args=(f,)) for f in (0.0, 2.0)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert _rel(serial[0.0], serial[2.0]) > 1e-3  # the two edits give different outputs
-    for factor, outs in results.items():
-        assert len(outs) == 5
-        for out in outs:
-            assert torch.equal(out, serial[factor])
+    assert_edits_stay_in_their_thread(run, model, x, point)
 
 
 @pytest.mark.parametrize("adapter_name,family", CASES, ids=IDS)
