@@ -162,6 +162,11 @@ CASES = {
         "from vitviz.cli import main; sys.exit(main(['stats', '--model', 'bundled', r'{image}', "
         "'--out', r'{tmp}/run', '--workers', '0']))",
         ["stats.parquet", "39,845,888 rows", "1.0 GiB"]),
+    "list_2gib_txt": (
+        lambda tmp: sparse_file(tmp / "list.txt", 1 << 31) and (tmp / "out").mkdir(),
+        "from vitviz.cli import main; sys.exit(main(['stats', '--model', 'bundled', r'{tmp}/list.txt', "
+        "'--out', r'{tmp}/out', '--workers', '0']))",
+        ["list.txt", "2.0 GiB", "128 MiB"]),
     "summary_1gib_json": (
         lambda tmp: sparse_file(tmp / "run" / "summary.json"),
         "from vitviz.cli import main; sys.exit(main(['stats', '--model', 'bundled', r'{image}', "

@@ -166,6 +166,31 @@ def test_inputs_expand_folders_recursively_and_list_files_relative_to_the_list(t
     assert [str(p) for p in problems] == ["missing.jpg: does not exist", "x.webp: is named twice; the first one is used"]
 
 
+def test_a_list_file_over_the_line_cap_is_refused_with_a_sentence_and_one_at_the_cap_is_read(tmp_path):
+    from vitviz.inputs import MAX_LIST_LINES
+
+    (tmp_path / "a.png").write_bytes(b"x")
+    at_cap = tmp_path / "at_cap.txt"
+    at_cap.write_text("a.png\n" + "#\n" * (MAX_LIST_LINES - 1))  # comments count as lines too
+    over = tmp_path / "over.txt"
+    over.write_text("a.png\n" * (MAX_LIST_LINES + 1))
+    files, problems = expand_inputs([at_cap])
+    assert [f.name for f in files] == ["a.png"] and problems == []
+    files, problems = expand_inputs([over])
+    # Refused whole (not its first million lines: no entry of it is taken), with the file, its size and the cap.
+    assert files == []
+    assert [str(p) for p in problems] == [
+        f"{over}: is a list file of more than 1,000,000 lines, the most a list of image paths may have; vitviz "
+        "does not read the rest (give the folder, or split the list into several files)."]
+
+
+def test_a_list_entry_longer_than_a_path_may_be_is_a_sentence(tmp_path):
+    listing = tmp_path / "files.txt"
+    listing.write_text("a" * 5000 + "\n")
+    files, problems = expand_inputs([listing])
+    assert files == [] and [p.reason for p in problems] == ["cannot be looked up (File name too long)"]
+
+
 @pytest.mark.slow
 def test_stats_mean_distance_equals_analyze_per_image_and_bad_files_are_skipped(tmp_path, tiny_checkpoint, capsys):
     from vitviz.cli import main
