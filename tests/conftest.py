@@ -4,9 +4,12 @@ import tempfile
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 # One converted copy of the bundled weights per test session, always away from the user's cache (even
-# when VITVIZ_CACHE names one), removed when the session ends (pytest_unconfigure).
-_TEST_CACHE = tempfile.mkdtemp(prefix="vitviz-test-cache-")
-os.environ["VITVIZ_CACHE"] = _TEST_CACHE
+# when VITVIZ_CACHE names one), removed when the session ends (pytest_unconfigure). pytest-xdist's workers
+# inherit the controller's environment: they share its folder (one conversion, not one per worker; the
+# cache is written through a rename) and the controller, which outlives them, removes it.
+_OWN_CACHE = not (os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("VITVIZ_TEST_CACHE"))
+_TEST_CACHE = tempfile.mkdtemp(prefix="vitviz-test-cache-") if _OWN_CACHE else os.environ["VITVIZ_TEST_CACHE"]
+os.environ["VITVIZ_CACHE"] = os.environ["VITVIZ_TEST_CACHE"] = _TEST_CACHE
 # AppTests read the server-drawn Plotly grids; the browser explorer has its own browser test.
 os.environ.setdefault("VITVIZ_DRAW", "server")
 
@@ -55,7 +58,8 @@ FAMILIES = {
 def pytest_unconfigure(config):
     import shutil
 
-    shutil.rmtree(_TEST_CACHE, ignore_errors=True)
+    if _OWN_CACHE:
+        shutil.rmtree(_TEST_CACHE, ignore_errors=True)
 
 
 @pytest.fixture

@@ -130,6 +130,8 @@ from vitviz.output import run_id_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "deit_tiny_patch16_224"
+# Only a hung child is stopped at this age: a test never fails for being slow (machine load is not a bug).
+HANG_S = 1800
 
 
 @pytest.fixture(scope="module")
@@ -244,13 +246,14 @@ def test_sigterm_while_writing_leaves_the_previous_or_the_new_complete_result(tm
     for wait_for in ("attention.raw", "analysis.npz"):  # while streaming; while assembling the npz
         proc = subprocess.Popen([sys.executable, "-m", "vitviz", *cli_args(images, out, tiny_checkpoint)],
                                 cwd=ROOT, stderr=subprocess.PIPE, text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"})
-        deadline = time.monotonic() + 120
-        while proc.poll() is None and time.monotonic() < deadline:
+        # No deadline of its own: the run ends by itself, and under load (0.05 img/s was seen on a shared
+        # machine) a 120 s limit failed a correct run. HANG_S only stops a run that hangs.
+        while proc.poll() is None:
             if any(out.glob(f".vitviz-run-*.partial/{wait_for}")):
                 proc.send_signal(signal.SIGTERM)
                 break
             time.sleep(0.005)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=HANG_S)
         run = complete_and_matching()
         assert not list(out.glob(".vitviz-*"))
         if proc.returncode == 143:
