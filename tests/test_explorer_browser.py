@@ -200,6 +200,53 @@ def test_heads_downloads_finish_and_rerun_nothing(browser_page, tmp_path):
     assert pg.evaluate(VIEW_JS)["paints"] == paints
 
 
+def test_an_upload_survives_f5_and_the_uploaders_own_x_removes_it(browser_page, tmp_path):
+    """Upload, remove with the uploader's own x, upload again, move the layer, F5: image, page and layer are back,
+    and the sidebar's list of loaded images (the uploader itself is empty after a reload) removes it."""
+    pg, _, server = browser_page
+    photo = tmp_path / "my_cat.jpg"  # not a sample's name: only the kept upload can bring it back
+    photo.write_bytes((ASSETS / "chelsea.jpg").read_bytes())
+    up = pg.context.browser.new_context(viewport=VIEWPORT).new_page()
+    up.set_default_timeout(120_000)
+    up.goto(f"{server}/heads?intro=0")
+    up.wait_for_selector(READY, timeout=300_000)
+    heading = lambda name: up.get_by_role("heading", name=f"Attention heads · {name}")  # noqa: E731
+    uploader = up.locator('[data-testid="stFileUploader"]').first
+    uploader.locator('input[type="file"]').set_input_files(photo)
+    heading("my_cat.jpg").wait_for()
+    assert "img=" in up.url
+    uploader.locator('[data-testid="stFileChipDeleteBtn"] button, button[data-testid="stFileChipDeleteBtn"]').first.click()  # the widget's own x
+    heading("astronaut.jpg").wait_for()
+    up.wait_for_function(IDLE_JS, arg=1500, polling=200)
+    assert "img=" not in up.url and up.get_by_text("my_cat.jpg").count() == 0
+    # Another file (the same file again did not come back here within 240 s: seen, not examined).
+    again = tmp_path / "my_cat_again.jpg"
+    again.write_bytes(photo.read_bytes() + b"\0")  # the same picture (a byte after the JPEG's end), another name
+    uploader.locator('input[type="file"]').set_input_files(again)
+    heading("my_cat_again.jpg").wait_for()
+    up.wait_for_selector(READY)
+    up.wait_for_function(IDLE_JS, arg=1500, polling=200)
+    slider = up.locator('.vv-explorer input[data-key="layer"]')
+    slider.focus()
+    slider.press("ArrowLeft")
+    up.wait_for_function(f"() => ({VIEW_JS})().view.layer === 11")
+    up.wait_for_timeout(2500)  # the debounced report and its rerun
+    up.reload()
+    heading("my_cat_again.jpg").wait_for()
+    up.wait_for_selector(READY, timeout=300_000)
+    assert "/heads" in up.url and up.evaluate(VIEW_JS)["view"]["layer"] == 11
+    up.screenshot(path=str(SHOTS / "upload_after_reload.png"))
+    # The uploader is empty after F5; the sidebar's list says what is loaded and removes it.
+    assert uploader.locator('[data-testid="stFileChip"]').count() == 0
+    remove = up.locator('[class*="st-key-remove_"] button').first
+    remove.wait_for()
+    assert "my_cat_again.jpg" in up.locator('[data-testid="stSidebar"]').inner_text()
+    remove.click()
+    heading("astronaut.jpg").wait_for()
+    assert "img=" not in up.url
+    up.context.close()
+
+
 def test_a_link_opens_the_view_it_names(browser_page):
     pg, _, server = browser_page
     pg.goto(f"{server}/heads?intro=0&layer=6&query=patch&patch=100&style=heatmap&scale=shared+across+heads&sinks=0&cmap=Viridis")
