@@ -26,6 +26,6 @@ PAGES = [
     st.Page("pages/11_registers.py", title="Registers & sinks"),
 ]
 page = st.navigation(PAGES)
-if first_visit():  # a sample picked in the first visit's explanation opens the heads page
+if first_visit(page.url_path):  # a sample picked in the first visit's explanation opens the heads page
     st.switch_page(next(p for p in PAGES if p.title == "Attention heads"))
 page.run()

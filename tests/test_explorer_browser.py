@@ -59,7 +59,7 @@ def browser_page(server):
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        pg = browser.new_page(viewport=VIEWPORT)
+        pg = browser.new_page(viewport=VIEWPORT, accept_downloads=True)
         pg.set_default_timeout(240_000)
         pg.route_web_socket(re.compile(r".*/_stcore/stream.*"), through)
         pg.goto(f"{server}/heads?intro=0", timeout=300_000)  # the first visit's explanation has its own test
@@ -176,6 +176,77 @@ def test_reload_restores_page_and_layer(browser_page):
     assert pg.evaluate(VIEW_JS)["view"]["layer"] == 10
 
 
+def test_heads_downloads_finish_and_rerun_nothing(browser_page, tmp_path):
+    """The heads grid's PNG and npz, each clicked twice: every file arrives, no spinner is left, and the explorer
+    is not rebuilt (a rerun with on_click="rerun" once re-ran the page behind each click)."""
+    pg, _, _ = browser_page
+    paints = pg.evaluate(VIEW_JS)["paints"]
+    files = {}
+    for _ in range(2):
+        for label in ["Image (png)", "Data (npz)"]:
+            button = pg.get_by_role("button", name=label).first
+            button.scroll_into_view_if_needed()
+            with pg.expect_download(timeout=60_000) as info:
+                button.click()
+            path = tmp_path / info.value.suggested_filename
+            info.value.save_as(path)
+            files[label] = path
+    assert files["Image (png)"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    layer = pg.evaluate(VIEW_JS)["view"]["layer"]
+    assert f"layer{layer}" in files["Image (png)"].name  # the files follow the browser's view
+    with np.load(files["Data (npz)"]) as npz:
+        assert npz["maps"].shape == (6, 16, 16) and (npz["maps"] >= 0).all() and (npz["maps"] <= 1).all()
+    assert pg.locator('[data-testid="stDownloadButton"] [data-testid="stSpinner"]').count() == 0
+    assert pg.evaluate(VIEW_JS)["paints"] == paints
+
+
+def test_an_upload_survives_f5_and_the_uploaders_own_x_removes_it(browser_page, tmp_path):
+    """Upload, remove with the uploader's own x, upload again, move the layer, F5: image, page and layer are back,
+    and the sidebar's list of loaded images (the uploader itself is empty after a reload) removes it."""
+    pg, _, server = browser_page
+    photo = tmp_path / "my_cat.jpg"  # not a sample's name: only the kept upload can bring it back
+    photo.write_bytes((ASSETS / "chelsea.jpg").read_bytes())
+    up = pg.context.browser.new_context(viewport=VIEWPORT).new_page()
+    up.set_default_timeout(120_000)
+    up.goto(f"{server}/heads?intro=0")
+    up.wait_for_selector(READY, timeout=300_000)
+    heading = lambda name: up.get_by_role("heading", name=f"Attention heads · {name}")  # noqa: E731
+    uploader = up.locator('[data-testid="stFileUploader"]').first
+    uploader.locator('input[type="file"]').set_input_files(photo)
+    heading("my_cat.jpg").wait_for()
+    assert "img=" in up.url
+    uploader.locator('[data-testid="stFileChipDeleteBtn"] button, button[data-testid="stFileChipDeleteBtn"]').first.click()  # the widget's own x
+    heading("astronaut.jpg").wait_for()
+    up.wait_for_function(IDLE_JS, arg=1500, polling=200)
+    assert "img=" not in up.url and up.get_by_text("my_cat.jpg").count() == 0
+    # Another file (the same file again did not come back here within 240 s: seen, not examined).
+    again = tmp_path / "my_cat_again.jpg"
+    again.write_bytes(photo.read_bytes() + b"\0")  # the same picture (a byte after the JPEG's end), another name
+    uploader.locator('input[type="file"]').set_input_files(again)
+    heading("my_cat_again.jpg").wait_for()
+    up.wait_for_selector(READY)
+    up.wait_for_function(IDLE_JS, arg=1500, polling=200)
+    slider = up.locator('.vv-explorer input[data-key="layer"]')
+    slider.focus()
+    slider.press("ArrowLeft")
+    up.wait_for_function(f"() => ({VIEW_JS})().view.layer === 11")
+    up.wait_for_timeout(2500)  # the debounced report and its rerun
+    up.reload()
+    heading("my_cat_again.jpg").wait_for()
+    up.wait_for_selector(READY, timeout=300_000)
+    assert "/heads" in up.url and up.evaluate(VIEW_JS)["view"]["layer"] == 11
+    up.screenshot(path=str(SHOTS / "upload_after_reload.png"))
+    # The uploader is empty after F5; the sidebar's list says what is loaded and removes it.
+    assert uploader.locator('[data-testid="stFileChip"]').count() == 0
+    remove = up.locator('[class*="st-key-remove_"] button').first
+    remove.wait_for()
+    assert "my_cat_again.jpg" in up.locator('[data-testid="stSidebar"]').inner_text()
+    remove.click()
+    heading("astronaut.jpg").wait_for()
+    assert "img=" not in up.url
+    up.context.close()
+
+
 def test_a_link_opens_the_view_it_names(browser_page):
     pg, _, server = browser_page
     pg.goto(f"{server}/heads?intro=0&layer=6&query=patch&patch=100&style=heatmap&scale=shared+across+heads&sinks=0&cmap=Viridis")
@@ -192,12 +263,30 @@ def test_a_first_visit_explains_and_one_click_opens_the_heads_page(browser_page)
     first.set_default_timeout(240_000)
     first.goto(server)
     first.get_by_text("New here? What vitviz shows").wait_for()
+    first.wait_for_function(IDLE_JS, arg=1500, polling=200)  # the sample thumbnails drawn, not their placeholders
     first.screenshot(path=str(SHOTS / "first_visit.png"))
     first.get_by_role("button", name="Open chelsea").click()
     first.wait_for_selector(READY)
     assert "/heads" in first.url and "image=chelsea.jpg" in first.url
     assert first.get_by_role("heading", name="Attention heads · chelsea.jpg").is_visible()
     assert not first.get_by_text("New here?").count()
+    first.context.close()
+
+
+def test_a_collapsed_explanation_stays_closed_after_a_reload(browser_page):
+    pg, _, server = browser_page
+    first = pg.context.browser.new_context(viewport=VIEWPORT).new_page()
+    first.set_default_timeout(240_000)
+    first.goto(f"{server}/rollout")
+    first.get_by_text("New here? What vitviz shows").click()  # the expander's header: collapse
+    first.wait_for_url(re.compile(r".*intro=0.*"))
+    first.wait_for_function(IDLE_JS, arg=1500, polling=200)
+    assert first.get_by_text("New here? What vitviz shows").count() == 1  # a one-line header, to reopen it
+    assert not first.get_by_role("button", name="Open chelsea").is_visible()
+    first.reload()
+    first.get_by_role("heading", name=re.compile("Attention rollout")).wait_for()
+    first.wait_for_function(IDLE_JS, arg=1500, polling=200)
+    assert first.get_by_text("New here?").count() == 0
     first.context.close()
 
 

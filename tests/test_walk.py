@@ -40,17 +40,6 @@ def test_the_file_watcher_is_off():
     assert config["server"]["fileWatcherType"] == "none"
 
 
-def test_a_first_visit_explains_until_closed():
-    """(The one click from a sample to the heads page is in tests/test_explorer_browser.py: AppTest does not follow
-    st.switch_page under st.navigation.)"""
-    at = _app()
-    assert any("New here? What vitviz shows" in m.value for m in at.markdown)
-    assert {b.key for b in at.button} >= {"intro_chelsea.jpg", "intro_astronaut.jpg", "intro_close"}
-    at.button(key="intro_close").click().run()
-    assert not any("New here?" in m.value for m in at.markdown)
-    assert at.query_params["intro"] == "0"  # and not again after F5
-
-
 def test_distance_heatmap_labels_every_layer_and_its_caption_describes_it():
     import json
 

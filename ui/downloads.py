@@ -48,11 +48,23 @@ def _once(name: str, kind: str, digest: str, build: Callable[[], bytes]) -> byte
     return entry[1]
 
 
+def _memo(build: Callable[[], bytes | str]) -> Callable[[], bytes | str]:
+    """``build`` run once, on the first call; later calls (more clicks on the same button) get the same bytes."""
+    held: list = []
+
+    def once():
+        if not held:
+            held.append(build())
+        return held[0]
+    return once
+
+
 def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settings: dict,
                  png: Image.Image | Callable[[], Image.Image] | None = None, *, prepared: bool = False) -> None:
     """Buttons under a figure, files named ``name.*``. Plotly's own toolbar also saves any chart as PNG.
 
-    The files are built only when a button is clicked (deferred data), not on every rerun;
+    The files are built only when a button is first clicked (deferred data), not on every rerun, and a click
+    reruns nothing (``on_click="ignore"``);
     ``arrays`` may be a table (saved as CSV), ``png`` a function returning the image.
     ``prepared``: plain buttons holding the files' bytes, built once per content (hashed) and kept in the
     session, for small files: the click is then an ordinary browser download that reruns nothing
@@ -70,13 +82,16 @@ def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settin
             cols[2].download_button("Image (png)", _once(name, "png", _digest(image=image), lambda: png_bytes(image)),
                                     f"{name}.png", "image/png", key=f"png-{name}", on_click="ignore")
         return
+    # Deferred files: built by Streamlit's file handler on the first click, kept for further clicks on the same
+    # view (``_memo``), and ``on_click="ignore"``: a click is an ordinary browser download that reruns nothing.
     if isinstance(arrays, pd.DataFrame):
-        cols[0].download_button("Data (csv)", lambda: arrays.to_csv(index=False), f"{name}.csv", "text/csv",
-                                key=f"csv-{name}")
+        cols[0].download_button("Data (csv)", _memo(lambda: arrays.to_csv(index=False)), f"{name}.csv", "text/csv",
+                                key=f"csv-{name}", on_click="ignore")
     else:
-        cols[0].download_button("Data (npz)", lambda: npz_bytes(arrays), f"{name}.npz", "application/octet-stream",
-                                key=f"npz-{name}")
-    cols[1].download_button("Settings (json)", lambda: json.dumps(settings, indent=2, default=str), f"{name}.json",
-                            "application/json", key=f"json-{name}")
+        cols[0].download_button("Data (npz)", _memo(lambda: npz_bytes(arrays)), f"{name}.npz",
+                                "application/octet-stream", key=f"npz-{name}", on_click="ignore")
+    cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
+                            "application/json", key=f"json-{name}", on_click="ignore")
     if png is not None:
-        cols[2].download_button("Image (png)", lambda: png_bytes(png() if callable(png) else png), f"{name}.png", "image/png", key=f"png-{name}")
+        cols[2].download_button("Image (png)", _memo(lambda: png_bytes(png() if callable(png) else png)), f"{name}.png",
+                                "image/png", key=f"png-{name}", on_click="ignore")

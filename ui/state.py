@@ -159,9 +159,10 @@ def _sidebar_images() -> tuple[list[LoadedImage], str | None]:
     """The decoded image set (uploads, then chosen samples) and the newest upload's name."""
     store = _image_store()
     newest = _sync_uploads(store)
-    persist.uploads_box(store)
-    for gone in persist.keep_images(store):
+    for gone in persist.keep_images(store):  # first: after F5 the list below then shows the images it brought back
         st.sidebar.warning(gone)
+    if persist.uploads_box(store):
+        persist.keep_images(store)  # the URL names what is left
     st.session_state.setdefault("kept_samples", persist.linked_samples(SAMPLES) or SAMPLES[:1])
     samples = st.sidebar.multiselect("Sample photos (assets/)", SAMPLES, **_kept("samples", SAMPLES))
     images, problems = [], []
