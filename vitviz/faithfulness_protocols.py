@@ -6,7 +6,9 @@ replaced by a *replacement* value, or are the only ones restored from it:
 
 - ``morf`` (deletion, most relevant first): the top-k patches replaced; lower AUC = more faithful.
 - ``lerf`` (least relevant first): the same with the order reversed (the last patch of MoRF's order
-  goes first); higher AUC = more faithful.
+  goes first); higher AUC = more faithful. With one replacement, LeRF at f keeps exactly the patches
+  insertion restores at 1 - f (up to one patch where f * P ends in .5), so the two AUCs agree: LeRF is
+  kept because the LXT summary is phrased with it.
 - ``insertion``: start from the replacement everywhere and restore the top-k patches; higher = better.
 - ``lerf_minus_morf``: AUC(LeRF) - AUC(MoRF), the summary of the AttnLRP paper (Achtibat et al. 2024,
   "area between the perturbation curves"); higher = better.

@@ -23,6 +23,7 @@ from .faithfulness_protocols import BETTER, LABELS
 
 RESAMPLES, SEED, LEVEL = 10_000, 0, 0.95
 RANDOM = "random"
+ORDER = ("morf", "lerf", "lerf_minus_morf", "insertion", "positive", "negative")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ def summarise(auc: pd.DataFrame, resamples: int = RESAMPLES, seed: int = SEED) -
         "random_seeds": {...} or None, "differences": [...]}}}; every difference is a - b paired by image.
     """
     out = {"resamples": resamples, "seed": seed, "level": LEVEL, "protocols": {}}
-    for protocol in dict.fromkeys(auc["protocol"]):
+    present = set(auc["protocol"])
+    for protocol in [p for p in ORDER if p in present] + sorted(present - set(ORDER)):
         wide = _wide(auc, protocol)
         seeds = [c for c in wide.columns if str(c).startswith(SEED_PREFIX)]
         methods = [c for c in dict.fromkeys(auc.loc[auc["protocol"] == protocol, "method"]) if c not in seeds]
