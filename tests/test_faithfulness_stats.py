@@ -57,5 +57,7 @@ def test_summary_says_which_methods_beat_chance_with_the_direction_of_each_proto
     spread = summary["protocols"]["morf"]["random_seeds"]
     assert spread["seeds"] == 10 and 0 < spread["sd_over_seeds"] < 0.01
     pair = next(d for d in summary["protocols"]["morf"]["differences"] if (d["a"], d["b"]) == ("good", "bad"))
-    assert pair["mean"] == pytest.approx(-0.1) and pair["significant"]
+    assert pair["mean"] == pytest.approx(-0.1) and pair["significant"] and pair["more_faithful"] == "good"
+    lerf = summary["protocols"]["lerf"]["differences"][0]
+    assert (lerf["a"], lerf["b"], lerf["more_faithful"]) == ("random", "good", "good")  # higher LeRF is better
     assert verdict(paired_difference(pd.Series([0.1, -0.1]), pd.Series([0.0, 0.0])), "morf") == "chance"

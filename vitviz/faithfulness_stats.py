@@ -14,6 +14,7 @@ The random floor is the row ``random`` (the mean over seeds, per image); its per
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -117,8 +118,10 @@ def summarise(auc: pd.DataFrame, resamples: int = RESAMPLES, seed: int = SEED) -
         for k, a in enumerate(methods):
             for b in methods[k + 1:]:
                 d = paired_difference(wide[a].dropna(), wide[b].dropna(), resamples, seed)
+                a_better = (d.mean < 0) == (BETTER.get(protocol, "higher") == "lower")
                 differences.append({"a": a, "b": b, "mean": d.mean, "low": d.low, "high": d.high, "images": d.n,
-                                    "significant": d.excludes_zero})
+                                    "significant": d.excludes_zero,
+                                    "more_faithful": (a if a_better else b) if d.excludes_zero else None})
         out["protocols"][protocol] = {"better": BETTER.get(protocol, "higher"), "methods": rows,
                                       "random_seeds": spread, "differences": differences}
     return out
@@ -137,3 +140,56 @@ def summary_lines(summary: dict) -> list[str]:
             lines.append(f"  random over {s['seeds']} seeds: {s['mean']:.3f} ± {s['sd_over_seeds']:.3f} (s.d. of the "
                          "seeds' means)")
     return lines
+
+
+AUC_COLUMNS = ("image", "method", "protocol", "auc")
+
+
+def auc_path(source) -> Path:
+    """The ``auc.parquet`` a typed path names: the file itself, or the one in a ``--out`` folder."""
+    path = Path(source).expanduser()
+    return path / "auc.parquet" if path.is_dir() else path
+
+
+def read_auc_table(source, name: str | None = None, limit_bytes: int | None = None) -> pd.DataFrame:
+    """A finished run's ``auc.parquet``: Parquet bytes (an upload) or a path to the file or its ``--out`` folder.
+
+    Raises:
+        VitvizError: one sentence naming the file: absent, not Parquet, over the memory budget, a column missing,
+            or one (image, method, protocol) given twice.
+    """
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from .declared import check_parquet
+    from .errors import VitvizError
+    from .settings import Settings
+
+    if not isinstance(source, bytes):
+        path = auc_path(source)
+        name = name or str(path)
+        if not path.is_file():
+            raise VitvizError(f"{name}: no such file; give an auc.parquet file or the folder "
+                              "`python -m vitviz faithfulness --out` wrote it to.")
+        source = path
+    name = name or "auc table"
+    limit = Settings.from_env().cache_bytes if limit_bytes is None else limit_bytes
+    try:
+        opened = io.BytesIO(source) if isinstance(source, bytes) else source
+        handle = pq.ParquetFile(opened, metadata=check_parquet(opened, name, limit))
+        missing = [c for c in AUC_COLUMNS if c not in handle.schema_arrow.names]
+        if missing:
+            raise VitvizError(f"{name}: not a vitviz faithfulness table: it lacks {', '.join(missing)} (expected the "
+                              "auc.parquet that `python -m vitviz faithfulness --out DIR` writes).")
+        table = handle.read(columns=list(AUC_COLUMNS)).to_pandas()
+    except (pa.ArrowException, OSError) as exc:
+        raise VitvizError(f"{name}: not a Parquet file ({str(exc).splitlines()[0]}); expected the auc.parquet that "
+                          "`python -m vitviz faithfulness --out DIR` writes.") from exc
+    if not pd.api.types.is_numeric_dtype(table["auc"]):
+        raise VitvizError(f"{name}: column auc holds {table['auc'].dtype}, not numbers.")
+    repeated = int(table.duplicated(["image", "method", "protocol"]).sum())
+    if repeated:
+        raise VitvizError(f"{name}: {repeated} rows repeat an (image, method, protocol) given before.")
+    return table.astype({"image": str, "method": str, "protocol": str, "auc": "float64"})
