@@ -26,7 +26,7 @@ from vitviz.faithfulness_run import DEFAULT_METHODS
 from vitviz.errors import VitvizError
 from vitviz.faithfulness_figures import curves_figure, dataset_figure, method_curve_figure, method_label, method_unit
 from vitviz.faithfulness_protocols import LABELS as PROTOCOL_LABELS
-from vitviz.faithfulness_stats import RESAMPLES, SEED, auc_path, read_auc_table, summarise
+from vitviz.faithfulness_stats import RESAMPLES, SEED, Interval, auc_path, read_auc_table, sentence, summarise
 from vitviz.flow import FLOW_DEFINITION, attention_flow
 from vitviz.images import preprocess
 from vitviz.rollout import FUSIONS
@@ -86,7 +86,8 @@ def dataset_view() -> None:
     st.dataframe(rows, hide_index=True, key="faith_ds_table",
                  column_config={c: st.column_config.NumberColumn(format="%.4f") for c in
                                 ("mean AUC", "95 % low", "95 % high")})
-    st.markdown("\n".join(f"- {r['sentence']}" for r in block["methods"] if "sentence" in r))
+    st.markdown("\n".join(f"- {sentence(method_label(r['method']), Interval(**r['minus_random']), protocol)}"
+                          for r in block["methods"] if "minus_random" in r))
     st.subheader("Paired differences (per image, a − b)")
     pairs = pd.DataFrame([{"a": method_label(d["a"]), "b": method_label(d["b"]), "mean a − b": d["mean"],
                            "95 % low": d["low"], "95 % high": d["high"], "images": d["images"],
@@ -96,7 +97,8 @@ def dataset_view() -> None:
     if len(pairs):
         st.dataframe(pairs, hide_index=True, key="faith_ds_pairs",
                      column_config={c: st.column_config.NumberColumn(format="%+.4f") for c in
-                                    ("mean a − b", "95 % low", "95 % high")})
+                                    ("mean a − b", "95 % low", "95 % high")}
+                     | {"verdict": st.column_config.TextColumn(width="large")})
     st.caption("A difference is significant when its 95 % interval excludes 0. Few images give wide intervals: "
                "that is the answer, not a failure.")
     download_row(file_stem("faithfulness_dataset", protocol, f"{images}images"), rows, summary)

@@ -100,13 +100,15 @@ def summarise(auc: pd.DataFrame, resamples: int = RESAMPLES, seed: int = SEED) -
         wide = _wide(auc, protocol)
         seeds = [c for c in wide.columns if str(c).startswith(SEED_PREFIX)]
         methods = [c for c in dict.fromkeys(auc.loc[auc["protocol"] == protocol, "method"]) if c not in seeds]
+        methods = [m for m in methods if m != RANDOM] + [m for m in methods if m == RANDOM]  # the floor last
         rows = []
         for m in methods:
             i = bootstrap_mean(wide[m].dropna().to_numpy(), resamples, seed)
             row = {"method": m, "mean": i.mean, "low": i.low, "high": i.high, "images": i.n}
             if RANDOM in wide.columns and m != RANDOM:
                 d = paired_difference(wide[m].dropna(), wide[RANDOM].dropna(), resamples, seed)
-                row |= {"vs_random": verdict(d, protocol), "sentence": sentence(m, d, protocol)}
+                row |= {"vs_random": verdict(d, protocol), "sentence": sentence(m, d, protocol),
+                        "minus_random": {"mean": d.mean, "low": d.low, "high": d.high, "n": d.n}}
             rows.append(row)
         spread = None
         if seeds:
