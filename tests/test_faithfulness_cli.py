@@ -141,3 +141,18 @@ def test_the_readme_faithfulness_line_runs(tmp_path, monkeypatch, capsys):
     auc = pd.read_parquet(tmp_path / "auc.parquet")
     assert set(auc["method"]) == {"rollout", "random", "random_seed_0", "random_seed_1"}
     assert "bootstrap 95 % intervals" in capsys.readouterr().out
+
+
+def test_a_parquet_list_names_the_images_as_its_path_column_does(tmp_path, tiny_checkpoint):
+    from vitviz.inputs import expand_inputs
+
+    make_images(tmp_path / "set" / "img", 2)
+    pd.DataFrame({"path": ["img/img001.png", "img/img000.png", "img/missing.png"]}).to_parquet(tmp_path / "set" / "l.parquet")
+    files, problems = expand_inputs([tmp_path / "set" / "l.parquet"])
+    assert [f.name for f in files] == ["img/img001.png", "img/img000.png"]
+    assert [str(p) for p in problems] == ["img/missing.png: does not exist"]
+    pd.DataFrame({"x": [1]}).to_parquet(tmp_path / "bad.parquet")
+    _, problems = expand_inputs([tmp_path / "bad.parquet"])
+    assert "neither a 'path' nor an 'image' column" in str(problems[0])
+    assert main(_args([tmp_path / "set" / "l.parquet"], tmp_path / "out", tiny_checkpoint)) == 0
+    assert set(pd.read_parquet(tmp_path / "out" / "auc.parquet")["image"]) == {"img/img000.png", "img/img001.png"}

@@ -114,7 +114,8 @@ def _faithfulness_parser(sub) -> None:
                     "a bootstrap 95 %% interval over images, paired differences). Re-running with the same DIR skips "
                     "images already in the table; Ctrl-C keeps what finished.")
     faith.add_argument("inputs", nargs="+", metavar="INPUT",
-                       help="image files, folders (searched recursively) or .txt files listing one path per line")
+                       help="image files, folders (searched recursively), .txt files listing one path per line, or "
+                            ".parquet tables whose path (or image) column lists them")
     faith.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created; reused to resume)")
     faith.add_argument("--methods", default=",".join(DEFAULT_METHODS), metavar="M,M",
                        help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(DEFAULT_METHODS)}: "
@@ -152,7 +153,8 @@ def _registers_parser(sub) -> None:
                     "DIR/norms.parquet (every token's output norm per image and layer). Give the json to "
                     "`analyze --registers` to run with a test-time register.")
     regs.add_argument("inputs", nargs="+", metavar="INPUT",
-                      help="image files, folders (searched recursively) or .txt files listing one path per line")
+                      help="image files, folders (searched recursively), .txt files listing one path per line, or "
+                            ".parquet tables whose path (or image) column lists them")
     regs.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
     regs.add_argument("--model", default="bundled", help="as for analyze")
     regs.add_argument("--checkpoint", type=Path, metavar="PATH", help="local weights for --model's architecture")
