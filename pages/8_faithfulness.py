@@ -1,5 +1,6 @@
 """Faithfulness: which map to trust, by deleting and inserting patches in the order each map ranks them."""
 import csv
+import hashlib
 import io
 
 import numpy as np
@@ -7,28 +8,112 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from ui.cache import cached_gradient_rollout, cached_model, cached_rollout, model_run
+from ui.cache import cached_gradient_rollout, cached_model, cached_rollout, model_run, operator_settings, store
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
 from ui.progress import cached, with_progress
-from ui.state import view_applies, setup
+from ui.state import setup, upload_too_large, view_applies
 from vitviz.analysis import AnalysisSettings
 from vitviz.attribution import PIXEL_METHODS as SIGNED_METHODS, attribute, default_target
 from vitviz.attribution import why_not as attribution_why_not
 from vitviz.faithfulness import (ORDERINGS, PROTOCOL, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
-                                 ordered, perturbation_curves, perturbed_at, random_seed_maps, split_random_seeds,
-                                 to_rgb)
-from vitviz.faithfulness_figures import curves_figure, method_curve_figure, method_label, method_unit
+                                 ordered, random_seed_maps, split_random_seeds, step_counts, to_rgb)
+from vitviz.faithfulness import auc as auc_of
+from vitviz.faithfulness_protocols import (PROTOCOLS, REPLACEMENT_TEXT, REPLACEMENTS, protocol_curves, protocol_inputs,
+                                           protocol_order, replacement_of)
+from vitviz.faithfulness_run import DEFAULT_METHODS
+from vitviz.errors import VitvizError
+from vitviz.faithfulness_figures import curves_figure, dataset_figure, method_curve_figure, method_label, method_unit
+from vitviz.faithfulness_protocols import LABELS as PROTOCOL_LABELS
+from vitviz.faithfulness_stats import RESAMPLES, SEED, Interval, auc_path, read_auc_table, sentence, summarise
 from vitviz.flow import FLOW_DEFINITION, attention_flow
 from vitviz.images import preprocess
 from vitviz.rollout import FUSIONS
 from vitviz.tokens import top_classes
 
+
+
+def dataset_view() -> None:
+    """A finished `python -m vitviz faithfulness` run: mean AUC per method with its bootstrap interval beside the
+    random band, and the paired per-image differences, in sentences."""
+    st.caption("Reads the auc.parquet of `python -m vitviz faithfulness IMAGES --methods attnlrp,rollout,random --out "
+               "DIR`. Intervals: percentile bootstrap over images (95 %, "
+               f"{RESAMPLES:,} resamples, seed {SEED}); differences are paired by image.")
+    files, local = st.columns(2)
+    upload = files.file_uploader("Faithfulness table (auc.parquet)", type=["parquet"], key="faith_ds_upload")
+    table, source = None, None
+    try:
+        if upload is not None:
+            if too_large := upload_too_large(upload.name, upload.size):
+                raise VitvizError(too_large)
+            digest = hashlib.sha256(upload.getbuffer()).hexdigest()
+            table = store().get_or_compute(("auc_table", digest), lambda: read_auc_table(upload.getvalue(), upload.name))
+            source = upload.name
+        elif not operator_settings().shared:  # a shared server reads no file by a path a browser user names
+            typed = local.text_input("... or a run's --out folder or auc.parquet path on this machine",
+                                     key="faith_ds_path", placeholder="faith/").strip()
+            if typed:
+                path = auc_path(typed)
+                stamp = path.stat().st_mtime_ns if path.is_file() else None  # a rewritten table is read again
+                table = store().get_or_compute(("auc_table", str(path), stamp), lambda: read_auc_table(path, typed))
+                source = typed
+    except VitvizError as exc:
+        st.error(str(exc))
+        return
+    if table is None:
+        st.info("Upload an auc.parquet, or type the --out folder of a finished run.")
+        return
+    summary = store().get_or_compute(("auc_summary", source, len(table), float(table["auc"].sum())),
+                                     lambda: summarise(table))
+    protocols = list(summary["protocols"])
+    protocol = st.radio("Protocol", protocols, format_func=lambda p: PROTOCOL_LABELS.get(p, p), horizontal=True,
+                        key="faith_ds_protocol")
+    block = summary["protocols"][protocol]
+    images = table["image"].nunique()
+    show_chart(dataset_figure(block, PROTOCOL_LABELS.get(protocol, protocol)), "faith_ds_fig",
+               file_stem("faithfulness_dataset", protocol, f"{images}images"))
+    seeds = block["random_seeds"]
+    if seeds:
+        st.caption(f"Grey band: the random floor's mean AUC over the {images} images for each of {seeds['seeds']} seeds, "
+                   f"mean {seeds['mean']:.4f} ± 2 × {seeds['sd_over_seeds']:.4f} (s.d. over seeds). "
+                   f"{'Lower' if block['better'] == 'lower' else 'Higher'} AUC is more faithful under this protocol.")
+    rows = pd.DataFrame([{"method": method_label(r["method"]), "mean AUC": r["mean"], "95 % low": r["low"],
+                          "95 % high": r["high"], "images": r["images"],
+                          "against random": {"better": "better than random", "worse": "worse than random",
+                                             "chance": "cannot be told from chance"}.get(r.get("vs_random"), "—")}
+                         for r in block["methods"]])
+    st.dataframe(rows, hide_index=True, key="faith_ds_table",
+                 column_config={c: st.column_config.NumberColumn(format="%.4f") for c in
+                                ("mean AUC", "95 % low", "95 % high")})
+    st.markdown("\n".join(f"- {sentence(method_label(r['method']), Interval(**r['minus_random']), protocol)}"
+                          for r in block["methods"] if "minus_random" in r))
+    st.subheader("Paired differences (per image, a − b)")
+    pairs = pd.DataFrame([{"a": method_label(d["a"]), "b": method_label(d["b"]), "mean a − b": d["mean"],
+                           "95 % low": d["low"], "95 % high": d["high"], "images": d["images"],
+                           "verdict": f"{method_label(d['more_faithful'])} is more faithful" if d["more_faithful"]
+                           else "cannot be told apart"}
+                          for d in block["differences"]])
+    if len(pairs):
+        st.dataframe(pairs, hide_index=True, key="faith_ds_pairs",
+                     column_config={c: st.column_config.NumberColumn(format="%+.4f") for c in
+                                    ("mean a − b", "95 % low", "95 % high")}
+                     | {"verdict": st.column_config.TextColumn(width="large")})
+    st.caption("A difference is significant when its 95 % interval excludes 0. Few images give wide intervals: "
+               "that is the answer, not a failure.")
+    download_row(file_stem("faithfulness_dataset", protocol, f"{images}images"), rows, summary)
+
+
 ctx = setup()
+st.header("Faithfulness" + (f" · {ctx.image.name}" if ctx is not None else ""))
+view = st.radio("View", ["this image", "a finished run over an image set"], horizontal=True, key="faith_view",
+                help="A run over an image set comes from `python -m vitviz faithfulness`: its auc.parquet gives "
+                     "intervals over images and paired differences, which one image cannot.")
+if view != "this image":
+    dataset_view()
+    st.stop()
 if ctx is None:
     st.stop()
-st.header(f"Faithfulness · {ctx.image.name}")
 view_applies(ctx, "faithfulness")
 r, layout, loaded = ctx.result, ctx.result.layout, ctx.loaded
 L, H = r.attention.shape[:2]
@@ -50,6 +135,10 @@ with c3:
         seed = int(st.number_input(f"First random seed (of {RANDOM_SEEDS})", 0, 2**31 - 1, 0, key="faith_seed",
                                    help=f"The random floor is the mean over {RANDOM_SEEDS} seeded random maps, with "
                                         "their spread: one seed alone moves the AUC by a few hundredths."))
+        replacement = st.selectbox("Removed patches become", REPLACEMENTS, key="faith_replacement",
+                                   format_func=lambda r: REPLACEMENT_TEXT[r],
+                                   help="mean: 0 in the normalised input (the dataset mean colour, as the deletion "
+                                        "protocol has it); blur: RISE's blurred copy of the image.")
         ordering = st.selectbox("Order of signed maps", ORDERINGS, key="faith_ordering",
                                 help="AttnLRP, CP-LRP and Gradient × Input are signed. signed: most positive first, "
                                      "most negative last; positive: negative values tie at 0; absolute: |value|. "
@@ -63,9 +152,9 @@ steps = int(c2.number_input("Steps", 2, 41, 11, key="faith_steps", help="fractio
 attributions = [] if attribution_why_not(loaded.model) else ["attnlrp", "cp-lrp", "gradient", "legrad", "gradcam"]
 options = (["last_layer_mean"] + [f"last_layer_head_{h + 1}" for h in range(H)] + ["rollout"]
            + (["gradient_rollout"] if loaded.has_head else []) + ["attention_flow"] + attributions + ["random"])
-# The methods worth computing first: one of each kind (attention, gradient through attention, relevance), and chance.
-first = ["last_layer_mean", "rollout", "gradient_rollout", "attnlrp", "legrad", "gradcam", "random"]
-methods = c1.multiselect("Methods", options, default=[m for m in first if m in options], format_func=method_label,
+# The methods worth computing first: relevance (AttnLRP), attention (rollout) and chance (random).
+first = list(DEFAULT_METHODS)
+methods = c1.multiselect("Methods (default: the ones worth computing first — AttnLRP, rollout, random)", options, default=[m for m in first if m in options], format_func=method_label,
                          key="faith_methods")
 if not methods:
     st.info("Choose at least one method.")
@@ -73,9 +162,9 @@ if not methods:
 
 flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, flow_start - 1, flow_end)
 key = ("faithfulness", ctx.spec, ctx.image.sha256, tuple(methods), steps, target, fusion, discard, start - 1, end,
-       flow_start - 1, flow_end, seed, ordering)
+       flow_start - 1, flow_end, seed, ordering, replacement)
 maps_run = len(methods) + (RANDOM_SEEDS - 1 if "random" in methods else 0)
-forwards = maps_run * 2 * (steps - 2) + 2
+forwards = maps_run * len(PROTOCOLS) * (steps - 2) + 2
 run_slot = st.empty()  # the button goes away once the result is there
 if cached(key) is None and not run_slot.button(f"Run the perturbation test ({len(methods)} methods, {forwards} forward "
                                          "passes)", type="primary", key="faith_run"):
@@ -109,11 +198,18 @@ def run(progress):
                 chosen[m] = ordered(grid, ordering) if m in SIGNED_METHODS else grid
             else:
                 chosen[m] = maps[m]
-        return perturbation_curves(model, model_input, chosen, layout, fractions=default_fractions(steps),
-                                   target=target, progress=progress)
+        curves = protocol_curves(model, model_input, chosen, layout, protocols=PROTOCOLS, replacement=replacement,
+                                 fractions=default_fractions(steps), target=target, progress=progress)
+    # MoRF is the deletion curve; LeRF goes beside it for the LXT summary (AUC LeRF - MoRF).
+    return Faithfulness(methods=curves.methods, maps=np.stack([np.asarray(chosen[n], dtype=np.float64)
+                                                               for n in curves.methods]),
+                        fractions=curves.fractions["morf"], counts=step_counts(curves.fractions["morf"],
+                                                                               layout.num_patches),
+                        deletion=curves.curves["morf"], insertion=curves.curves["insertion"],
+                        score=curves.score["morf"], target=curves.target), curves.curves["lerf"]
 
 
-full = with_progress(key, "Perturbation test: method", run)
+full, lerf_full = with_progress(key, "Perturbation test: method", run)
 run_slot.empty()
 # The random floor: its seeds' curves and AUCs become one "random" row (mean over seeds; the map shown is the
 # first seed's), and the seeds' spread decides what can be told from chance.
@@ -126,6 +222,8 @@ result = Faithfulness(methods=[full.methods[m] if m in others else "random" for 
                       if seeds else full.deletion[others],
                       insertion=np.concatenate([full.insertion[others], full.insertion[seeds].mean(0, keepdims=True)])
                       if seeds else full.insertion[others])
+lerf = np.concatenate([lerf_full[others], lerf_full[seeds].mean(0, keepdims=True)]) if seeds else lerf_full[others]
+lerf_auc = auc_of(lerf, result.fractions)
 auc = {m: (d, i) for m, d, i in zip(result.methods, result.deletion_auc, result.insertion_auc)}
 stem = file_stem("faithfulness", ctx.image.name, f"{steps}steps")
 show_chart(curves_figure(result.fractions, result.deletion, result.insertion, result.methods, result.score, auc),
@@ -135,7 +233,8 @@ st.subheader("AUC per method")
 named = {m: method_label(m) + (f" ({ordering} order)" if m in SIGNED_METHODS else "") for m in result.methods}
 if band is not None:
     named["random"] = f"random (mean of {band.seeds} seeds)"
-table = pd.DataFrame(result.table()).assign(method=lambda t: t["method"].map(named))
+table = pd.DataFrame(result.table()).assign(method=lambda t: t["method"].map(named), lerf_auc=lerf_auc,
+                                            lerf_minus_morf=lerf_auc - result.deletion_auc)
 if band is not None:
     table["vs chance: deletion"] = [band.compare("deletion", d) if m != "random" else
                                     f"± {band.band('deletion')[1]:.3f} s.d." for m, d in
@@ -144,16 +243,20 @@ if band is not None:
                                      f"± {band.band('insertion')[1]:.3f} s.d." for m, i in
                                      zip(result.methods, result.insertion_auc)]
 st.dataframe(table.rename(columns={"deletion_auc": "deletion AUC ↓", "insertion_auc": "insertion AUC ↑",
-                                   "insertion_minus_deletion": "insertion − deletion ↑"}),
+                                   "insertion_minus_deletion": "insertion − deletion ↑", "lerf_auc": "LeRF AUC ↑",
+                                   "lerf_minus_morf": "LeRF − MoRF (LXT) ↑"}),
              hide_index=True, key="faith_table",
              column_config={c: st.column_config.NumberColumn(format="%.4f") for c in
-                            ("deletion AUC ↓", "insertion AUC ↑", "insertion − deletion ↑")})
+                            ("deletion AUC ↓", "insertion AUC ↑", "insertion − deletion ↑", "LeRF AUC ↑",
+                             "LeRF − MoRF (LXT) ↑")})
 reference = result.reference()
 st.caption(f"Score: {result.score}. Best on deletion: {method_label(reference['best']['deletion'])}; best on "
            f"insertion: {method_label(reference['best']['insertion'])}; worst on deletion: "
            f"{method_label(reference['worst']['deletion'])}; worst on insertion: "
-           f"{method_label(reference['worst']['insertion'])}. Click a column header to sort. One image: no claim "
-           "beyond it.")
+           f"{method_label(reference['worst']['insertion'])}. Removed patches become {REPLACEMENT_TEXT[replacement]}. "
+           "LeRF removes the least relevant patches first (its AUC matches insertion's up to rounding); LeRF − MoRF "
+           "is the AttnLRP paper's summary. Click a column header to sort. One image: no claim beyond it; the "
+           "dataset view above gives intervals over an image set.")
 if band is not None:
     st.markdown("**Against chance** (random maps over "
                 f"{band.seeds} seeds, seeds {seed}–{seed + band.seeds - 1}; a method counts as better or worse only "
@@ -168,7 +271,8 @@ settings = {"image": ctx.image.name, "model": loaded.card()["spec"], "protocol":
             "random_seeds": list(range(seed, seed + (band.seeds if band else 1))),
             "random_auc_per_seed": None if band is None else {"deletion": band.deletion.tolist(),
                                                                 "insertion": band.insertion.tolist()},
-            "signed_map_ordering": ordering, "heads": "1-based in method names", "auc": {m: {"deletion": d, "insertion": i}
+            "signed_map_ordering": ordering, "replacement": REPLACEMENT_TEXT[replacement],
+            "lerf_auc": dict(zip(result.methods, lerf_auc.tolist())), "heads": "1-based in method names", "auc": {m: {"deletion": d, "insertion": i}
                                                                             for m, (d, i) in auc.items()},
             "reference": reference}
 buf = io.StringIO()
@@ -186,12 +290,13 @@ step = m2.select_slider("Step", options=list(range(len(result.fractions))), valu
                         format_func=lambda s: f"{result.fractions[s]:.0%} ({result.counts[s]} patches)",
                         key="faith_step")
 m = result.methods.index(shown_method)
-inputs = perturbed_at(preprocess([ctx.image.image], loaded.data_config).tensor[0], result.maps[m], layout,
-                      float(result.fractions[step]))
-pictures = to_rgb(torch.stack([inputs["deletion"], inputs["insertion"]]), loaded.data_config)
+model_input = preprocess([ctx.image.image], loaded.data_config).tensor[0]
+base, order = replacement_of(model_input, replacement), protocol_order(result.maps[m], "morf")
+pictures = to_rgb(torch.cat([protocol_inputs(model_input, base, order, result.counts[step:step + 1], layout, p)
+                             for p in ("morf", "insertion")]), loaded.data_config)
 p1, p2, _ = st.columns([1, 1, 1])
-p1.image(pictures[0], caption=f"deletion: top {result.counts[step]} of {layout.num_patches} patches set to the mean "
-                              f"colour · score {result.deletion[m, step]:.4f}", width="stretch")
+p1.image(pictures[0], caption=f"deletion: top {result.counts[step]} of {layout.num_patches} patches replaced by "
+                              f"{REPLACEMENT_TEXT[replacement]} · score {result.deletion[m, step]:.4f}", width="stretch")
 p2.image(pictures[1], caption=f"insertion: only the top {result.counts[step]} patches kept · score "
                               f"{result.insertion[m, step]:.4f}", width="stretch")
 

@@ -95,7 +95,53 @@ def _parser() -> argparse.ArgumentParser:
                          help="leave the raw attention (B, L, H, N, N) out of analysis.npz (every analysis still runs)")
     _stats_parser(sub)
     _registers_parser(sub)
+    _faithfulness_parser(sub)
     return parser
+
+
+def _faithfulness_parser(sub) -> None:
+    from .faithfulness import ORDERINGS, RANDOM_SEEDS
+    from .faithfulness_protocols import CHEFER, PROTOCOLS, REPLACEMENTS
+    from .faithfulness_run import DEFAULT_METHODS, METHODS
+
+    faith = sub.add_parser(
+        "faithfulness",
+        help="perturbation curves of attribution maps over an image set (resumable), with bootstrap intervals",
+        description="Run each method's map through MoRF (deletion), LeRF and insertion (and, for models with a head, "
+                    "Chefer et al.'s positive/negative perturbation) on every image; write DIR/faithfulness.parquet "
+                    "(image, method, protocol, fraction, score), DIR/auc.parquet (image, method, protocol, auc; "
+                    "lerf_minus_morf is the LXT paper's summary), DIR/settings.json and DIR/summary.json (per method "
+                    "a bootstrap 95 %% interval over images, paired differences). Re-running with the same DIR skips "
+                    "images already in the table; Ctrl-C keeps what finished.")
+    faith.add_argument("inputs", nargs="+", metavar="INPUT",
+                       help="image files, folders (searched recursively), .txt files listing one path per line, or "
+                            ".parquet tables whose path (or image) column lists them")
+    faith.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created; reused to resume)")
+    faith.add_argument("--methods", default=",".join(DEFAULT_METHODS), metavar="M,M",
+                       help=f"comma-separated, from {', '.join(METHODS)} (default {','.join(DEFAULT_METHODS)}: "
+                            "the ones worth computing first)")
+    faith.add_argument("--protocols", metavar="P,P",
+                       help=f"comma-separated, from {', '.join(PROTOCOLS + CHEFER)} (default: {','.join(PROTOCOLS)}, "
+                            "and positive,negative for a model with a head)")
+    faith.add_argument("--replacement", default="mean", choices=list(REPLACEMENTS),
+                       help="what removed patches become: mean (0 in the normalised input, the mean colour) or blur "
+                            "(RISE: Gaussian, 11 taps, sigma 5 px)")
+    faith.add_argument("--ordering", default="signed", choices=list(ORDERINGS),
+                       help="how signed maps (attnlrp, cp-lrp, gradient) order patches")
+    faith.add_argument("--steps", type=int, default=11, metavar="S", help="fractions 0..1 of MoRF/LeRF/insertion")
+    faith.add_argument("--random-seeds", type=int, default=RANDOM_SEEDS, metavar="K",
+                       help=f"seeded random maps whose mean is the floor (default {RANDOM_SEEDS}); each seed's AUC is kept")
+    faith.add_argument("--first-seed", type=int, default=0, metavar="S", help="the first random seed")
+    faith.add_argument("--target-class", type=int, metavar="C",
+                       help="class scored and explained (models with a head; default each image's top-1)")
+    faith.add_argument("--model", default="bundled", help="as for analyze")
+    faith.add_argument("--checkpoint", type=Path, metavar="PATH", help="local weights for --model's architecture")
+    faith.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
+    faith.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
+    faith.add_argument("--batch-size", type=int, default=4, metavar="B", help="images per batch (one part file each)")
+    faith.add_argument("--workers", type=int, default=1, metavar="W", help="ray engine: actors, each holding one model")
+    faith.add_argument("--engine", default="local", choices=["local", "ray"], help="local: this process; ray: Ray Data")
+    faith.add_argument("--address", metavar="ADDR", help="ray engine: the cluster to join (default: a local Ray)")
 
 
 def _registers_parser(sub) -> None:
@@ -107,7 +153,8 @@ def _registers_parser(sub) -> None:
                     "DIR/norms.parquet (every token's output norm per image and layer). Give the json to "
                     "`analyze --registers` to run with a test-time register.")
     regs.add_argument("inputs", nargs="+", metavar="INPUT",
-                      help="image files, folders (searched recursively) or .txt files listing one path per line")
+                      help="image files, folders (searched recursively), .txt files listing one path per line, or "
+                            ".parquet tables whose path (or image) column lists them")
     regs.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
     regs.add_argument("--model", default="bundled", help="as for analyze")
     regs.add_argument("--checkpoint", type=Path, metavar="PATH", help="local weights for --model's architecture")
@@ -564,6 +611,97 @@ def stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def faithfulness(args: argparse.Namespace) -> int:
+    """Every method's curves on every image; finished batches are durable, tables whole; a summary at the end."""
+    from .faithfulness_protocols import CHEFER, PROTOCOLS, REPLACEMENT_TEXT
+    from .faithfulness_run import (AUC_NAME, METHODS, SETTINGS_NAME, SUMMARY_NAME, FaithfulnessStore, RunSettings,
+                                   parse_list, run_local, run_ray, same_run)
+    from .faithfulness_stats import summarise, summary_lines
+    from .inputs import expand_inputs
+    from .models import ModelSpec, load_model
+
+    if args.batch_size < 1:
+        raise VitvizError(f"--batch-size must be 1 or more, not {args.batch_size}.")
+    if args.address and args.engine != "ray":
+        raise VitvizError("--address is for --engine ray: the Ray cluster to run on.")
+    spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
+                     img_size=args.img_size, device=args.device)
+    check_writable(args.out)
+    files, problems = expand_inputs(args.inputs)
+    skipped = {p.name: p.reason for p in problems}
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    if not files:
+        print("error: no image could be analysed.", file=sys.stderr)
+        return 1
+    loaded = load_model(spec)
+    methods = parse_list(args.methods, METHODS, "--methods")
+    protocols = parse_list(args.protocols, PROTOCOLS + CHEFER, "--protocols") if args.protocols else \
+        list(PROTOCOLS + (CHEFER if loaded.has_head else ()))
+    if not loaded.has_head and (bad := [m for m in methods + protocols if m in CHEFER + ("gradient_rollout",)]):
+        raise VitvizError(f"{', '.join(bad)} need a classifier head (top-1 classes or class gradients); "
+                          f"{loaded.label} has none.")
+    settings = RunSettings(model=args.model, methods=tuple(methods), protocols=tuple(protocols),
+                           replacement=args.replacement, ordering=args.ordering, steps=args.steps,
+                           random_seeds=args.random_seeds, first_seed=args.first_seed,
+                           target_class=args.target_class, checkpoint=spec.checkpoint, img_size=args.img_size)
+    settings.check()
+    previous = _read_json(args.out / SETTINGS_NAME)
+    if why := same_run(previous, settings):
+        raise VitvizError(f"{args.out}: {why}")
+    store = FaithfulnessStore(args.out)
+    record = {"command": "faithfulness", "run": settings.record(), "model": loaded.card(), "versions": _versions(),
+              "replacement": REPLACEMENT_TEXT[settings.replacement],
+              "protocol": {"ordering": "patches by descending map value, ties to the lower raster index; LeRF is "
+                                       "MoRF's order reversed; k = round(f * P) patches at fraction f (halves up)",
+                           "score": "softmax probability of the target class (default each image's top-1) with a "
+                                    "head; else the cosine of the pooled vector with the original's",
+                           "chefer": "positive/negative: top-1 agreement with the unperturbed image's top-1 (no "
+                                     "ground truth), fractions 0..0.9, AUC = trapezoid x 100",
+                           "auc": "trapezoid over the fractions; lerf_minus_morf = AUC(LeRF) - AUC(MoRF)"},
+              "random_seeds": list(range(settings.first_seed, settings.first_seed + settings.random_seeds))
+              if "random" in methods else [],
+              "target": {"kind": "logit" if loaded.has_head else "projection", "class": settings.target_class}}
+    interrupted = None
+    try:
+        store.write_json(SETTINGS_NAME, record)
+        done = set(store.consolidate()["image"])  # a run killed outright leaves parts: they count as done
+        todo = [f for f in files if f.name not in done]
+        if args.engine == "ray":
+            batches = run_ray(spec, todo, settings, args.batch_size, args.workers, args.address)
+        else:
+            batches = run_local(loaded, todo, settings, args.batch_size)
+        progress, seen = Progress(len(todo), desc="faithfulness"), 0
+        try:
+            for batch in batches if todo else ():
+                for name, reason in batch.bad:
+                    print(f"skipped {name}: {reason}", file=sys.stderr)
+                    skipped[name] = reason
+                if batch.curves is not None:
+                    store.write_batch(batch.curves, batch.aucs)
+                seen += batch.files
+                progress.update(seen)
+        finally:
+            progress.close()
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+    auc = store.consolidate()
+    summary = summarise(auc) if len(auc) else {}
+    store.write_json(SUMMARY_NAME, {"complete": interrupted is None, "images": int(auc["image"].nunique()),
+                                    "skipped": [{"name": n, "reason": r} for n, r in skipped.items()]} | summary)
+    store.close()
+    if interrupted is not None:
+        print(f"\ninterrupted: {args.out / AUC_NAME} holds every finished batch ({auc['image'].nunique()} images); "
+              "run the same command again to go on.", file=sys.stderr)
+        return 143 if isinstance(interrupted, Interrupted) else 130
+    if not len(auc):
+        print("error: no image could be analysed.", file=sys.stderr)
+        return 1
+    print("\n".join(summary_lines(summary)))
+    print(f"{auc['image'].nunique()} image(s) in {args.out / AUC_NAME}")
+    return 0
+
+
 def _layer_head_records(table) -> dict[str, list[dict]]:
     """LayerHeadSummary.result() as JSON: per model, one record per (layer, head), NaN as null."""
     if table.empty:
@@ -675,12 +813,12 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return {"stats": stats, "registers": registers}.get(args.command, analyze)(args)
+        return {"stats": stats, "registers": registers, "faithfulness": faithfulness}.get(args.command, analyze)(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        if args.command == "stats":
+        if args.command in ("stats", "faithfulness"):
             print(f"\ninterrupted while writing the tables: {args.out} keeps the previous ones and the finished "
                   "batches; run the same command again to go on.", file=sys.stderr)
             return 143 if isinstance(exc, Interrupted) else 130

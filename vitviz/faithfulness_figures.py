@@ -86,3 +86,36 @@ def method_curve_figure(fractions: np.ndarray, deletion: np.ndarray, insertion: 
                       xaxis=dict(title="fraction of patches", tickformat=".0%"), yaxis=dict(title=score_axis(score)),
                       legend=dict(font=dict(size=10)))
     return fig
+
+
+def dataset_figure(block: dict, protocol_label: str, *, height: int | None = None) -> go.Figure:
+    """Mean AUC over images per method with its bootstrap 95 % interval, beside the random floor's band.
+
+    block: one protocol of :func:`vitviz.faithfulness_stats.summarise` (``methods``, ``random_seeds``, ``better``).
+    The shaded band is the random seeds' set means, mean ± 2 s.d. over seeds.
+    """
+    rows = block["methods"]
+    names = [method_label(r["method"]) for r in rows]
+    colours = method_colours([r["method"] for r in rows])
+    fig = go.Figure()
+    seeds = block.get("random_seeds")
+    if seeds:
+        lo, hi = seeds["mean"] - 2 * seeds["sd_over_seeds"], seeds["mean"] + 2 * seeds["sd_over_seeds"]
+        fig.add_vrect(x0=lo, x1=hi, fillcolor="rgb(200,200,200)", opacity=0.45, line_width=0, layer="below",
+                      annotation_text=f"random: {seeds['seeds']} seeds, mean ± 2 s.d.", annotation_position="top left",
+                      annotation_font_size=11)
+    for r, name in zip(rows, names):
+        fig.add_trace(go.Scatter(
+            x=[r["mean"]], y=[name], mode="markers", marker=dict(size=11, color=colours[r["method"]],
+                                                                 symbol="diamond" if r["method"] == FLOOR else "circle"),
+            error_x=dict(type="data", symmetric=False, array=[r["high"] - r["mean"]], arrayminus=[r["mean"] - r["low"]],
+                         thickness=2, width=6, color=colours[r["method"]]),
+            showlegend=False,
+            hovertemplate=f"{name}<br>mean AUC %{{x:.4f}}<br>95 % interval {r['low']:.4f} to {r['high']:.4f}"
+                          f"<br>{r['images']} images<extra></extra>"))
+    fig.update_xaxes(title_text=f"mean AUC over images ({block['better']} is more faithful)", zeroline=False)
+    fig.update_yaxes(autorange="reversed", title_text=None)
+    fig.update_layout(height=height or 110 + 42 * len(rows), template="plotly_white",
+                      margin=dict(l=10, r=20, t=50, b=50),
+                      title=dict(text=f"{protocol_label}: mean AUC with bootstrap 95 % interval", font=dict(size=14)))
+    return fig

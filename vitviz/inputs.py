@@ -42,7 +42,8 @@ def expand_inputs(inputs: list[str | Path]) -> tuple[list[ImageFile], list[Image
     An INPUT is an image file; a folder, searched recursively for files with
     :data:`IMAGE_SUFFIXES` (sorted, so ImageNet-style class folders come in class order); or a
     ``.txt`` file listing one path per line (blank lines and lines starting with ``#`` ignored;
-    relative paths are relative to the list file's folder).
+    relative paths are relative to the list file's folder), or a ``.parquet`` table whose ``path`` (else ``image``)
+    column lists them the same way.
 
     Returns:
         (the files, one :class:`ImageError` per INPUT or list entry that does not exist or repeats a name).
@@ -69,6 +70,14 @@ def expand_inputs(inputs: list[str | Path]) -> tuple[list[ImageFile], list[Image
         if path.is_dir():
             for found in sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file()):
                 add(found, found.relative_to(path).as_posix())
+        elif path.suffix.lower() == ".parquet" and path.is_file():
+            try:
+                lines = _parquet_list(path)
+            except ValueError as exc:
+                problems.append(ImageError(given, str(exc)))
+                continue
+            for line in lines:
+                add(path.parent / line, line)
         elif path.suffix.lower() == LIST_SUFFIX and path.is_file():
             try:
                 lines = _read_list(path)
@@ -107,3 +116,28 @@ def _read_list(path: Path) -> list[str]:
                                             "or split the list into several files).")
             lines.append(line)
     return lines
+
+
+def _parquet_list(path: Path) -> list[str]:
+    """The paths a Parquet list holds: its ``path`` column, else its ``image`` column (non-empty strings, in order).
+
+    Raises:
+        ValueError: a sentence: not Parquet, neither column, or more than :data:`MAX_LIST_LINES` rows (read from
+            the file's footer, before any row is read).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.ParquetFile(path)
+        if table.metadata.num_rows > MAX_LIST_LINES:
+            raise ValueError(f"is a Parquet list of {table.metadata.num_rows:,} rows, more than the {MAX_LIST_LINES:,} "
+                             "a list of image paths may have; vitviz does not read it (split it into several files)")
+        names = table.schema_arrow.names
+        column = next((c for c in ("path", "image") if c in names), None)
+        if column is None:
+            raise ValueError(f"has neither a 'path' nor an 'image' column to list images by (it has {', '.join(names)})")
+        values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    except (pa.ArrowException, OSError) as exc:
+        raise ValueError(f"cannot be read as a Parquet list of paths ({str(exc).splitlines()[0]})") from exc
+    return [str(v).strip() for v in values if v is not None and str(v).strip()]

@@ -1,0 +1,56 @@
+"""The Faithfulness page's dataset view: a finished run's auc.parquet read back as intervals and sentences."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from vitviz.faithfulness_stats import summarise
+
+
+def _run_table(folder):
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(8):
+        level = rng.uniform(0.7, 0.9)
+        seeds = level + rng.normal(0, 0.01, 4)
+        rows += [(f"im{i}.jpg", f"random_seed_{s}", "morf", v) for s, v in enumerate(seeds)]
+        rows += [(f"im{i}.jpg", "random", "morf", seeds.mean()), (f"im{i}.jpg", "attnlrp", "morf", level - 0.1),
+                 (f"im{i}.jpg", "rollout", "morf", seeds.mean() + 0.003 * (-1) ** i)]  # mean difference 0
+        rows += [(f"im{i}.jpg", "random", "lerf", level), (f"im{i}.jpg", "attnlrp", "lerf", level + 0.1),
+                 (f"im{i}.jpg", "rollout", "lerf", level - 0.05)]  # higher LeRF is better
+    table = pd.DataFrame(rows, columns=["image", "method", "protocol", "auc"])
+    folder.mkdir()
+    table.to_parquet(folder / "auc.parquet")
+    return table
+
+
+@pytest.mark.slow
+def test_dataset_view_shows_each_methods_interval_and_verdict(tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    from test_app import APP
+
+    table = _run_table(tmp_path / "run")
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.switch_page("pages/8_faithfulness.py").run()
+    at.radio(key="faith_view").set_value("a finished run over an image set").run()
+    at.text_input(key="faith_ds_path").set_value(str(tmp_path / "run")).run()
+    assert not at.exception, [e.message for e in at.exception]
+    shown = at.dataframe[0].value.set_index("method")
+    expected = {r["method"]: r for r in summarise(table)["protocols"]["morf"]["methods"]}
+    for method, label in (("attnlrp", "AttnLRP"), ("rollout", "rollout"), ("random", "random")):
+        assert shown.loc[label, "mean AUC"] == pytest.approx(expected[method]["mean"], abs=1e-12)
+        assert shown.loc[label, "95 % low"] == pytest.approx(expected[method]["low"], abs=1e-12)
+    assert shown.loc["AttnLRP", "against random"] == "better than random"
+    assert shown.loc["rollout", "against random"] == "cannot be told from chance"
+    pairs = at.dataframe[1].value
+    assert len(pairs) == 3 and (pairs["verdict"] == "AttnLRP is more faithful").sum() == 2
+    assert any("AttnLRP is better than random" in m.value for m in at.markdown)
+    at.radio(key="faith_ds_protocol").set_value("lerf").run()
+    shown = at.dataframe[0].value.set_index("method")
+    assert shown.loc["rollout", "against random"] == "worse than random"
+    assert (at.dataframe[1].value["verdict"] == "AttnLRP is more faithful").sum() == 2
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "auc.parquet").write_text("not parquet")
+    at.text_input(key="faith_ds_path").set_value(str(tmp_path / "bad")).run()
+    assert not at.exception and "not a Parquet file" in at.error[0].value

@@ -1,0 +1,208 @@
+"""Perturbation protocols a lab can put beside published tables.
+
+One map orders the patches (:func:`vitviz.faithfulness.patch_order`: descending value, ties to the
+lower raster index). At fraction f the first k = round(f * P) patches of an order (halves up) are
+replaced by a *replacement* value, or are the only ones restored from it:
+
+- ``morf`` (deletion, most relevant first): the top-k patches replaced; lower AUC = more faithful.
+- ``lerf`` (least relevant first): the same with the order reversed (the last patch of MoRF's order
+  goes first); higher AUC = more faithful. With one replacement, LeRF at f keeps exactly the patches
+  insertion restores at 1 - f (up to one patch where f * P ends in .5), so the two AUCs agree: LeRF is
+  kept because the LXT summary is phrased with it.
+- ``insertion``: start from the replacement everywhere and restore the top-k patches; higher = better.
+- ``lerf_minus_morf``: AUC(LeRF) - AUC(MoRF), the summary of the AttnLRP paper (Achtibat et al. 2024,
+  "area between the perturbation curves"); higher = better.
+- Chefer et al. CVPR'21 (classifiers only): ``positive`` (MoRF) and ``negative`` (LeRF) perturbation at
+  fractions 0, 0.1, ..., 0.9, scored by top-1 agreement: 1 when the perturbed input's top-1 class is the
+  label, else 0. Without ground truth the label is the model's top-1 on the unperturbed image (as here).
+  The top-1 accuracy over a set is the mean of these over images; AUC = trapezoid over the fractions
+  0..0.9 x 100 (so at most 90), per image, whose mean over images is the set's AUC (the trapezoid is
+  linear). Lower positive AUC and higher negative AUC = more faithful. Chefer perturbs bilinearly
+  upsampled pixel maps of ImageNet val with its labels; vitviz perturbs whole patches.
+
+Replacement values: ``mean`` sets the pixels to 0 in the normalised input (the dataset mean colour);
+``blur`` takes them from a Gaussian-blurred copy of the input (RISE's insertion baseline: an 11 x 11
+kernel, sigma 5 px, edges replicated).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .faithfulness import (Score, auc, default_fractions, default_score, model_logits, patch_masks, patch_order,
+                           pixel_masks, score_inputs, step_counts, _to_model)
+from .layout import TokenLayout
+
+PROTOCOLS = ("morf", "lerf", "insertion")
+CHEFER = ("positive", "negative")
+SUMMARY = "lerf_minus_morf"
+REPLACEMENTS = ("mean", "blur")
+BLUR_KERNEL, BLUR_SIGMA = 11, 5.0
+# Which way is more faithful, per protocol (and the summary): "lower" or "higher" AUC.
+BETTER = {"morf": "lower", "lerf": "higher", "insertion": "higher", SUMMARY: "higher", "positive": "lower",
+          "negative": "higher"}
+LABELS = {"morf": "deletion (MoRF)", "lerf": "LeRF", "insertion": "insertion", SUMMARY: "LeRF − MoRF (LXT)",
+          "positive": "positive perturbation (Chefer)", "negative": "negative perturbation (Chefer)"}
+REPLACEMENT_TEXT = {"mean": "the dataset mean colour (0 in the normalised input)",
+                    "blur": f"a Gaussian-blurred copy of the input (RISE: {BLUR_KERNEL}x{BLUR_KERNEL} kernel, "
+                            f"sigma {BLUR_SIGMA:g} px, edges replicated)"}
+CHEFER_TEXT = ("Chefer et al. CVPR'21: patches removed most relevant first (positive) or least relevant first "
+               "(negative) at fractions 0..0.9; score 1 when the top-1 class stays the unperturbed image's top-1, "
+               "else 0; AUC = trapezoid over the fractions x 100 (at most 90)")
+
+
+def chefer_fractions() -> np.ndarray:
+    """0, 0.1, ..., 0.9: (10,)."""
+    return np.arange(10) / 10
+
+
+def blurred(image: torch.Tensor) -> torch.Tensor:
+    """RISE's blur of a normalised input (3, H, W): a separable Gaussian, :data:`BLUR_KERNEL` taps, sigma
+    :data:`BLUR_SIGMA`, edges replicated (the blur of a constant is that constant)."""
+    r = BLUR_KERNEL // 2
+    t = torch.arange(-r, r + 1, dtype=torch.float64)
+    g = torch.exp(-t ** 2 / (2 * BLUR_SIGMA ** 2))
+    g = (g / g.sum()).to(image.dtype).to(image.device)
+    x = torch.nn.functional.pad(image[:, None], (r, r, r, r), mode="replicate")  # (3, 1, H+2r, W+2r)
+    x = torch.nn.functional.conv2d(x, g.view(1, 1, 1, -1))
+    x = torch.nn.functional.conv2d(x, g.view(1, 1, -1, 1))
+    return x[:, 0]
+
+
+def replacement_of(image: torch.Tensor, replacement: str) -> torch.Tensor:
+    """What replaced patches become: (3, H, W) -> (3, H, W)."""
+    if replacement == "mean":
+        return torch.zeros_like(image)
+    if replacement == "blur":
+        return blurred(image)
+    raise ValueError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
+
+
+def protocol_order(grid_map: np.ndarray, protocol: str) -> np.ndarray:
+    """The patch order of ``protocol``: MoRF's (descending, ties to the lower index) or its exact reverse."""
+    order = patch_order(grid_map)
+    return order[::-1].copy() if protocol in ("lerf", "negative") else order
+
+
+def protocol_inputs(image: torch.Tensor, base: torch.Tensor, order: np.ndarray, counts: np.ndarray,
+                    layout: TokenLayout, protocol: str) -> torch.Tensor:
+    """Perturbed copies (S, 3, H, W): the first ``counts[s]`` patches of ``order`` taken from ``base`` (removal
+    protocols) or the only ones taken from ``image`` (insertion)."""
+    masks = pixel_masks(patch_masks(order, counts, layout.grid_size), layout, tuple(image.shape[-2:]))
+    sel = torch.from_numpy(masks).to(image.device)[:, None]
+    if protocol == "insertion":
+        return torch.where(sel, image[None], base[None])
+    return torch.where(sel, base[None], image[None])
+
+
+class Top1Agreement(Score):
+    """1 when the input's top-1 class is ``label``, else 0 (Chefer's per-image accuracy)."""
+
+    name = "top-1 agreement"
+
+    def __init__(self, label: int):
+        self.label = self.target = int(label)
+
+    def describe(self) -> str:
+        return f"1 when the top-1 class is {self.label} (the unperturbed image's), else 0"
+
+    def __call__(self, model, x):
+        return (model_logits(model, x).argmax(dim=-1) == self.label).double().cpu().numpy()
+
+
+@dataclass
+class ProtocolCurves:
+    """Curves of M maps on one image under several protocols.
+
+    Attributes:
+        methods: M names; protocols: the protocols run.
+        fractions: protocol -> (S,) fractions; curves: protocol -> (M, S) scores.
+        score: protocol -> the score in words; replacement: ``"mean"`` or ``"blur"``; target: the class scored
+        (None for a headless model's cosine).
+    """
+
+    methods: list[str]
+    protocols: list[str]
+    fractions: dict[str, np.ndarray]
+    curves: dict[str, np.ndarray]
+    score: dict[str, str]
+    replacement: str
+    target: int | None = None
+
+    def auc(self, protocol: str) -> np.ndarray:
+        """(M,) AUC of ``protocol`` (Chefer's x 100), or of the summary :data:`SUMMARY`."""
+        if protocol == SUMMARY:
+            return self.auc("lerf") - self.auc("morf")
+        value = auc(self.curves[protocol], self.fractions[protocol])
+        return value * 100 if protocol in CHEFER else value
+
+    def aucs(self) -> dict[str, np.ndarray]:
+        """Every protocol's AUC, with the summary when MoRF and LeRF both ran: name -> (M,)."""
+        names = list(self.protocols) + ([SUMMARY] if {"morf", "lerf"} <= set(self.protocols) else [])
+        return {p: self.auc(p) for p in names}
+
+
+def protocol_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray], layout: TokenLayout, *,
+                    protocols=PROTOCOLS, replacement: str = "mean", fractions: np.ndarray | None = None,
+                    score: Score | None = None, target: int | None = None, batch_size: int = 16,
+                    progress: Callable[[int, int], None] | None = None) -> ProtocolCurves:
+    """Every map's curves on one image under ``protocols``.
+
+    Args:
+        model: a model an adapter reads, in eval mode.
+        image: (3, H, W) normalised model input.
+        maps: method name -> (gh, gw) map (its descending order is the perturbation order).
+        protocols: among :data:`PROTOCOLS` and :data:`CHEFER` (the latter need a classifier head).
+        replacement: ``"mean"`` or ``"blur"`` (:data:`REPLACEMENT_TEXT`).
+        fractions: (S,) for MoRF, LeRF and insertion, default 0, 0.1, ..., 1; Chefer's are 0, 0.1, ..., 0.9.
+        score: for MoRF, LeRF and insertion, default :func:`vitviz.faithfulness.default_score`.
+        target: the class scored (default the unperturbed top-1); also Chefer's label.
+        progress: called with (methods done, methods).
+    """
+    unknown = [p for p in protocols if p not in PROTOCOLS + CHEFER]
+    if unknown:
+        raise ValueError(f"unknown protocol {', '.join(unknown)}: choose from {', '.join(PROTOCOLS + CHEFER)}")
+    fractions = default_fractions() if fractions is None else np.asarray(fractions, dtype=np.float64)
+    base = replacement_of(image, replacement)
+    scores: dict[str, Score] = {}
+    if any(p in PROTOCOLS for p in protocols):
+        scores |= dict.fromkeys([p for p in protocols if p in PROTOCOLS],
+                                default_score(model, image, target) if score is None else score)
+    if any(p in CHEFER for p in protocols):
+        with torch.inference_mode():
+            logits = model_logits(model, _to_model(model, image[None])) if _has_head(model) else None
+        if logits is None:
+            raise ValueError("Chefer's positive/negative perturbation counts top-1 agreement and needs a classifier "
+                             "head; this model has none.")
+        scores |= dict.fromkeys([p for p in protocols if p in CHEFER],
+                                Top1Agreement(int(logits[0].argmax()) if target is None else target))
+    steps = {p: chefer_fractions() if p in CHEFER else fractions for p in protocols}
+    # The unperturbed input and the all-replaced one are shared by every method: scored once per score.
+    ends = {id(s): score_inputs(model, torch.stack([image, base]), s) for s in scores.values()}
+    names = list(maps)
+    curves = {p: np.empty((len(names), len(steps[p]))) for p in protocols}
+    for m, name in enumerate(names):
+        for p in protocols:
+            counts = step_counts(steps[p], layout.num_patches)
+            inner = (counts > 0) & (counts < layout.num_patches)
+            original, replaced = ends[id(scores[p])]
+            first, last = (replaced, original) if p == "insertion" else (original, replaced)
+            curves[p][m] = np.where(counts == 0, first, last)
+            if inner.any():
+                inputs = protocol_inputs(image, base, protocol_order(maps[name], p), counts[inner], layout, p)
+                curves[p][m, inner] = score_inputs(model, inputs, scores[p], batch_size)
+        if progress is not None:
+            progress(m + 1, len(names))
+    first_score = next(iter(scores.values()))
+    return ProtocolCurves(methods=names, protocols=list(protocols), fractions=steps, curves=curves,
+                          score={p: scores[p].describe() for p in protocols}, replacement=replacement,
+                          target=getattr(first_score, "target", None))
+
+
+def _has_head(model) -> bool:
+    from .capture import num_classes
+
+    return num_classes(model) > 0
