@@ -122,8 +122,8 @@ def signed_pairs_figure(before: dict[str, np.ndarray], after: dict[str, np.ndarr
                           row=row, col=col)
             axis = 2 * (row - 1) + col  # plotly names the first subplot's axes "x", the others "x2", "x3", ...
             fig.update_yaxes(scaleanchor="x" if axis == 1 else f"x{axis}", row=row, col=col)
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, ticks="")
+    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, ticks="")
     fig.update_layout(title=title, height=60 + 300 * len(names), margin=dict(l=10, r=10, t=70, b=10),
                       paper_bgcolor="white", plot_bgcolor="white", font_color="black")
     caption = ("Red raises the target, blue lowers it, white is 0; before and after share one scale per row "
