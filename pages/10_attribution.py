@@ -81,6 +81,9 @@ download_row(stem, {f"attribution_{res.method.replace('-', '_')}": res.patches f
 # ---- Repair: these attributions before and after (ui/repair.py) ----
 def _repair_maps(side):
     kept = [m for m in methods if side.compared.kind != "register" or m in PIXEL_METHODS]
+    if side.edit is not None and len(kept) < len(methods):
+        st.caption("LeGrad and Grad-CAM read the patch tokens by position and do not know the extra token yet: "
+                   "they are left out under the test-time register.")
     return {LABELS[a.method]: a.patches[0] for a in attributions(ctx, kept, target_class, side)}
 
 
