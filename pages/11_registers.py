@@ -87,7 +87,7 @@ else:
     repaired = cached_register(ctx.spec, ctx.image.sha256, ctx.image.image,
                                tuple((n.layer, n.index) for n in search.neurons[:k]), init)
     offer_register(ctx.spec, [(n.layer, n.index) for n in search.neurons[:k]],
-                   f"this page's search ({n_images} images, best {k})")
+                   f"the Registers page's search ({n_images} images, best {k})")
     if isinstance(repaired, str):
         st.info(repaired)
     else:
