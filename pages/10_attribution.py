@@ -4,8 +4,9 @@ import streamlit as st
 from ui.attribution import attributions
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
+from ui.repair import repair_view
 from ui.state import setup, view_applies
-from vitviz.attribution import LABELS, methods_for, why_not
+from vitviz.attribution import LABELS, PIXEL_METHODS, methods_for, why_not
 from vitviz.attribution_figures import conservation_figure, maps_figure
 from vitviz.tokens import top_classes
 
@@ -75,3 +76,15 @@ download_row(stem, {f"attribution_{res.method.replace('-', '_')}": res.patches f
              {"image": ctx.image.name, "model": loaded.card().get("spec"), "target": results[0].target.describe(),
               "methods": {m: LABELS[m] for m in methods},
               "conservation": {res.method: res.conservation() for res in relevance}})
+
+
+# ---- Repair: these attributions before and after (ui/repair.py) ----
+def _repair_maps(side):
+    kept = [m for m in methods if side.compared.kind != "register" or m in PIXEL_METHODS]
+    if side.edit is not None and len(kept) < len(methods):
+        st.caption("LeGrad and Grad-CAM read the patch tokens by position and do not know the extra token yet: "
+                   "they are left out under the test-time register.")
+    return {LABELS[a.method]: a.patches[0] for a in attributions(ctx, kept, target_class, side)}
+
+
+repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)", signed=True)

@@ -5,9 +5,10 @@ import streamlit as st
 
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
+from ui.repair import faithfulness_view, offer_register
 from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
 from ui.state import setup, view_applies
-from vitviz.registers import OUTLIER_FACTOR, SEARCH_RULE, outlier_rule
+from vitviz.registers import OUTLIER_FACTOR, SEARCH_RULE, Repair, TestTimeRegister, outlier_rule
 from vitviz.registers_figures import maps_figure, norm_by_layer, output_change_table
 
 ctx = setup()
@@ -85,6 +86,8 @@ else:
                       help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
     repaired = cached_register(ctx.spec, ctx.image.sha256, ctx.image.image,
                                tuple((n.layer, n.index) for n in search.neurons[:k]), init)
+    offer_register(ctx.spec, [(n.layer, n.index) for n in search.neurons[:k]],
+                   f"the Registers page's search ({n_images} images, best {k})")
     if isinstance(repaired, str):
         st.info(repaired)
     else:
@@ -133,6 +136,8 @@ def before_after(name: str, maps, key: str, marked) -> None:
 
 if out.any and not isinstance(repaired, str):
     before_after("test-time register", _before_after, "register", patches)
+    faithfulness_view(ctx, Repair("register", TestTimeRegister(tuple((n.layer, n.index) for n in search.neurons[:k]),
+                                                               init)), "register")
 
 st.subheader("Sink masking: before and after")
 sinks = [len(s[s >= layout.num_prefix_tokens]) for s in r.sinks.sinks]
@@ -145,3 +150,4 @@ if sum(sinks) == 0:
 else:
     before_after("sink masking", cached_sink_masking(ctx.spec, ctx.image.sha256, ctx.image.image, r), "sinks",
                  r.sinks.patch_sinks(layout))
+    faithfulness_view(ctx, Repair("sinks"), "sinks")

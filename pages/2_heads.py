@@ -9,6 +9,7 @@ from ui.display import Display, display_controls, map_figure, panel_download, pa
 from ui.downloads import download_row
 from ui.explorer import browser_draws, heads_explorer
 from ui.persist import saved_view, set_view
+from ui.repair import repair_view
 from ui import windows
 from ui.state import setup
 from vitviz.colour import SCALE_MODES, SEQUENTIAL
@@ -204,3 +205,14 @@ if browser_draws():
     browser_view()
 else:
     server_view()
+
+
+# ---- Repair: the readout's attention in the layer shown, before and after (ui/repair.py) ----
+def _repair_maps(side):
+    layer = int(min(L, max(1, float(saved_view().get("layer", st.session_state.get("heads_layer", L)))))) - 1
+    maps = layer_maps(side.result.attention, side.result.layout, layer, "cls" if layout.has_class_token else "mean")
+    head = _compare_head() or 0
+    return {f"layer {layer + 1}, mean over heads": maps.mean(0), f"layer {layer + 1}, head {head + 1}": maps[head]}
+
+
+repair_view(ctx, "heads", _repair_maps, what=f"{'CLS' if layout.has_class_token else 'Mean patch'} query → patches")

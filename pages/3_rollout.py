@@ -8,10 +8,11 @@ from ui.display import display_controls, map_figure, panel_download, patch_picke
 from ui.downloads import download_row
 from ui.state import view_applies, setup
 from ui.progress import cached, with_progress
+from ui.repair import repair_view
 from vitviz.analysis import AnalysisSettings, excluded_tokens
 from vitviz.flow import FLOW_DEFINITION, attention_flow
 from vitviz.maps import layer_maps
-from vitviz.rollout import FUSIONS
+from vitviz.rollout import FUSIONS, rollout
 from vitviz.tokens import top_classes
 
 EXCLUDE = {"nothing": (False, False), "attention sinks": (True, False), "high-norm tokens": (False, True),
@@ -103,6 +104,17 @@ with right:
                                        query=query, columns=1)
     show_chart(fig_raw, "raw_fig", file_stem("attention", ctx.image.name, f"layer{L}", raw_name, "meanheads"))
     st.caption("For comparison: the raw attention of the last layer alone. " + rendered_raw.caption())
+
+# ---- Repair: this rollout before and after (ui/repair.py) ----
+def _repair_maps(side):
+    res = side.result
+    out = rollout(res.attention, res.layout, fusion=fusion, discard=discard, start=start - 1, end=end, query=query,
+                  exclude_tokens=excluded_tokens(settings, res.artifacts, res.sinks, res.layout))
+    return {f"rollout, layers {start}–{end}": out.map}
+
+
+repair_view(ctx, "rollout", _repair_maps, what=f"Rollout of the {READOUT if query is None else f'patch {query}'}",
+            value_name="rollout mass")
 
 st.subheader("Class-specific gradient rollout")
 if not ctx.loaded.has_head:

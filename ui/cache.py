@@ -133,6 +133,12 @@ def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageResult | WindowI
             attention=[a[0].numpy() for a in out.attention], geometry=out.geometry, logits=logits,
             model_input=fwd.batch.images[0], layout=fwd.layout, distance=[d[0] for d in fwd.distance],
             uniform_distance=fwd.uniform_distance)
+    return image_result_of(fwd)
+
+
+def image_result_of(fwd) -> ImageResult:
+    """The first image of a global-attention :class:`vitviz.pipeline.GlobalForward` as the pages read it."""
+    out, logits = fwd.capture, None if fwd.capture.logits is None else fwd.capture.logits[0].numpy()
     # The scores were reduced layer by layer where the model ran (vitviz.pipeline); the pages draw from the host copy.
     return ImageResult(
         attention=to_host(out.attention[0]), token_norms=fwd.token_norms[0], features=out.features[0].numpy(),

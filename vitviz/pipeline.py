@@ -102,3 +102,20 @@ def forward(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | 
                          distance=mean_attention_distance(out.attention, layout),
                          entropy=np.stack([head_entropy(a, layout) for a in out.attention]),
                          cls_focus=np.stack([cls_focus(a, layout) for a in out.attention]))
+
+
+def forward_repaired(loaded, images: list[Image.Image], repair, sinks: list[AttentionSinks] | None = None) -> GlobalForward:
+    """``images`` through the model with ``repair`` (:class:`vitviz.registers.Repair`) run in the forward; the
+    result's layout is the repaired one (the test-time register is one more prefix token).
+
+    ``sinks``: per image, the sinks of the unrepaired forward (sink masking drops them); found here with one
+    plain forward when not given."""
+    if loaded.attention_scope == "window":
+        raise ValueError("a repair needs global attention; this model attends within windows")
+    why = repair.why_not(loaded.model, loaded.layout)
+    if why:
+        raise ValueError(why)
+    if repair.kind == "sinks" and sinks is None:
+        sinks = forward(loaded, images).sinks
+    layout, device = loaded.layout, next(loaded.model.parameters()).device  # the layout of the model's own input size
+    return forward(loaded, images, edit=repair.edit(loaded.model, layout, sinks, device), layout=repair.layout(layout))

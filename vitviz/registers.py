@@ -392,6 +392,82 @@ def outlier_mask(outliers: Outliers, device=None) -> torch.Tensor:
     return mask.to(device) if device is not None else mask
 
 
+def trained_register_mask(layout: TokenLayout, layers: int, device=None) -> torch.Tensor:
+    """(1, L, N) bool: the model's trained register tokens (``reg0``, ``reg1``, ...) as keys to drop in every layer."""
+    mask = torch.zeros(1, layers, layout.num_tokens, dtype=torch.bool)
+    for i, name in enumerate(layout.prefix_tokens):
+        if name.startswith("reg"):
+            mask[:, :, i] = True
+    return mask.to(device) if device is not None else mask
+
+
+REPAIRS = {"none": "none", "sinks": "sink masking", "register": "test-time register",
+           "trained": "trained registers dropped"}
+
+
+@dataclass(frozen=True)
+class Repair:
+    """One repair of what distorts the maps, run inside the forward (the pages' "Repair" choice).
+
+    Args:
+        kind: ``"none"``, ``"sinks"`` (each layer's patch sinks dropped as keys, rows renormalised),
+            ``"register"`` (the test-time ``register``) or ``"trained"`` (the model's trained registers dropped as
+            keys in every layer, rows renormalised).
+        register: the test-time register, for ``kind="register"``.
+    """
+
+    kind: str = "none"
+    register: TestTimeRegister | None = None
+
+    def __post_init__(self):
+        if self.kind not in REPAIRS:
+            raise ValueError(f"A repair is one of {', '.join(REPAIRS)}, not {self.kind!r}.")
+        if (self.kind == "register") != (self.register is not None):
+            raise ValueError("A test-time register repair needs its register (and only it does).")
+
+    @property
+    def name(self) -> str:
+        return REPAIRS[self.kind]
+
+    def why_not(self, model, layout: TokenLayout) -> str | None:
+        """One sentence when this repair cannot run on ``model``, else None."""
+        if self.kind == "register":
+            return why_no_register(model)
+        if self.kind == "trained" and not any(n.startswith("reg") for n in layout.prefix_tokens):
+            return "This model has no trained register tokens to drop."
+        return None
+
+    def layout(self, layout: TokenLayout) -> TokenLayout:
+        """The token layout of the repaired forward (the test-time register adds a prefix token)."""
+        return self.register.layout(layout) if self.kind == "register" else layout
+
+    def edit(self, model, layout: TokenLayout, sinks: list[AttentionSinks] | None = None, device=None) -> dict | None:
+        """The ``edit=`` running this repair for inputs of the model's own ``layout`` (None for ``"none"``).
+
+        sinks: per image of the batch, its sinks as the unrepaired forward found them (sink masking needs them)."""
+        if self.kind == "none":
+            return None
+        if self.kind == "register":
+            return self.register.edit(layout)
+        if self.kind == "sinks":
+            if sinks is None:
+                raise ValueError("sink masking needs the sinks of the unrepaired forward")
+            return mask_keys(sink_mask(sinks, layout, device))
+        return mask_keys(trained_register_mask(layout, adapter_for(model).num_layers(model), device))
+
+    def to_dict(self) -> dict:
+        out = {"kind": self.kind, "name": self.name}
+        if self.kind == "sinks":
+            out["rule"] = ("each layer's patch sinks (robust z-score above 8 and at least 10x the uniform share of "
+                           "attention, found by the forward without the repair) dropped as keys in that layer, rows "
+                           "renormalised, the forward run on")
+        elif self.kind == "trained":
+            out["rule"] = "the trained register tokens dropped as keys in every layer, rows renormalised"
+        elif self.kind == "register":
+            out |= self.register.to_dict()
+        return out
+
+
 # ---------------------------------------------------------------------------------------------
 # What the repair cost
 

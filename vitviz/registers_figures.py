@@ -97,3 +97,64 @@ def output_change_table(change: OutputChange, names: list[str]) -> pd.DataFrame:
         table |= {"same top-1 class": change.top1_agrees, "top-1 logit change": change.top1_logit_change,
                   "largest |logit change|": change.max_logit_change}
     return pd.DataFrame(table)
+
+
+def signed_pairs_figure(before: dict[str, np.ndarray], after: dict[str, np.ndarray], repair: str, title: str) -> tuple[go.Figure, str]:
+    """Signed maps (gh, gw) before and after a repair, one row per name: each row on one diverging scale centred
+    on 0 (symmetric limits at the 99th percentile of |value| over both maps), so the two are compared directly."""
+    from .attribution_figures import robust_limit
+    from .colour import DIVERGING, reference_stops
+    from plotly.subplots import make_subplots
+
+    names = list(before)
+    fig = make_subplots(rows=len(names), cols=2, horizontal_spacing=0.08, vertical_spacing=0.08,
+                        subplot_titles=[t for n in names for t in (f"{n}: before", f"{n}: after ({repair})")])
+    limits = []
+    for row, name in enumerate(names, start=1):
+        limit = robust_limit(np.concatenate([before[name].ravel(), after[name].ravel()]))
+        limits.append(f"{name} ±{limit:.3g}")
+        for col, grid in ((1, before[name]), (2, after[name])):
+            fig.add_trace(go.Heatmap(z=grid[::-1], zmin=-limit, zmax=limit, colorscale=reference_stops(DIVERGING),
+                                     showscale=col == 2, colorbar=dict(
+                                         title=dict(text="relevance", side="top", font=dict(size=11)), thickness=10,
+                                         len=0.9 / len(names), y=1 - (row - 0.5) / len(names), tickfont=dict(size=10)),
+                                     hovertemplate=f"row %{{y}}, col %{{x}}: %{{z:.4g}}<extra>{name}</extra>"),
+                          row=row, col=col)
+            axis = 2 * (row - 1) + col  # plotly names the first subplot's axes "x", the others "x2", "x3", ...
+            fig.update_yaxes(scaleanchor="x" if axis == 1 else f"x{axis}", row=row, col=col)
+    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, ticks="")
+    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, ticks="")
+    fig.update_layout(title=title, height=60 + 300 * len(names), margin=dict(l=10, r=10, t=70, b=10),
+                      paper_bgcolor="white", plot_bgcolor="white", font_color="black")
+    caption = ("Red raises the target, blue lowers it, white is 0; before and after share one scale per row "
+               f"(±99th percentile of |relevance| over both): {', '.join(limits)}; values beyond it are drawn at the "
+               "end colour.")
+    return fig, caption
+
+
+def norm_ratio_figure(before: np.ndarray, layout_before: TokenLayout, after: np.ndarray, layout_after: TokenLayout,
+                      repair: str) -> go.Figure:
+    """Per layer, the largest patch-token norm over the median patch norm, before and after a repair (one image;
+    norms (L, N) and (L, N')), and the test-time register's norm over the median when the repair added it."""
+    x = np.arange(1, before.shape[0] + 1)
+    fig = go.Figure()
+    for name, norms, lay, dash in (("before", before, layout_before, "solid"), (f"after ({repair})", after,
+                                                                              layout_after, "dot")):
+        patch = norms[:, lay.patch_slice]
+        fig.add_trace(go.Scatter(x=x, y=patch.max(-1) / np.median(patch, -1), name=f"max patch / median, {name}",
+                                 mode="lines+markers", line=dict(color=PATCH_COLOURS["max"], dash=dash),
+                                 hovertemplate=f"layer %{{x}}<br>{name}: %{{y:.3g}}x<extra></extra>"))
+    if EXTRA_TOKEN in layout_after.prefix_tokens:
+        i = layout_after.prefix_tokens.index(EXTRA_TOKEN)
+        y = after[:, i] / np.median(after[:, layout_after.patch_slice], -1)
+        fig.add_trace(go.Scatter(x=x, y=y, name="test-time register / median patch", mode="lines+markers",
+                                 line=dict(color=PREFIX_COLOURS[EXTRA_TOKEN]),
+                                 hovertemplate="layer %{x}<br>register: %{y:.3g}x<extra></extra>"))
+    fig.update_layout(title="Token output norms on this image: largest patch over the median, by layer",
+                      xaxis=dict(title="layer (1-based)", dtick=1), yaxis=dict(title="× the median patch norm",
+                                                                              type="log"),
+                      height=320, margin=dict(l=60, r=20, t=50, b=50), legend=dict(font_size=11),
+                      plot_bgcolor="white", paper_bgcolor="white", font_color="black")
+    fig.update_xaxes(gridcolor="rgb(230, 230, 230)")
+    fig.update_yaxes(gridcolor="rgb(230, 230, 230)")
+    return fig

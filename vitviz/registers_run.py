@@ -6,14 +6,18 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .errors import VitvizError
+from .faithfulness import (RANDOM_SEEDS, ChanceBand, Faithfulness, perturbation_curves, random_seed_maps,
+                           split_random_seeds)
 from .registers import (OUTLIER_FACTOR, Outliers, Search, TestTimeRegister, check_register, register_from_json,
                         search_register_neurons, why_no_register)
+from .tensors import to_host
 
 REGISTERS_NAME = "registers.json"
 NORMS_NAME = "norms.parquet"
@@ -112,3 +116,81 @@ def load_register(path: Path, model, layout, k: int | None = None, init: str = "
     except ValueError as exc:
         raise VitvizError(f"{where}: {exc} (was it written for another model?).") from exc
     return register, data
+
+
+@dataclass
+class RepairFaithfulness:
+    """Deletion / insertion AUCs of maps before and after a repair, on one image, each beside its random band.
+
+    Attributes:
+        before, after: the curves of the maps and of the seeded random maps (``random_seed_*``); ``after`` is
+            scored with the repair run in every forward (the repaired model is the model then).
+        band_before, band_after: the random maps' chance band of each.
+    """
+
+    before: Faithfulness
+    after: Faithfulness
+    band_before: ChanceBand
+    band_after: ChanceBand
+
+    def table(self) -> list[dict]:
+        """One row per method and side: AUCs and the verdict against that side's random band."""
+        rows = []
+        for side, result, band in (("before", self.before, self.band_before), ("after", self.after, self.band_after)):
+            others, _ = split_random_seeds(result)
+            for m in others:
+                d, i = float(result.deletion_auc[m]), float(result.insertion_auc[m])
+                rows.append({"method": result.methods[m], "side": side, "deletion_auc": d, "insertion_auc": i,
+                             "deletion_vs_random": band.compare("deletion", d),
+                             "insertion_vs_random": band.compare("insertion", i)})
+        for side, band in (("before", self.band_before), ("after", self.band_after)):
+            (dm, ds), (im, isd) = band.band("deletion"), band.band("insertion")
+            rows.append({"method": f"random ({band.seeds} seeds, mean ± s.d.)", "side": side,
+                         "deletion_auc": dm, "insertion_auc": im, "deletion_vs_random": f"± {ds:.3f}",
+                         "insertion_vs_random": f"± {isd:.3f}"})
+        return rows
+
+
+def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("rollout", "attnlrp"),
+                        sinks=None, target: int | None = None, seeds: int = RANDOM_SEEDS) -> RepairFaithfulness:
+    """Rollout (of the readout, all layers, mean over heads) and, where the family allows, AttnLRP of one image
+    (PIL) before and after ``repair`` (:class:`vitviz.registers.Repair`), scored by deletion and insertion with the
+    random band (:mod:`vitviz.faithfulness`): does the repair cost faithfulness?
+
+    The target is the same on both sides: the unrepaired top-1 class with a head (or ``target``), else each side's
+    pre-logits cosine with its own unperturbed vector."""
+    from .adapters import editing
+    from .attribution import attribute, default_target, why_not
+    from .images import preprocess
+    from .pipeline import forward, forward_repaired
+    from .rollout import rollout
+
+    model, layout = loaded.model, loaded.layout
+    before = forward(loaded, [image])
+    sinks = before.sinks if sinks is None else sinks
+    after = forward_repaired(loaded, [image], repair, sinks)
+    x = preprocess([image], loaded.data_config).tensor
+    param = next(model.parameters())
+    x = x.to(param.device, param.dtype)
+    edit = repair.edit(model, layout, sinks, param.device)
+    if target is None and before.capture.logits is not None:
+        target = int(before.capture.logits[0].argmax())
+    use = [m for m in methods if m == "rollout" or (why_not(model, m) is None and not (
+        repair.kind == "register" and m in ("legrad", "gradcam")))]
+
+    def maps(fwd, side_edit) -> dict[str, np.ndarray]:
+        out = {}
+        for m in use:
+            if m == "rollout":
+                out[m] = rollout(to_host(fwd.capture.attention[0]), fwd.layout).map
+            else:
+                with editing(side_edit):
+                    out[m] = attribute(model, x, m, default_target(model, target)).patches[0]
+        return out
+
+    rand = random_seed_maps(layout.grid_size, seeds=seeds)
+    f0 = perturbation_curves(model, x[0], maps(before, None) | rand, layout, target=target)
+    after_maps = maps(after, edit)
+    with editing(edit):
+        f1 = perturbation_curves(model, x[0], after_maps | rand, layout, target=target)
+    return RepairFaithfulness(f0, f1, split_random_seeds(f0)[1], split_random_seeds(f1)[1])

@@ -7,7 +7,7 @@ runs the model's forward itself, block by block, with the named activation point
 """
 from __future__ import annotations
 
-from .base import BLOCK_POINTS, MODEL_POINTS, VIEWS, Adapter, Hooks, Point, Rules, compose_edits, point_name
+from .base import BLOCK_POINTS, MODEL_POINTS, VIEWS, Adapter, Hooks, Point, Rules, compose_edits, editing, point_name
 from .registry import (ADAPTERS, FAMILY_MODULES, adapter_for, find_adapter, hf_model_types, load_all,
                        register_adapter, supported_families, why_unsupported)
 
@@ -27,6 +27,6 @@ def run(model, x, keep=(), edit=None, stop_after=None, rules: Rules | None = Non
     return run_adapter(adapter_for(model), model, x, keep, edit, stop_after, rules or PLAIN, fast)
 
 
-__all__ = ["ADAPTERS", "Adapter", "BLOCK_POINTS", "FAMILY_MODULES", "Hooks", "MODEL_POINTS", "Point", "Rules", "VIEWS", "adapter_for", "compose_edits",
+__all__ = ["ADAPTERS", "Adapter", "BLOCK_POINTS", "FAMILY_MODULES", "Hooks", "MODEL_POINTS", "Point", "Rules", "VIEWS", "adapter_for", "compose_edits", "editing",
            "find_adapter", "hf_model_types", "load_all", "point_name", "register_adapter", "run", "supported_families",
            "why_unsupported"]

@@ -48,6 +48,8 @@ propagation can run the same forward with its modified gradients.
 from __future__ import annotations
 
 import fnmatch
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
@@ -326,9 +328,30 @@ def compose_edits(*edits: Mapping[str, Callable] | None) -> dict[str, Callable]:
     return {key: apply for mapping in given for key in mapping}
 
 
+_CONTEXT_EDIT: ContextVar[dict | None] = ContextVar("vitviz_context_edit", default=None)
+
+
+@contextmanager
+def editing(edit: Mapping[str, Callable] | None):
+    """Every :func:`run` inside this block (in this thread) applies ``edit`` first, before its own ``edit=``.
+
+    For analyses that run the model themselves and take no ``edit=`` (attribution): a repair
+    (:mod:`vitviz.registers`) then changes their forward the same way it changes a capture's. Context-local,
+    so two threads with different edits on one cached model never see each other's."""
+    token = _CONTEXT_EDIT.set(compose_edits(_CONTEXT_EDIT.get(), edit) or None)
+    try:
+        yield
+    finally:
+        _CONTEXT_EDIT.reset(token)
+
+
 def run(adapter: Adapter, model: torch.nn.Module, x: torch.Tensor, keep=(), edit=None, stop_after=None,
         rules: Rules = PLAIN, fast: bool = False) -> dict[str, torch.Tensor]:
-    """Run ``adapter``'s forward of ``model`` on ``x`` (B, 3, H, W): the kept points by name."""
+    """Run ``adapter``'s forward of ``model`` on ``x`` (B, 3, H, W): the kept points by name (the edit of an
+    enclosing :func:`editing` applied first)."""
+    context = _CONTEXT_EDIT.get()
+    if context:
+        edit = compose_edits(context, edit)
     hooks = Hooks(keep, edit, stop_after, rules, fast)
     try:
         adapter.forward(model, x, hooks)

@@ -78,5 +78,13 @@ class HFBeit(HFAdapter):
         return [f"a learned relative position bias ({which}, one value per head and pair of positions) is added "
                 "to the scaled scores before the softmax"]
 
+    def why_no_extra_token(self, model) -> str | None:
+        config = model.config
+        if config.use_relative_position_bias or config.use_shared_relative_position_bias:
+            return "its relative position bias is sized for the model's own tokens"
+        if getattr(config, "use_mean_pooling", False):
+            return "its pooler takes the mean of the patch tokens and would count the extra token"
+        return None
+
     def pooled_text(self, model) -> str:
         return "pooler_output (the mean patch token after layernorm with mean pooling, else the CLS token)"

@@ -87,6 +87,11 @@ class HFClip(HFAdapter):
         else:
             hooks("pooled", features.mean(dim=1))
 
+    def why_no_extra_token(self, model) -> str | None:
+        if _is_siglip(model):
+            return "its pooling head (attention pooling or the mean) reads every token and would read the extra one"
+        return None
+
     def pooled_text(self, model) -> str:
         if _is_siglip(model):
             return "pooler_output (the attention-pooling head; the mean token without it)"

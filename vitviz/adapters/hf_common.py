@@ -235,6 +235,13 @@ class HFAdapter(Adapter):
         if hooks.wants("pooled") or hooks.wants("logits"):
             self.head(model, features, hooks)
 
+    def why_no_extra_token(self, model) -> str | None:
+        """The embeddings add any position table before ``embed`` and attention is blind to token order after it
+        (DINOv3's rotary embedding counts its patch tokens from the end), so a token inserted at ``embed`` after the
+        prefix tokens runs as one more prefix token; families whose position enters the layers per token pair or
+        whose head pools the patch tokens say why not."""
+        return None
+
     # --- what the views read -------------------------------------------------------------------
     def position_encoding(self, model) -> str:
         return "learned absolute position embedding" if self.position_table(model) is not None else "none"

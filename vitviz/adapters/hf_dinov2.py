@@ -47,5 +47,10 @@ class HFDinov2(HFAdapter):
             patches = features[:, len(self.prefix_tokens(model.config)):]
             hooks("logits", model.classifier(torch.cat([pooled, patches.mean(dim=1)], dim=1)))
 
+    def why_no_extra_token(self, model) -> str | None:
+        if self.num_classes(model):
+            return "its classifier reads the mean of the tokens after the model's own prefix tokens and would count the extra token"
+        return None
+
     def pooled_text(self, model) -> str:
         return "the CLS token after the final layernorm"

@@ -157,6 +157,10 @@ class HFSwin(Adapter):
             return None
         return windows.why_not_views(f"{self.version}, transformers").get(view)
 
+    def why_no_extra_token(self, model) -> str | None:
+        return ("it attends within shifted windows of the patch grid and has no prefix tokens: a token outside the "
+                "grid belongs to no window")
+
     def why_not_attribution(self, model, method: str) -> str | None:
         return windows.why_not_attribution(f"{self.version}, transformers").get(method)
 

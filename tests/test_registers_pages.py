@@ -1,0 +1,159 @@
+"""The "Repair" choice on the heads, rollout and attribution pages (ui/repair.py): the maps after the repair are
+the core's maps of the repaired forward (computed here from the adapters' edit= and capture, not through the page),
+the choice holds across pages, and an edit given to :func:`vitviz.adapters.editing` reaches every run inside."""
+import base64
+import json
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_registers import planted_checkpoint  # noqa: F401  (shared fixture)
+
+from vitviz import registers as R
+from vitviz.adapters import editing, run
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def _heatmaps(at, key: str) -> list[np.ndarray]:
+    chart = next(c for c in at.get("plotly_chart") if key in (c.proto.id or ""))
+
+    def z(t):
+        v = t["z"]
+        if isinstance(v, dict):
+            return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).reshape(
+                [int(n) for n in str(v["shape"]).split(",")])
+        return np.array(v, dtype=float)
+
+    return [z(t) for t in json.loads(chart.proto.spec)["data"] if t["type"] == "heatmap"]
+
+
+def test_editing_reaches_every_run_inside_and_only_in_its_thread():
+    """``editing(e)`` makes run(x) equal run(x, edit=e) (composed before the run's own edit), and nothing
+    outside the block or in another thread sees it."""
+    from test_registers import tiny_vit
+
+    model = tiny_vit()
+    x = torch.randn(2, 3, 64, 64)
+    halve = {"blocks.1.attn_out": lambda v, p: 0.5 * v}
+    plain = run(model, x, keep=("logits",))["logits"]
+    direct = run(model, x, keep=("logits",), edit=halve)["logits"]
+    assert not torch.allclose(plain, direct)
+    seen = {}
+    with editing(halve):
+        inside = run(model, x, keep=("logits",))["logits"]
+        # the run's own edit is applied after the context's: doubling again restores the plain output
+        twice = run(model, x, keep=("logits",), edit={"blocks.1.attn_out": lambda v, p: 2 * v})["logits"]
+        t = threading.Thread(target=lambda: seen.setdefault("other", run(model, x, keep=("logits",))["logits"]))
+        t.start()
+        t.join()
+    torch.testing.assert_close(inside, direct, rtol=0, atol=0)
+    torch.testing.assert_close(twice, plain, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(seen["other"], plain, rtol=0, atol=0)
+    torch.testing.assert_close(run(model, x, keep=("logits",))["logits"], plain, rtol=0, atol=0)
+
+
+def test_trained_register_repair_drops_the_register_keys_in_every_layer():
+    """DINOv2-style model with 4 registers: after the repair no query attends to a register, rows sum to 1."""
+    from test_registers import tiny_vit
+
+    from vitviz.capture import capture
+    from vitviz.layout import TokenLayout
+
+    model = tiny_vit(reg_tokens=4, class_token=True, no_embed_class=True)
+    layout = TokenLayout.from_model(model)
+    repair = R.Repair("trained")
+    assert repair.why_not(model, layout) is None
+    assert R.Repair("trained").why_not(tiny_vit(), TokenLayout.from_model(tiny_vit())) is not None
+    a = capture(model, torch.randn(1, 3, 64, 64), edit=repair.edit(model, layout), layout=layout).attention[0]
+    regs = [i for i, n in enumerate(layout.prefix_tokens) if n.startswith("reg")]
+    assert len(regs) == 4
+    assert float(a[..., regs].abs().max()) == 0
+    torch.testing.assert_close(a.sum(-1), torch.ones_like(a.sum(-1)), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_attribution(bundled):
+    """Sink masking on the bundled model, chosen on the heads page, holds on the rollout and attribution pages;
+    each page's 'after' map is the core's map of the forward with the sinks masked; the output change is shown."""
+    from streamlit.testing.v1 import AppTest
+
+    from conftest import ASSETS
+    from vitviz.capture import capture
+    from vitviz.images import load_image, preprocess
+    from vitviz.maps import layer_maps
+    from vitviz.pipeline import forward
+    from vitviz.rollout import rollout
+
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.switch_page("pages/2_heads.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    at.selectbox(key="repair_choice").set_value("sinks").run()
+    assert not at.exception, [e.message for e in at.exception]
+
+    image = at.sidebar.selectbox(key="current").value
+    pil = load_image(ASSETS / image).image
+    x = preprocess([pil], bundled.data_config).tensor
+    layout = bundled.layout
+    sinks = forward(bundled, [pil]).sinks
+    mask = R.sink_mask(sinks, layout)
+    assert mask.any(), "the bundled model has patch sinks on the sample photos"
+    after = capture(bundled.model, x, edit=R.mask_keys(mask), layout=layout).attention[0].numpy()
+    L = after.shape[0]
+
+    heads = _heatmaps(at, "heads_repair_maps")
+    expected = layer_maps(after, layout, L - 1, "cls").mean(0)
+    np.testing.assert_allclose(heads[1], expected, rtol=1e-4, atol=1e-7)
+    assert any("pooled cosine" in c for df in at.dataframe for c in df.value.columns)
+
+    at.switch_page("pages/3_rollout.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="repair_choice").value == "sinks"
+    roll = _heatmaps(at, "rollout_repair_maps")
+    np.testing.assert_allclose(roll[1], rollout(after, layout).map, rtol=1e-4, atol=1e-7)
+
+    at.switch_page("pages/10_attribution.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="repair_choice").value == "sinks"
+    attr = _heatmaps(at, "attribution_repair_maps")
+    assert len(attr) >= 2 and not np.allclose(attr[0], attr[1])
+
+
+def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_with_the_repair(planted_checkpoint):
+    """On the planted ViT-Ti (10 classes): the 'before' curves are perturbation_curves of the plain rollout; the
+    'after' curves start (0 % deleted) at the repaired model's probability of the unrepaired top-1 class, so the
+    repair runs in every scoring forward; the random band has its 10 seeds on both sides."""
+    from test_registers import LAYER, NEURON
+
+    from conftest import ASSETS
+    from vitviz.capture import capture
+    from vitviz.faithfulness import perturbation_curves, random_seed_maps
+    from vitviz.images import load_image, preprocess
+    from vitviz.models import ModelSpec, load_model
+    from vitviz.registers_run import repair_faithfulness
+    from vitviz.rollout import rollout
+
+    _, weights = planted_checkpoint
+    loaded = load_model(ModelSpec(name="vit_tiny_patch16_224", checkpoint=str(weights), img_size=64))
+    image = load_image(ASSETS / "chelsea.jpg").image
+    register = R.TestTimeRegister(((LAYER, NEURON),))
+    result = repair_faithfulness(loaded, image, R.Repair("register", register), methods=("rollout",), seeds=3)
+    x = preprocess([image], loaded.data_config).tensor
+    layout = loaded.layout
+    with torch.no_grad():
+        logits = run(loaded.model, x, keep=("logits",))["logits"][0]
+        repaired = run(loaded.model, x, keep=("logits",), edit=register.edit(layout))["logits"][0]
+    target = int(logits.argmax())
+    plain_rollout = rollout(capture(loaded.model, x).attention[0].numpy(), layout).map
+    expected = perturbation_curves(loaded.model, x[0], {"rollout": plain_rollout} | random_seed_maps(layout.grid_size,
+                                                                                                     seeds=3),
+                                   layout, target=target)
+    np.testing.assert_allclose(result.before.deletion, expected.deletion, rtol=1e-6, atol=1e-9)
+    # float32 softmax of the same logits by two code paths: 1e-6 absolute on a probability
+    np.testing.assert_allclose(result.after.deletion[:, 0], float(repaired.softmax(-1)[target]), atol=1e-6)
+    assert abs(float(repaired.softmax(-1)[target]) - float(logits.softmax(-1)[target])) > 1e-6
+    assert result.band_before.seeds == result.band_after.seeds == 3
+    assert {r["side"] for r in result.table() if r["method"] == "rollout"} == {"before", "after"}

@@ -1,0 +1,194 @@
+"""The "Repair" choice shared by the heads, rollout and attribution pages, and its before / after view.
+
+A page calls :func:`repair_view` once, below its own maps, with a function giving its maps from one run
+(:class:`Side`): the maps of the page's current settings as the model is and with the repair run in the forward
+(:mod:`vitviz.registers`), side by side on one colour scale, the token norms and the output change.
+The choice is kept in the session and the URL (``?repair=``), like the display choices, so it holds across
+pages and reloads.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from vitviz.images import preprocess
+from vitviz.pipeline import forward_repaired
+from vitviz.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
+from vitviz.registers_run import repair_faithfulness
+from vitviz.registers_figures import maps_figure, norm_ratio_figure, output_change_table, signed_pairs_figure
+
+from .cache import ImageResult, _model_run, cached_model, image_result_of, store
+from .charts import file_stem, show_chart
+from .downloads import download_row
+
+REPAIR_KEY, URL_PARAM = "repair_choice", "repair"
+NEURONS_KEY = "register_neurons"  # spec -> (neurons ((layer 0-based, unit), ...), where they came from)
+INIT_KEY = "repair_init"
+
+
+@dataclass
+class Side:
+    """One side of the comparison: the image's result, the repair run in it (``Repair()`` before) and its ``edit=``
+    (None before), for pages whose maps need a model run of their own (attribution); ``compared``: the repair
+    chosen (the same on both sides)."""
+
+    result: ImageResult
+    repair: Repair
+    edit: dict | None
+    compared: Repair
+
+
+def offer_register(spec, neurons, source: str) -> None:
+    """Make a neuron set the pages' test-time register for model ``spec`` (the registers page's search, an upload)."""
+    st.session_state.setdefault(NEURONS_KEY, {})[spec] = (tuple((int(a), int(b)) for a, b in neurons), source)
+
+
+def _remember() -> None:
+    st.session_state[f"kept_{REPAIR_KEY}"] = st.session_state[REPAIR_KEY]
+
+
+def repair_choice(ctx) -> Repair | None:
+    """The "Repair" widget (kept across pages and in the URL); the repair to run, or None for "none" or one that
+    cannot run yet (the sentence is shown)."""
+    names = ["none", "sinks", "register"] + (["trained"] if any(n.startswith("reg") for n in ctx.result.layout.prefix_tokens)
+                                             else [])
+    kept = st.session_state.get(f"kept_{REPAIR_KEY}", st.query_params.get(URL_PARAM, "none"))
+    st.session_state[REPAIR_KEY] = kept if kept in names else "none"
+    kind = st.selectbox("Repair (before / after)", names, format_func=REPAIRS.get, key=REPAIR_KEY, on_change=_remember,
+                        help="sink masking: each layer's patch sinks dropped as keys, rows renormalised. Test-time "
+                             "register: the register neurons (from the Registers page's search or a registers.json) "
+                             "moved onto one extra token (Jiang et al. 2025). Trained registers dropped: the model's "
+                             "own register tokens dropped as keys in every layer.")
+    if kind == "none" and URL_PARAM in st.query_params:
+        del st.query_params[URL_PARAM]
+    elif kind != "none" and st.query_params.get(URL_PARAM) != kind:
+        st.query_params[URL_PARAM] = kind
+    if kind == "none":
+        return None
+    if kind != "register":
+        repair = Repair(kind)
+    else:
+        register = _register(ctx)
+        if register is None:
+            return None
+        repair = Repair("register", register)
+    why = repair.why_not(ctx.loaded.model, ctx.result.layout)
+    if why:
+        st.info(why)
+        return None
+    return repair
+
+
+def _register(ctx) -> TestTimeRegister | None:
+    """The session's neuron set for this model, or one read from an uploaded registers.json."""
+    held = st.session_state.get(NEURONS_KEY, {}).get(ctx.spec)
+    upload = st.file_uploader("registers.json (from `python -m vitviz registers` or the Registers page)", type=["json"],
+                              key="repair_registers_json",
+                              help="Without one, search this model's register neurons on the Registers page first.")
+    if upload is not None:
+        try:
+            data = json.loads(upload.getvalue())
+            register = register_from_json(data if isinstance(data, dict) else {})
+            check_register(ctx.loaded.model, register, ctx.result.layout)
+        except ValueError as exc:
+            st.error(f"{upload.name}: {exc} (give the registers.json written for this model).")
+            return None
+        offer_register(ctx.spec, register.neurons, upload.name)
+        held = st.session_state[NEURONS_KEY][ctx.spec]
+    if held is None:
+        st.info("No register neurons for this model yet: search them on the Registers page (they carry over), or "
+                "upload a registers.json above.")
+        return None
+    init = st.radio("The extra token starts as", ["zero", "mean"], horizontal=True, key=INIT_KEY,
+                    help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
+    st.caption(f"Test-time register: {len(held[0])} neurons from {held[1]}.")
+    return TestTimeRegister(held[0], init)
+
+
+def _repaired(ctx, repair: Repair) -> tuple[ImageResult, object]:
+    """The current image's result with ``repair`` run in the forward, and the output change (cached per repair)."""
+    def compute():
+        loaded = cached_model(ctx.spec)
+        after = image_result_of(forward_repaired(loaded, [ctx.image.image], repair, [ctx.result.sinks]))
+        param = next(loaded.model.parameters())
+        x = preprocess([ctx.image.image], loaded.data_config).tensor.to(param.device, param.dtype)
+        edit = repair.edit(loaded.model, loaded.layout, [ctx.result.sinks], param.device)
+        return after, compare_outputs(loaded.model, x, edit)
+
+    return store().get_or_compute(("repair", ctx.spec, ctx.image.sha256, repair),
+                                  _model_run(f"Running with {repair.name} ...", compute))
+
+
+def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]], *, what: str,
+                value_name: str = "attention", signed: bool = False) -> None:
+    """The page's "Repair" choice and, when one is chosen, its maps before and after side by side.
+
+    Args:
+        key: the page's name for its figures and downloads.
+        maps_of: one run -> {title: (gh, gw) map} with the page's current settings.
+        what: what the maps are, for the title (e.g. "Rollout of the CLS, layers 1-12").
+        value_name: the colour bar's unit.
+        signed: maps are signed (attribution): a diverging scale centred on 0.
+    """
+    st.divider()
+    st.subheader("Repair: before and after")
+    left, _ = st.columns([1, 2])
+    with left:
+        repair = repair_choice(ctx)
+    if repair is None:
+        st.caption("Choose a repair to see these maps with it run in the forward, beside the maps as they are.")
+        return
+    after, change = _repaired(ctx, repair)
+    layout = ctx.result.layout
+    before_maps = maps_of(Side(ctx.result, Repair(), None, repair))
+    device = next(ctx.loaded.model.parameters()).device
+    after_maps = maps_of(Side(after, repair, repair.edit(ctx.loaded.model, layout, [ctx.result.sinks], device), repair))
+    marked = ctx.result.sinks.patch_sinks(layout) if repair.kind == "sinks" else None
+    stem = file_stem(key, "repair", repair.kind, ctx.image.name)
+    if signed:
+        fig, caption = signed_pairs_figure(before_maps, after_maps, repair.name, f"{what}: before and after {repair.name}")
+    else:
+        titles = [t for name in before_maps for t in (f"{name}: before", f"{name}: after")]
+        tiles = np.stack([m for name in before_maps for m in (before_maps[name], after_maps[name])])
+        fig, caption = maps_figure(ctx.result.model_input, tiles, titles, layout, f"{what}: before and after {repair.name}",
+                                   value_name=value_name, columns=2, tile_px=300, marked=marked)
+        caption += (" Before and after share one colour scale." + (" Crossed: the patch sinks the repair drops (they "
+                                                                    "set no colour limit)." if marked is not None else ""))
+    show_chart(fig, f"{key}_repair_maps", stem)
+    st.caption(caption)
+    show_chart(norm_ratio_figure(ctx.result.token_norms, layout, after.token_norms, after.layout, repair.name),
+               f"{key}_repair_norms", file_stem(key, "repair_norms", repair.kind, ctx.image.name))
+    st.markdown("**Output change** (this image, after vs before)")
+    st.dataframe(output_change_table(change, [ctx.image.name]), hide_index=True)
+    st.caption("Pooled cosine: the cosine of the pooled vectors (the head's input) with and without the repair; for "
+               "classifiers, whether the top-1 class stays and how its logit moved.")
+    download_row(stem, {f"map{i}_before": before_maps[name] for i, name in enumerate(before_maps)}
+                 | {f"map{i}_after": after_maps[name] for i, name in enumerate(after_maps)}
+                 | {"norms_before": ctx.result.token_norms, "norms_after": after.token_norms},
+                 {"image": ctx.image.name, "model": ctx.loaded.card()["spec"], "repair": repair.to_dict(),
+                  "maps": what, "map_names": list(before_maps), "token_layout_after": after.layout.to_dict(), "output_change": change.to_dict()})
+
+
+def faithfulness_view(ctx, repair: Repair, key: str) -> None:
+    """Deletion / insertion AUC of rollout and AttnLRP (where the family allows) before and after ``repair``, each
+    beside its random band, computed on demand (:func:`vitviz.registers_run.repair_faithfulness`)."""
+    store_key = ("repair_faithfulness", ctx.spec, ctx.image.sha256, repair)
+    slot = st.empty()
+    if store_key not in store() and not slot.button(f"Faithfulness before and after {repair.name} (rollout, AttnLRP; "
+                                                    "about 400 forwards)", key=f"{key}_faithfulness_run"):
+        return
+    slot.empty()
+    result = store().get_or_compute(store_key, _model_run(
+        f"Deletion and insertion before and after {repair.name} ...",
+        lambda: repair_faithfulness(cached_model(ctx.spec), ctx.image.image, repair, sinks=[ctx.result.sinks])))
+    st.markdown(f"**Faithfulness before and after {repair.name}** (this image)")
+    st.dataframe(pd.DataFrame(result.table()), hide_index=True)
+    st.caption(f"Score: {result.before.score}. Deletion: patches removed most relevant first (lower is better); "
+               "insertion: added to a blank input (higher is better); AUC over 0–100 % of the patches in steps of 10 %. "
+               "The 'after' maps are scored with the repair run in every forward (sink masking drops the sinks found on "
+               "the unperturbed image). A verdict is 'better'/'worse' only outside the random maps' mean ± 2 s.d.")
