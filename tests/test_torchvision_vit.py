@@ -172,6 +172,8 @@ def test_no_network_no_cache_is_one_sentence_naming_the_model(tmp_path, monkeypa
         load_model(ModelSpec("torchvision:vit_q_99"))
     with pytest.raises(ModelError, match="is not supported yet: it is a ResNet"):
         load_model(ModelSpec("torchvision:resnet18"))
+    with pytest.raises(ModelError, match=f"the builder '{TINY}' has no named weights; give a file"):
+        load_model(ModelSpec(register_tiny()))
 
 
 def test_the_memory_budget_and_the_declared_size_apply(tmp_path):

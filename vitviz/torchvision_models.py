@@ -209,6 +209,9 @@ def build(name: str, checkpoint: str | None = None, img_size: int | None = None,
     weights = _named_weights(name, builder, source)
     architecture = meta_architecture(name)
     own = sum(t.numel() for t in architecture.state_dict().values()) * 4
+    if not checkpoint and weights is None:
+        raise ModelError(f"Model {name!r}: the builder {source.builder!r} has no named weights; give a file of its "
+                         "weights with --checkpoint (torch.save(model.state_dict(), path)).")
     path = Path(checkpoint).expanduser() if checkpoint else _cached_or_downloaded(name, weights)
     saved = read_checkpoint(path, max_bytes(own), needed=f"{source.builder} ({own / (1 << 20):.0f} MiB of float32 "
                                                           "weights)")
