@@ -4,18 +4,23 @@ Prints
   1. per model (the bundled model @224 with its real weights; ViT-B/16 @224 with random weights, timing
      only) and batch 8: the median time of one plain forward (``model(x)``, timm's fused attention,
      inference mode) and of each method of :mod:`vitviz.attribution` on the same batch, all measured in
-     the same run, interleaved, and the ratio method / plain forward;
+     the same run, each method right after a plain forward: the ratios method / plain forward of the medians,
+     of the minima and the median of the paired ratios; beside them,
+     ``attnlrp (before)``: AttnLRP with its LayerNorm rule written out as tensor operations, as it was before
+     the fused rule (:class:`vitviz.attribution._LayerNormRule`), to compare in the same run;
   2. with --auc: deletion and insertion AUC (11 steps, mean colour, the faithfulness page's score: the
      bundled model has no head, so the cosine of pooled vectors; the attribution target is the pooled
      vector's projection on its own direction) of every method on the four sample photos, signed order
      (most relevant first by signed value), plus positive-only and absolute orders for the signed methods,
      beside the random map over 10 seeds (mean and standard deviation).
 
-Usage: .venv/bin/python -u benchmarks/attribution_cost.py [--auc] [--no-cost] [--repeats R]
+Usage: .venv/bin/python -u benchmarks/attribution_cost.py [--auc] [--no-cost] [--repeats R] [--models bundled,vit_b]
+       [--methods "attnlrp,attnlrp (before),gradient"]
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
@@ -27,6 +32,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from vitviz import attribution  # noqa: E402
 from vitviz.attribution import METHODS, attribute, default_target  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
 from vitviz.models import ModelSpec, load_model  # noqa: E402
@@ -50,25 +56,65 @@ def _time(fn, repeats: int) -> list[float]:
     return out
 
 
-def cost(label: str, model: torch.nn.Module, x: torch.Tensor, repeats: int) -> None:
+def _written_out_layer_norm(module: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """The LayerNorm rule as it was before the fused one: (x - mean) / stop_gradient(std) * weight + bias."""
+    dims = tuple(range(-len(module.normalized_shape), 0))
+    mean = x.mean(dim=dims, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=dims, keepdim=True)
+    y = (x - mean) / (var + module.eps).sqrt().detach()
+    if module.weight is not None:
+        y = y * module.weight
+    if module.bias is not None:
+        y = y + module.bias
+    return y
+
+
+@contextlib.contextmanager
+def _before():
+    fused = attribution._layer_norm
+    attribution._layer_norm = _written_out_layer_norm
+    try:
+        yield
+    finally:
+        attribution._layer_norm = fused
+
+
+def cost(label: str, model: torch.nn.Module, x: torch.Tensor, repeats: int, methods=METHODS) -> None:
     target = default_target(model)
 
     def plain():
         with torch.inference_mode():
             model(x)
 
-    runs = {"plain forward": plain} | {m: (lambda m=m: attribute(model, x, m, target)) for m in METHODS}
+    def before():
+        with _before():
+            attribute(model, x, "attnlrp", target)
+
+    runs = {m: (lambda m=m: attribute(model, x, m, target)) for m in methods if m in METHODS}
+    if "attnlrp (before)" in methods:
+        runs["attnlrp (before)"] = before
+    plain()
     for fn in runs.values():  # warm-up
         fn()
-    times = {name: [] for name in runs}
-    for _ in range(repeats):  # interleaved: a load change on the shared machine hits every method alike
+    # Each method right after its own plain forward, so a load change on the shared machine hits both alike; the
+    # paired ratio (method / the forward just before it) is the steadiest figure under changing load.
+    times = {name: [] for name in ["plain forward", *runs]}
+    paired = {name: [] for name in runs}
+    for _ in range(repeats):
         for name, fn in runs.items():
-            times[name] += _time(fn, 1)
-    base = statistics.median(times["plain forward"])
-    print(f"\n{label}, batch {len(x)}, input {tuple(x.shape[-2:])}, {repeats} repeats (median s, ratio to plain)")
+            (base,) = _time(plain, 1)
+            (took,) = _time(fn, 1)
+            times["plain forward"].append(base)
+            times[name].append(took)
+            paired[name].append(took / base)
+    base, floor = statistics.median(times["plain forward"]), min(times["plain forward"])
+    print(f"\n{label}, batch {len(x)}, input {tuple(x.shape[-2:])}, {repeats} repeats: median and min s, their ratios "
+          "to the plain forward's median and min, and the median of the ratios to the forward run just before")
     for name, t in times.items():
         med = statistics.median(t)
-        print(f"  {name:14s} {med:8.3f} s   {med / base:5.2f}x   (min {min(t):.3f}, max {max(t):.3f})")
+        pair = f"{statistics.median(paired[name]):5.2f}x" if name in paired else "  -  "
+        print(f"  {name:17s} {med:8.3f} s {med / base:5.2f}x   min {min(t):8.3f} s {min(t) / floor:5.2f}x   "
+              f"paired {pair}   (max {max(t):.3f})", flush=True)
 
 
 def auc_table() -> None:
@@ -117,14 +163,19 @@ def main() -> None:
     parser.add_argument("--auc", action="store_true", help="also the AUC table")
     parser.add_argument("--no-cost", action="store_true", help="skip the timings (the AUC table alone)")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--models", default="bundled,vit_b", help="which of bundled,vit_b to time")
+    parser.add_argument("--methods", default=",".join([*METHODS, "attnlrp (before)"]),
+                        help="which methods to time (comma-separated; 'attnlrp (before)' is the unfused LayerNorm rule)")
     args = parser.parse_args()
+    models, methods = args.models.split(","), args.methods.split(",")
     print(f"torch {torch.__version__}, timm {timm.__version__}, threads {torch.get_num_threads()}")
-    if not args.no_cost:
+    if not args.no_cost and "bundled" in models:
         loaded = load_model(ModelSpec())
-        cost("bundled (DINOv2 ViT-S/14, real weights)", loaded.model, _batch(loaded), args.repeats)
+        cost("bundled (DINOv2 ViT-S/14, real weights)", loaded.model, _batch(loaded), args.repeats, methods)
+    if not args.no_cost and "vit_b" in models:
         torch.manual_seed(0)
         vit_b = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
-        cost("ViT-B/16 (random weights)", vit_b, torch.randn(BATCH, 3, 224, 224), args.repeats)
+        cost("ViT-B/16 (random weights)", vit_b, torch.randn(BATCH, 3, 224, 224), args.repeats, methods)
     if args.auc:
         auc_table()
 

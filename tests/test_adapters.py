@@ -1,7 +1,8 @@
 """The adapter contract, checked for every registered family against the library's own forward.
 
 Each adapter gets at least one tiny random model loaded the way users load it (timm: a safetensors
-checkpoint through ``ModelSpec(name, checkpoint=...)``; Hugging Face: a ``save_pretrained`` folder).
+checkpoint through ``ModelSpec(name, checkpoint=...)``; Hugging Face: a ``save_pretrained`` folder; torchvision:
+a ``torch.save(model.state_dict())`` file through ``ModelSpec("torchvision:...", checkpoint=...)``).
 The references are the library's modules run by the library: timm's forward, and its unfused
 attention on a deep copy (``fused_attn`` off) with the probabilities read, or changed, where timm
 applies ``attn_drop`` to them. A new adapter fails :func:`test_every_registered_adapter_has_an_example`
@@ -20,6 +21,7 @@ from test_adapters_swin import (hf_swin_reference, hf_swinv2_reference, load_hf_
                                 timm_swin_reference)
 from test_families import _images, _load, checkpoints  # noqa: F401  (the saved timm EVA/BEiT/rotary models)
 from test_adapters_hf import HF_EXAMPLES  # the transformers families' examples (save_pretrained folders)
+from test_torchvision_vit import load_tiny as load_torchvision, torchvision_reference
 
 
 def _timm_reference(model, x, zero_head: tuple[int, int] | None = None):
@@ -51,10 +53,12 @@ TIMM_FAMILIES = ("eva02", "rope_register_gap", "dinov3", "beit", "beit_shared_bi
 EXAMPLES = {"timm-vit": [(f, _timm_reference) for f in (*TIMM_FAMILIES, *RELPOS_VARIANTS)],
             "timm-swin": [("swin", timm_swin_reference)],
             "hf-swin": [("hf_swin", hf_swin_reference)],
-            "hf-swinv2": [("hf_swinv2", hf_swinv2_reference)]}
+            "hf-swinv2": [("hf_swinv2", hf_swinv2_reference)],
+            "torchvision-vit": [("torchvision", torchvision_reference)]}
 LOADERS = {"swin": load_timm_swin, **{name: relpos_loader(name) for name in RELPOS_VARIANTS},
            "hf_swin": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72),
-           "hf_swinv2": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72, version="swinv2")}
+           "hf_swinv2": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72, version="swinv2"),
+           "torchvision": load_torchvision}
 CASES = [(name, family, ref) for name, cases in EXAMPLES.items() for family, ref in cases]
 
 
@@ -156,7 +160,5 @@ def test_keep_reads_every_named_point_with_the_documented_shapes_and_stop_after_
 def test_every_registered_adapter_has_an_example():
     load_all()
     test_only = {name for name, a in ADAPTERS.items() if type(a).__module__.startswith(("test_", "tests."))}
-    # torchvision's ViT is not loadable in the app yet: its parity with torchvision is in test_attribution.py.
-    interim = {"torchvision-vit"}
-    missing = set(ADAPTERS) - set(EXAMPLES) - set(HF_EXAMPLES) - test_only - interim
+    missing = set(ADAPTERS) - set(EXAMPLES) - set(HF_EXAMPLES) - test_only
     assert not missing, f"adapters without a parity example: {sorted(missing)}"

@@ -21,14 +21,30 @@ __all__ = ["Architecture", "WindowArchitecture", "admit", "admit_fitted", "archi
 
 
 def architecture(name: str) -> Architecture | None:
-    """The architecture of ``"bundled"``, a timm model name (built on the meta device: no memory) or a
-    transformers folder / ``hf:`` hub id (read from its config on disk, never downloaded).
+    """The architecture of ``"bundled"``, a timm model name or a ``torchvision:`` builder (built on the meta device:
+    no memory) or a transformers folder / ``hf:`` hub id (read from its config on disk, never downloaded).
 
     None when it cannot be known before loading (the loader then says why).
     """
     # Not cached: a folder's config can change between two loads.
     kind = parse_model_name(name).kind
+    if kind == "torchvision":
+        return _torchvision_architecture(name)
     return _hf_architecture(name) if kind == "transformers" else _timm_architecture(name)
+
+
+@functools.lru_cache(maxsize=64)
+def _torchvision_architecture(name: str) -> Architecture | None:
+    from .adapters import find_adapter
+    from .errors import ModelError
+    from .torchvision_models import meta_architecture
+
+    try:
+        model = meta_architecture(name)
+    except ModelError:
+        return None  # the loader says why
+    adapter = find_adapter(model)
+    return None if adapter is None or adapter.why_unsupported(model) else adapter.architecture(model)
 
 
 @functools.lru_cache(maxsize=64)

@@ -200,7 +200,7 @@ def check_weights(name: str, limit_bytes: int | None = None, img_size: int | Non
     before it notices that the weights do not fit it (see :mod:`vitviz.declared`).
 
     Args:
-        name: ``"bundled"``, a timm model name, or a transformers folder / ``hf:`` hub id.
+        name: ``"bundled"``, a timm model name, a transformers folder / ``hf:`` hub id or ``torchvision:`` builder.
         limit_bytes: the memory budget; None: ``VITVIZ_CACHE_MB``, else the machine's memory (``analyze``'s).
         img_size: the requested input resolution (a timm position table grows with it).
 
@@ -219,6 +219,12 @@ def check_weights(name: str, limit_bytes: int | None = None, img_size: int | Non
             raise
         except VitvizError as exc:
             raise ModelError(str(exc)) from exc
+    elif source.kind == "torchvision":
+        from .torchvision_models import declared_bytes
+
+        size = declared_bytes(name, img_size)
+        found = [Declared(size, f"torchvision's architecture ({size // FLOAT32:.3g} parameters, as float32)")] \
+            if size else []
     else:
         arch = timm_declared(name, img_size)
         found = [arch] if arch else []

@@ -1,4 +1,5 @@
-"""Whether the Hugging Face hub can be reached: the one network probe (offline mode answers at once)."""
+"""Whether the Hugging Face hub (or torchvision's download server) can be reached: the one network probe
+(offline mode answers at once)."""
 from __future__ import annotations
 
 import socket
@@ -7,14 +8,19 @@ import time
 
 _HUB = ("huggingface.co", 443)
 _PROBE_TTL = 30.0
-_probe: dict[str, float | bool] = {}
+_probe: dict[tuple[str, int], tuple[float, bool]] = {}  # host -> (when, answer)
 _probe_lock = threading.Lock()
 
 
 def _hub_reachable(timeout: float = 1.0) -> bool:
-    """Whether the Hugging Face hub answers, decided within ``timeout`` seconds.
+    """Whether the Hugging Face hub answers, decided within ``timeout`` seconds (see :func:`host_reachable`)."""
+    return host_reachable(_HUB, timeout)
 
-    ``HF_HUB_OFFLINE`` answers at once. The probe runs in a daemon thread because
+
+def host_reachable(host: tuple[str, int], timeout: float = 1.0) -> bool:
+    """Whether ``host`` (name, port) answers, decided within ``timeout`` seconds.
+
+    ``HF_HUB_OFFLINE`` (vitviz's one offline switch) answers at once. The probe runs in a daemon thread because
     ``socket.create_connection``'s timeout does not bound the DNS lookup, which can hang for
     many seconds on a machine without a network. The answer is reused for 30 s.
     """
@@ -23,13 +29,14 @@ def _hub_reachable(timeout: float = 1.0) -> bool:
     if constants.is_offline_mode():
         return False
     with _probe_lock:
-        if time.monotonic() - _probe.get("at", -_PROBE_TTL) < _PROBE_TTL:
-            return bool(_probe["reachable"])
+        seen = _probe.get(host)
+        if seen is not None and time.monotonic() - seen[0] < _PROBE_TTL:
+            return seen[1]
         answer = {"reachable": False}
 
         def connect():
             try:
-                socket.create_connection(_HUB, timeout=timeout).close()
+                socket.create_connection(host, timeout=timeout).close()
                 answer["reachable"] = True
             except OSError:
                 pass
@@ -37,5 +44,5 @@ def _hub_reachable(timeout: float = 1.0) -> bool:
         probe = threading.Thread(target=connect, daemon=True, name="vitviz-hub-probe")
         probe.start()
         probe.join(timeout)
-        _probe.update(at=time.monotonic(), reachable=answer["reachable"])
+        _probe[host] = (time.monotonic(), answer["reachable"])
         return answer["reachable"]

@@ -1,5 +1,6 @@
-"""Load a model: the bundled default, any timm ViT by name, a local checkpoint, or a Hugging Face
-transformers model (a ``save_pretrained`` folder or an ``hf:`` hub id, see :mod:`vitviz.hf`).
+"""Load a model: the bundled default, any timm ViT by name, a local checkpoint, a Hugging Face
+transformers model (a ``save_pretrained`` folder or an ``hf:`` hub id, see :mod:`vitviz.hf`) or a torchvision
+ViT (``torchvision:vit_b_16``, see :mod:`vitviz.torchvision_models`).
 
 All model construction and mutation happens here, once per :class:`ModelSpec`; the result is
 shared read-only (the app caches one per spec for every session and thread).
@@ -31,7 +32,8 @@ class ModelSpec:
     Args:
         name: ``"bundled"``, a timm model name, optionally with its pretrained tag
             (``"vit_base_patch16_224.augreg2_in21k_ft_in1k"``), a folder saved with transformers'
-            ``save_pretrained`` or a transformers hub id as ``"hf:google/vit-base-patch16-224"``.
+            ``save_pretrained``, a transformers hub id as ``"hf:google/vit-base-patch16-224"`` or a torchvision
+            builder as ``"torchvision:vit_b_16"``.
         checkpoint: path of local weights for ``name``'s architecture (.safetensors, or .pth, .pt, .bin, .tar,
             .ckpt as training scripts save them; :mod:`vitviz.checkpoints`).
         img_size: input resolution in pixels (square); default the model's own.
@@ -163,7 +165,7 @@ def _data_config(model: torch.nn.Module) -> dict:
 
 
 def _finish(model, spec: ModelSpec, weights_source: str, label: str, notes: list[str],
-            native_pos_embed: NativePosEmbed | None = None) -> LoadedModel:
+            native_pos_embed: NativePosEmbed | None = None, data_config: dict | None = None) -> LoadedModel:
     device = resolve_device(spec.device)
     dtype = _resolve_dtype(spec.dtype, device)
     check_supported(model, spec.name)
@@ -172,7 +174,7 @@ def _finish(model, spec: ModelSpec, weights_source: str, label: str, notes: list
 
     layout = adapter_for(model).layout(model)
     return LoadedModel(model=model, spec=spec, layout=layout,
-                       data_config=_data_config(model), weights_source=weights_source,
+                       data_config=data_config or _data_config(model), weights_source=weights_source,
                        label=label, device=device, dtype=dtype, notes=notes, native_pos_embed=native_pos_embed)
 
 
@@ -428,7 +430,21 @@ def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
         return _load_bundled(spec)
     if kind == "transformers":
         return _load_hf(spec)
+    if kind == "torchvision":
+        return _load_torchvision(spec)
     return _load_timm(spec)
+
+
+def _load_torchvision(spec: ModelSpec) -> LoadedModel:
+    """A torchvision ViT built with ``weights=None``, then its local weights (:mod:`vitviz.torchvision_models`)."""
+    from . import torchvision_models
+
+    _img_size_kwargs(spec.img_size)  # the same range as timm's
+    check_supported(torchvision_models.meta_architecture(spec.name), spec.name)  # a ResNet is refused before any file
+    built = torchvision_models.build(spec.name, spec.checkpoint, spec.img_size,
+                                     max_bytes=lambda weights: CHECKPOINT_SLACK * weights + CHECKPOINT_EXTRA_BYTES)
+    loaded = _finish(built.model, spec, built.source, built.label, built.notes, data_config=built.data_config)
+    return replace(loaded, native_pos_embed=loaded.adapter.native_pos_embed(loaded.model, loaded.layout))
 
 
 def with_labels(loaded: LoadedModel, labels: ClassNames) -> LoadedModel:

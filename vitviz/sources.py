@@ -6,6 +6,7 @@ from pathlib import Path
 
 BUNDLED = "bundled"
 HF_PREFIX = "hf:"
+TORCHVISION_PREFIX = "torchvision:"
 
 
 @dataclass(frozen=True)
@@ -13,15 +14,21 @@ class ModelSource:
     """Where a model comes from.
 
     Attributes:
-        kind: ``"bundled"``, ``"timm"`` (a timm model name, optionally with its pretrained tag) or
-            ``"transformers"`` (a ``save_pretrained`` folder, or a hub id written ``hf:owner/name``).
+        kind: ``"bundled"``, ``"timm"`` (a timm model name, optionally with its pretrained tag),
+            ``"transformers"`` (a ``save_pretrained`` folder, or a hub id written ``hf:owner/name``) or
+            ``"torchvision"`` (a torchvision builder written ``torchvision:vit_b_16``, optionally with the name of
+            its weights: ``torchvision:vit_b_16.IMAGENET1K_SWAG_E2E_V1``).
         name: the name as typed.
         hub_id: the hub id of an ``hf:`` name, else None.
+        builder: the torchvision builder of a ``torchvision:`` name, else None.
+        weights: the torchvision weights named after the builder, else None.
     """
 
     kind: str
     name: str
     hub_id: str | None = None
+    builder: str | None = None
+    weights: str | None = None
 
     @property
     def folder(self) -> Path | None:
@@ -42,10 +49,13 @@ def canonical_model_name(name: str) -> str:
 
 
 def parse_model_name(name: str) -> ModelSource:
-    """``"bundled"``; ``"hf:owner/name"`` or anything path-like (a ``/``, a ``\\`` or an existing folder):
-    transformers; anything else: a timm name."""
+    """``"bundled"``; ``"torchvision:builder[.WEIGHTS]"``: torchvision; ``"hf:owner/name"`` or anything path-like
+    (a ``/``, a ``\\`` or an existing folder): transformers; anything else: a timm name."""
     if name == BUNDLED:
         return ModelSource("bundled", name)
+    if name.startswith(TORCHVISION_PREFIX):
+        builder, _, weights = name[len(TORCHVISION_PREFIX):].strip().partition(".")
+        return ModelSource("torchvision", name, builder=builder, weights=weights or None)
     if name.startswith(HF_PREFIX):
         return ModelSource("transformers", name, name[len(HF_PREFIX):].strip())
     if "/" in name or "\\" in name or Path(name).expanduser().is_dir():

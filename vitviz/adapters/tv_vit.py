@@ -46,7 +46,8 @@ class TorchvisionViT(Adapter):
 
     name = "torchvision-vit"
     library = "torchvision"
-    families = "torchvision VisionTransformer (vit_b_16, vit_b_32, vit_l_16, vit_l_32, vit_h_14)"
+    families = ("torchvision VisionTransformer (torchvision:vit_b_16, vit_b_32, vit_l_16, vit_l_32, vit_h_14, with a "
+                "state-dict file or torchvision's weights)")
 
     def claims(self, model) -> bool:
         return _is_tv_vit(model)
