@@ -127,11 +127,14 @@ def capture_in_threads(model, inputs: list[torch.Tensor]) -> list:
 
 
 def readme_command(prefix: str, out: Path) -> list[str]:
-    """The README's first command line starting with ``prefix``, as argv after the interpreter,
-    with its ``--out`` pointed at ``out`` (everything else typed as it stands)."""
+    """The README's one command line starting with ``prefix``, as argv after the interpreter,
+    with its ``--out`` pointed at ``out`` (everything else typed as it stands). A prefix that matches
+    several lines is an error: a README line added above the intended one must not be typed instead."""
     import shlex
 
-    line = next(l for l in (ASSETS.parent / "README.md").read_text().splitlines() if l.startswith(prefix))
+    lines = [l for l in (ASSETS.parent / "README.md").read_text().splitlines() if l.startswith(prefix)]
+    assert len(lines) == 1, f"README lines starting with {prefix!r}: {lines}"
+    line = lines[0]
     args = shlex.split(line)[1:]
     args[args.index("--out") + 1] = str(out)
     return args

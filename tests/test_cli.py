@@ -137,7 +137,7 @@ def test_the_readmes_first_headless_command_does_what_it_says(tmp_path):
     from conftest import readme_command
 
     root = Path(__file__).resolve().parent.parent
-    args = readme_command(".venv/bin/python -m vitviz analyze assets/", tmp_path / "out")
+    args = readme_command(".venv/bin/python -m vitviz analyze assets/chelsea.jpg assets/coffee.jpg", tmp_path / "out")
     result = subprocess.run([sys.executable, *args], cwd=root, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     data = np.load(tmp_path / "out" / "analysis.npz")

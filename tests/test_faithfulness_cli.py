@@ -135,7 +135,7 @@ def test_the_readme_faithfulness_line_runs(tmp_path, monkeypatch, capsys):
     from conftest import ASSETS
 
     monkeypatch.chdir(ASSETS.parent)  # the README's paths are relative to the repository
-    args = readme_command(".venv/bin/python -m vitviz faithfulness", tmp_path)
+    args = readme_command(".venv/bin/python -m vitviz faithfulness assets/astronaut.jpg", tmp_path)
     assert args[:3] == ["-m", "vitviz", "faithfulness"]
     assert main(args[2:]) == 0
     auc = pd.read_parquet(tmp_path / "auc.parquet")
