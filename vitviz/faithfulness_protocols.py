@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .faithfulness import (Score, auc, default_fractions, default_score, model_logits, patch_masks, patch_order,
+from .faithfulness import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits, patch_masks, patch_order,
                            pixel_masks, score_inputs, step_counts, _to_model)
 from .layout import TokenLayout
 
@@ -52,6 +52,14 @@ REPLACEMENT_TEXT = {"mean": "the dataset mean colour (0 in the normalised input)
 CHEFER_TEXT = ("Chefer et al. CVPR'21: patches removed most relevant first (positive) or least relevant first "
                "(negative) at fractions 0..0.9; score 1 when the top-1 class stays the unperturbed image's top-1, "
                "else 0; AUC = trapezoid over the fractions x 100 (at most 90)")
+
+
+def protocol_text(replacement: str) -> str:
+    """The deletion/insertion protocol in words with the ``replacement`` chosen (:data:`REPLACEMENT_TEXT`)."""
+    if replacement not in REPLACEMENT_TEXT:
+        raise ValueError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
+    return (f"{PROTOCOL_ORDER}; deletion replaces them by {REPLACEMENT_TEXT[replacement]}, insertion starts from "
+            f"that replacement everywhere and restores them; {PROTOCOL_AUC}")
 
 
 def chefer_fractions() -> np.ndarray:
