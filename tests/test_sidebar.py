@@ -230,6 +230,14 @@ def test_a_torchvision_name_in_the_model_box_is_loaded_as_torchvision(tmp_path, 
     assert str(cli.value).startswith("Model 'torchvision:vit_b_16' could not be loaded: its weights IMAGENET1K_V1")
     assert [e.value for e in at.error if "torchvision" in e.value] == [str(cli.value)]
     assert any("previous model (bundled)" in i.value for i in at.info)
+    at = _run(at.sidebar.text_input(key="hf_name").input("bad:name"))  # was a traceback (HFValidationError)
+    assert any("Model 'hf:bad:name': 'bad:name' is not a Hugging Face hub id" in e.value for e in at.error)
+
+
+def test_a_malformed_hub_id_is_one_sentence():
+    for typed in ("hf:torchvision:vit_b_16", "hf:two words/model"):
+        with pytest.raises(ModelError, match=r"is not a Hugging Face hub id .*a hub id is owner/name"):
+            load_model(ModelSpec(typed))
 
 
 @pytest.mark.parametrize("hf_offline", [True, False], ids=["HF_HUB_OFFLINE=1", "no HF_HUB_OFFLINE"])
