@@ -65,7 +65,12 @@ held = float(plain.map.ravel()[dropped].sum()) if dropped else 0.0
 display = display_controls()
 marked = sinks if display.exclude_sinks else None
 
-depth = st.slider("Show cumulative rollout after layer", start, end, end, key="rollout_depth")
+depth_col, beside_col = st.columns(2)
+depth = depth_col.slider("Show cumulative rollout after layer", start, end, end, key="rollout_depth")
+# Attribution runs the model forward and backward: only when chosen (the first paint draws attention alone).
+beside = beside_col.radio("Beside rollout", [BESIDE_RAW, BESIDE_ATTRIBUTION], horizontal=True, key="rollout_beside",
+                          help="Attribution (AttnLRP by default) is computed when chosen, as on the Attribution page, "
+                               "and kept for this image, method and target.")
 left, right = st.columns(2)
 with left:
     shown = result.per_layer[depth - start][None]
@@ -94,12 +99,8 @@ with left:
                  panel_download(r.model_input, shown, display, [""], title, sinks=marked, query=query, columns=1,
                                 value_name="rollout mass"))
 with right:
-    # Attribution runs the model forward and backward: only when chosen (the first paint draws attention alone).
-    beside = st.radio("Beside rollout", [BESIDE_RAW, BESIDE_ATTRIBUTION], horizontal=True, key="rollout_beside",
-                      help="Attribution (AttnLRP by default) is computed when chosen, as on the Attribution page, "
-                           "and kept for this image, method and target.")
     if beside == BESIDE_ATTRIBUTION:
-        attribution_panel(ctx, "rollout_attr")
+        attribution_panel(ctx, "rollout_attr", controls=beside_col)
     else:
         if query is None:
             raw_query = raw_name = "cls" if layout.has_class_token else "mean"

@@ -48,11 +48,13 @@ def keep_available(key: str, available: list[str]) -> None:
         del st.session_state[key]
 
 
-def target_picker(ctx, container, key: str) -> int | None:
+def target_picker(ctx, container, key: str, say_headless: bool = True) -> int | None:
     """The class whose logit is explained, picked in ``container`` among the top 10 (default the top-1), or None
-    for a headless model (the projection of its pooled vector; ``container`` says so)."""
+    for a headless model (the projection of its pooled vector; ``container`` says so unless ``say_headless`` is
+    False)."""
     if not ctx.loaded.has_head:
-        container.markdown(HEADLESS_TARGET)
+        if say_headless:
+            container.markdown(HEADLESS_TARGET)
         return None
     top = top_classes(ctx.result.logits, k=10, labels=ctx.loaded.class_labels)
     label = container.selectbox("Target class (logit)", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key=key)
@@ -71,20 +73,27 @@ def scale_caption(target_text: str, methods: list[str]) -> str:
             + ("Each map has its own scale: the methods' units differ." if len(methods) > 1 else ""))
 
 
-def attribution_panel(ctx, key: str) -> None:
+def attribution_panel(ctx, key: str, controls=None) -> None:
     """One attribution method's patch map of the current image, through the same cached computation, target and
     figure as the Attribution page, for a page that shows it beside its own map (the rollout page). Refusals are
-    the model's sentences."""
+    the model's sentences.
+
+    Args:
+        key: prefix of the widgets' keys.
+        controls: the container of the method and target widgets (default: above the map); the map, its
+            caption and downloads go where the call is made.
+    """
     model = ctx.loaded.model
     if why := why_not(model):
         st.info(why)
         return
     available, refused = methods_for(model)
     keep_available(f"{key}_method", available)
-    c1, c2 = st.columns(2)
+    c1, c2 = (st if controls is None else controls).columns(2)
     method = c1.selectbox("Attribution method", available, format_func=LABELS.get, key=f"{key}_method",
                           index=available.index("attnlrp") if "attnlrp" in available else 0)
-    target_class = target_picker(ctx, c2, f"{key}_target")
+    # The figure's title and the caption state a headless model's target; beside a map it needs no paragraph.
+    target_class = target_picker(ctx, c2, f"{key}_target", say_headless=False)
     for sentence in refused.values():
         st.caption(sentence)
     try:
@@ -95,7 +104,7 @@ def attribution_panel(ctx, key: str) -> None:
     text = result.target.text()
     stem = file_stem("attribution", ctx.image.name, method)
     show_chart(maps_figure(ctx.result.model_input, [result], pixels=False, target_text=text, with_input=False,
-                           wrap=56), f"{key}_fig", stem)
+                           wrap=56, plot_height=380), f"{key}_fig", stem)
     st.caption(scale_caption(text, [method]) + " Patch map (relevance summed over each patch's pixels for AttnLRP, "
                "CP-LRP and Gradient × Input); computed when chosen and kept for this image, method and target.")
     download_row(stem, {f"attribution_{method.replace('-', '_')}": result.patches},

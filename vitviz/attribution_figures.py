@@ -26,7 +26,8 @@ def robust_limit(values: np.ndarray) -> float:
 
 
 def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, pixels: bool = True,
-                target_text: str = "", with_input: bool = True, wrap: int | None = None) -> go.Figure:
+                target_text: str = "", with_input: bool = True, wrap: int | None = None,
+                plot_height: int = 265) -> go.Figure:
     """The model input and one map per method for image ``index``: signed relevance (AttnLRP, CP-LRP,
     Gradient × Input) on a diverging scale centred on 0 with symmetric robust limits, LeGrad and Grad-CAM
     (non-negative) on Inferno from 0. Each map has its own colour bar (the methods' units differ).
@@ -34,6 +35,7 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
     Args:
         with_input: False leaves the model input out (a map drawn beside another figure of the same image).
         wrap: break the title's lines at this many characters (a figure narrower than the page).
+        plot_height: pixels of the maps' area, below the title.
     """
     first = 2 if with_input else 1
     n = len(results) + first - 1
@@ -73,9 +75,11 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
         # <sup> text is about 0.7 of the title's size: its lines may be longer
         parts = textwrap.wrap(text, int(wrap * 1.4) if small else wrap) if wrap else [text]
         lines += [f"<sup>{part}</sup>" if small else part for part in parts]
-    extra = 22 * max(0, len(lines) - 3)  # the plot keeps its height under a longer title
-    fig.update_layout(title=dict(text="<br>".join(lines)), height=400 + extra,
-                      margin=dict(l=10, r=50, t=135 + extra, b=10), template="plotly_white")
+    # The title hangs from the top; the plot keeps its height under a longer one (about 22 px a line, and room for
+    # the maps' own titles).
+    top = max(135, 64 + 22 * len(lines))
+    fig.update_layout(title=dict(text="<br>".join(lines), y=1, yref="container", yanchor="top", pad=dict(t=24)),
+                      height=plot_height + top, margin=dict(l=10, r=50, t=top, b=10), template="plotly_white")
     return fig
 
 
