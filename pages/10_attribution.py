@@ -1,14 +1,13 @@
 """Attribution: which pixels and patches made the model give its output (AttnLRP, CP-LRP, LeGrad, Grad-CAM)."""
 import streamlit as st
 
-from ui.attribution import attributions
+from ui.attribution import attributions, keep_available, scale_caption, target_picker
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.repair import repair_view
 from ui.state import setup, view_applies
 from vitviz.attribution import LABELS, PIXEL_METHODS, methods_for, why_not
 from vitviz.attribution_figures import conservation_figure, maps_figure
-from vitviz.tokens import top_classes
 
 ctx = setup()
 if ctx is None:
@@ -25,20 +24,11 @@ st.caption("AttnLRP (Achtibat et al. 2024) and CP-LRP (Ali et al. 2022) propagat
            "activations by their mean gradient (pytorch-grad-cam's ViT recipe).")
 
 available, refused = methods_for(loaded.model)
-if any(m not in available for m in st.session_state.get("attr_methods", [])):  # chosen for another model
-    st.session_state["attr_methods"] = [m for m in st.session_state["attr_methods"] if m in available]
+keep_available("attr_methods", available)  # chosen for another model
 c1, c2, c3 = st.columns([3, 2, 1])
 methods = c1.multiselect("Methods", available, default=[m for m in ("attnlrp", "legrad", "gradcam") if m in available],
                          format_func=LABELS.get, key="attr_methods")
-target_class = None
-if loaded.has_head:
-    top = top_classes(r.logits, k=10, labels=loaded.class_labels)
-    label = c2.selectbox("Target class (logit)", [f"{i}: {name} ({p:.1%})" for i, name, p in top],
-                         key="attr_target")
-    target_class = int(label.split(":")[0])
-else:
-    c2.markdown("**Target**: this model has no classifier head; the pooled vector's projection on its own "
-                "unperturbed direction, s(x) = ⟨p(x), p(x₀)⟩ / ‖p(x₀)‖, is explained.")
+target_class = target_picker(ctx, c2, "attr_target")
 pixels = c3.radio("Resolution", ["patches", "pixels"], key="attr_resolution",
                   help="Relevance methods give a value per pixel; the patch map is its sum per patch. LeGrad and "
                        "Grad-CAM give one value per patch.") == "pixels"
@@ -56,10 +46,7 @@ except ValueError as exc:  # a family whose forward the rules cannot reach yet
 target_text = results[0].target.text()
 stem = file_stem("attribution", ctx.image.name, "_".join(methods))
 show_chart(maps_figure(r.model_input, results, pixels=pixels, target_text=target_text), "attr_maps", stem)
-st.caption(f"Target: {target_text}. Signed maps (AttnLRP, CP-LRP, Gradient × Input) use a diverging scale centred on "
-           "0 with symmetric limits at the 99th percentile of |relevance| (red raises the target, blue lowers it); "
-           "LeGrad and Grad-CAM are non-negative (Inferno from 0). Each map has its own scale: the methods' units "
-           "differ.")
+st.caption(scale_caption(target_text, methods))
 
 relevance = [res for res in results if res.pixels is not None]
 if relevance:

@@ -2,6 +2,7 @@
 import numpy as np
 import streamlit as st
 
+from ui.attribution import attribution_panel
 from ui.cache import cached_gradient_rollout, cached_rollout
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download, patch_picker
@@ -17,6 +18,7 @@ from vitviz.tokens import top_classes
 
 EXCLUDE = {"nothing": (False, False), "attention sinks": (True, False), "high-norm tokens": (False, True),
            "sinks and high-norm tokens": (True, True)}
+BESIDE_RAW, BESIDE_ATTRIBUTION = "last layer's attention", "attribution"
 
 ctx = setup()
 if ctx is None:
@@ -63,7 +65,12 @@ held = float(plain.map.ravel()[dropped].sum()) if dropped else 0.0
 display = display_controls()
 marked = sinks if display.exclude_sinks else None
 
-depth = st.slider("Show cumulative rollout after layer", start, end, end, key="rollout_depth")
+depth_col, beside_col = st.columns(2)
+depth = depth_col.slider("Show cumulative rollout after layer", start, end, end, key="rollout_depth")
+# Attribution runs the model forward and backward: only when chosen (the first paint draws attention alone).
+beside = beside_col.radio("Beside rollout", [BESIDE_RAW, BESIDE_ATTRIBUTION], horizontal=True, key="rollout_beside",
+                          help="Attribution (AttnLRP by default) is computed when chosen, as on the Attribution page, "
+                               "and kept for this image, method and target.")
 left, right = st.columns(2)
 with left:
     shown = result.per_layer[depth - start][None]
@@ -92,18 +99,21 @@ with left:
                  panel_download(r.model_input, shown, display, [""], title, sinks=marked, query=query, columns=1,
                                 value_name="rollout mass"))
 with right:
-    if query is None:
-        raw_query = raw_name = "cls" if layout.has_class_token else "mean"
-        raw_title = f"Last layer ({L}), {raw_name} query, mean over heads"
+    if beside == BESIDE_ATTRIBUTION:
+        attribution_panel(ctx, "rollout_attr", controls=beside_col)
     else:
-        raw_query, raw_name = query, f"patch{query}"
-        raw_title = f"Layer {L}, patch {query} as query, mean over heads"
-    raw = layer_maps(r.attention, layout, L - 1, raw_query).mean(axis=0)[None]
-    rendered_raw, fig_raw = map_figure(r.model_input, raw, layout, display, titles=[""], title=raw_title,
-                                       sinks=r.sinks.patch_sinks(layout, [L - 1]) if display.exclude_sinks else None,
-                                       query=query, columns=1)
-    show_chart(fig_raw, "raw_fig", file_stem("attention", ctx.image.name, f"layer{L}", raw_name, "meanheads"))
-    st.caption("For comparison: the raw attention of the last layer alone. " + rendered_raw.caption())
+        if query is None:
+            raw_query = raw_name = "cls" if layout.has_class_token else "mean"
+            raw_title = f"Last layer ({L}), {raw_name} query, mean over heads"
+        else:
+            raw_query, raw_name = query, f"patch{query}"
+            raw_title = f"Layer {L}, patch {query} as query, mean over heads"
+        raw = layer_maps(r.attention, layout, L - 1, raw_query).mean(axis=0)[None]
+        rendered_raw, fig_raw = map_figure(r.model_input, raw, layout, display, titles=[""], title=raw_title,
+                                           sinks=r.sinks.patch_sinks(layout, [L - 1]) if display.exclude_sinks else None,
+                                           query=query, columns=1)
+        show_chart(fig_raw, "raw_fig", file_stem("attention", ctx.image.name, f"layer{L}", raw_name, "meanheads"))
+        st.caption("For comparison: the raw attention of the last layer alone. " + rendered_raw.caption())
 
 # ---- Repair: this rollout before and after (ui/repair.py) ----
 def _repair_maps(side):

@@ -1,7 +1,5 @@
 """Faithfulness: which map to trust, by deleting and inserting patches in the order each map ranks them."""
-import csv
 import hashlib
-import io
 
 import numpy as np
 import pandas as pd
@@ -17,11 +15,11 @@ from ui.state import setup, upload_too_large, view_applies
 from vitviz.analysis import AnalysisSettings
 from vitviz.attribution import PIXEL_METHODS as SIGNED_METHODS, attribute, default_target
 from vitviz.attribution import why_not as attribution_why_not
-from vitviz.faithfulness import (ORDERINGS, PROTOCOL, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
+from vitviz.faithfulness import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
                                  ordered, random_seed_maps, split_random_seeds, step_counts, to_rgb)
 from vitviz.faithfulness import auc as auc_of
 from vitviz.faithfulness_protocols import (PROTOCOLS, REPLACEMENT_TEXT, REPLACEMENTS, protocol_curves, protocol_inputs,
-                                           protocol_order, replacement_of)
+                                           protocol_order, protocol_text, replacement_of)
 from vitviz.faithfulness_run import DEFAULT_METHODS
 from vitviz.errors import VitvizError
 from vitviz.faithfulness_figures import curves_figure, dataset_figure, method_curve_figure, method_label, method_unit
@@ -119,9 +117,7 @@ r, layout, loaded = ctx.result, ctx.result.layout, ctx.loaded
 L, H = r.attention.shape[:2]
 score_text = ("softmax probability of the target class" if loaded.has_head else
               "cosine similarity of the pre-logits vector with the original's (this model has no classifier head)")
-st.caption(f"Protocol: {PROTOCOL}. Score: {score_text}. Random maps: the floor, the mean of {RANDOM_SEEDS} seeds; a "
-           "map counts as better than chance only below their spread on deletion (or above it on insertion): one "
-           "seed alone moves by a few hundredths.")
+protocol_slot = st.empty()  # filled once the replacement below is chosen: the caption states it
 
 c1, c2, c3 = st.columns([3, 1, 2])
 with c3:
@@ -143,6 +139,9 @@ with c3:
                                 help="AttnLRP, CP-LRP and Gradient × Input are signed. signed: most positive first, "
                                      "most negative last; positive: negative values tie at 0; absolute: |value|. "
                                      "The choice changes the ranking and is named in every table.")
+protocol_slot.caption(f"Protocol: {protocol_text(replacement)}. Score: {score_text}. Random maps: the floor, the mean of "
+                      f"{RANDOM_SEEDS} seeds; a map counts as better than chance only below their spread on deletion "
+                      "(or above it on insertion): one seed alone moves by a few hundredths.")
 target = None
 if loaded.has_head:
     top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
@@ -263,7 +262,8 @@ if band is not None:
                 "outside the seeds' mean ± 2 standard deviations):")
     st.markdown("\n".join(f"- {band.sentence(named[m], d, i)}" for m, d, i in
                           zip(result.methods, result.deletion_auc, result.insertion_auc) if m != "random"))
-settings = {"image": ctx.image.name, "model": loaded.card()["spec"], "protocol": PROTOCOL, "score": result.score,
+settings = {"image": ctx.image.name, "model": loaded.card()["spec"], "protocol": protocol_text(replacement),
+            "score": result.score,
             "target_class": result.target, "methods": result.methods, "fractions": result.fractions.tolist(),
             "patches_per_step": result.counts.tolist(), "rollout": {"fusion": fusion, "discard": discard,
                                                                     "layers (1-based, inclusive)": [start, end]},
@@ -275,13 +275,9 @@ settings = {"image": ctx.image.name, "model": loaded.card()["spec"], "protocol":
             "lerf_auc": dict(zip(result.methods, lerf_auc.tolist())), "heads": "1-based in method names", "auc": {m: {"deletion": d, "insertion": i}
                                                                             for m, (d, i) in auc.items()},
             "reference": reference}
-buf = io.StringIO()
-writer = csv.DictWriter(buf, fieldnames=list(result.table()[0]))
-writer.writeheader()
-writer.writerows(result.table())
 download_row(stem, {"fractions": result.fractions, "deletion": result.deletion, "insertion": result.insertion,
                     "maps": result.maps, "methods": np.array(result.methods)}, settings)
-st.download_button("AUC table (csv)", buf.getvalue(), f"{stem}_auc.csv", "text/csv", key="faith_csv")
+download_row(f"{stem}_auc", table, settings)  # the AUC table above, as a csv
 
 st.subheader("What the model saw")
 m1, m2 = st.columns([2, 3])

@@ -54,3 +54,31 @@ def test_dataset_view_shows_each_methods_interval_and_verdict(tmp_path):
     (tmp_path / "bad" / "auc.parquet").write_text("not parquet")
     at.text_input(key="faith_ds_path").set_value(str(tmp_path / "bad")).run()
     assert not at.exception and "not a Parquet file" in at.error[0].value
+
+
+@pytest.mark.slow
+def test_this_image_states_the_chosen_replacement_and_its_table_downloads_rerun_nothing():
+    """The top caption names the replacement chosen (blur, not the mean colour); after a run, every download button
+    (the AUC table's csv included) is a plain browser download."""
+    from streamlit.testing.v1 import AppTest
+
+    from test_app import APP
+
+    def protocol_caption(at):
+        return next(c.value for c in at.caption if c.value.startswith("Protocol:"))
+
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.switch_page("pages/8_faithfulness.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert "the dataset mean colour" in protocol_caption(at)
+    at.selectbox(key="faith_replacement").set_value("blur").run()
+    caption = protocol_caption(at)
+    assert "Gaussian-blurred copy of the input" in caption and "mean colour" not in caption
+    at.multiselect(key="faith_methods").set_value(["rollout"]).run()
+    at.number_input(key="faith_steps").set_value(3).run()
+    at.button(key="faith_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert "Gaussian-blurred copy of the input" in protocol_caption(at)
+    buttons = [b.proto for b in at.get("download_button")]
+    assert "Data (csv)" in [b.label for b in buttons]
+    assert [b.label for b in buttons if not b.ignore_rerun] == []

@@ -115,6 +115,23 @@ def test_chefer_positive_and_negative_perturbation_equal_numpy_by_hand():
     assert np.mean(aucs["positive"]) < np.mean(aucs["negative"])
 
 
+def test_chefer_conventions_give_the_hand_derived_aucs():
+    """Chefer's conventions on a tiny classifier, by hand. Input all ones; class 0 holds while at least 3 of the 4
+    read patches remain (12 pixels each: 36 > 30 > 24); the map ranks the read patches first. k = round(16 f) halves
+    up: 0, 2, 3, 5, 6, 8, 10, 11, 13, 14 patches at f = 0, 0.1, ..., 0.9.
+    Positive (most relevant removed first): 2 read patches gone at f = 0.1 -> agreement 1, 0, 0, ... ->
+    AUC = (1 + 0) / 2 x 0.1 x 100 = 5. Negative (least relevant first): the read patches are removed last, the first
+    of them at k = 13 (3 remain, f = 0.8), the second at k = 14 (f = 0.9) -> 1 up to 0.8, then 0 ->
+    AUC = (0.8 + 0.05) x 100 = 85. Leaving out the 0 % point would give 0 and 80, flooring k would give 15 and 85,
+    positive = least relevant first would swap them."""
+    model = ThresholdModel(30.0).eval()
+    result = protocol_curves(model, torch.ones(3, 8, 8), {"m": _true_map()}, GRID, protocols=("positive", "negative"))
+    np.testing.assert_array_equal(result.curves["positive"][0], [1, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(result.curves["negative"][0], [1, 1, 1, 1, 1, 1, 1, 1, 1, 0])
+    assert result.auc("positive")[0] == pytest.approx(5.0, abs=1e-12)
+    assert result.auc("negative")[0] == pytest.approx(85.0, abs=1e-12)
+
+
 def test_chefer_perturbation_needs_a_head():
     with pytest.raises(ValueError, match="classifier head"):
         protocol_curves(KnownPatchModel(head=False).eval(), torch.ones(3, 8, 8), {"m": _true_map()}, GRID,

@@ -213,6 +213,33 @@ def test_choosing_timm_by_name_loads_nothing_until_a_model_is_picked():
     assert at.sidebar.selectbox(key="timm_name").value == "deit3_small_patch16_224.fb_in1k"
 
 
+@pytest.mark.slow
+def test_a_torchvision_name_in_the_model_box_is_loaded_as_torchvision(tmp_path, monkeypatch):
+    """torchvision:vit_b_16 typed in the model box is torchvision's (not a hub id hf:torchvision:...): offline and
+    not in torch hub's cache, the app shows the sentence the command line gives, and keeps the previous model."""
+    import torch
+
+    from ui.state import HUGGING_FACE
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))  # an empty cache
+    with pytest.raises(ModelError) as cli:
+        load_model(ModelSpec("torchvision:vit_b_16"))
+    at = _run(_app().sidebar.selectbox(key="model_choice").set_value(HUGGING_FACE))
+    at = _run(at.sidebar.text_input(key="hf_name").input("torchvision:vit_b_16"))
+    assert str(cli.value).startswith("Model 'torchvision:vit_b_16' could not be loaded: its weights IMAGENET1K_V1")
+    assert [e.value for e in at.error if "torchvision" in e.value] == [str(cli.value)]
+    assert any("previous model (bundled)" in i.value for i in at.info)
+    at = _run(at.sidebar.text_input(key="hf_name").input("bad:name"))  # was a traceback (HFValidationError)
+    assert any("Model 'hf:bad:name': 'bad:name' is not a Hugging Face hub id" in e.value for e in at.error)
+
+
+def test_a_malformed_hub_id_is_one_sentence():
+    for typed in ("hf:torchvision:vit_b_16", "hf:two words/model"):
+        with pytest.raises(ModelError, match=r"is not a Hugging Face hub id .*a hub id is owner/name"):
+            load_model(ModelSpec(typed))
+
+
 @pytest.mark.parametrize("hf_offline", [True, False], ids=["HF_HUB_OFFLINE=1", "no HF_HUB_OFFLINE"])
 def test_offline_model_not_in_cache_fails_fast_with_the_way_out(monkeypatch, hf_offline, network_calls):
     from huggingface_hub import constants

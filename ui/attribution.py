@@ -1,12 +1,22 @@
-"""The Attribution page's cached computation: one model run per (image, methods, target), kept in the
-session-shared store so a rerun only redraws."""
+"""The attribution maps' cached computation and the widgets around them, shared by the Attribution page and the
+rollout page's attribution panel: one model run per (image, methods, target), kept in the session-shared store so
+a rerun only redraws, and one way of choosing the target and stating the scale."""
 from __future__ import annotations
 
+import streamlit as st
+
 from ui.cache import cached_model, model_run
+from ui.charts import file_stem, show_chart
+from ui.downloads import download_row
 from ui.progress import with_progress
 from vitviz.adapters import editing
-from vitviz.attribution import Attribution, attribute, default_target
+from vitviz.attribution import LABELS, PIXEL_METHODS, Attribution, attribute, default_target, methods_for, why_not
+from vitviz.attribution_figures import maps_figure
 from vitviz.images import preprocess
+from vitviz.tokens import top_classes
+
+HEADLESS_TARGET = ("**Target**: this model has no classifier head; the pooled vector's projection on its own "
+                   "unperturbed direction, s(x) = ⟨p(x), p(x₀)⟩ / ‖p(x₀)‖, is explained.")
 
 
 def attributions(ctx, methods: list[str], target_class: int | None, side=None) -> list[Attribution]:
@@ -27,3 +37,76 @@ def attributions(ctx, methods: list[str], target_class: int | None, side=None) -
         return results
 
     return with_progress(key, "Attribution: method", compute)
+
+
+def keep_available(key: str, available: list[str]) -> None:
+    """Drop from the widget state under ``key`` the methods chosen for another model that this one refuses."""
+    chosen = st.session_state.get(key)
+    if isinstance(chosen, list) and any(m not in available for m in chosen):
+        st.session_state[key] = [m for m in chosen if m in available]
+    elif isinstance(chosen, str) and chosen not in available:
+        del st.session_state[key]
+
+
+def target_picker(ctx, container, key: str, say_headless: bool = True) -> int | None:
+    """The class whose logit is explained, picked in ``container`` among the top 10 (default the top-1), or None
+    for a headless model (the projection of its pooled vector; ``container`` says so unless ``say_headless`` is
+    False)."""
+    if not ctx.loaded.has_head:
+        if say_headless:
+            container.markdown(HEADLESS_TARGET)
+        return None
+    top = top_classes(ctx.result.logits, k=10, labels=ctx.loaded.class_labels)
+    label = container.selectbox("Target class (logit)", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key=key)
+    return int(label.split(":")[0])
+
+
+def scale_caption(target_text: str, methods: list[str]) -> str:
+    """What the maps' colours mean, under every attribution figure."""
+    signed = [LABELS[m] for m in methods if m in PIXEL_METHODS]
+    unsigned = [LABELS[m] for m in methods if m not in PIXEL_METHODS]
+    return (f"Target: {target_text}. "
+            + (f"Signed maps ({', '.join(signed)}) use a diverging scale centred on 0 with symmetric limits at the "
+               "99th percentile of |relevance| (red raises the target, blue lowers it). " if signed else "")
+            + (f"{' and '.join(unsigned)} {'is' if len(unsigned) == 1 else 'are'} non-negative (Inferno from 0). "
+               if unsigned else "")
+            + ("Each map has its own scale: the methods' units differ." if len(methods) > 1 else ""))
+
+
+def attribution_panel(ctx, key: str, controls=None) -> None:
+    """One attribution method's patch map of the current image, through the same cached computation, target and
+    figure as the Attribution page, for a page that shows it beside its own map (the rollout page). Refusals are
+    the model's sentences.
+
+    Args:
+        key: prefix of the widgets' keys.
+        controls: the container of the method and target widgets (default: above the map); the map, its
+            caption and downloads go where the call is made.
+    """
+    model = ctx.loaded.model
+    if why := why_not(model):
+        st.info(why)
+        return
+    available, refused = methods_for(model)
+    keep_available(f"{key}_method", available)
+    c1, c2 = (st if controls is None else controls).columns(2)
+    method = c1.selectbox("Attribution method", available, format_func=LABELS.get, key=f"{key}_method",
+                          index=available.index("attnlrp") if "attnlrp" in available else 0)
+    # The figure's title and the caption state a headless model's target; beside a map it needs no paragraph.
+    target_class = target_picker(ctx, c2, f"{key}_target", say_headless=False)
+    for sentence in refused.values():
+        st.caption(sentence)
+    try:
+        result, = attributions(ctx, [method], target_class)
+    except ValueError as exc:  # a family whose forward the rules cannot reach yet
+        st.info(str(exc))
+        return
+    text = result.target.text()
+    stem = file_stem("attribution", ctx.image.name, method)
+    show_chart(maps_figure(ctx.result.model_input, [result], pixels=False, target_text=text, with_input=False,
+                           wrap=56, plot_height=380), f"{key}_fig", stem)
+    st.caption(scale_caption(text, [method]) + " Patch map (relevance summed over each patch's pixels for AttnLRP, "
+               "CP-LRP and Gradient × Input); computed when chosen and kept for this image, method and target.")
+    download_row(stem, {f"attribution_{method.replace('-', '_')}": result.patches},
+                 {"image": ctx.image.name, "model": ctx.loaded.card().get("spec"), "target": result.target.describe(),
+                  "method": LABELS[method], "conservation": result.conservation()})

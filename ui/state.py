@@ -25,7 +25,7 @@ from vitviz.images import LoadedImage, frame_image, load_image, mean_colour, mod
 from vitviz.labels import ClassNames, parse_labels
 from vitviz.models import BUNDLED, LoadedModel, ModelSpec, search_models
 from vitviz.settings import SUGGESTED_MODELS, megabytes
-from vitviz.sources import HF_PREFIX, parse_model_name
+from vitviz.sources import HF_PREFIX, TORCHVISION_PREFIX, parse_model_name
 
 from . import persist
 from .cache import ImageResult, cached_image_result, cached_model, model_is_cached, operator_settings, store
@@ -266,16 +266,19 @@ def _class_names() -> ClassNames | None:
 
 
 def _hugging_face_name(shown: ModelSpec, shared: bool) -> str:
-    """The model name for a transformers hub id (``hf:owner/name``) or local folder typed in the sidebar."""
+    """The model name for a transformers hub id (``hf:owner/name``) or local folder typed in the sidebar, or a
+    torchvision ViT typed as the CLI takes it (``torchvision:vit_b_16``)."""
     sb = st.sidebar
     where = "a hub id such as google/vit-base-patch16-224" + ("" if shared else " or a folder saved with save_pretrained")
     typed = sb.text_input("Hugging Face model", placeholder="google/vit-base-patch16-224", **_kept("hf_name"),
                           help=f"{where[0].upper()}{where[1:]}. ViT, DeiT, DINOv2 (with registers), CLIP and "
-                               "SigLIP vision models; hub ids need the internet or the Hugging Face cache.").strip()
+                               "SigLIP vision models; hub ids need the internet or the Hugging Face cache. A "
+                               f"torchvision ViT is typed as the command line takes it ({TORCHVISION_PREFIX}vit_b_16); "
+                               "its weights come from torch hub's cache or the internet.").strip()
     if not typed:
         sb.info(f"Type {where} to load it; still showing {shown.name}.")
         return shown.name
-    if typed.startswith(HF_PREFIX):
+    if typed.startswith((HF_PREFIX, TORCHVISION_PREFIX)):
         return typed
     # A shared server reads no folder by a path a browser user names: hub ids only.
     local = not shared and (typed.startswith(("/", "~", ".")) or Path(typed).expanduser().is_dir())

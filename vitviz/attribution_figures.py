@@ -2,6 +2,8 @@
 conservation figure (how much of the target's value reaches the pixels)."""
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
@@ -24,15 +26,24 @@ def robust_limit(values: np.ndarray) -> float:
 
 
 def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, pixels: bool = True,
-                target_text: str = "") -> go.Figure:
+                target_text: str = "", with_input: bool = True, wrap: int | None = None,
+                plot_height: int = 265) -> go.Figure:
     """The model input and one map per method for image ``index``: signed relevance (AttnLRP, CP-LRP,
     Gradient × Input) on a diverging scale centred on 0 with symmetric robust limits, LeGrad and Grad-CAM
-    (non-negative) on Inferno from 0. Each map has its own colour bar (the methods' units differ)."""
-    n = len(results) + 1
-    titles = ["model input"] + [LABELS[r.method] + (" (pixels)" if pixels and r.pixels is not None else "")
-                                for r in results]
+    (non-negative) on Inferno from 0. Each map has its own colour bar (the methods' units differ).
+
+    Args:
+        with_input: False leaves the model input out (a map drawn beside another figure of the same image).
+        wrap: break the title's lines at this many characters (a figure narrower than the page).
+        plot_height: pixels of the maps' area, below the title.
+    """
+    first = 2 if with_input else 1
+    n = len(results) + first - 1
+    titles = (["model input"] if with_input else []) + [
+        LABELS[r.method] + (" (pixels)" if pixels and r.pixels is not None else "") for r in results]
     fig = make_subplots(rows=1, cols=n, subplot_titles=titles, horizontal_spacing=0.07)
-    fig.add_trace(go.Image(z=np.asarray(image.convert("RGB"))), row=1, col=1)
+    if with_input:
+        fig.add_trace(go.Image(z=np.asarray(image.convert("RGB"))), row=1, col=1)
     notes = []
     for i, r in enumerate(results):
         at_pixels = pixels and r.pixels is not None
@@ -43,8 +54,8 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
         if clipped:
             notes.append(f"{LABELS[r.method]}: {clipped} {'pixels' if at_pixels else 'patches'} "
                          f"{'beyond ±' if signed else 'above '}{limit:.3g} drawn at the end colour")
-        col = i + 2
-        right = fig.layout[f"xaxis{col}"].domain[1]
+        col = i + first
+        right = fig.layout[f"xaxis{col if col > 1 else ''}"].domain[1]
         unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else "ReLU(Σ w·A)"
         fig.add_trace(go.Heatmap(
             z=grid[::-1], zmin=-limit if signed else 0.0, zmax=limit,
@@ -53,15 +64,22 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
                           x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
             hovertemplate="row %{y}, col %{x}: %{z:.4g}<extra>" + LABELS[r.method] + "</extra>"),
             row=1, col=col)
-        fig.update_yaxes(scaleanchor=f"x{col}", row=1, col=col)
+        fig.update_yaxes(scaleanchor=f"x{col if col > 1 else ''}", row=1, col=col)
     fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
     fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
     meaning = ("signed maps: red raises the target, blue lowers it, white is 0 (limits ±99th percentile of |value|)"
                if any(_signed(r.method) for r in results) else "")
     title = f"Attribution of the {target_text}" if target_text else "Attribution"
-    sub = "<br>".join(t for t in (meaning, "; ".join(notes)) if t)
-    fig.update_layout(title=dict(text=title + (f"<br><sup>{sub}</sup>" if sub else "")),
-                      height=400, margin=dict(l=10, r=50, t=135, b=10), template="plotly_white")
+    lines = []
+    for text, small in [(title, False)] + [(t, True) for t in (meaning, "; ".join(notes)) if t]:
+        # <sup> text is about 0.7 of the title's size: its lines may be longer
+        parts = textwrap.wrap(text, int(wrap * 1.4) if small else wrap) if wrap else [text]
+        lines += [f"<sup>{part}</sup>" if small else part for part in parts]
+    # The title hangs from the top; the plot keeps its height under a longer one (about 22 px a line, and room for
+    # the maps' own titles).
+    top = max(135, 64 + 22 * len(lines))
+    fig.update_layout(title=dict(text="<br>".join(lines), y=1, yref="container", yanchor="top", pad=dict(t=24)),
+                      height=plot_height + top, margin=dict(l=10, r=50, t=top, b=10), template="plotly_white")
     return fig
 
 

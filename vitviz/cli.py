@@ -613,7 +613,7 @@ def stats(args: argparse.Namespace) -> int:
 
 def faithfulness(args: argparse.Namespace) -> int:
     """Every method's curves on every image; finished batches are durable, tables whole; a summary at the end."""
-    from .faithfulness_protocols import CHEFER, PROTOCOLS, REPLACEMENT_TEXT
+    from .faithfulness_protocols import CHEFER, CHEFER_TEXT, PROTOCOLS, REPLACEMENT_TEXT
     from .faithfulness_run import (AUC_NAME, METHODS, SETTINGS_NAME, SUMMARY_NAME, FaithfulnessStore, RunSettings,
                                    parse_list, run_local, run_ray, same_run)
     from .faithfulness_stats import summarise, summary_lines
@@ -656,8 +656,7 @@ def faithfulness(args: argparse.Namespace) -> int:
                                        "MoRF's order reversed; k = round(f * P) patches at fraction f (halves up)",
                            "score": "softmax probability of the target class (default each image's top-1) with a "
                                     "head; else the cosine of the pooled vector with the original's",
-                           "chefer": "positive/negative: top-1 agreement with the unperturbed image's top-1 (no "
-                                     "ground truth), fractions 0..0.9, AUC = trapezoid x 100",
+                           "chefer": CHEFER_TEXT,
                            "auc": "trapezoid over the fractions; lerf_minus_morf = AUC(LeRF) - AUC(MoRF)"},
               "random_seeds": list(range(settings.first_seed, settings.first_seed + settings.random_seeds))
               if "random" in methods else [],

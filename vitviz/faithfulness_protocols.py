@@ -17,8 +17,20 @@ replaced by a *replacement* value, or are the only ones restored from it:
   label, else 0. Without ground truth the label is the model's top-1 on the unperturbed image (as here).
   The top-1 accuracy over a set is the mean of these over images; AUC = trapezoid over the fractions
   0..0.9 x 100 (so at most 90), per image, whose mean over images is the set's AUC (the trapezoid is
-  linear). Lower positive AUC and higher negative AUC = more faithful. Chefer perturbs bilinearly
-  upsampled pixel maps of ImageNet val with its labels; vitviz perturbs whole patches.
+  linear). Lower positive AUC and higher negative AUC = more faithful.
+  Checked against Chefer's code (hila-chefer/Transformer-Explainability,
+  baselines/ViT/pertubation_eval_from_hdf5.py and generate_visualizations.py): the same order (positive:
+  torch.topk of the map, most relevant removed first; negative: topk of the negated map, least relevant first)
+  and the same fractions 0.1..0.9; it differs in what follows, so numbers sit beside the published tables only
+  as a comparison of conventions, not of values:
+  - Chefer sets the removed pixels to 0 in [0, 1] pixel space before normalising (black), vitviz uses the
+    chosen replacement (the mean colour or a blurred copy);
+  - Chefer ranks pixels of the patch map upsampled bilinearly x16 (min-max scaled) and removes int(f * 224²)
+    pixels (partial patches); vitviz removes round(f * P) whole patches;
+  - Chefer scores against ImageNet's ground-truth label, so the 0 % point (computed apart, as the model's
+    accuracy) is below 1; here the label is the unperturbed top-1, so the 0 % point is 1 by construction;
+  - Chefer's repository computes no AUC (it saves the accuracy per fraction): vitviz's trapezoid over
+    0..0.9 x 100 follows the issue's definition, including the 0 % point.
 
 Replacement values: ``mean`` sets the pixels to 0 in the normalised input (the dataset mean colour);
 ``blur`` takes them from a Gaussian-blurred copy of the input (RISE's insertion baseline: an 11 x 11
@@ -32,7 +44,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .faithfulness import (Score, auc, default_fractions, default_score, model_logits, patch_masks, patch_order,
+from .faithfulness import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits, patch_masks, patch_order,
                            pixel_masks, score_inputs, step_counts, _to_model)
 from .layout import TokenLayout
 
@@ -50,8 +62,18 @@ REPLACEMENT_TEXT = {"mean": "the dataset mean colour (0 in the normalised input)
                     "blur": f"a Gaussian-blurred copy of the input (RISE: {BLUR_KERNEL}x{BLUR_KERNEL} kernel, "
                             f"sigma {BLUR_SIGMA:g} px, edges replicated)"}
 CHEFER_TEXT = ("Chefer et al. CVPR'21: patches removed most relevant first (positive) or least relevant first "
-               "(negative) at fractions 0..0.9; score 1 when the top-1 class stays the unperturbed image's top-1, "
-               "else 0; AUC = trapezoid over the fractions x 100 (at most 90)")
+               "(negative) at fractions 0..0.9; score 1 when the top-1 class stays the unperturbed image's top-1 "
+               "(no ground truth), else 0; AUC = trapezoid over the fractions x 100 (at most 90). Unlike Chefer's "
+               "code: whole patches (not pixels of the upsampled map) replaced by the chosen replacement (not "
+               "black), and the 0 % point is 1 (not the model's accuracy against ground truth)")
+
+
+def protocol_text(replacement: str) -> str:
+    """The deletion/insertion protocol in words with the ``replacement`` chosen (:data:`REPLACEMENT_TEXT`)."""
+    if replacement not in REPLACEMENT_TEXT:
+        raise ValueError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
+    return (f"{PROTOCOL_ORDER}; deletion replaces them by {REPLACEMENT_TEXT[replacement]}, insertion starts from "
+            f"that replacement everywhere and restores them; {PROTOCOL_AUC}")
 
 
 def chefer_fractions() -> np.ndarray:

@@ -63,9 +63,15 @@ def _resolve(name: str) -> tuple[str, bool]:
         if not repo_id:
             raise ModelError("Hugging Face model 'hf:' names no hub id (e.g. hf:google/vit-base-patch16-224).")
         from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub.utils import HFValidationError, validate_repo_id
 
         from .hub import _hub_reachable
 
+        try:  # the cache lookup below raises on a malformed id
+            validate_repo_id(repo_id)
+        except HFValidationError as exc:
+            raise ModelError(f"Model {name!r}: {repo_id!r} is not a Hugging Face hub id ({first_line(exc)}); a hub id "
+                             "is owner/name, e.g. hf:google/vit-base-patch16-224.") from exc
         cached = isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
         if not cached and not _hub_reachable():
             raise ModelError(f"Model {name!r} could not be loaded: it is not in the local Hugging Face cache and the "
