@@ -12,7 +12,5 @@ export HF_HUB_OFFLINE=1
 # two cores well. A later -n in the arguments wins (-n 0: one process, in file order). One torch thread
 # per process (and per subprocess a test starts): two workers with two threads each would ask four cores
 # of two, and OpenMP threads waiting on each other slow every test down.
-# --no-loadscope-reorder: files are handed out in collection order, which tests/conftest.py puts longest
-# first (xdist's own order, most tests first, left the one-test 90 s files for the end: one core idle).
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec "$root/.venv/bin/python" -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
+exec "$root/.venv/bin/python" -m pytest -n 2 --dist loadfile "$@"

@@ -55,29 +55,6 @@ FAMILIES = {
 }
 
 
-# The longest test files, longest first (serial seconds on the 2-core dev machine, 2026-11-24, in brackets).
-# scripts/test.sh runs `pytest -n 2 --dist loadfile --no-loadscope-reorder`: xdist then hands whole files to
-# the two workers in collection order, and this order puts the long files first, so that the run does not
-# end with one worker still busy on a long file while the other idles. (xdist's own reordering sorts files
-# by their number of tests, which put the one-test files test_load and test_cache_budget last.)
-SLOWEST_FILES = ("test_stats.py",  # 144 (the Ray engine 84)
-                 "test_streaming_rollout.py",  # 134
-                 "test_browser.py",  # 110
-                 "test_load.py",  # 92
-                 "test_explorer_browser.py",  # 83
-                 "test_cache_budget.py",  # 71
-                 "test_shared_safety.py",  # 55
-                 "test_walk_items_browser.py",  # 31
-                 "test_finetune.py")  # 28
-
-
-def pytest_collection_modifyitems(config, items):
-    """The files of SLOWEST_FILES first, in that order; every other file after them, as collected. A stable
-    sort on the file alone keeps each file's tests together and in their own order."""
-    rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
-
-
 def pytest_unconfigure(config):
     import shutil
 
