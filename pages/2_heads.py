@@ -119,6 +119,27 @@ def _downloads(v: HeadsView, rendered=None) -> None:
                                 sinks=sinks, columns=3 if H <= 9 else 4, notes=notes))
 
 
+def _compare_panel(head: int, compare_layers: list[int], query, what: str, by_patch: bool, patch: int | None,
+                   display: Display, mode: str):
+    """Head ``head``'s maps in ``compare_layers`` (0-based) and what is drawn with them; the PNG and npz downloads."""
+    panels = len(compare_layers)
+    compare = np.stack([layer_maps(r.attention, layout, l, query, mode)[head] for l in compare_layers])
+    compare_sinks = [r.sinks.patch_sinks(layout, [l]) for l in compare_layers] if display.exclude_sinks else None
+    compare_titles = [f"layer {l + 1}, head {head + 1}" for l in compare_layers]
+    compare_title = f"Head {head + 1} across layers, {what}"
+    stem = file_stem("compare", ctx.image.name, f"head{head + 1}", "layers", *[l + 1 for l in compare_layers])
+    drawn = dict(query=patch if by_patch else None, sinks=compare_sinks)
+
+    def downloads(rendered=None) -> None:
+        settings = {"display": asdict(display)} if rendered is None else display.settings(rendered)
+        download_row(stem, {"maps": compare, "layers_1based": np.array(compare_layers) + 1},
+                     settings | {"image": ctx.image.name, "head (1-based)": head + 1,
+                                 "layers (1-based)": [l + 1 for l in compare_layers], "query": what},
+                     panel_download(r.model_input, compare, display, compare_titles, compare_title, columns=panels,
+                                    **drawn))
+    return compare, compare_titles, compare_title, stem, drawn, downloads
+
+
 def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | None, display: Display) -> None:
     st.subheader("Compare layers")
     cc = st.columns([1, 1, 2])
@@ -129,20 +150,28 @@ def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | N
     # for 12 layers) instead of keeping the two old sliders' values.
     compare_layers = [col.slider(f"Layer {chr(65 + i)}", 1, L, round(1 + i * (L - 1) / (panels - 1)),
                                  key=f"compare_{panels}_{i}") - 1 for i, col in enumerate(cols)]
-    compare = np.stack([layer_maps(r.attention, layout, l, query, mode)[head] for l in compare_layers])
-    compare_sinks = [r.sinks.patch_sinks(layout, [l]) for l in compare_layers] if display.exclude_sinks else None
-    compare_titles = [f"layer {l + 1}, head {head + 1}" for l in compare_layers]
-    compare_title = f"Head {head + 1} across layers, {what}"
-    rendered_cmp, fig_cmp = map_figure(r.model_input, compare, layout, display, titles=compare_titles, title=compare_title,
-                                       query=patch if by_patch else None, sinks=compare_sinks, columns=panels)
-    stem = file_stem("compare", ctx.image.name, f"head{head + 1}", "layers", *[l + 1 for l in compare_layers])
+    compare, titles, title, stem, drawn, downloads = _compare_panel(head, compare_layers, query, what, by_patch, patch,
+                                                                    display, mode)
+    rendered_cmp, fig_cmp = map_figure(r.model_input, compare, layout, display, titles=titles, title=title,
+                                       columns=panels, **drawn)
     show_chart(fig_cmp, "compare_grid", stem)
     st.caption(rendered_cmp.caption())
-    download_row(stem, {"maps": compare, "layers_1based": np.array(compare_layers) + 1},
-                 display.settings(rendered_cmp) | {"image": ctx.image.name, "head (1-based)": head + 1,
-                                                   "layers (1-based)": [l + 1 for l in compare_layers], "query": what},
-                 panel_download(r.model_input, compare, display, compare_titles, compare_title,
-                                query=patch if by_patch else None, sinks=compare_sinks, columns=panels))
+    downloads(rendered_cmp)
+
+
+def _browser_compare(view: dict, v: HeadsView) -> None:
+    """Compare layers as the browser draws it (head, panel count and the panels' layers from its view): downloads."""
+    def number(text, default, lo, hi):
+        try:
+            return int(min(hi, max(lo, float(text))))
+        except (TypeError, ValueError):
+            return default
+    panels = number(view.get("cn"), 2, 2, 4)
+    layers = [number(x, 0, 1, L) - 1 for x in str(view.get("cl", "")).split(",")]
+    if len(layers) != panels or -1 in layers:  # no list, or one the link got wrong: spread, as the browser does
+        layers = [round(1 + i * (L - 1) / (panels - 1)) - 1 for i in range(panels)]
+    _compare_panel(number(view.get("chead"), 1, 1, H) - 1, layers, v.query, v.what, v.by_patch,
+                   st.session_state.get("patch"), v.display, v.mode)[-1]()
 
 
 # A fragment: moving a slider here redraws this view only, not the sidebar and its caches.
@@ -193,8 +222,10 @@ def browser_view() -> None:
     v = _browser_view(saved, patch)
     if v is None:
         return
+    st.caption("Downloads of the heads grid:")
     _downloads(v)
-    _compare_section(v.query, v.mode, v.what, v.by_patch, patch, v.display)
+    st.caption("Downloads of Compare layers (the panels shown above):")
+    _browser_compare(saved, v)
 
 
 _SCORES_CAPTION = (f" H: entropy of the patch queries' attention over patches (nats; uniform = ln {layout.num_patches} = "

@@ -5,8 +5,9 @@ import streamlit as st
 from ui.attribution import attribution_panel
 from ui.cache import cached_gradient_rollout, cached_rollout
 from ui.charts import file_stem, show_chart
-from ui.display import display_controls, map_figure, panel_download, patch_picker
+from ui.display import display_controls, map_figure, panel_download, patch_picker, render
 from ui.downloads import download_row
+from ui.explorer import browser_draws, rollout_explorer
 from ui.state import view_applies, setup
 from ui.progress import cached, with_progress
 from ui.repair import repair_view
@@ -38,35 +39,51 @@ exclude = c4.selectbox("Keep out of rollout", list(EXCLUDE), key="rollout_exclud
                             "the range. High-norm tokens: last-layer output norm > 10x the median (Darcet et al.).")
 exclude_sinks, exclude_artifacts = EXCLUDE[exclude]
 
-readout_col, picker_col, _ = st.columns([1, 1, 2])
-readout = readout_col.radio("Read out", [READOUT, CLICKED], key="rollout_readout",
-                            help="Whose row of R = A'_end ⋯ A'_start is shown: the model's readout, or the row of a "
-                                 "patch you click (where that patch's representation drew its mass from).")
-patch = st.session_state.get("patch")  # the same patch as on the heads page
-if readout == CLICKED:
-    with picker_col:
-        patch_picker(r.model_input, layout, "rollout_patch_click")
-        st.caption("Click a patch to roll out its row. Selected: "
-                   + (layout.token_name(layout.num_prefix_tokens + patch) if patch is not None else "none"))
-    if patch is None:
-        st.info("Click a patch on the image beside \"Read out\" first.")
-        st.stop()
-query = patch if readout == CLICKED else None
-
 settings = AnalysisSettings(fusion=fusion, discard=discard, start_layer=start - 1, end_layer=end,
                             exclude_artifacts=exclude_artifacts, exclude_sinks=exclude_sinks)
+sinks = r.sinks.patch_sinks(layout, range(start - 1, end))
+BROWSER = browser_draws()
+if BROWSER:
+    # Depth and read-out patch repaint in the browser; the server hears of them afterwards (captions, downloads).
+    display = display_controls()
+    view = rollout_explorer(ctx, fusion=fusion, discard=discard, start=start - 1, end=end,
+                            exclude_tokens=excluded_tokens(settings, r.artifacts, r.sinks, layout), sinks=sinks,
+                            display=display)
+    reads_patch, depth, patch = view.reads_patch, view.depth, st.session_state.get("patch")
+    st.caption(f"Sent to the browser: {view.payload.nbytes / 1e6:.2f} MB for this image and these settings "
+               f"({'every patch’s rollout after every layer' if view.payload.patch_rows else 'the readout’s rollout; a clicked patch’s on demand'}).")
+    if reads_patch and patch is None:
+        st.stop()  # the view says: click a patch first
+else:
+    readout_col, picker_col, _ = st.columns([1, 1, 2])
+    reads_patch = readout_col.radio("Read out", [READOUT, CLICKED], key="rollout_readout",
+                                    help="Whose row of R = A'_end ⋯ A'_start is shown: the model's readout, or the row "
+                                         "of a patch you click (where that patch's representation drew its mass from)."
+                                    ) == CLICKED
+    patch = st.session_state.get("patch")  # the same patch as on the heads page
+    if reads_patch:
+        with picker_col:
+            patch_picker(r.model_input, layout, "rollout_patch_click")
+            st.caption("Click a patch to roll out its row. Selected: "
+                       + (layout.token_name(layout.num_prefix_tokens + patch) if patch is not None else "none"))
+        if patch is None:
+            st.info("Click a patch on the image beside \"Read out\" first.")
+            st.stop()
+query = patch if reads_patch else None
+
 result = cached_rollout(ctx.spec, ctx.image.sha256, r, settings, query)
 plain = cached_rollout(ctx.spec, ctx.image.sha256, r, AnalysisSettings(fusion=fusion, discard=discard,
                                                                        start_layer=start - 1, end_layer=end), query)
-sinks = r.sinks.patch_sinks(layout, range(start - 1, end))
 artifacts = np.asarray(r.artifacts, dtype=int) - layout.num_prefix_tokens
 dropped = sorted(set(sinks.tolist() if exclude_sinks else []) | set(artifacts.tolist() if exclude_artifacts else []))
 held = float(plain.map.ravel()[dropped].sum()) if dropped else 0.0
-display = display_controls()
+if BROWSER:
+    beside_col = st.container()  # the depth moves inside the browser's view above
+else:
+    display = display_controls()
+    depth_col, beside_col = st.columns(2)
+    depth = depth_col.slider("Show cumulative rollout after layer", start, end, end, key="rollout_depth")
 marked = sinks if display.exclude_sinks else None
-
-depth_col, beside_col = st.columns(2)
-depth = depth_col.slider("Show cumulative rollout after layer", start, end, end, key="rollout_depth")
 # Attribution runs the model forward and backward: only when chosen (the first paint draws attention alone).
 beside = beside_col.radio("Beside rollout", [BESIDE_RAW, BESIDE_ATTRIBUTION], horizontal=True, key="rollout_beside",
                           help="Attribution (AttnLRP by default) is computed when chosen, as on the Attribution page, "
@@ -78,18 +95,22 @@ with left:
     title = (f"Rollout, layers {start}–{depth} ({fusion} over heads" if query is None
              else f"Rollout of patch {query}, layers {start}–{depth} ({fusion}") + (f", discard {discard:.0%})"
                                                                                  if discard else ")")
-    rendered, fig = map_figure(r.model_input, shown, layout, display, titles=[""], title=title, sinks=marked,
-                               query=query, columns=1, value_name="rollout mass")
+    if BROWSER:
+        rendered = render(r.model_input, shown, display, sinks=marked, query=query)
+    else:
+        rendered, fig = map_figure(r.model_input, shown, layout, display, titles=[""], title=title, sinks=marked,
+                                   query=query, columns=1, value_name="rollout mass")
     stem = file_stem("rollout", ctx.image.name, f"layers{start}-{depth}", fusion,
                      *([] if query is None else [f"patch{query}"]))
-    show_chart(fig, "rollout_fig", stem)
+    if not BROWSER:
+        show_chart(fig, "rollout_fig", stem)
     st.caption(f"Readout: {result.readout if query is None else layout.token_name(layout.num_prefix_tokens + query)}. Share of the readout's mass on prefix tokens: "
                + ", ".join(f"{k} {v:.1%}" for k, v in result.prefix_share.items()) + ". "
                + (f"Kept out of rollout: patches {dropped}, which held {held:.1%} of the readout's patch mass "
                   "without the exclusion. " if dropped else
                   f"Attention sinks in these layers: patches {sinks.tolist() or 'none'}; "
                   f"they hold {float(plain.map.ravel()[sinks].sum()):.1%} of the readout's patch mass. ")
-               + rendered.caption())
+               + ("" if BROWSER else rendered.caption()))  # the browser's view has its own
     download_row(stem, {"rollout": result.map, "rollout_per_layer": result.per_layer},
                  display.settings(rendered) | {"image": ctx.image.name, "model": ctx.loaded.card()["spec"],
                                                "fusion": fusion, "discard": discard,

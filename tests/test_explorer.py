@@ -8,7 +8,7 @@ from PIL import Image
 from conftest import tiny_model
 from vitviz.capture import capture
 from vitviz.colour import FLAT_RELATIVE, colour_scale, colourise, lookup_table
-from vitviz.explorer import FLOAT16_ABSOLUTE, FLOAT16_RELATIVE, explorer_payload, unpack
+from vitviz.explorer import FLOAT16_ABSOLUTE, FLOAT16_RELATIVE, explorer_payload, rollout_payload, unpack
 from vitviz.maps import key_attention_map, query_attention_map
 from vitviz.overlay import render_maps
 
@@ -100,3 +100,41 @@ def test_the_heads_png_keeps_each_tiles_subtitle():
     # The note's line (between the title line and the tile) has ink under the first tile.
     row = np.asarray(noted)[18 + 16 + 18 + 4: 18 + 16 + 18 + 4 + 12, 10:50]
     assert (row < 128).any()
+
+
+def test_rollout_payload_rows_are_each_patchs_rollout_in_float16():
+    """The rollout view's rows: the readout's chain and every patch query's, after each layer of a range, against
+    the definition (full N x N products, rollout_reference) for a few patches, rounded once to float16."""
+    from vitviz.rollout import rollout_reference
+
+    attention, layout = _attention()  # CLS + 4 registers: a wrong prefix offset reads register rows
+    attention = np.concatenate([attention, attention[::-1], attention])  # 6 layers whose products do not commute
+    image = Image.new("RGB", (70, 70))
+    exclude = (layout.num_prefix_tokens + 3,)  # a patch kept out of the rollout: its column zeroed in every layer
+    payload = rollout_payload(attention, layout, image, fusion="max", start=1, end=5, exclude_tokens=exclude,
+                              sinks=np.array([3]))
+    header, arrays = unpack(payload.data)
+    assert payload.patch_rows and header["view"] == "rollout" and (header["start"], header["end"]) == (2, 5)
+    D = 4
+    want = rollout_reference(attention, layout, fusion="max", start=1, end=5, exclude_tokens=exclude)
+    _close_as_float16(arrays["readout"], want.per_layer.reshape(D, -1))
+    for q in (0, 7, layout.num_patches - 1):
+        want = rollout_reference(attention, layout, fusion="max", start=1, end=5, exclude_tokens=exclude, query=q)
+        _close_as_float16(arrays["rows"][:, q], want.per_layer.reshape(D, -1))
+    others = np.delete(arrays["rows"][:, :, 3], 3, axis=1)  # only patch 3's own row keeps mass on itself (+0.5 I)
+    assert np.all(others == 0) and np.all(arrays["rows"][:, 3, 3] > 0)
+
+
+def test_rollout_payload_with_discard_sends_the_clicked_patchs_own_chain():
+    """With discard each query spares its own column, so the shared product would be wrong: only the clicked patch's
+    chain is sent, computed for it."""
+    from vitviz.rollout import rollout_reference
+
+    attention, layout = _attention()
+    L = attention.shape[0]
+    payload = rollout_payload(attention, layout, Image.new("RGB", (70, 70)), discard=0.5, selected=5)
+    header, arrays = unpack(payload.data)
+    assert not payload.patch_rows and "rows" not in arrays and header["selected"] == 5
+    want = rollout_reference(attention, layout, discard=0.5, query=5)
+    _close_as_float16(arrays["row"], want.per_layer.reshape(L, -1))
+    _close_as_float16(arrays["readout"], rollout_reference(attention, layout, discard=0.5).per_layer.reshape(L, -1))

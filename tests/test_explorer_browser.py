@@ -5,6 +5,7 @@ a Playwright route, so a test can hold back every message the browser sends. The
 order on that page: the component's pixels against the PNG export's renderer, a layer move repainting
 while nothing reaches the server, a reload (F5) bringing back page and layer, a view opened from a link.
 """
+import functools
 import hashlib
 import os
 import re
@@ -68,23 +69,46 @@ def browser_page(server):
         browser.close()
 
 
+@functools.lru_cache(maxsize=1)
+def _forward():
+    """The page's image through the bundled model, here in the test's process: (attention, layout, forward)."""
+    from vitviz.images import load_image
+    from vitviz.models import ModelSpec, load_model
+    from vitviz.pipeline import forward
+
+    fwd = forward(load_model(ModelSpec()), [load_image(ASSETS / IMAGE).image])
+    return fwd.capture.attention[0].numpy(), fwd.layout, fwd
+
+
 def _reference(view: dict):
     """The PNG export's tiles (vitviz.overlay.render_maps, as ui.display.panel_download calls it, at zoom 1)
     for the page's image, computed here from the model's own forward in float32."""
-    from vitviz.images import load_image
     from vitviz.maps import layer_maps
-    from vitviz.models import ModelSpec, load_model
     from vitviz.overlay import render_maps
-    from vitviz.pipeline import forward
 
-    loaded = load_model(ModelSpec())
-    fwd = forward(loaded, [load_image(ASSETS / IMAGE).image])
-    attention, layout = fwd.capture.attention[0].numpy(), fwd.layout
+    attention, layout, fwd = _forward()
     layer = view["layer"] - 1
     by_patch = view["query"] == "patch" or view["dir"] == "key"
     query = view["patch"] if by_patch else view["query"]
     maps = layer_maps(attention, layout, layer, query, "key" if view["dir"] == "key" else "query")
     sinks = fwd.sinks[0].patch_sinks(layout, [layer]) if view["sinks"] else None
+    rendered = render_maps(fwd.batch.images[0], maps, scale_mode=view["scale"], cmap=view["cmap"], style=view["style"],
+                           opacity=view["opacity"], query=query if by_patch else None, sinks=sinks)
+    return maps, rendered, layout
+
+
+def _compare_reference(view: dict):
+    """The Compare layers PNG's tiles (pages/2_heads.py _compare_panel: one head, the panels' layers, each panel's
+    own sinks crossed and their union kept out of the scale)."""
+    from vitviz.maps import layer_maps
+    from vitviz.overlay import render_maps
+
+    attention, layout, fwd = _forward()
+    by_patch = view["query"] == "patch" or view["dir"] == "key"
+    query = view["patch"] if by_patch else view["query"]
+    mode = "key" if view["dir"] == "key" else "query"
+    maps = np.stack([layer_maps(attention, layout, l - 1, query, mode)[view["chead"] - 1] for l in view["cl"]])
+    sinks = [fwd.sinks[0].patch_sinks(layout, [l - 1]) for l in view["cl"]] if view["sinks"] else None
     rendered = render_maps(fwd.batch.images[0], maps, scale_mode=view["scale"], cmap=view["cmap"], style=view["style"],
                            opacity=view["opacity"], query=query if by_patch else None, sinks=sinks)
     return maps, rendered, layout
@@ -97,18 +121,22 @@ def _lut_step(cmap: str) -> int:
 
 
 def _assert_tiles_equal_export(pg, name: str) -> None:
-    state = pg.evaluate(VIEW_JS)
-    view = state["view"]
+    view = pg.evaluate(VIEW_JS)["view"]
     tiles = sorted(pg.evaluate(TILES_JS), key=lambda t: t["head"])
-    maps, rendered, layout = _reference(view)
+    _assert_equal_export(tiles, *_reference(view), view["cmap"], name)
+
+
+def _assert_equal_export(tiles: list[dict], maps, rendered, layout, cmap: str, name: str) -> None:
+    """Each canvas (``px``: RGBA of ``w`` x ``h``) against the export's tile, within the float16 tolerance."""
     assert len(tiles) == len(maps)
-    # float16 keeps 11 significant bits: a weight (and so a percentile top) moves by at most 2^-11 relative, so a
-    # cell's position on the colour map t = v / top moves by at most ~2^-10 * t; 255 * 2^-10 < 1, so its colour is
-    # at most one step of the 256-step map away, blended at alpha <= opacity: |d| <= one LUT step + 1 (rounding).
-    tolerance = _lut_step(view["cmap"]) + 1
+    # float16 keeps 11 significant bits: a value (and so a percentile top, a linear interpolation of two values,
+    # or a bilinear mix of four) moves by at most 2^-11 relative, so a cell's position on the colour map t = v / top
+    # moves by at most ~2^-10 * t; 255 * 2^-10 < 1, so its colour is at most one step of the 256-step map away,
+    # blended at alpha <= opacity (alpha = opacity * sqrt(t) moves by < 2^-11): |d| <= one LUT step + 1 (rounding).
+    tolerance = _lut_step(cmap) + 1
     gh, gw = layout.grid_size
     worst, exact, pixels = 0, 0, 0
-    for t, reference, values, scale in zip(tiles, rendered.tiles, maps, rendered.scales):
+    for i, (t, reference, values, scale) in enumerate(zip(tiles, rendered.tiles, maps, rendered.scales)):
         got = np.array(t["px"], dtype=np.uint8).reshape(t["h"], t["w"], 4)[..., :3].astype(int)
         want = np.asarray(reference, dtype=int)
         assert got.shape == want.shape
@@ -124,7 +152,7 @@ def _assert_tiles_equal_export(pg, name: str) -> None:
             block[1:-1, 1:-1] = False
         worst = max(worst, int(diff[~border].max()))
         exact, pixels = exact + int((diff == 0).sum()), pixels + diff.size
-        assert diff[~border].max() <= tolerance, (name, t["head"], int(diff[~border].max()), tolerance)
+        assert diff[~border].max() <= tolerance, (name, i, int(diff[~border].max()), tolerance)
     print(f"{name}: worst channel difference {worst} (tolerance {tolerance}), "
           f"{exact / pixels:.4%} of pixels identical")
 
@@ -298,3 +326,130 @@ def test_faithfulness_screenshot_for_the_readme(browser_page):
     pg.locator(".st-key-faith_run button").wait_for(timeout=300_000)
     pg.wait_for_function(IDLE_JS, arg=1500, polling=200, timeout=300_000)
     pg.screenshot(path=str(ROOT / "docs" / "faithfulness.png"))
+
+
+# ---- the other views of the same component: Compare layers (heads page) and rollout after a chosen layer ----
+CANVASES_JS = f"""(cls) => [...{ROOT_JS}.querySelectorAll('canvas.' + cls)].map(c => ({{...c.dataset,
+  w: c.width, h: c.height, px: Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)}}))"""
+
+
+def _canvas_hash(pg, cls: str) -> str:
+    return hashlib.sha256(bytes(sum((t["px"] for t in pg.evaluate(CANVASES_JS, cls)), []))).hexdigest()
+
+
+def _repaints_offline(pg, held, act, cls: str) -> dict:
+    """Run ``act`` (a slider key press, a click) with every message to the server held back: the canvases of class
+    ``cls`` are repainted before anything is sent, and the view goes out afterwards. Returns the new view."""
+    before, paints = _canvas_hash(pg, cls), pg.evaluate(VIEW_JS)["paints"]
+    held["on"], held["held"] = True, 0
+    try:
+        act()
+        pg.wait_for_function(f"() => ({VIEW_JS})().paints > {paints}", timeout=10_000)
+        assert _canvas_hash(pg, cls) != before  # new pixels, drawn while no message could reach the server
+        assert held["held"] == 0  # the repaint did not wait for the server: nothing was sent before it
+        pg.wait_for_timeout(1500)
+        assert held["held"] >= 1  # afterwards the view went out (and was held back here)
+    finally:
+        held["on"] = False
+    return pg.evaluate(VIEW_JS)["view"]
+
+
+def _press(pg, key: str, button: str = "ArrowLeft"):
+    def act():
+        slider = pg.locator(f'.vv-explorer input[data-key="{key}"]')
+        slider.focus()
+        slider.press(button)
+    return act
+
+
+def test_compare_layers_are_drawn_in_the_browser_and_a_panel_move_repaints_offline(browser_page):
+    pg, held, server = browser_page
+    pg.goto(f"{server}/heads?intro=0&chead=2&cn=3&cl=1,6,12")
+    pg.wait_for_selector(READY, timeout=300_000)
+    view = pg.evaluate(VIEW_JS)["view"]
+    assert (view["chead"], view["cn"], view["cl"]) == (2, 3, [1, 6, 12])
+    panels = lambda: sorted(pg.evaluate(CANVASES_JS, "vv-ctile"), key=lambda t: int(t["panel"]))  # noqa: E731
+    _assert_equal_export(panels(), *_compare_reference(view), view["cmap"], "compare: head 2, layers 1, 6, 12, CLS")
+    grid = _tile_hash(pg)
+    view = _repaints_offline(pg, held, _press(pg, "cl1"), "vv-ctile")
+    assert view["cl"] == [1, 5, 12] and [t["layer"] for t in panels()] == ["1", "5", "12"]
+    assert _tile_hash(pg) == grid  # a compare slider repaints the compare panels only, not the heads grid
+    _assert_equal_export(panels(), *_compare_reference(view), view["cmap"], "compare: head 2, layers 1, 5, 12, CLS")
+    pg.wait_for_function("() => location.search.includes('cl=1%2C5%2C12') || location.search.includes('cl=1,5,12')")
+    # Two to four panels spreads the layers over the depth (the walk found 1, 12, 8, 12).
+    pg.locator('.vv-explorer select[data-key="cn"]').select_option("4")
+    pg.wait_for_function(f"() => ({VIEW_JS})().view.cl.length === 4")
+    assert pg.evaluate(VIEW_JS)["view"]["cl"] == [1, 5, 8, 12]
+    pg.locator(".vv-explorer .vv-compare").scroll_into_view_if_needed()
+    pg.screenshot(path=str(SHOTS / "heads_compare_layers.png"))
+
+
+@functools.lru_cache(maxsize=4)
+def _rollout(patch: int | None) -> np.ndarray:
+    from vitviz.rollout import rollout
+
+    attention, layout, _ = _forward()
+    return rollout(attention, layout, query=patch).per_layer
+
+
+def _rollout_reference(depth: int, patch: int | None, smooth: bool = False):
+    """The rollout page's PNG export (pages/3_rollout.py: panel_download of per_layer[depth - start] with the
+    sinks of the range and the clicked patch marked), with the page's default display choices."""
+    from ui.display import Display
+    from vitviz.overlay import render_maps
+
+    attention, layout, fwd = _forward()
+    d = Display(smooth=smooth)
+    shown = _rollout(patch)[depth - 1][None]
+    rendered = render_maps(fwd.batch.images[0], shown, scale_mode=d.scale_mode, cmap=d.cmap, style=d.style,
+                           opacity=d.opacity, smooth=d.smooth, query=patch,
+                           sinks=fwd.sinks[0].patch_sinks(layout, range(0, attention.shape[0])))
+    return shown, rendered, layout
+
+
+def _assert_rollout_tile(pg, depth: int, patch: int | None, name: str, smooth: bool = False) -> None:
+    """The canvas equals the export after ``depth`` within the float16 tolerance, and is nearer to it than to the
+    exports after the neighbouring layers: rollout converges with depth, so adjacent layers' pictures differ by
+    less than the tolerance in most pixels and the tolerance alone would not tell a depth off by one."""
+    tiles = pg.evaluate(CANVASES_JS, "vv-tile")
+    _assert_equal_export(tiles, *_rollout_reference(depth, patch, smooth), "Inferno", name)
+    got = np.array(tiles[0]["px"], dtype=np.uint8).reshape(tiles[0]["h"], tiles[0]["w"], 4)[..., :3].astype(int)
+    distance = {d: np.abs(got - np.asarray(_rollout_reference(d, patch, smooth)[1].tiles[0], dtype=int)).mean()
+                for d in (depth - 1, depth, depth + 1) if 1 <= d <= 12}
+    assert min(distance, key=distance.get) == depth, distance
+
+
+def test_rollout_after_a_layer_is_drawn_in_the_browser_and_moves_offline(browser_page):
+    pg, held, server = browser_page
+    pg.goto(f"{server}/rollout?intro=0")
+    pg.wait_for_selector(READY, timeout=300_000)
+    pg.wait_for_function(IDLE_JS, arg=1500, polling=200)
+    pg.screenshot(path=str(SHOTS / "rollout_explorer.png"))
+    view = pg.evaluate(VIEW_JS)["view"]
+    assert (view["depth"], view["readout"]) == (12, "readout")
+    _assert_rollout_tile(pg, 12, None, "rollout of CLS, layers 1-12")
+    view = _repaints_offline(pg, held, _press(pg, "depth"), "vv-tile")
+    assert view["depth"] == 11
+    _assert_rollout_tile(pg, 11, None, "rollout of CLS, layers 1-11")
+    # A click on the picker reads out that patch's row, also with the server cut off (every patch's rows are here).
+    box = pg.locator(".vv-explorer canvas.vv-picker").bounding_box()
+    click = lambda: pg.mouse.click(box["x"] + box["width"] * 9.5 / 16, box["y"] + box["height"] * 6.5 / 16)  # noqa: E731
+    view = _repaints_offline(pg, held, click, "vv-tile")
+    assert (view["readout"], view["patch"]) == ("patch", 6 * 16 + 9)
+    _assert_rollout_tile(pg, 11, 105, "rollout of patch 105, layers 1-11")
+    pg.wait_for_url(re.compile(r".*depth=11.*"))
+    pg.screenshot(path=str(SHOTS / "rollout_patch105_depth11.png"))
+
+
+def test_rollout_smoothed_in_the_browser_equals_the_export(browser_page):
+    """The page's Display choices come with the payload: "Smooth" (bilinear between patch centres, as Pillow resizes
+    a float image) is drawn in the browser as in the PNG."""
+    pg, _, _ = browser_page
+    paints = pg.evaluate(VIEW_JS)["paints"]
+    pg.get_by_text("Display", exact=True).first.click()
+    pg.get_by_text("Smooth (bilinear between patch centres)").click()
+    pg.wait_for_function(f"() => ({VIEW_JS})().paints > {paints}", timeout=120_000)
+    pg.wait_for_selector(READY)
+    view = pg.evaluate(VIEW_JS)["view"]
+    assert (view["depth"], view["patch"]) == (11, 105)  # a new payload keeps the view
+    _assert_rollout_tile(pg, 11, 105, "rollout of patch 105, layers 1-11, smoothed", smooth=True)

@@ -59,13 +59,19 @@ def display_controls(prefix: str = "") -> Display:
     return Display(cmap, scale_mode, style, opacity, smooth, exclude_sinks)
 
 
+def render(image: Image.Image, maps: np.ndarray, display: Display, *, masks=None, query=None, sinks=None, region=None,
+           zoom: int = 1) -> RenderedMaps:
+    """(k, gh, gw) maps drawn as the display says (the tiles, their colour scales, what was clipped)."""
+    return render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
+                       opacity=display.opacity, smooth=display.smooth, masks=masks, query=query, sinks=sinks,
+                       region=region, zoom=zoom)
+
+
 def map_figure(image: Image.Image, maps: np.ndarray, layout: TokenLayout, display: Display, *, titles: list[str],
                title: str = "", notes: list[str] | None = None, masks=None, query=None, sinks=None, columns: int = 3,
                highlight: int | None = None, value_name: str = VALUE_NAME, tile_px: int | None = None, region=None):
     """(rendered tiles, plotly figure) for (k, gh, gw) maps drawn as the display says."""
-    rendered = render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
-                           opacity=display.opacity, smooth=display.smooth, masks=masks, query=query, sinks=sinks,
-                           region=region)
+    rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region)
     shown = maps if masks is None else np.where(masks, maps, np.nan)
     labels = [_label(t, s, rendered.shared, n) for t, s, n in
               zip(titles, rendered.scales, notes or [None] * len(titles))]
@@ -98,9 +104,7 @@ def panel_download(image: Image.Image, maps: np.ndarray, display: Display, title
                    region=None, notes: list[str] | None = None):
     """A callable building the publication PNG of the same panel (tiles at ``zoom``x, titles, colour bar)."""
     def build() -> Image.Image:
-        rendered = render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
-                               opacity=display.opacity, smooth=display.smooth, masks=masks, query=query,
-                               sinks=sinks, region=region, zoom=zoom)
+        rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region, zoom=zoom)
         labels = [tile_label(t, s, rendered.shared) for t, s in zip(titles, rendered.scales)]
         bar_title = value_name if rendered.shared else f"{value_name} / tile's top"
         bar = colour_bar(rendered.scales[0], display.cmap, bar_title, rendered.tiles[0].height,

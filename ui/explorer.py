@@ -1,17 +1,21 @@
-"""The browser explorer on a page: one image's attention sent once, layer/head/query/display drawn in the browser.
+"""The browser explorer on a page: one image's maps sent once, layer/head/depth/query/display drawn in the browser.
 
+One component (``components/explorer/``), two views: the heads grid with Compare layers below it
+(:func:`heads_explorer`) and the rollout after a chosen layer (:func:`rollout_explorer`).
 ``VITVIZ_DRAW=server`` keeps the server-drawn Plotly views (the tests' AppTests read those).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import streamlit as st
 
-from ui.persist import remember_view
-from vitviz.explorer import ExplorerPayload, explorer_payload
+from ui.persist import remember_view, saved_view
+from vitviz.explorer import ExplorerPayload, explorer_payload, rollout_payload
 from vitviz.maps import RANKINGS
 
 ASSETS = Path(__file__).resolve().parent.parent / "components" / "explorer"
@@ -24,36 +28,79 @@ def browser_draws() -> bool:
     return os.environ.get("VITVIZ_DRAW", "browser").strip().lower() != "server"
 
 
-def _payload(ctx, selected: int | None) -> ExplorerPayload:
-    """The payload of the page's image, built once per image, model and (when rows are sent one patch at a
-    time) selected patch; kept in the session, so a rerun sends the very same bytes (Streamlit then sends
-    a reference to the message the browser already holds, not the bytes)."""
-    r, layout = ctx.result, ctx.result.layout
-    L, H = r.attention.shape[:2]
-    name = (ctx.image.sha256, ctx.loaded.card()["spec"], tuple(r.attention.shape))
-    held = st.session_state.get("explorer_payload")
+def _held(key: str, name: tuple, selected: int | None, build: Callable[[], ExplorerPayload]) -> ExplorerPayload:
+    """The payload named ``name``, built once (and again for another selected patch when rows are sent one patch
+    at a time); kept in the session, so a rerun sends the very same bytes (Streamlit then sends a reference to
+    the message the browser already holds, not the bytes)."""
+    held = st.session_state.get(f"{key}_payload")
     if held is not None and held[0] == name and (held[1].patch_rows or held[1].selected == selected):
         return held[1]
-    scores = r.head_scores
-    notes = np.array([[f"H {scores['entropy'][l, h]:.2f} nats · focus {scores['cls_focus'][l, h]:.2f} · "
-                       f"{r.distance[l, h]:.0f} px" for h in range(H)] for l in range(L)], dtype=object)
-    payload = explorer_payload(r.attention, layout, r.model_input,
-                               sinks=[r.sinks.patch_sinks(layout, [l]) for l in range(L)], notes=notes,
-                               scores={label: (scores[key], key != "entropy")
-                                       for label, key in RANKINGS.items()},
-                               selected=selected)
-    st.session_state["explorer_payload"] = (name, payload)
+    payload = build()
+    st.session_state[f"{key}_payload"] = (name, payload)
     return payload
 
 
-def heads_explorer(ctx, key: str = "heads_explorer") -> tuple[ExplorerPayload, dict | None]:
-    """Mount the explorer for the page's image; returns the payload and the view the browser last reported."""
+def _mount(key: str, payload: Callable[[], ExplorerPayload]) -> tuple[ExplorerPayload, dict | None]:
+    """Take the view the browser reported, then mount the component with the payload for it."""
     reported = st.session_state.get(key)
     if reported and reported.get("view"):
         remember_view(reported["view"])  # before building the payload: a new patch's rows must be in it
-    payload = _payload(ctx, st.session_state.get("patch"))
-    result = _component(data=payload.data, key=key, on_view_change=lambda: None)
+    data = payload()
+    result = _component(data=data.data, key=key, on_view_change=lambda: None)
     view = result.get("view") if result is not None else None
     if view:
         remember_view(view)
-    return payload, view
+    return data, view
+
+
+def heads_explorer(ctx, key: str = "heads_explorer") -> tuple[ExplorerPayload, dict | None]:
+    """Mount the heads grid (and Compare layers) for the page's image; returns the payload and the view the
+    browser last reported."""
+    r, layout = ctx.result, ctx.result.layout
+    L, H = r.attention.shape[:2]
+
+    def build() -> ExplorerPayload:
+        scores = r.head_scores
+        notes = np.array([[f"H {scores['entropy'][l, h]:.2f} nats · focus {scores['cls_focus'][l, h]:.2f} · "
+                           f"{r.distance[l, h]:.0f} px" for h in range(H)] for l in range(L)], dtype=object)
+        return explorer_payload(r.attention, layout, r.model_input,
+                                sinks=[r.sinks.patch_sinks(layout, [l]) for l in range(L)], notes=notes,
+                                scores={label: (scores[key], key != "entropy") for label, key in RANKINGS.items()},
+                                selected=st.session_state.get("patch"))
+
+    name = (ctx.image.sha256, ctx.loaded.card()["spec"], tuple(r.attention.shape))
+    return _mount(key, lambda: _held(key, name, st.session_state.get("patch"), build))
+
+
+@dataclass
+class RolloutView:
+    """What the browser's rollout view shows: the payload, whether a clicked patch is read out, the depth (1-based)."""
+
+    payload: ExplorerPayload
+    reads_patch: bool
+    depth: int
+
+
+def rollout_explorer(ctx, *, fusion: str, discard: float, start: int, end: int, exclude_tokens: tuple[int, ...],
+                     sinks: np.ndarray, display, key: str = "rollout_explorer") -> RolloutView:
+    """Mount the rollout view: depth and read-out patch drawn in the browser for these settings (layer range
+    [start, end), 0-based) and the page's display choices (:class:`ui.display.Display`); returns the view as the
+    browser last reported it (or the URL holds it)."""
+    r = ctx.result
+    shown = {"cmap": display.cmap, "scale": display.scale_mode, "style": display.style, "opacity": display.opacity,
+             "sinks": display.exclude_sinks, "smooth": display.smooth}
+
+    def build() -> ExplorerPayload:
+        return rollout_payload(r.attention, r.layout, r.model_input, fusion=fusion, discard=discard, start=start,
+                               end=end, exclude_tokens=exclude_tokens, sinks=sinks, display=shown,
+                               selected=st.session_state.get("patch"))
+
+    name = (ctx.image.sha256, ctx.loaded.card()["spec"], tuple(r.attention.shape), fusion, discard, start, end,
+            tuple(exclude_tokens), tuple(np.asarray(sinks, int).tolist()), tuple(sorted(shown.items())))
+    payload, _ = _mount(key, lambda: _held(key, name, st.session_state.get("patch"), build))
+    saved = saved_view()
+    try:
+        depth = int(min(end, max(start + 1, float(saved.get("depth", end)))))
+    except ValueError:
+        depth = end
+    return RolloutView(payload, saved.get("readout") == "patch", depth)

@@ -16,13 +16,19 @@ from ui.memo import ByteLRU
 # URL key -> (session key of the same choice on the server-drawn pages, or None).
 VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "patch", "keep": "keep",
                "order": "ranking", "cmap": "cmap", "scale": "scale_mode", "style": "style", "opacity": "opacity",
-               "sinks": "exclude_sinks"}
+               "sinks": "exclude_sinks",
+               # the heads page's Compare layers (head 1-based, panel count, the panels' layers "1,12")
+               "chead": "compare_head", "cn": "compare_n", "cl": None,
+               # the rollout page (depth 1-based; readout "readout" or "patch")
+               "depth": "rollout_depth", "readout": "rollout_readout"}
 SAVED = "persist_params"
 PATCH_GRID = "patch_grid"  # (rows, cols) of the grid the selected patch was picked on
 STALE_PATCH = "patch_before_grid_change"
 
 
 def _text(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
     return ("1" if value else "0") if isinstance(value, bool) else str(value)
 
 

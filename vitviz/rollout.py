@@ -9,6 +9,7 @@ copy); only the maps come back to the host.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -161,6 +162,29 @@ def rollout(attention: np.ndarray | torch.Tensor, layout: TokenLayout, *, fusion
         layers=(start, end),
         readout=readout_name(layout, query),
     )
+
+
+def rollout_patch_rows(attention: np.ndarray | torch.Tensor, layout: TokenLayout, *, fusion: str = "mean",
+                       start: int = 0, end: int | None = None,
+                       exclude_tokens: tuple[int, ...] = ()) -> Iterator[torch.Tensor]:
+    """Every patch's rollout row over patch columns after each layer of the range, one layer at a time.
+
+    Without discard every query shares the same A' per layer, so the rows of all patch queries are the
+    patch rows of M_j = A'_{start+j} ... A'_start, one (N, N) product per layer; row q of layer j equals
+    ``rollout(..., query=q).per_layer[j]``. (With discard each query spares its own column, so each
+    patch has its own chain: use :func:`rollout` with ``query``.)
+
+    Yields:
+        end - start tensors (P, P) float64 on the attention's device: [query patch, key patch].
+    """
+    end = _check_range(attention.shape[0], start, end)
+    a = as_tensor(attention)
+    ps = layout.patch_slice
+    M = None
+    for layer in range(start, end):
+        step = rollout_step(fuse_heads(a[layer], fusion), exclude_tokens)
+        M = step if M is None else step @ M
+        yield M[ps, ps]
 
 
 def rollout_reference(attention: np.ndarray, layout: TokenLayout, *, fusion: str = "mean", discard: float = 0.0,

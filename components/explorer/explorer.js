@@ -1,13 +1,16 @@
-// vitviz explorer: one image's attention drawn in the browser (layer, head order, query, patch, display).
+// vitviz explorer: one image's maps drawn in the browser. One component, two views (the payload's header.view):
+// "heads" (every head of a layer: layer, head order, query, patch, display; below it one head's layers side by
+// side, a slider per panel) and "rollout" (the cumulative rollout after a chosen layer, of the readout or a
+// clicked patch, drawn as the page's display choices say).
 //
 // The payload (vitviz/explorer.py) is a uint32 header length, a JSON header and float16 arrays. Every
 // number here follows vitviz/colour.py and vitviz/overlay.py (render_maps) step for step, so a tile is
 // the PNG export's tile up to the float16 rounding stated in the header. Changes repaint at once; the
 // view goes to the server afterwards (debounced), only to keep it in the URL and build the downloads.
 
-const VIEW_KEYS = ["layer", "query", "dir", "patch", "keep", "order", "cmap", "scale", "style", "opacity", "sinks"];
 const DINO_KEEP = 0.6;
-const TILE_PX = 230;
+const TILE_PX = 230;         // ui/display.py TILE_PX
+const SINGLE_TILE_PX = 400;  // ui/display.py SINGLE_TILE_PX
 
 // ---- numbers, as numpy does them ----------------------------------------------------------------
 function rint(x) { // numpy's round: halves to even
@@ -150,19 +153,53 @@ function contour(px, W, H, mask, gh, gw, ph, pw) {
   }
 }
 
+// Pillow's BILINEAR resize of a float32 ("F") image (libImaging/Resample.c): per output pixel a triangle
+// filter centred at (x + 0.5) * in / out, weights normalised over the source pixels inside the image,
+// sums in double, a horizontal pass then a vertical one, each stored as float32.
+function bilinearCoeffs(inSize, outSize) {
+  const scale = inSize / outSize, filterscale = Math.max(scale, 1.0), support = filterscale;
+  const out = [];
+  for (let xx = 0; xx < outSize; xx++) {
+    const center = (xx + 0.5) * scale;
+    const xmin = Math.max(0, Math.trunc(center - support + 0.5));
+    const xmax = Math.min(inSize, Math.trunc(center + support + 0.5)) - xmin;
+    const k = []; let ww = 0;
+    for (let x = 0; x < xmax; x++) { const d = Math.abs((x + xmin - center + 0.5) / filterscale); const w = d < 1 ? 1 - d : 0; k.push(w); ww += w; }
+    out.push({ xmin, k: k.map((w) => (ww !== 0 ? w / ww : w)) });
+  }
+  return out;
+}
+function bilinear(map, gh, gw, W, H) { // (gh*gw) -> (H*W) float values, as vitviz.overlay.upsample(smooth=True)
+  const src = Float32Array.from(map, (v) => (Number.isNaN(v) ? 0 : v));
+  const hx = bilinearCoeffs(gw, W), vy = bilinearCoeffs(gh, H);
+  const tmp = new Float32Array(gh * W), out = new Float32Array(H * W);
+  for (let y = 0; y < gh; y++) for (let xx = 0; xx < W; xx++) {
+    const { xmin, k } = hx[xx]; let ss = 0;
+    for (let x = 0; x < k.length; x++) ss += src[y * gw + x + xmin] * k[x];
+    tmp[y * W + xx] = ss;
+  }
+  for (let yy = 0; yy < H; yy++) {
+    const { xmin: ymin, k } = vy[yy];
+    for (let xx = 0; xx < W; xx++) { let ss = 0; for (let y = 0; y < k.length; y++) ss += tmp[(y + ymin) * W + xx] * k[y]; out[yy * W + xx] = ss; }
+  }
+  return out;
+}
+
 function renderTile(st, map, scale, mask, marks, d) {
   const { W, H, base } = st;
   const [gh, gw] = st.header.grid;
   const lut = st.header.luts[d.cmap];
   const img = new ImageData(W, H), px = img.data;
   const P = gh * gw, col = new Array(P), alpha = new Float64Array(P), inside = new Uint8Array(P);
+  const alphaOf = (t) => d.opacity * (d.style === "transparent where low" ? Math.sqrt(t) : 1);
   for (let i = 0; i < P; i++) {
     const v = Number.isNaN(map[i]) ? 0 : map[i];
     const t = normalise(scale, v);
     col[i] = lut[rint(t * 255)];
-    alpha[i] = d.opacity * (d.style === "transparent where low" ? Math.sqrt(t) : 1);
+    alpha[i] = alphaOf(t);
     inside[i] = mask ? mask[i] : 1;
   }
+  const smooth = d.smooth && d.style !== "DINO mask" ? bilinear(map, gh, gw, W, H) : null;
   for (let y = 0; y < H; y++) {
     const r = Math.min(gh - 1, Math.floor((y + 0.5) * gh / H));
     for (let x = 0; x < W; x++) {
@@ -171,7 +208,8 @@ function renderTile(st, map, scale, mask, marks, d) {
         const shade = inside[i] ? 1.0 : 1.0 - d.opacity;
         for (let k = 0; k < 3; k++) px[o + k] = rint(Math.min(255, Math.max(0, base[o + k] * shade)));
       } else {
-        const a = inside[i] ? alpha[i] : 0.0, cc = col[i];
+        let a = inside[i] ? alpha[i] : 0.0, cc = col[i];
+        if (smooth) { const t = normalise(scale, smooth[y * W + x]); cc = lut[rint(t * 255)]; a = inside[i] ? alphaOf(t) : 0.0; }
         for (let k = 0; k < 3; k++) px[o + k] = rint(Math.min(255, Math.max(0, base[o + k] * (1 - a) + cc[k] * a)));
       }
       px[o + 3] = 255;
@@ -190,58 +228,7 @@ function renderTile(st, map, scale, mask, marks, d) {
   return img;
 }
 
-// ---- the view -----------------------------------------------------------------------------------
-function viewFromUrl(header) {
-  const q = new URLSearchParams(window.location.search);
-  const num = (k, d, lo, hi) => { const x = Number(q.get(k)); return q.has(k) && Number.isFinite(x) ? Math.min(hi, Math.max(lo, x)) : d; };
-  const pick = (k, options, d) => (options.includes(q.get(k)) ? q.get(k) : d);
-  const L = header.layers;
-  return {
-    layer: Math.round(num("layer", L, 1, L)),
-    query: pick("query", header.has_cls ? ["cls", "mean", "patch"] : ["mean", "patch"], header.has_cls ? "cls" : "mean"),
-    dir: pick("dir", ["query", "key"], "query"),
-    patch: q.has("patch") ? Math.round(num("patch", 0, 0, header.patches - 1)) : null,
-    keep: num("keep", 0, 0, 1),
-    order: pick("order", ["head number", ...Object.keys(header.rankings)], "head number"),
-    cmap: pick("cmap", Object.keys(header.luts), "Inferno"),
-    scale: pick("scale", header.scale_modes, header.scale_modes[0]),
-    style: pick("style", header.styles, header.styles[0]),
-    opacity: num("opacity", 0.8, 0, 1),
-    sinks: q.get("sinks") !== "0",
-  };
-}
-
-function writeUrl(view) {
-  const url = new URL(window.location.href);
-  for (const k of VIEW_KEYS) {
-    const v = view[k];
-    if (v === null || v === undefined) url.searchParams.delete(k);
-    else url.searchParams.set(k, typeof v === "boolean" ? (v ? "1" : "0") : String(v));
-  }
-  window.history.replaceState(window.history.state, "", url);
-}
-
-// The maps of one layer for the view: (H arrays of P values) or null when the server must send a row.
-function layerMaps(st, v) {
-  const { header, arrays } = st;
-  const L = header.layers, H = header.heads, P = header.patches, l = v.layer - 1;
-  const byPatch = v.query === "patch" || v.dir === "key";
-  const maps = [];
-  for (let h = 0; h < H; h++) {
-    const base = (l * H + h) * P;
-    if (!byPatch) { maps.push(arrays[v.query === "cls" ? "cls" : "mean"].subarray(base, base + P)); continue; }
-    if (header.patch_rows) {
-      const rows = arrays.rows, o = (l * H + h) * P * P;
-      if (v.dir === "key") { const m = new Float32Array(P); for (let q = 0; q < P; q++) m[q] = rows[o + q * P + v.patch]; maps.push(m); }
-      else maps.push(rows.subarray(o + v.patch * P, o + (v.patch + 1) * P));
-    } else if (header.selected === v.patch && arrays.row) {
-      maps.push(arrays[v.dir === "key" ? "col" : "row"].subarray(base, base + P));
-    } else return null;
-  }
-  void L;
-  return maps;
-}
-
+// ---- shared parts of the views ------------------------------------------------------------------
 function el(tag, attrs = {}, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs)) {
@@ -251,86 +238,66 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
-function build(st) {
-  const { header, root } = st;
-  root.innerHTML = "";
-  const controls = el("div", { class: "vv-controls" });
-  const main = el("div", { class: "vv-main" });
-  root.append(controls, main);
-  // The patch picker: the image with the grid's selected patch; a click anywhere on it (or on a tile) picks.
-  st.picker = el("canvas", { class: "vv-picker", width: st.W, height: st.H, title: "Click a patch to use it as the query (or key)" });
-  st.pickerNote = el("div", { class: "vv-small" });
-  const row = (label, input, out) => el("label", { class: "vv-row" }, el("span", { class: "vv-label" }, label), input, out || "");
-  const select = (name, options, labels) => {
-    const s = el("select", { "data-key": name });
-    options.forEach((o, i) => s.append(el("option", { value: o, textContent: labels ? labels[i] : o })));
-    return s;
+function urlReader(header) {
+  const q = new URLSearchParams(window.location.search);
+  return {
+    num: (k, d, lo, hi) => { const x = Number(q.get(k)); return q.has(k) && q.get(k) !== "" && Number.isFinite(x) ? Math.min(hi, Math.max(lo, x)) : d; },
+    pick: (k, options, d) => (options.includes(q.get(k)) ? q.get(k) : d),
+    patch: () => { const x = Number(q.get("patch")); return q.has("patch") && q.get("patch") !== "" && Number.isFinite(x) ? Math.round(Math.min(header.patches - 1, Math.max(0, x))) : null; },
+    list: (k) => (q.get(k) || "").split(",").filter((t) => t !== "").map(Number).filter(Number.isFinite),
   };
-  st.inputs = {
-    layer: el("input", { type: "range", min: 1, max: header.layers, step: 1, "data-key": "layer", "aria-label": "Layer" }),
-    query: select("query", header.has_cls ? ["cls", "mean", "patch"] : ["mean", "patch"],
-                  header.has_cls ? ["CLS", "mean over patches", "clicked patch"] : ["mean over patches", "clicked patch"]),
-    dir: select("dir", ["query", "key"], ["query → keys", "keys → query"]),
-    keep: el("input", { type: "range", min: 0, max: 1, step: 0.05, "data-key": "keep", "aria-label": "DINO mask keep share" }),
-    order: select("order", ["head number", ...Object.keys(header.rankings)]),
-    cmap: select("cmap", Object.keys(header.luts)),
-    scale: select("scale", header.scale_modes),
-    style: Object.assign(select("style", header.styles, header.style_labels), { title: header.style_help || "" }),
-    opacity: el("input", { type: "range", min: 0, max: 1, step: 0.05, "data-key": "opacity", "aria-label": "Opacity" }),
-    sinks: el("input", { type: "checkbox", "data-key": "sinks" }),
-  };
-  st.outs = { layer: el("span", { class: "vv-out" }), keep: el("span", { class: "vv-out" }), opacity: el("span", { class: "vv-out" }) };
-  const display = el("details", { class: "vv-display" }, el("summary", { textContent: "Display" }),
-    row("Colour map", st.inputs.cmap), row("Colour scale", st.inputs.scale), row("Overlay", st.inputs.style),
-    row("Opacity", st.inputs.opacity, st.outs.opacity),
-    row("Mark attention sinks, keep them out of the scale", st.inputs.sinks));
-  controls.append(st.picker, st.pickerNote,
-    row("Layer", st.inputs.layer, st.outs.layer), row("Query", st.inputs.query), row("Direction", st.inputs.dir),
-    row("DINO mask: keep share of mass", st.inputs.keep, st.outs.keep), row("Order heads by", st.inputs.order), display);
-  st.title = el("div", { class: "vv-title" });
-  st.grid = el("div", { class: "vv-grid" });
-  st.bar = el("div", { class: "vv-bar" });
-  st.caption = el("div", { class: "vv-small vv-caption" });
-  st.message = el("div", { class: "vv-message" });
-  main.append(st.title, st.message, el("div", { class: "vv-body" }, st.grid, st.bar), st.caption,
-              el("div", { class: "vv-small vv-quant", textContent: header.quantisation }));
-  for (const [k, input] of Object.entries(st.inputs)) {
+}
+
+function writeUrl(view, keys) {
+  const url = new URL(window.location.href);
+  for (const k of keys) {
+    const v = view[k];
+    if (v === null || v === undefined) url.searchParams.delete(k);
+    else url.searchParams.set(k, typeof v === "boolean" ? (v ? "1" : "0") : Array.isArray(v) ? v.join(",") : String(v));
+  }
+  window.history.replaceState(window.history.state, "", url);
+}
+
+const row = (label, input, out) => el("label", { class: "vv-row" }, el("span", { class: "vv-label" }, label), input, out || "");
+function select(name, options, labels) {
+  const s = el("select", { "data-key": name });
+  options.forEach((o, i) => s.append(el("option", { value: o, textContent: labels ? labels[i] : o })));
+  return s;
+}
+function listen(st, inputs) {
+  for (const [k, input] of Object.entries(inputs)) {
     input.addEventListener("input", () => {
-      const v = input.type === "checkbox" ? input.checked : input.type === "range" ? Number(input.value) : input.value;
+      const v = input.type === "checkbox" ? input.checked : input.type === "range" || input.dataset.number ? Number(input.value) : input.value;
       st.change({ [k]: v });
     });
   }
-  const pick = (ev, canvas) => {
-    const r = canvas.getBoundingClientRect(), [gh, gw] = header.grid;
-    const c = Math.min(gw - 1, Math.floor((ev.clientX - r.left) / r.width * gw));
-    const rr = Math.min(gh - 1, Math.floor((ev.clientY - r.top) / r.height * gh));
-    const patch = rr * gw + c;
-    st.change({ patch, query: st.view.dir === "key" ? st.view.query : "patch" });
-  };
-  st.picker.addEventListener("click", (ev) => pick(ev, st.picker));
-  st.grid.addEventListener("click", (ev) => { if (ev.target.tagName === "CANVAS") pick(ev, ev.target); });
 }
 
-function syncInputs(st) {
-  const v = st.view;
-  for (const [k, input] of Object.entries(st.inputs)) {
-    if (input.type === "checkbox") input.checked = !!v[k]; else input.value = String(v[k]);
-  }
-  st.outs.layer.textContent = `${v.layer} / ${st.header.layers}`;
-  st.outs.keep.textContent = v.keep ? `${Math.round(v.keep * 100)}%` : "off";
-  st.outs.opacity.textContent = v.opacity.toFixed(2);
+// A click on the picker or on any tile picks the patch under it.
+function patchAt(st, ev, canvas) {
+  const r = canvas.getBoundingClientRect(), [gh, gw] = st.header.grid;
+  const c = Math.min(gw - 1, Math.floor((ev.clientX - r.left) / r.width * gw));
+  const rr = Math.min(gh - 1, Math.floor((ev.clientY - r.top) / r.height * gh));
+  return rr * gw + c;
 }
 
-function drawPicker(st) {
+function picker(st, onPick) {
+  st.picker = el("canvas", { class: "vv-picker", width: st.W, height: st.H, title: "Click a patch to pick it" });
+  st.pickerNote = el("div", { class: "vv-small" });
+  st.picker.addEventListener("click", (ev) => onPick(patchAt(st, ev, st.picker)));
+  return [st.picker, st.pickerNote];
+}
+
+function drawPicker(st, what) {
   const ctx = st.picker.getContext("2d"), [gh, gw] = st.header.grid;
   const img = new ImageData(new Uint8ClampedArray(st.base), st.W, st.H);
   const p = st.view.patch;
   if (p !== null) rect(img.data, st.W, st.H, [(p % gw) * st.W / gw, Math.floor(p / gw) * st.H / gh, (p % gw + 1) * st.W / gw - 1, (Math.floor(p / gw) + 1) * st.H / gh - 1], [0, 255, 0], 2);
   ctx.putImageData(img, 0, 0);
-  st.pickerNote.textContent = `Click a patch to use it as the query (or key). Selected: ${p === null ? "none" : `patch ${p} (row ${Math.floor(p / gw) + 1}, column ${p % gw + 1})`}`;
+  st.pickerNote.textContent = `Click a patch to ${what}. Selected: ${p === null ? "none" : `patch ${p} (row ${Math.floor(p / gw) + 1}, column ${p % gw + 1})`}`;
 }
 
-function colourBar(st, scale, shared, d) {
+function colourBar(st, scale, shared, d, valueName) {
   const lut = st.header.luts[d.cmap];
   const c = el("canvas", { width: 16, height: 256, class: "vv-barcanvas" });
   const ctx = c.getContext("2d"), img = ctx.createImageData(16, 256);
@@ -347,72 +314,304 @@ function colourBar(st, scale, shared, d) {
   } else ticks = [0, 1, 2, 3, 4].map((i) => [i / 4, g3(scale.lo + (scale.hi - scale.lo) * i / 4)]);
   const labels = el("div", { class: "vv-ticks" });
   for (const [p, t] of ticks) labels.append(el("span", { textContent: t, style: `top:${(1 - p) * 100}%` }));
-  return el("div", { class: "vv-barwrap" }, el("div", { class: "vv-bartitle", textContent: shared ? "attention weight" : "attention weight / tile's top" }),
+  return el("div", { class: "vv-barwrap" }, el("div", { class: "vv-bartitle", textContent: shared ? valueName : `${valueName} / tile's top` }),
     el("div", { class: "vv-barbody" }, c, labels));
 }
 
-function paint(st) {
-  const v = st.view, { header } = st, H = header.heads, l = v.layer - 1;
-  syncInputs(st);
-  drawPicker(st);
-  const byPatch = v.query === "patch" || v.dir === "key";
-  if (byPatch && v.patch === null) {
-    st.message.textContent = "Click a patch on the image at the left first.";
-    st.grid.replaceChildren(); st.bar.replaceChildren(); st.caption.textContent = ""; st.title.textContent = "";
-    return st.painted();
-  }
-  const maps = layerMaps(st, v);
-  if (maps === null) {
-    st.message.textContent = `Fetching patch ${v.patch}'s attention from the server (at this resolution only the selected patch's rows are sent).`;
-    return st.painted();
-  }
-  st.message.textContent = "";
-  let order = [...Array(H).keys()];
-  if (v.order !== "head number") {
-    const r = header.rankings[v.order], s = r.scores[l];
-    order.sort((a, b) => s[a] - s[b] || a - b);
-    if (r.descending) order.reverse();
-  }
-  let keep = v.keep;
-  if (v.style === "DINO mask" && keep === 0) keep = DINO_KEEP;
-  const shown = order.map((h) => maps[h]);
-  const masks = keep > 0 ? shown.map((m) => thresholdMask(m, keep)) : null;
-  const P = header.patches, exclude = new Uint8Array(P);
-  const query = byPatch ? v.patch : null;
-  if (query !== null) exclude[query] = 1;
-  const sinks = v.sinks ? header.sinks[l] : [];
-  for (const s of sinks) exclude[s] = 1;
-  const scales = colourScales(shown, v.scale, exclude, header.percentile);
+// Maps meant to be compared, drawn as vitviz.overlay.render_maps draws them: one exclusion set (the query and
+// the union of the tiles' sinks) for the colour limits, each tile's own sinks crossed.
+// opts: maps (k arrays of P values), d (display), query, sinks (k arrays), masks, titles, notes, data (k dataset
+// objects for the canvases), tileClass, columns, tilePx, valueName, grid / bar / caption (elements to fill).
+function drawPanel(st, o) {
+  const P = st.header.patches, exclude = new Uint8Array(P), d = o.d;
+  if (o.query !== null) exclude[o.query] = 1;
+  for (const s of o.sinks) for (const p of s) exclude[p] = 1;
+  const scales = colourScales(o.maps, d.scale, exclude, st.header.percentile);
   const shared = scales.every((s) => sameScale(s, scales[0]));
-  const what = v.query === "cls" && !byPatch ? "CLS query" : v.query === "mean" && !byPatch ? "mean over patch queries" : `patch ${v.patch} as ${v.dir}`;
-  st.title.textContent = `Layer ${v.layer}, every head, ${what}` + (keep ? `, DINO mask keeping ${Math.round(keep * 100)}% of the mass` : "");
   const tiles = [];
   let nClipped = 0;
-  shown.forEach((m, i) => {
+  o.maps.forEach((m, i) => {
     const clipped = [];
-    if (v.style !== "DINO mask") for (let p = 0; p < P; p++) if (above(scales[i], m[p]) && !exclude[p]) clipped.push(p);
+    if (d.style !== "DINO mask") for (let p = 0; p < P; p++) if (above(scales[i], m[p]) && !exclude[p]) clipped.push(p);
     nClipped += clipped.length;
-    const img = renderTile(st, m, scales[i], masks && masks[i], { query, clipped, sinks }, v);
-    const canvas = el("canvas", { width: st.W, height: st.H, class: "vv-tile", "data-head": order[i] + 1 });
+    const img = renderTile(st, m, scales[i], o.masks && o.masks[i], { query: o.query, clipped, sinks: o.sinks[i] }, d);
+    const canvas = el("canvas", { width: st.W, height: st.H, class: o.tileClass });
+    Object.assign(canvas.dataset, o.data[i]);
     canvas.getContext("2d").putImageData(img, 0, 0);
-    const t = scales[i];
-    const label = shared ? `head ${order[i] + 1}` : t.flat ? `head ${order[i] + 1} · flat` : `head ${order[i] + 1} · top ${g3(t.log ? 10 ** t.hi : t.hi)}`;
-    const note = header.notes ? header.notes[l][order[i]] : "";
-    tiles.push(el("figure", { class: "vv-cell" }, el("figcaption", {}, el("div", { textContent: label }), el("div", { class: "vv-small", textContent: note })), canvas));
+    const t = scales[i], title = o.titles[i];
+    const label = shared ? title : t.flat ? `${title} · flat` : `${title} · top ${g3(t.log ? 10 ** t.hi : t.hi)}`;
+    tiles.push(el("figure", { class: "vv-cell" }, el("figcaption", {}, el("div", { textContent: label }),
+      el("div", { class: "vv-small", textContent: o.notes ? o.notes[i] : "" })), canvas));
   });
-  st.grid.style.gridTemplateColumns = `repeat(${H <= 9 ? 3 : 4}, minmax(0, ${TILE_PX}px))`;
-  st.grid.replaceChildren(...tiles);
-  st.bar.replaceChildren(v.style === "DINO mask" ? "" : colourBar(st, scales[0], shared, v));
+  o.grid.style.gridTemplateColumns = `repeat(${o.columns}, minmax(0, ${o.tilePx}px))`;
+  o.grid.replaceChildren(...tiles);
+  o.bar.replaceChildren(d.style === "DINO mask" ? "" : colourBar(st, scales[0], shared, d, o.valueName));
   const excluded = [...exclude.keys()].filter((p) => exclude[p]);
   let text = `Colours: ${scales[0].rule}`;
   text += nClipped ? `; ${nClipped} patch${nClipped !== 1 ? "es" : ""} above the top drawn in the top colour, outlined in cyan` : "; nothing clipped";
   if (excluded.length) text += `; patches [${excluded.join(", ")}] set no limit (query / attention sinks)`;
   const flat = scales.filter((s) => s.flat).length;
   if (flat && !scales[0].flat) text += `; ${flat} map${flat !== 1 ? "s" : ""} flat (every value within 0.1% of its mean), drawn at mid-scale`;
-  st.caption.textContent = text + ".";
-  st.painted();
+  o.caption.textContent = text + ".";
 }
 
+function clearPanel(o, message) {
+  o.message.textContent = message;
+  o.grid.replaceChildren(); o.bar.replaceChildren(); o.caption.textContent = ""; o.title.textContent = "";
+}
+
+function section(cls) { // title, message, tiles beside their colour bar, caption
+  const s = { title: el("div", { class: "vv-title" }), message: el("div", { class: "vv-message" }),
+    grid: el("div", { class: "vv-grid" }), bar: el("div", { class: "vv-bar" }), caption: el("div", { class: "vv-small vv-caption" }) };
+  s.root = el("div", { class: cls }, s.title, s.message, el("div", { class: "vv-body" }, s.grid, s.bar), s.caption);
+  return s;
+}
+
+// ---- the heads view: every head of a layer, and one head's layers side by side ------------------------
+const spread = (n, L) => [...Array(n).keys()].map((i) => rint(1 + i * (L - 1) / (n - 1)));
+const COMPARE_KEYS = ["chead", "cn", "cl"];
+const GRID_KEYS = ["layer", "keep", "order"];
+
+const heads = {
+  keys: ["layer", "query", "dir", "patch", "keep", "order", "cmap", "scale", "style", "opacity", "sinks", ...COMPARE_KEYS],
+
+  fromUrl(header) {
+    const u = urlReader(header), L = header.layers;
+    const cn = Math.round(u.num("cn", 2, 2, 4));
+    let cl = u.list("cl").map((l) => Math.round(Math.min(L, Math.max(1, l))));
+    if (cl.length !== cn) cl = spread(cn, L);
+    return {
+      layer: Math.round(u.num("layer", L, 1, L)),
+      query: u.pick("query", header.has_cls ? ["cls", "mean", "patch"] : ["mean", "patch"], header.has_cls ? "cls" : "mean"),
+      dir: u.pick("dir", ["query", "key"], "query"),
+      patch: u.patch(),
+      keep: u.num("keep", 0, 0, 1),
+      order: u.pick("order", ["head number", ...Object.keys(header.rankings)], "head number"),
+      cmap: u.pick("cmap", Object.keys(header.luts), "Inferno"),
+      scale: u.pick("scale", header.scale_modes, header.scale_modes[0]),
+      style: u.pick("style", header.styles, header.styles[0]),
+      opacity: u.num("opacity", 0.8, 0, 1),
+      sinks: new URLSearchParams(window.location.search).get("sinks") !== "0",
+      chead: Math.round(u.num("chead", 1, 1, header.heads)), cn, cl,
+    };
+  },
+
+  adjust(view, delta, header) { // a new panel count spreads its layers over the depth (as the server's sliders)
+    if ("cn" in delta) view.cl = spread(view.cn, header.layers);
+    return view;
+  },
+
+  // The maps of one layer (H arrays of P values), or null when the server must send the patch's row first.
+  maps(st, v, layer) {
+    const { header, arrays } = st;
+    const H = header.heads, P = header.patches, l = (layer === undefined ? v.layer : layer) - 1;
+    const byPatch = v.query === "patch" || v.dir === "key";
+    const maps = [];
+    for (let h = 0; h < H; h++) {
+      const base = (l * H + h) * P;
+      if (!byPatch) { maps.push(arrays[v.query === "cls" ? "cls" : "mean"].subarray(base, base + P)); continue; }
+      if (v.patch === null) return null;
+      if (header.patch_rows) {
+        const rows = arrays.rows, o = (l * H + h) * P * P;
+        if (v.dir === "key") { const m = new Float32Array(P); for (let q = 0; q < P; q++) m[q] = rows[o + q * P + v.patch]; maps.push(m); }
+        else maps.push(rows.subarray(o + v.patch * P, o + (v.patch + 1) * P));
+      } else if (header.selected === v.patch && arrays.row) {
+        maps.push(arrays[v.dir === "key" ? "col" : "row"].subarray(base, base + P));
+      } else return null;
+    }
+    return maps;
+  },
+
+  build(st) {
+    const { header, root } = st;
+    const top = el("div", { class: "vv-top" }), controls = el("div", { class: "vv-controls" }), main = el("div", { class: "vv-main" });
+    top.append(controls, main);
+    const pick = (patch) => st.change({ patch, query: st.view.dir === "key" ? st.view.query : "patch" });
+    st.inputs = {
+      layer: el("input", { type: "range", min: 1, max: header.layers, step: 1, "data-key": "layer", "aria-label": "Layer" }),
+      query: select("query", header.has_cls ? ["cls", "mean", "patch"] : ["mean", "patch"],
+                    header.has_cls ? ["CLS", "mean over patches", "clicked patch"] : ["mean over patches", "clicked patch"]),
+      dir: select("dir", ["query", "key"], ["query → keys", "keys → query"]),
+      keep: el("input", { type: "range", min: 0, max: 1, step: 0.05, "data-key": "keep", "aria-label": "DINO mask keep share" }),
+      order: select("order", ["head number", ...Object.keys(header.rankings)]),
+      cmap: select("cmap", Object.keys(header.luts)),
+      scale: select("scale", header.scale_modes),
+      style: Object.assign(select("style", header.styles, header.style_labels), { title: header.style_help || "" }),
+      opacity: el("input", { type: "range", min: 0, max: 1, step: 0.05, "data-key": "opacity", "aria-label": "Opacity" }),
+      sinks: el("input", { type: "checkbox", "data-key": "sinks" }),
+    };
+    st.outs = { layer: el("span", { class: "vv-out" }), keep: el("span", { class: "vv-out" }), opacity: el("span", { class: "vv-out" }) };
+    const display = el("details", { class: "vv-display" }, el("summary", { textContent: "Display" }),
+      row("Colour map", st.inputs.cmap), row("Colour scale", st.inputs.scale), row("Overlay", st.inputs.style),
+      row("Opacity", st.inputs.opacity, st.outs.opacity),
+      row("Mark attention sinks, keep them out of the scale", st.inputs.sinks));
+    controls.append(...picker(st, pick),
+      row("Layer", st.inputs.layer, st.outs.layer), row("Query", st.inputs.query), row("Direction", st.inputs.dir),
+      row("DINO mask: keep share of mass", st.inputs.keep, st.outs.keep), row("Order heads by", st.inputs.order), display);
+    st.grid = section("vv-section");
+    main.append(st.grid.root, el("div", { class: "vv-small vv-quant", textContent: header.quantisation }));
+    listen(st, st.inputs);
+    st.grid.grid.addEventListener("click", (ev) => { if (ev.target.tagName === "CANVAS") pick(patchAt(st, ev, ev.target)); });
+    // Compare layers: one head, 2-4 layers side by side, each with its own slider.
+    st.cmp = section("vv-section vv-compare");
+    st.cmpControls = el("div", { class: "vv-compare-controls" });
+    st.cinputs = { chead: select("chead", [...Array(header.heads).keys()].map((h) => String(h + 1))),
+                   cn: select("cn", ["2", "3", "4"]) };
+    for (const s of Object.values(st.cinputs)) s.dataset.number = "1";
+    listen(st, { chead: st.cinputs.chead, cn: st.cinputs.cn });
+    st.cmp.grid.addEventListener("click", (ev) => { if (ev.target.tagName === "CANVAS") pick(patchAt(st, ev, ev.target)); });
+    st.cmpSliders = el("div", { class: "vv-compare-sliders" });
+    st.cmpControls.append(row("Head", st.cinputs.chead), row("Layers side by side", st.cinputs.cn), st.cmpSliders);
+    root.append(top, el("div", { class: "vv-subheader", textContent: "Compare layers" }), st.cmpControls, st.cmp.root);
+  },
+
+  sync(st) {
+    const v = st.view, L = st.header.layers;
+    for (const [k, input] of Object.entries(st.inputs)) {
+      if (input.type === "checkbox") input.checked = !!v[k]; else input.value = String(v[k]);
+    }
+    st.outs.layer.textContent = `${v.layer} / ${L}`;
+    st.outs.keep.textContent = v.keep ? `${Math.round(v.keep * 100)}%` : "off";
+    st.outs.opacity.textContent = v.opacity.toFixed(2);
+    st.cinputs.chead.value = String(v.chead);
+    st.cinputs.cn.value = String(v.cn);
+    if (st.cmpSliders.children.length !== v.cn) { // one slider per panel, "Layer A", "Layer B", ...
+      st.csliders = v.cl.map((_, i) => {
+        const input = el("input", { type: "range", min: 1, max: L, step: 1, "data-key": `cl${i}`, "aria-label": `Compare layer ${String.fromCharCode(65 + i)}` });
+        const out = el("span", { class: "vv-out" });
+        input.addEventListener("input", () => { const cl = [...st.view.cl]; cl[i] = Number(input.value); st.change({ cl }); });
+        return { input, out, label: row(`Layer ${String.fromCharCode(65 + i)}`, input, out) };
+      });
+      st.cmpSliders.replaceChildren(...st.csliders.map((s) => s.label));
+    }
+    st.csliders.forEach((s, i) => { s.input.value = String(v.cl[i]); s.out.textContent = `${v.cl[i]} / ${L}`; });
+  },
+
+  what(v) {
+    const byPatch = v.query === "patch" || v.dir === "key";
+    return !byPatch ? (v.query === "cls" ? "CLS query" : "mean over patch queries") : `patch ${v.patch} as ${v.dir}`;
+  },
+
+  paint(st, parts) {
+    const v = st.view, { header } = st, H = header.heads, l = v.layer - 1;
+    this.sync(st);
+    drawPicker(st, "use it as the query (or key)");
+    const byPatch = v.query === "patch" || v.dir === "key";
+    if (byPatch && v.patch === null) {
+      clearPanel(st.grid, "Click a patch on the image at the left first.");
+      clearPanel(st.cmp, "Click a patch on the image above first.");
+      return;
+    }
+    if (this.maps(st, v) === null) {
+      st.grid.message.textContent = `Fetching patch ${v.patch}'s attention from the server (at this resolution only the selected patch's rows are sent).`;
+      st.cmp.message.textContent = st.grid.message.textContent;
+      return;
+    }
+    const query = byPatch ? v.patch : null;
+    if (parts !== "compare") {
+      const maps = this.maps(st, v);
+      st.grid.message.textContent = "";
+      let order = [...Array(H).keys()];
+      if (v.order !== "head number") {
+        const r = header.rankings[v.order], s = r.scores[l];
+        order.sort((a, b) => s[a] - s[b] || a - b);
+        if (r.descending) order.reverse();
+      }
+      let keep = v.keep;
+      if (v.style === "DINO mask" && keep === 0) keep = DINO_KEEP;
+      const shown = order.map((h) => maps[h]);
+      st.grid.title.textContent = `Layer ${v.layer}, every head, ${this.what(v)}` + (keep ? `, DINO mask keeping ${Math.round(keep * 100)}% of the mass` : "");
+      drawPanel(st, { maps: shown, d: v, query, sinks: shown.map(() => (v.sinks ? header.sinks[l] : [])),
+        masks: keep > 0 ? shown.map((m) => thresholdMask(m, keep)) : null,
+        titles: order.map((h) => `head ${h + 1}`), notes: header.notes ? order.map((h) => header.notes[l][h]) : null,
+        data: order.map((h) => ({ head: h + 1 })), tileClass: "vv-tile", columns: H <= 9 ? 3 : 4, tilePx: TILE_PX,
+        valueName: "attention weight", ...st.grid });
+    }
+    if (parts === "grid") return;
+    const h = v.chead - 1;
+    st.cmp.message.textContent = "";
+    st.cmp.title.textContent = `Head ${v.chead} across layers, ${this.what(v)}`;
+    drawPanel(st, { maps: v.cl.map((layer) => this.maps(st, v, layer)[h]), d: v, query,
+      sinks: v.cl.map((layer) => (v.sinks ? header.sinks[layer - 1] : [])), masks: null,
+      titles: v.cl.map((layer) => `layer ${layer}, head ${v.chead}`), notes: null,
+      data: v.cl.map((layer, i) => ({ layer, panel: i })), tileClass: "vv-ctile", columns: v.cn, tilePx: TILE_PX,
+      valueName: "attention weight", ...st.cmp });
+  },
+};
+
+// ---- the rollout view: the cumulative rollout after a chosen layer, of the readout or a clicked patch ---
+const rolloutView = {
+  keys: ["depth", "readout", "patch"],
+
+  fromUrl(header) {
+    const u = urlReader(header);
+    return { depth: Math.round(u.num("depth", header.end, header.start, header.end)),
+             readout: u.pick("readout", ["readout", "patch"], "readout"), patch: u.patch() };
+  },
+
+  adjust(view, delta, header) {
+    view.depth = Math.min(header.end, Math.max(header.start, view.depth));
+    return view;
+  },
+
+  // The rollout map after layer `depth` (P values), or null when the server must send the clicked patch's rows.
+  maps(st, v) {
+    const { header, arrays } = st, P = header.patches, j = v.depth - header.start;
+    if (v.readout !== "patch") return [arrays.readout.subarray(j * P, (j + 1) * P)];
+    if (v.patch === null) return null;
+    if (header.patch_rows) { const o = (j * P + v.patch) * P; return [arrays.rows.subarray(o, o + P)]; }
+    if (header.selected === v.patch && arrays.row) return [arrays.row.subarray(j * P, (j + 1) * P)];
+    return null;
+  },
+
+  build(st) {
+    const { header, root } = st;
+    const top = el("div", { class: "vv-top" }), controls = el("div", { class: "vv-controls" }), main = el("div", { class: "vv-main" });
+    top.append(controls, main);
+    st.inputs = {
+      readout: select("readout", ["readout", "patch"], [header.readout, "clicked patch"]),
+      depth: el("input", { type: "range", min: header.start, max: header.end, step: 1, "data-key": "depth",
+                           "aria-label": "Show cumulative rollout after layer" }),
+    };
+    st.outs = { depth: el("span", { class: "vv-out" }) };
+    const pick = (patch) => st.change({ patch, readout: "patch" });
+    controls.append(...picker(st, pick), row("Read out", st.inputs.readout),
+      row("Show cumulative rollout after layer", st.inputs.depth, st.outs.depth));
+    st.grid = section("vv-section");
+    main.append(st.grid.root, el("div", { class: "vv-small vv-quant", textContent: header.quantisation }));
+    listen(st, st.inputs);
+    st.grid.grid.addEventListener("click", (ev) => { if (ev.target.tagName === "CANVAS") pick(patchAt(st, ev, ev.target)); });
+    root.append(top);
+  },
+
+  paint(st) {
+    const v = st.view, { header } = st, d = header.display;
+    st.inputs.readout.value = v.readout;
+    st.inputs.depth.value = String(v.depth);
+    st.outs.depth.textContent = `${v.depth} / ${header.end}`;
+    drawPicker(st, "roll out its row");
+    if (v.readout === "patch" && v.patch === null) return clearPanel(st.grid, "Click a patch on the image at the left first.");
+    const maps = this.maps(st, v);
+    if (maps === null) {
+      st.grid.message.textContent = `Fetching patch ${v.patch}'s rollout from the server (${header.discard_rows
+        ? "with discard each patch spares its own column, so its rows are computed when it is clicked"
+        : "at this resolution only the selected patch's rows are sent"}).`;
+      return;
+    }
+    st.grid.message.textContent = "";
+    const query = v.readout === "patch" ? v.patch : null;
+    const discard = header.discard ? `, discard ${Math.round(header.discard * 100)}%)` : ")";
+    st.grid.title.textContent = query === null ? `Rollout, layers ${header.start}–${v.depth} (${header.fusion} over heads${discard}`
+      : `Rollout of patch ${query}, layers ${header.start}–${v.depth} (${header.fusion}${discard}`;
+    drawPanel(st, { maps, d, query, sinks: [d.sinks ? header.sinks : []], masks: null, titles: [""], notes: null,
+      data: [{ depth: v.depth }], tileClass: "vv-tile vv-single", columns: 1, tilePx: SINGLE_TILE_PX,
+      valueName: header.value_name, ...st.grid });
+  },
+};
+
+const VIEWS = { heads, rollout: rolloutView };
+
+// ---- the component --------------------------------------------------------------------------------
 const STATES = new WeakMap();
 
 export default function (component) {
@@ -424,25 +623,31 @@ export default function (component) {
   const previous = STATES.get(root);
   const { header, arrays } = parsePayload(bytes);
   if (previous && previous.header.id === header.id) return;
-  const st = { root, header, arrays, paints: previous ? previous.paints : 0 };
+  const kind = VIEWS[header.view || "heads"];
+  const st = { root, header, arrays };
   STATES.set(root, st);
-  st.view = previous ? previous.view : viewFromUrl(header);
+  // A new payload of the same view (another patch's rows, new rollout settings) keeps the view the user is on.
+  st.view = kind.adjust(previous && previous.header.view === header.view ? { ...previous.view } : kind.fromUrl(header), {}, header);
   let timer = null;
   const send = () => setStateValue("view", { ...st.view });
-  st.painted = () => {
-    st.paints += 1;
-    root.dataset.paints = String(st.paints);
+  st.painted = () => {  // counted per page, not per mount: a new payload may come with a new element
+    window.__vvPaintCount = (window.__vvPaintCount || 0) + 1;
+    root.dataset.paints = String(window.__vvPaintCount);
     root.dataset.view = JSON.stringify(st.view);
     const entry = { t: performance.now(), frame: null, view: { ...st.view } };
     (window.__vvPaints = window.__vvPaints || []).push(entry);
     requestAnimationFrame(() => { entry.frame = performance.now(); });
   };
   st.change = (delta) => {
-    st.view = { ...st.view, ...delta };
-    writeUrl(st.view);
-    paint(st);
+    st.view = kind.adjust({ ...st.view, ...delta }, delta, header);
+    writeUrl(st.view, kind.keys);
+    // Repaint what the change touches: the compare panels' keys leave the heads grid as it is, and the grid's
+    // own layer, mask and order leave the compare panels.
+    const only = (keys) => Object.keys(delta).every((k) => keys.includes(k));
+    kind.paint(st, only(COMPARE_KEYS) ? "compare" : only(GRID_KEYS) ? "grid" : "all");
+    st.painted();
     clearTimeout(timer);
-    const needsServer = layerMaps(st, st.view) === null && st.view.patch !== null;
+    const needsServer = kind.maps(st, st.view) === null && st.view.patch !== null;
     timer = setTimeout(send, needsServer ? 0 : 400);
   };
   root.dataset.ready = "0";
@@ -453,8 +658,11 @@ export default function (component) {
     const ctx = c.getContext("2d", { willReadFrequently: true });
     ctx.drawImage(bitmap, 0, 0);
     st.base = ctx.getImageData(0, 0, st.W, st.H).data;
-    build(st);
-    paint(st);
+    root.replaceChildren();
+    root.dataset.viewKind = header.view || "heads";
+    kind.build(st);
+    kind.paint(st, "all");
+    st.painted();
     root.dataset.ready = "1";
   });
 }
