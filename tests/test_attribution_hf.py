@@ -20,9 +20,14 @@ from test_hf_hybrid import HF_FAMILIES, _save_hf, hf_folders  # noqa: E402,F401 
 
 
 def _models(folder: str, family: str):
-    """(vitviz's model, the library's own copy with its default SDPA attention), both float64."""
+    """(vitviz's model, the library's own copy with its default SDPA attention), both float64.
+
+    The library's copy is frozen like vitviz's loaded models (gradients are taken with respect to the input only):
+    with trainable weights, a backward through BEiT's relative position bias saves transformers' process-wide
+    cached position index, which fails whenever another test first built that index under inference mode (found
+    by a pytest-randomly order)."""
     ours = copy.deepcopy(load_model(ModelSpec(name=folder)).model).double()
-    own = getattr(transformers, HF_FAMILIES[family][1]).from_pretrained(folder).double().eval()
+    own = getattr(transformers, HF_FAMILIES[family][1]).from_pretrained(folder).double().eval().requires_grad_(False)
     assert own.config._attn_implementation == "sdpa"
     return ours, own
 
@@ -208,3 +213,21 @@ def test_attribution_page_with_an_hf_folder_shows_the_librarys_maps(hf_folders):
     np.testing.assert_allclose(z(heatmaps[0])[::-1], ref, atol=1e-5 * np.abs(ref).max())
     ref = A.legrad(loaded.model, x).patches[0]
     np.testing.assert_allclose(z(heatmaps[1])[::-1], ref, atol=1e-5)
+
+
+def test_beit_attribution_after_an_inference_mode_analysis_in_the_same_process(hf_folders):  # noqa: F811
+    """The app analyses an image under ``torch.inference_mode`` and later runs attribution on the same model in the
+    same server process. transformers caches BEiT's relative position index per window size, process-wide
+    (``lru_cache``): an index first built under inference mode is an inference tensor, and a later backward through
+    the bias indexing fails ("Inference tensors cannot be saved for backward"). A window size no other test uses
+    (6 x 9 patches), so the inference-mode run is the first to build its index; the attribution that follows must run
+    and read out the same logit (float64: the two forwards are the same arithmetic, ~1e-15 apart). It runs because
+    loaded models are frozen (no weight needs the index for its gradient): loading with trainable weights fails it."""
+    ours, _ = _models(hf_folders["beit"], "beit")
+    torch.manual_seed(3)
+    x = torch.randn(1, 3, 96, 144, dtype=torch.float64)
+    with torch.inference_mode():
+        logits = run(ours, x, keep=("logits",))["logits"]
+    got = A.relevance(ours, x, "gradient")
+    assert got.pixels.shape == (1, 96, 144) and np.isfinite(got.pixels).all()
+    np.testing.assert_allclose(got.target_value, logits.max(-1).values.numpy(), rtol=1e-12)
