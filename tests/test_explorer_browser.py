@@ -1,9 +1,11 @@
 """The heads explorer in a real browser (Debian Chromium through Playwright), drawn client-side.
 
 One app server with ``VITVIZ_DRAW=browser`` and one page whose websocket to the server goes through
-a Playwright route, so a test can hold back every message the browser sends. The tests run in file
-order on that page: the component's pixels against the PNG export's renderer, a layer move repainting
-while nothing reaches the server, a reload (F5) bringing back page and layer, a view opened from a link.
+a Playwright route, so a test can hold back every message the browser sends: the component's pixels against
+the PNG export's renderer, a layer move repainting while nothing reaches the server, a reload (F5) bringing
+back page and layer, a view opened from a link. The tests share that page, so each first opens the link of
+the view it starts from (``_open``): any order gives the same result (pytest-randomly once ran them shuffled,
+and the tests that relied on the previous one's layer failed).
 """
 import functools
 import hashlib
@@ -78,6 +80,13 @@ def _forward():
 
     fwd = forward(load_model(ModelSpec()), [load_image(ASSETS / IMAGE).image])
     return fwd.capture.attention[0].numpy(), fwd.layout, fwd
+
+
+def _open(pg, server: str, link: str) -> None:
+    """Open ``link`` (a path with its query, the view's state) in the shared page and wait for the explorer."""
+    pg.goto(f"{server}{link}", timeout=300_000)
+    pg.wait_for_selector(READY, timeout=300_000)
+    pg.wait_for_function(IDLE_JS, arg=1500, polling=200, timeout=300_000)
 
 
 def _reference(view: dict):
@@ -158,7 +167,8 @@ def _assert_equal_export(tiles: list[dict], maps, rendered, layout, cmap: str, n
 
 
 def test_explorer_tiles_equal_the_png_export(browser_page):
-    pg, _, _ = browser_page
+    pg, _, server = browser_page
+    _open(pg, server, "/heads?intro=0&layer=12")
     pg.screenshot(path=str(SHOTS / "heads_explorer.png"))
     pg.screenshot(path=str(ROOT / "docs" / "heads.png"))  # the README's picture of the page
     view = pg.evaluate(VIEW_JS)["view"]
@@ -171,7 +181,8 @@ def _tile_hash(pg) -> str:
 
 
 def test_layer_move_repaints_with_the_server_cut_off(browser_page):
-    pg, held, _ = browser_page
+    pg, held, server = browser_page
+    _open(pg, server, "/heads?intro=0&layer=12")
     before, paints = _tile_hash(pg), pg.evaluate(VIEW_JS)["paints"]
     held["on"], held["held"] = True, 0
     try:
@@ -192,7 +203,8 @@ def test_layer_move_repaints_with_the_server_cut_off(browser_page):
 
 
 def test_reload_restores_page_and_layer(browser_page):
-    pg, _, _ = browser_page
+    pg, _, server = browser_page
+    _open(pg, server, "/heads?intro=0&layer=11")
     slider = pg.locator('.vv-explorer input[data-key="layer"]')
     slider.focus()
     slider.press("ArrowLeft")  # layer 10, now with the server listening
@@ -207,7 +219,8 @@ def test_reload_restores_page_and_layer(browser_page):
 def test_heads_downloads_finish_and_rerun_nothing(browser_page, tmp_path):
     """The heads grid's PNG and npz, each clicked twice: every file arrives, no spinner is left, and the explorer
     is not rebuilt (a rerun with on_click="rerun" once re-ran the page behind each click)."""
-    pg, _, _ = browser_page
+    pg, _, server = browser_page
+    _open(pg, server, "/heads?intro=0&layer=10")
     paints = pg.evaluate(VIEW_JS)["paints"]
     files = {}
     for _ in range(2):
@@ -220,8 +233,7 @@ def test_heads_downloads_finish_and_rerun_nothing(browser_page, tmp_path):
             info.value.save_as(path)
             files[label] = path
     assert files["Image (png)"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    layer = pg.evaluate(VIEW_JS)["view"]["layer"]
-    assert f"layer{layer}" in files["Image (png)"].name  # the files follow the browser's view
+    assert "layer10" in files["Image (png)"].name  # the files follow the browser's view
     with np.load(files["Data (npz)"]) as npz:
         assert npz["maps"].shape == (6, 16, 16) and (npz["maps"] >= 0).all() and (npz["maps"] <= 1).all()
     assert pg.locator('[data-testid="stDownloadButton"] [data-testid="stSpinner"]').count() == 0
@@ -277,8 +289,7 @@ def test_an_upload_survives_f5_and_the_uploaders_own_x_removes_it(browser_page, 
 
 def test_a_link_opens_the_view_it_names(browser_page):
     pg, _, server = browser_page
-    pg.goto(f"{server}/heads?intro=0&layer=6&query=patch&patch=100&style=heatmap&scale=shared+across+heads&sinks=0&cmap=Viridis")
-    pg.wait_for_selector(READY, timeout=300_000)
+    _open(pg, server, "/heads?intro=0&layer=6&query=patch&patch=100&style=heatmap&scale=shared+across+heads&sinks=0&cmap=Viridis")
     view = pg.evaluate(VIEW_JS)["view"]
     assert (view["layer"], view["query"], view["patch"], view["style"], view["cmap"]) == (6, "patch", 100, "heatmap", "Viridis")
     pg.screenshot(path=str(SHOTS / "heads_patch100_heatmap.png"))
@@ -364,8 +375,7 @@ def _press(pg, key: str, button: str = "ArrowLeft"):
 
 def test_compare_layers_are_drawn_in_the_browser_and_a_panel_move_repaints_offline(browser_page):
     pg, held, server = browser_page
-    pg.goto(f"{server}/heads?intro=0&chead=2&cn=3&cl=1,6,12")
-    pg.wait_for_selector(READY, timeout=300_000)
+    _open(pg, server, "/heads?intro=0&chead=2&cn=3&cl=1,6,12")
     view = pg.evaluate(VIEW_JS)["view"]
     assert (view["chead"], view["cn"], view["cl"]) == (2, 3, [1, 6, 12])
     panels = lambda: sorted(pg.evaluate(CANVASES_JS, "vv-ctile"), key=lambda t: int(t["panel"]))  # noqa: E731
@@ -421,9 +431,7 @@ def _assert_rollout_tile(pg, depth: int, patch: int | None, name: str, smooth: b
 
 def test_rollout_after_a_layer_is_drawn_in_the_browser_and_moves_offline(browser_page):
     pg, held, server = browser_page
-    pg.goto(f"{server}/rollout?intro=0")
-    pg.wait_for_selector(READY, timeout=300_000)
-    pg.wait_for_function(IDLE_JS, arg=1500, polling=200)
+    _open(pg, server, "/rollout?intro=0&depth=12&readout=readout")
     pg.screenshot(path=str(SHOTS / "rollout_explorer.png"))
     view = pg.evaluate(VIEW_JS)["view"]
     assert (view["depth"], view["readout"]) == (12, "readout")
@@ -444,7 +452,8 @@ def test_rollout_after_a_layer_is_drawn_in_the_browser_and_moves_offline(browser
 def test_rollout_smoothed_in_the_browser_equals_the_export(browser_page):
     """The page's Display choices come with the payload: "Smooth" (bilinear between patch centres, as Pillow resizes
     a float image) is drawn in the browser as in the PNG."""
-    pg, _, _ = browser_page
+    pg, _, server = browser_page
+    _open(pg, server, "/rollout?intro=0&depth=11&readout=patch&patch=105")
     paints = pg.evaluate(VIEW_JS)["paints"]
     pg.get_by_text("Display", exact=True).first.click()
     pg.get_by_text("Smooth (bilinear between patch centres)").click()
