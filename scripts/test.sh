@@ -7,10 +7,12 @@ bash "$root/scripts/ensure_venv.sh" --dev
 cd "$root"
 # Tests never use the network: the Hugging Face hub is offline for them.
 export HF_HUB_OFFLINE=1
-# Two test processes (pytest-xdist), each test file whole in one of them (its module fixtures built once):
-# much of a test's time is waiting (a subprocess starting, a browser, a server), so two processes share
-# two cores well. A later -n in the arguments wins (-n 0: one process, in file order). One torch thread
-# per process (and per subprocess a test starts): two workers with two threads each would ask four cores
-# of two, and OpenMP threads waiting on each other slow every test down.
+# Three test processes (pytest-xdist), each test file whole in one of them (its module fixtures built once):
+# much of a test's time is waiting (a subprocess starting, a browser, a server), so three processes keep
+# two cores busy where two left one idle about a third of the time (CI: 961 + 159 s CPU in 870 s of wall;
+# -n 3 took 13 % less wall than -n 2 on the nine longest files, benchmarks/README.md).
+# A later -n in the arguments wins (-n 0: one process, in file order). One torch thread
+# per process (and per subprocess a test starts): workers with two threads each would ask more cores
+# than there are, and OpenMP threads waiting on each other slow every test down.
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
-exec "$root/.venv/bin/python" -m pytest -n 2 --dist loadfile "$@"
+exec "$root/.venv/bin/python" -m pytest -n 3 --dist loadfile "$@"
