@@ -9,11 +9,14 @@ merge note were taken so).
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -105,12 +108,24 @@ def huge_safetensors(path: Path, declared: int = 100 << 30) -> Path:
     return path
 
 
-def long_stats_parquet(path: Path, rows: int = 40_000_000) -> Path:
-    """A stats.parquet of ``rows`` identical rows in one row group, run-length encoded to a few hundred KiB.
+_BUILT: dict[int, Path] = {}  # rows -> the file as built, in a folder of its own removed when pytest exits
 
-    Built from one 1 M-row table referenced ``rows / 1M`` times (a chunked table: no copy), so the
-    test process holds 60 MB while the file declares gigabytes.
-    """
+
+def long_stats_parquet(path: Path, rows: int = 40_000_000) -> Path:
+    """A stats.parquet of ``rows`` identical rows in one row group, run-length encoded to a few hundred KiB,
+    copied to ``path``. Encoding it takes ~7 s of CPU: it is built once per test process, and each case gets a
+    copy of the file as built."""
+    if rows not in _BUILT:
+        folder = Path(tempfile.mkdtemp(prefix="vitviz-long-parquet-"))
+        atexit.register(shutil.rmtree, folder, True)
+        _BUILT[rows] = _write_long_stats_parquet(folder / "stats.parquet", rows)
+    shutil.copyfile(_BUILT[rows], path)
+    return path
+
+
+def _write_long_stats_parquet(path: Path, rows: int) -> Path:
+    """Built from one 1 M-row table referenced ``rows / 1M`` times (a chunked table: no copy), so the
+    test process holds 60 MB while the file declares gigabytes."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
