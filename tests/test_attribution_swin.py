@@ -3,6 +3,7 @@ pytorch-grad-cam itself with its Swin recipe, and a transcription of LeGrad's wi
 autograd gradients of the libraries' own attention (forward hooks on their modules, their own window partition
 and shift mask), plus a planted model."""
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -211,3 +212,36 @@ def test_swin_legrad_equals_the_transcribed_window_definition(timm_swin, family,
     ref = _legrad_transcribed(model, x, 1, layers or range(2, 4), "timm" if family == "timm" else "hf")
     assert got.patches.shape == ref.shape == (2, size // 4, size // 4)
     np.testing.assert_allclose(got.patches, ref, atol=1e-6 if family == "hf-v1" else 1e-12)
+
+
+def test_cli_writes_swin_attribution_with_gradcam_on_both_grids(tmp_path, capsys):
+    """analyze --attribution attnlrp,legrad,gradcam --target-class 3 on the tiny timm Swin saved to safetensors (as the
+    README's Swin line loads one): the patch maps (16x16 at 64 px), AttnLRP's pixels and Grad-CAM's stage-2 map (8x8)
+    equal the library's on the npz's exact input (float32 arrays of float32 maps: 1e-6 of the largest value), and
+    settings.json states the target; --target-class without --attribution is still refused with a sentence."""
+    from conftest import ASSETS
+    from test_adapters_swin import timm_swin_checkpoint
+    from test_swin import TINY_SWIN
+    from vitviz.cli import main
+    from vitviz.models import ModelSpec, load_model
+
+    checkpoint = timm_swin_checkpoint(tmp_path)
+    out = tmp_path / "out"
+    argv = ["analyze", str(ASSETS / "chelsea.jpg"), str(ASSETS / "coffee.jpg"), "--model", TINY_SWIN, "--checkpoint",
+            checkpoint, "--out", str(out), "--target-class", "3", "--no-attention"]
+    assert main(argv) == 2 and "--target-class do not apply" in capsys.readouterr().err
+    assert main(argv + ["--attribution", "attnlrp,legrad,gradcam"]) == 0
+    data = np.load(out / "analysis.npz")
+    assert data["attribution_legrad"].shape == data["attribution_gradcam"].shape == (2, 16, 16)
+    assert data["attribution_gradcam_coarse"].shape == (2, 8, 8) and "attribution_legrad_coarse" not in data.files
+    assert data["window_distance"].shape == (2, 4, 4)  # the window analyses are still written beside them
+    model = load_model(ModelSpec(name=TINY_SWIN, checkpoint=checkpoint)).model
+    x, target = torch.from_numpy(data["input"]), A.ClassLogit(3)
+    lrp, cam, legrad = A.relevance(model, x, "attnlrp", target), A.gradcam(model, x, target), A.legrad(model, x, target)
+    for key, ref in (("attribution_attnlrp", lrp.patches), ("attribution_attnlrp_pixels", lrp.pixels),
+                     ("attribution_gradcam", cam.patches), ("attribution_gradcam_coarse", cam.coarse),
+                     ("attribution_legrad", legrad.patches)):
+        np.testing.assert_allclose(data[key], ref, rtol=0, atol=1e-6 * np.abs(ref).max())
+    settings = json.loads((out / "settings.json").read_text())["analysis"]["attribution"]
+    assert settings["target"]["class"] == 3 and settings["target"]["classes"] == [3, 3]
+    assert len(settings["conservation"]["attnlrp"]) == 2
