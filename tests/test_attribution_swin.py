@@ -199,9 +199,10 @@ def _legrad_transcribed(model, x, cls: int, layers, library: str) -> np.ndarray:
 
 @pytest.mark.parametrize("family,size,layers", [
     ("timm", 64, None), ("timm", 72, range(0, 4)), ("hf-v1", 72, range(0, 4)), ("hf-v2", 72, range(0, 4)),
-    ("hf-v1", 56, range(1, 3))])
+    ("hf-v1", 56, range(1, 3)), ("hf-v1", 60, range(0, 4))])
 def test_swin_legrad_equals_the_transcribed_window_definition(timm_swin, family, size, layers):
-    """Every block (regular and shifted windows, padded windows at 72 px, both stages) or the default last two;
+    """Every block (regular and shifted windows, padded windows at 72 px, both stages; at 60 px a 15x15 patch grid whose
+    stage-2 tokens cover a padded 16th row and column, cropped) or the default last two;
     timm rolls then pads, transformers pads then rolls. Float64, the same sums in another order: ~1e-15 of values
     in [0, 1], asserted 1e-12; transformers' V1 eager softmax rounds its probabilities to float32 (2^-24 ~ 6e-8
     relative) and every later value, so the gradients, move by ~1e-7 relative: 1e-6 there (measured 3e-10)."""
@@ -210,7 +211,7 @@ def test_swin_legrad_equals_the_transcribed_window_definition(timm_swin, family,
     x = torch.randn(2, 3, size, size, dtype=torch.float64)
     got = A.legrad(model, x, A.ClassLogit(1), layers=layers)
     ref = _legrad_transcribed(model, x, 1, layers or range(2, 4), "timm" if family == "timm" else "hf")
-    assert got.patches.shape == ref.shape == (2, size // 4, size // 4)
+    assert got.patches.shape == ref.shape == (2, -(-size // 4), -(-size // 4))
     np.testing.assert_allclose(got.patches, ref, atol=1e-6 if family == "hf-v1" else 1e-12)
 
 
