@@ -93,6 +93,29 @@ def test_swin_gradcam_equals_pytorch_grad_cam(timm_swin, family, size):
     np.testing.assert_allclose(_scaled_twice(got.patches), ref, atol=1e-6)
 
 
+def test_swin_v2_gradcam_reads_the_post_norm_blocks_input():
+    """Swin V2 is post-norm: the block's ln1 point is its input (the previous block's output), which pytorch-grad-cam
+    cannot hook (transformers' layers return tuples). The recipe written out from a forward pre-hook on transformers'
+    own last layer, autograd's gradient there and cv2's bilinear resize (grad-cam's) equals ours. Float64 throughout
+    (cv2 resizes float64 in float64): rounding only, asserted 1e-12 of the largest value."""
+    import cv2
+
+    model = _hf("v2", 72)
+    ref_model = copy.deepcopy(model)
+    seen = []
+    ref_model.swinv2.encoder.layers[-1].blocks[-1].register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    torch.manual_seed(4)
+    x = torch.randn(2, 3, 72, 72, dtype=torch.float64)
+    logits = ref_model(pixel_values=x.clone().requires_grad_(True)).logits
+    (grad,) = torch.autograd.grad(logits[:, 1].sum(), seen[0])
+    acts = seen[0].detach()  # (B, 9 * 9, C): stage 2 of 18x18 patches
+    cam = (grad.mean(dim=1, keepdim=True) * acts).sum(-1).clamp_min(0).reshape(2, 9, 9).numpy()
+    got = A.gradcam(model, x, A.ClassLogit(1))
+    np.testing.assert_allclose(got.coarse, cam, rtol=0, atol=1e-12 * cam.max())
+    up = np.stack([cv2.resize(c, (18, 18), interpolation=cv2.INTER_LINEAR) for c in cam])
+    np.testing.assert_allclose(got.patches, up, rtol=0, atol=1e-12 * cam.max())
+
+
 def test_to_patch_grid_gives_each_token_the_patches_it_merges_and_crops_padding():
     """A 3x3 stage grid of 8 px tokens over a 5x5 grid of 4 px patches (patch merging padded 5 to 6): nearest
     repeats each value on its 2x2 patches, bilinear uses half-pixel centres; both crop the padded row and column."""
