@@ -1,8 +1,8 @@
 """Cost of each attribution method relative to one plain forward; the AUC table of every method.
 
 Prints
-  1. per model (the bundled model @224 with its real weights; ViT-B/16 @224 with random weights, timing
-     only) and batch 8: the median time of one plain forward (``model(x)``, timm's fused attention,
+  1. per model (the bundled model @224 with its real weights; ViT-B/16 and Swin-T @224 with random weights,
+     timing only) and batch 8: the median time of one plain forward (``model(x)``, timm's fused attention,
      inference mode) and of each method of :mod:`vitviz.attribution` on the same batch, all measured in
      the same run, each method right after a plain forward: the ratios method / plain forward of the medians,
      of the minima and the median of the paired ratios; beside them,
@@ -14,7 +14,7 @@ Prints
      (most relevant first by signed value), plus positive-only and absolute orders for the signed methods,
      beside the random map over 10 seeds (mean and standard deviation).
 
-Usage: .venv/bin/python -u benchmarks/attribution_cost.py [--auc] [--no-cost] [--repeats R] [--models bundled,vit_b]
+Usage: .venv/bin/python -u benchmarks/attribution_cost.py [--auc] [--no-cost] [--repeats R] [--models bundled,vit_b,swin_t]
        [--methods "attnlrp,attnlrp (before),gradient"]
 """
 from __future__ import annotations
@@ -163,7 +163,7 @@ def main() -> None:
     parser.add_argument("--auc", action="store_true", help="also the AUC table")
     parser.add_argument("--no-cost", action="store_true", help="skip the timings (the AUC table alone)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--models", default="bundled,vit_b", help="which of bundled,vit_b to time")
+    parser.add_argument("--models", default="bundled,vit_b", help="which of bundled,vit_b,swin_t to time")
     parser.add_argument("--methods", default=",".join([*METHODS, "attnlrp (before)"]),
                         help="which methods to time (comma-separated; 'attnlrp (before)' is the unfused LayerNorm rule)")
     args = parser.parse_args()
@@ -176,6 +176,10 @@ def main() -> None:
         torch.manual_seed(0)
         vit_b = timm.create_model("vit_base_patch16_224", pretrained=False).eval()
         cost("ViT-B/16 (random weights)", vit_b, torch.randn(BATCH, 3, 224, 224), args.repeats, methods)
+    if not args.no_cost and "swin_t" in models:  # window attention: LeGrad and Grad-CAM on the stage grids
+        torch.manual_seed(0)
+        swin_t = timm.create_model("swin_tiny_patch4_window7_224", pretrained=False).eval()
+        cost("Swin-T (random weights)", swin_t, torch.randn(BATCH, 3, 224, 224), args.repeats, methods)
     if args.auc:
         auc_table()
 

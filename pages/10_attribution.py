@@ -22,6 +22,11 @@ st.caption("AttnLRP (Achtibat et al. 2024) and CP-LRP (Ali et al. 2022) propagat
            "pixels as a modified gradient (Gradient × Input, lxt's rules); LeGrad (Bousselham et al. 2025) sums "
            "positive gradients through the last two layers' attention maps; Grad-CAM weights the last block's ln1 "
            "activations by their mean gradient (pytorch-grad-cam's ViT recipe).")
+if loaded.attention_scope == "window":
+    st.caption("Window attention (Swin): LeGrad takes the target's own gradient through each block's window attention "
+               "(mean over the queries sharing the key's window), each later stage's map spread over the patches its "
+               "tokens merge; Grad-CAM is pytorch-grad-cam's Swin recipe on the last stage's coarser grid, brought to "
+               "the patches bilinearly. Every map is drawn on the stage-1 patches.")
 
 available, refused = methods_for(loaded.model)
 keep_available("attr_methods", available)  # chosen for another model

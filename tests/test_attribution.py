@@ -330,15 +330,12 @@ def test_hf_swin_rules_off_equal_autograd_and_cp_lrp_conserves(version, size):
     np.testing.assert_allclose(r.pixel_sum, r.target_value, rtol=1e-8)
 
 
-def test_window_models_refuse_what_does_not_apply_with_a_sentence():
-    """Swin (timm and transformers): the relevance methods run, LeGrad and Grad-CAM are refused with one sentence
-    each."""
-    for model in (_swin(), _hf_swin("v1", 56)):
+def test_window_models_offer_every_method():
+    """Swin (timm and transformers V1/V2): every method applies (LeGrad and Grad-CAM on windows:
+    tests/test_attribution_swin.py), with no refusal sentence."""
+    for model in (_swin(), _hf_swin("v1", 56), _hf_swin("v2", 72)):
         assert A.why_not(model) is None
-        assert A.methods_for(model)[0] == ["attnlrp", "cp-lrp", "gradient"]
-        for method, words in (("legrad", "LeGrad does not apply"), ("gradcam", "Grad-CAM is not offered")):
-            with pytest.raises(ValueError, match=words):
-                A.attribute(model, torch.randn(1, 3, 56, 56, dtype=torch.float64), method)
+        assert A.methods_for(model) == (list(A.METHODS), {})
 
 
 def test_unknown_method_is_one_sentence():

@@ -358,9 +358,9 @@ def test_app_pages_with_a_swin_checkpoint_show_windows_or_a_sentence(swin_checkp
 
 
 @pytest.mark.slow
-def test_attribution_page_with_a_swin_checkpoint_shows_relevance_and_says_what_does_not_apply(swin_checkpoint):
-    """The Attribution page with a timm Swin: AttnLRP is drawn (the library's map on the same input, per stage-1
-    patch), and LeGrad and Grad-CAM are not offered, each with its sentence."""
+def test_attribution_page_with_a_swin_checkpoint_offers_every_method(swin_checkpoint):
+    """The Attribution page with a timm Swin offers every method and refuses none; its default maps (AttnLRP, LeGrad,
+    Grad-CAM) are the library's on the same input, per stage-1 patch (16x16 at 64 px)."""
     import base64
 
     from streamlit.testing.v1 import AppTest
@@ -377,19 +377,25 @@ def test_attribution_page_with_a_swin_checkpoint_shows_relevance_and_says_what_d
     at.switch_page("pages/10_attribution.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert not at.error and not at.info, ([e.value for e in at.error], [i.value for i in at.info])
-    assert at.multiselect(key="attr_methods").options == ["AttnLRP", "CP-LRP", "Gradient × Input"]
+    assert at.multiselect(key="attr_methods").options == ["AttnLRP", "CP-LRP", "LeGrad", "Grad-CAM", "Gradient × Input"]
     captions = " ".join(c.value for c in at.caption)
-    assert "LeGrad does not apply to window attention" in captions and "Grad-CAM is not offered" in captions
+    assert "does not apply" not in captions and "not offered" not in captions
     charts = {c.proto.id: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
     maps = next(spec for key, spec in charts.items() if "attr_maps" in key)
     heatmaps = [t for t in maps["data"] if t["type"] == "heatmap"]
-    assert len(heatmaps) == 1  # AttnLRP, the only default that applies
-    z = heatmaps[0]["z"]
-    if isinstance(z, dict):
-        shape = [int(n) for n in str(z["shape"]).split(",")]
-        z = np.frombuffer(base64.b64decode(z["bdata"]), dtype=z["dtype"]).reshape(shape)
+    assert len(heatmaps) == 3  # the defaults: AttnLRP, LeGrad, Grad-CAM
+
+    def z(trace):
+        v = trace["z"]
+        if isinstance(v, dict):
+            shape = [int(n) for n in str(v["shape"]).split(",")]
+            v = np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).reshape(shape)
+        return np.asarray(v, dtype=float)[::-1]
+
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint)))
     x = preprocess([load_image(ASSETS / SAMPLES[0]).image], loaded.data_config).tensor
-    ref = A.relevance(loaded.model, x, "attnlrp").patches[0]
-    assert ref.shape == (16, 16)
-    np.testing.assert_allclose(np.asarray(z, dtype=float)[::-1], ref, atol=1e-5 * np.abs(ref).max())
+    refs = [A.relevance(loaded.model, x, "attnlrp").patches[0], A.legrad(loaded.model, x).patches[0],
+            A.gradcam(loaded.model, x).patches[0]]
+    for trace, ref in zip(heatmaps, refs):
+        assert ref.shape == (16, 16)
+        np.testing.assert_allclose(z(trace), ref, atol=1e-5 * np.abs(ref).max())

@@ -182,7 +182,7 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
         run_facts["attention_flow"] = {"layers": list(flows[0].layers), "readout": flows[0].readout,
                                        "capacity_scale": flows[0].scale, "definition": FLOW_DEFINITION}
     if settings.attribution:
-        _attribution(loaded, batch.tensor, settings, arrays, facts)
+        attribution_arrays(loaded, batch.tensor, settings, arrays, facts)
     if settings.faithfulness:
         results = faithfulness_curves(loaded, batch.tensor, attention, arrays, layout, settings)
         arrays["deletion"] = np.stack([r.deletion for r in results])
@@ -196,9 +196,10 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     return BatchAnalysis(arrays=arrays, facts=facts, run_facts=run_facts, input_images=batch.images, layout=layout)
 
 
-def _attribution(loaded: LoadedModel, inputs: torch.Tensor, settings: AnalysisSettings, arrays: dict,
+def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: AnalysisSettings, arrays: dict,
                  facts: dict) -> None:
-    """``attribution_<method>`` (b, gh, gw) and, for relevance methods, ``attribution_<method>_pixels`` (b, H, W)."""
+    """``attribution_<method>`` (b, gh, gw); for relevance methods ``attribution_<method>_pixels`` (b, H, W); where a
+    method read a coarser grid (Grad-CAM on a later Swin stage) ``attribution_<method>_coarse`` (b, gh', gw')."""
     from .attribution import attribute, default_target
 
     target = default_target(loaded.model, settings.target_class)
@@ -209,6 +210,8 @@ def _attribution(loaded: LoadedModel, inputs: torch.Tensor, settings: AnalysisSe
         if result.pixels is not None:
             arrays[key + "_pixels"] = result.pixels.astype(np.float32)
             facts[f"attribution_conservation_{method}"] = result.conservation()
+        if result.coarse is not None:
+            arrays[key + "_coarse"] = result.coarse.astype(np.float32)
     facts["attribution_target"] = [result.target.describe()]  # one per batch (its classes per image)
     facts["attribution_target_value"] = result.target_value.tolist()
 

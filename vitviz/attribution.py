@@ -13,9 +13,15 @@ implementation serves every family whose forward is spelled out.
 - **Gradient × Input**: the plain gradient (the rules switched off), a baseline.
 - **LeGrad** (Bousselham et al., CVPR 2025): per layer, the target computed from that layer's tokens through
   the final norm and head; its gradient with respect to that layer's attention map, ReLU, mean over
-  heads and query rows, prefix columns dropped; summed over layers and min-max scaled.
+  heads and query rows, prefix columns dropped; summed over layers and min-max scaled. Window attention
+  (Swin): the gradient of the target itself with respect to each layer's window attention (the head reads
+  only the last stage), ReLU, mean over heads and over the queries that share the key's window, each key
+  put back at its place on its stage's grid, padding dropped; each stage's map given to the patches its
+  tokens merge (nearest), summed over layers and min-max scaled.
 - **Grad-CAM for ViTs** (pytorch-grad-cam's recipe): a block's ``ln1`` activations weighted by the mean
-  of their gradients over the patch tokens, ReLU; prefix tokens dropped.
+  of their gradients over the patch tokens, ReLU; prefix tokens dropped. Window attention (Swin): its Swin
+  recipe, on the block's stage grid, brought to the patch grid bilinearly (as pytorch-grad-cam resizes
+  its map to the image); the stage-grid map is returned too.
 
 Relevance at the pixels is Σ over colour channels of input ⊙ (modified) gradient, with the input
 being the normalised model input; the patch map is its sum over each patch. What the pixels
@@ -280,6 +286,9 @@ class Attribution:
         pixels: (B, H, W) relevance per pixel of the model input (relevance methods), or None.
         target_value: (B,) the target's value at the input.
         target: the bound target (its :meth:`Target.describe` goes into settings.json).
+        coarse: (B, gh', gw') the map on the grid the method read when that is coarser than the patch grid (Grad-CAM
+            on a Swin block of a later stage), before :func:`to_patch_grid` brought it to ``patches``; else None.
+        coarse_layout: that grid's layout (its ``patch_size`` is the pixels per token), or None.
     """
 
     method: str
@@ -287,6 +296,8 @@ class Attribution:
     pixels: np.ndarray | None
     target_value: np.ndarray
     target: Target
+    coarse: np.ndarray | None = None
+    coarse_layout: TokenLayout | None = None
 
     @property
     def pixel_sum(self) -> np.ndarray | None:
@@ -318,8 +329,10 @@ def why_not(model, method: str | None = None) -> str | None:
     why = adapter.why_not(model, "attribution")
     if why is None and method is not None:
         why = adapter.why_not_attribution(model, method)
-    # A family without a readout that does not say which methods it refuses has not been spelled out for them
-    if why is None and type(adapter).readout is Adapter.readout and adapter.why_not_attribution(model, "legrad") is None:
+    # A family attending globally without a readout that does not say which methods it refuses has not been
+    # spelled out for them (window families' LeGrad differentiates the target itself: no readout needed)
+    if why is None and adapter.scope == "global" and type(adapter).readout is Adapter.readout \
+            and adapter.why_not_attribution(model, "legrad") is None:
         why = (f"Attribution (AttnLRP, LeGrad, Grad-CAM) is not supported yet for {adapter.label(model)} models: vitviz "
                "runs them through their library's own forward, where the relevance rules and per-layer gradients "
                "cannot act.")
@@ -348,6 +361,32 @@ def patch_sums(pixels: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
     (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
     B = pixels.shape[0]
     return pixels[:, :gh * ph, :gw * pw].reshape(B, gh, ph, gw, pw).sum(dim=(2, 4))
+
+
+def to_patch_grid(maps: torch.Tensor, coarse: TokenLayout, layout: TokenLayout, mode: str = "nearest") -> torch.Tensor:
+    """(B, gh', gw') on a coarser grid (a Swin stage's: ``coarse.patch_size`` pixels per token, a whole multiple f of
+    ``layout``'s) -> (B, gh, gw) on the patch grid: upsampled by f per axis, then cropped to the patch grid (patch
+    merging pads odd grids, so the last coarse token may cover one patch row or column that does not exist).
+
+    Args:
+        mode: ``"nearest"`` (each coarse token's value given to the f x f patches it merges) or ``"bilinear"``
+            (half-pixel centres, edges replicated: cv2's and pytorch-grad-cam's resize, no antialiasing).
+    """
+    (fy, fx) = (c // p for c, p in zip(coarse.patch_size, layout.patch_size))
+    if (fy * layout.patch_size[0], fx * layout.patch_size[1]) != tuple(coarse.patch_size):
+        raise ValueError(f"a grid of {coarse.patch_size} pixels per token is not a whole multiple of the "
+                         f"{layout.patch_size} patches")
+    gh, gw = layout.grid_size
+    if (fy, fx) == (1, 1):
+        return maps[:, :gh, :gw]
+    if mode == "nearest":
+        up = maps.repeat_interleave(fy, dim=1).repeat_interleave(fx, dim=2)
+    elif mode == "bilinear":
+        up = torch.nn.functional.interpolate(maps[:, None], size=(maps.shape[1] * fy, maps.shape[2] * fx),
+                                             mode="bilinear", align_corners=False)[:, 0]
+    else:
+        raise ValueError(f"unknown upsampling {mode!r}: nearest or bilinear")
+    return up[:, :gh, :gw]
 
 
 def relevance(model, x: torch.Tensor, method: str = "attnlrp", target: Target | None = None) -> Attribution:
@@ -388,9 +427,11 @@ def _min_max(maps: torch.Tensor) -> torch.Tensor:
 def legrad(model, x: torch.Tensor, target: Target | None = None, layers: range | None = None) -> Attribution:
     """LeGrad (reference: ``WalBouss/LeGrad`` ``compute_legrad``): (B, 3, H, W) -> (B, gh, gw) in [0, 1].
 
+    Window attention (Swin) has its own per-layer map (:func:`_legrad_windows`).
+
     Args:
-        layers: 0-based blocks whose attention is read; default the last two (the reference's
-            ``layer_index=-2``).
+        layers: 0-based blocks whose attention is read (across stages for Swin); default the last two (the
+            reference's ``layer_index=-2``).
     """
     _check(model, "legrad")
     adapter = adapter_for(model)
@@ -399,6 +440,8 @@ def legrad(model, x: torch.Tensor, target: Target | None = None, layers: range |
     target = target or default_target(model)
     x = _to_model(model, x).requires_grad_(True)  # so the attention maps are in a graph even with frozen weights
     layout = adapter.layout(model, tuple(x.shape[-2:]))
+    if adapter.scope == "window":
+        return _legrad_windows(model, x, target, layers, layout)
     keep = [point_name(k, i) for i in layers for k in ("attn", "resid_post")] + [target.point]
     with torch.enable_grad():
         points = run(model, x, keep=keep)
@@ -419,11 +462,54 @@ def legrad(model, x: torch.Tensor, target: Target | None = None, layers: range |
     return Attribution("legrad", maps.cpu().numpy(), None, bound(points).detach().double().cpu().numpy(), bound)
 
 
+def window_key_map(grad: torch.Tensor, geometry) -> torch.Tensor:
+    """LeGrad's per-layer map on window attention: (B, nW, H, T, T) gradients w.r.t. one block's window attention ->
+    (B, gh', gw') on the block's stage grid.
+
+    ReLU, mean over heads, then for each key the mean over the queries that attend in the same window as it (real
+    slots the shift mask lets reach it: a window that wrapped around the image edge is up to four windows); each
+    key slot is put back at its token's place on the stage grid (the roll and partition undone by
+    :meth:`~vitviz.adapters.windows.WindowGeometry.token_positions`); padding slots are dropped.
+    """
+    pos = torch.as_tensor(geometry.token_positions(), device=grad.device)  # (nW, T, 2), -1 for padding
+    real = pos[..., 0] >= 0
+    pairs = torch.as_tensor(geometry.keys_allowed(), device=grad.device) & real[:, :, None]  # (nW, query, key)
+    per_pair = grad.clamp_min(0).mean(dim=2) * pairs  # (B, nW, T, T)
+    per_key = per_pair.sum(dim=2)[:, real] / pairs.sum(dim=1)[real].to(grad.dtype)  # (B, real slots)
+    gh, gw = geometry.grid_size
+    out = torch.zeros(grad.shape[0], gh * gw, dtype=grad.dtype, device=grad.device)
+    out[:, pos[real][:, 0] * gw + pos[real][:, 1]] = per_key  # every token is one real slot of one window
+    return out.reshape(-1, gh, gw)
+
+
+def _legrad_windows(model, x: torch.Tensor, target: Target, layers, layout: TokenLayout) -> Attribution:
+    """LeGrad on window attention: the head reads only the last stage's tokens, so every layer's map is the gradient
+    of the target itself (one backward for all layers) through :func:`window_key_map`, each stage's map given to the
+    patches its tokens merge (:func:`to_patch_grid`, nearest), summed over ``layers`` and min-max scaled."""
+    adapter = adapter_for(model)
+    geometry = adapter.geometry(model, tuple(x.shape[-2:]))
+    names = [point_name("attn", i) for i in layers]
+    with torch.enable_grad():
+        points = run(model, x, keep=names + [target.point])
+        bound = target.bind(points)
+        score = bound(points)
+        grads = torch.autograd.grad(score.sum(), [points[n] for n in names])
+    total = 0
+    for i, grad in zip(layers, grads):
+        g = geometry[i]
+        total = total + to_patch_grid(window_key_map(grad.detach().double(), g), g.layout, layout, "nearest")
+    maps = _min_max(total)
+    return Attribution("legrad", maps.cpu().numpy(), None, score.detach().double().cpu().numpy(), bound)
+
+
 def gradcam(model, x: torch.Tensor, target: Target | None = None, layer: int = -1) -> Attribution:
     """Grad-CAM with pytorch-grad-cam's ViT recipe: (B, 3, H, W) -> (B, gh, gw), ReLU'd, not rescaled.
 
     The activations A (B, N, D) of block ``layer``'s ``ln1`` (0-based; -1 the last), prefix tokens
     dropped; weights = the mean of ∂target/∂A over patches per channel; map = ReLU(Σ_c w_c A_c).
+    Window attention (Swin; its recipe, ``layers[-1].blocks[-1].norm1``): A is on the block's stage grid
+    (B, gh', gw', D); the map there is :attr:`Attribution.coarse`, and ``patches`` is it brought to the patch
+    grid bilinearly (:func:`to_patch_grid`; pytorch-grad-cam resizes it to the image the same way).
     """
     _check(model, "gradcam")
     adapter = adapter_for(model)
@@ -440,12 +526,19 @@ def gradcam(model, x: torch.Tensor, target: Target | None = None, layer: int = -
         bound = target.bind(points)
         score = bound(points)
         (grad,) = torch.autograd.grad(score.sum(), points[name])
-    npt = layout.num_prefix_tokens
-    acts, grad = points[name].detach()[:, npt:], grad[:, npt:]
-    cam = (grad.mean(dim=1, keepdim=True) * acts).sum(-1).clamp_min(0)
-    gh, gw = layout.grid_size
-    return Attribution("gradcam", cam.double().reshape(-1, gh, gw).cpu().numpy(), None,
-                       score.detach().double().cpu().numpy(), bound)
+    acts = points[name].detach()
+    if adapter.scope == "window":  # tokens on the block's stage grid (B, gh', gw', D), no prefix tokens
+        grid = adapter.geometry(model, tuple(x.shape[-2:]))[layer].layout
+        acts, grad = acts.flatten(1, 2), grad.flatten(1, 2)
+    else:
+        grid, npt = layout, layout.num_prefix_tokens
+        acts, grad = acts[:, npt:], grad[:, npt:]
+    cam = (grad.mean(dim=1, keepdim=True) * acts).sum(-1).clamp_min(0).double().reshape(-1, *grid.grid_size)
+    value = score.detach().double().cpu().numpy()
+    if grid.grid_size == layout.grid_size:
+        return Attribution("gradcam", cam.cpu().numpy(), None, value, bound)
+    patches = to_patch_grid(cam, grid, layout, "bilinear")
+    return Attribution("gradcam", patches.cpu().numpy(), None, value, bound, cam.cpu().numpy(), grid)
 
 
 def attribute(model, x: torch.Tensor, method: str, target: Target | None = None) -> Attribution:

@@ -413,7 +413,7 @@ def analyze(args: argparse.Namespace) -> int:
     loaded = load_model(spec)
     admit_fitted(loaded, limits, batch=batch)  # a checkpoint's own resolution and tokens, known once it is read
     if loaded.attention_scope == "window":
-        return analyze_windows(args, loaded, itertools.chain([first], batches), problems)
+        return analyze_windows(args, loaded, itertools.chain([first], batches), problems, attribution)
     edit, layout, register_info = None, None, None
     if args.registers is not None:
         from .registers_run import load_register
@@ -749,19 +749,23 @@ GLOBAL_ATTENTION_OPTIONS = {"fusion": "mean", "discard": 0.0, "start_layer": 1, 
                             "report": False, "attribution": None, "registers": None, "register_neurons": None}
 
 
-def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -> int:
-    """The analyses that apply to window attention (Swin): window probabilities and the mean attention
-    distance within windows per block and head; written whole or not at all, as :func:`analyze` does."""
+def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list, attribution: tuple[str, ...] = ()) -> int:
+    """The analyses that apply to window attention (Swin): window probabilities, the mean attention distance within
+    windows per block and head, and the ``attribution`` methods (with ``--target-class``) as :func:`analyze` writes
+    them; written whole or not at all, as :func:`analyze` does."""
     from . import swin
+    from .analysis import AnalysisSettings, attribution_arrays, attribution_info
     from .pipeline import forward
 
+    applies = {"attribution", "target_class"} if attribution else set()
     given = [f"--{name.replace('_', '-')}" for name, default in GLOBAL_ATTENTION_OPTIONS.items()
-             if getattr(args, name) != default]
+             if name not in applies and getattr(args, name) != default]
     if given:
         raise VitvizError(f"{loaded.label} attends within shifted windows (no CLS token, no attention over the whole "
                           f"image): {', '.join(given)} do not apply to it; without them analyze writes its window "
                           "attention and the mean attention distance within windows per block.")
-    images, geometry, progress = [], None, Progress(len(args.images))
+    settings = AnalysisSettings(target_class=args.target_class, attribution=attribution)
+    images, geometry, progress, facts = [], None, Progress(len(args.images)), {}
     with RunOutput(args.out) as output:
         try:
             for done, batch in batches:
@@ -773,6 +777,11 @@ def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -
                     arrays["logits"] = out.logits.numpy()
                 if not args.no_attention:
                     arrays |= {f"window_attention_{g.index}": a.numpy() for a, g in zip(out.attention, geometry)}
+                if attribution:
+                    batch_facts: dict = {}
+                    attribution_arrays(loaded, fwd.batch.tensor, settings, arrays, batch_facts)
+                    for key, values in batch_facts.items():
+                        facts.setdefault(key, []).extend(values)
                 output.arrays.append(arrays)
                 images += [{"name": im.name, "sha256": im.sha256, "notes": im.notes} | _top1(arrays, i, loaded)
                            for i, im in enumerate(batch)]
@@ -785,6 +794,7 @@ def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list) -
             "skipped": [{"name": p.name, "reason": p.reason} for p in problems],
             "arrays": output.arrays.shapes(), "attention_saved": not args.no_attention,
             "window_geometry": [g.to_dict() for g in geometry],
+            **({"analysis": {"attribution": attribution_info(attribution, facts)}} if attribution else {}),
             "conventions": {
                 "window_attention_<block>": "(B, nW, H, T, T) softmax probabilities of block <block> (0-based, "
                                             "across stages) with relative position bias and shift mask; windows and "

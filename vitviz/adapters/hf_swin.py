@@ -161,9 +161,6 @@ class HFSwin(Adapter):
         return ("it attends within shifted windows of the patch grid and has no prefix tokens: a token outside the "
                 "grid belongs to no window")
 
-    def why_not_attribution(self, model, method: str) -> str | None:
-        return windows.why_not_attribution(f"{self.version}, transformers").get(method)
-
     def position_encoding(self, model) -> str:
         bias = "relative position bias per window" if self.version == "Swin" else \
             "continuous relative position bias per window (an MLP of log-spaced coordinates)"

@@ -16,7 +16,6 @@ from .registry import register_adapter
 
 POSITION_ENCODING = "relative position bias per window"
 WHY_NOT = windows.why_not_views("Swin")
-WHY_NOT_ATTRIBUTION = windows.why_not_attribution("Swin")
 
 
 def _heads(attn):
@@ -140,9 +139,6 @@ class TimmSwin(Adapter):
 
     def why_not(self, model, view: str) -> str | None:
         return WHY_NOT.get(view)
-
-    def why_not_attribution(self, model, method: str) -> str | None:
-        return WHY_NOT_ATTRIBUTION.get(method)
 
     def position_encoding(self, model) -> str:
         return POSITION_ENCODING

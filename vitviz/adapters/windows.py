@@ -188,8 +188,7 @@ class WindowGeometry:
 
 def why_not_views(family: str) -> dict[str, str]:
     """View -> the one sentence a window model of ``family`` ("Swin") shows for each view of
-    :data:`vitviz.adapters.base.VIEWS` that does not apply (heads, distance, filters and attribution apply: its
-    methods that do not are in :func:`why_not_attribution`)."""
+    :data:`vitviz.adapters.base.VIEWS` that does not apply (heads, distance, filters and attribution apply)."""
     why = {
         "overview": (f"Token norms, attention sinks, feature PCA and token clusters are not supported yet for window "
                      f"attention ({family}): they read one token sequence at one resolution, and its tokens are "
@@ -215,19 +214,6 @@ def why_not_views(family: str) -> dict[str, str]:
     }
     why["flow"] = why["rollout"]
     return why
-
-
-def why_not_attribution(family: str) -> dict[str, str]:
-    """Attribution method -> the one sentence a window model of ``family`` shows for a method that does not apply.
-    AttnLRP, CP-LRP and Gradient × Input propagate to the pixels through any forward and apply."""
-    return {
-        "legrad": (f"LeGrad does not apply to window attention ({family}): it reads every layer's tokens through the "
-                   "model's head and each layer's attention over the whole image, but this model's head reads only "
-                   "the last stage's merged tokens and its blocks attend only inside local windows."),
-        "gradcam": (f"Grad-CAM is not offered for window attention ({family}): its map would be on the last stage's "
-                    "grid, coarser than the patches every other map is drawn on (patch merging halves the grid at "
-                    "each stage), and the relevance methods give this model's map per patch and per pixel."),
-    }
 
 
 # ---------------------------------------------------------------------------------------------
