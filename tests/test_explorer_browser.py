@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SHOTS = ROOT / "test-artifacts" / "explorer"
 READY = '.vv-explorer[data-ready="1"]'
 IMAGE = "astronaut.jpg"  # the first sample photo, shown before anything is uploaded
+DEFAULT_VIEW: dict = {}  # the heads view as /heads?intro=0 opens it (the fixture reads it)
 
 # The explorer's root, in its shadow root (the component isolates its styles) or in the document.
 ROOT_JS = """(() => [...document.querySelectorAll('*')].map(e => e.shadowRoot && e.shadowRoot.querySelector('.vv-explorer'))
@@ -67,6 +68,7 @@ def browser_page(server):
         pg.route_web_socket(re.compile(r".*/_stcore/stream.*"), through)
         pg.goto(f"{server}/heads?intro=0", timeout=300_000)  # the first visit's explanation has its own test
         pg.wait_for_selector(READY, timeout=300_000)
+        DEFAULT_VIEW.update(pg.evaluate(VIEW_JS)["view"])  # every choice at its default: what _open compares with
         yield pg, held, server
         browser.close()
 
@@ -82,11 +84,32 @@ def _forward():
     return fwd.capture.attention[0].numpy(), fwd.layout, fwd
 
 
-def _open(pg, server: str, link: str) -> None:
-    """Open ``link`` (a path with its query, the view's state) in the shared page and wait for the explorer."""
+def _open(pg, server: str, link: str, unless: dict | None = None) -> None:
+    """Open ``link`` (a path with its query, the view's state) in the shared page and wait for the explorer, unless
+    the page already shows that path with the view ``unless`` (the previous test in file order left it there: a page
+    load costs seconds, and in another order the link is opened)."""
+    if unless is not None and pg.url.split("?")[0].endswith(link.split("?")[0]):
+        state = pg.evaluate(VIEW_JS)
+        if state and state["view"] == state["view"] | unless:
+            return
     pg.goto(f"{server}{link}", timeout=300_000)
     pg.wait_for_selector(READY, timeout=300_000)
     pg.wait_for_function(IDLE_JS, arg=1500, polling=200, timeout=300_000)
+
+
+def _wait_until_held(pg, held: dict, limit_s: float = 60) -> None:
+    """Wait until the route has held back at least one message the page sent (the view reported after a repaint,
+    debounced). Playwright runs the route handler only while it waits (a time.sleep would not), so in steps."""
+    for _ in range(int(limit_s / 0.25)):
+        if held["held"] >= 1:
+            return
+        pg.wait_for_timeout(250)
+    assert held["held"] >= 1, f"nothing was sent within {limit_s} s of the repaint"
+
+
+def _heads_at(layer: int) -> dict:
+    """The heads view as the page opens (``DEFAULT_VIEW``, read by the fixture) at ``layer``."""
+    return DEFAULT_VIEW | {"layer": layer}
 
 
 def _reference(view: dict):
@@ -168,7 +191,7 @@ def _assert_equal_export(tiles: list[dict], maps, rendered, layout, cmap: str, n
 
 def test_explorer_tiles_equal_the_png_export(browser_page):
     pg, _, server = browser_page
-    _open(pg, server, "/heads?intro=0&layer=12")
+    _open(pg, server, "/heads?intro=0&layer=12", unless=_heads_at(12))
     pg.screenshot(path=str(SHOTS / "heads_explorer.png"))
     pg.screenshot(path=str(ROOT / "docs" / "heads.png"))  # the README's picture of the page
     view = pg.evaluate(VIEW_JS)["view"]
@@ -182,7 +205,7 @@ def _tile_hash(pg) -> str:
 
 def test_layer_move_repaints_with_the_server_cut_off(browser_page):
     pg, held, server = browser_page
-    _open(pg, server, "/heads?intro=0&layer=12")
+    _open(pg, server, "/heads?intro=0&layer=12", unless=_heads_at(12))
     before, paints = _tile_hash(pg), pg.evaluate(VIEW_JS)["paints"]
     held["on"], held["held"] = True, 0
     try:
@@ -194,8 +217,7 @@ def test_layer_move_repaints_with_the_server_cut_off(browser_page):
         assert state["view"]["layer"] == 11
         assert _tile_hash(pg) != before  # new pixels, drawn while no message could reach the server
         assert held["held"] == 0  # the repaint did not wait for the server: nothing was sent before it
-        pg.wait_for_timeout(1500)  # (a time.sleep would not let Playwright run the route handler)
-        assert held["held"] >= 1  # afterwards the view went out (and was held back here)
+        _wait_until_held(pg, held)  # afterwards the view went out (and was held back here)
     finally:
         held["on"] = False
     assert "layer=11" in pg.url
@@ -204,12 +226,12 @@ def test_layer_move_repaints_with_the_server_cut_off(browser_page):
 
 def test_reload_restores_page_and_layer(browser_page):
     pg, _, server = browser_page
-    _open(pg, server, "/heads?intro=0&layer=11")
+    _open(pg, server, "/heads?intro=0&layer=11", unless=_heads_at(11))
     slider = pg.locator('.vv-explorer input[data-key="layer"]')
     slider.focus()
     slider.press("ArrowLeft")  # layer 10, now with the server listening
     pg.wait_for_function(f"() => ({VIEW_JS})().view.layer === 10")
-    pg.wait_for_timeout(2500)  # the debounced report and its rerun
+    pg.wait_for_url(re.compile(r".*[?&]layer=10(&|$).*"))  # the debounced report (a reload reads the URL)
     pg.reload()
     pg.wait_for_selector(READY, timeout=300_000)
     assert "/heads" in pg.url
@@ -220,7 +242,7 @@ def test_heads_downloads_finish_and_rerun_nothing(browser_page, tmp_path):
     """The heads grid's PNG and npz, each clicked twice: every file arrives, no spinner is left, and the explorer
     is not rebuilt (a rerun with on_click="rerun" once re-ran the page behind each click)."""
     pg, _, server = browser_page
-    _open(pg, server, "/heads?intro=0&layer=10")
+    _open(pg, server, "/heads?intro=0&layer=10", unless=_heads_at(10))
     paints = pg.evaluate(VIEW_JS)["paints"]
     files = {}
     for _ in range(2):
@@ -270,7 +292,7 @@ def test_an_upload_survives_f5_and_the_uploaders_own_x_removes_it(browser_page, 
     slider.focus()
     slider.press("ArrowLeft")
     up.wait_for_function(f"() => ({VIEW_JS})().view.layer === 11")
-    up.wait_for_timeout(2500)  # the debounced report and its rerun
+    up.wait_for_url(re.compile(r".*[?&]layer=11(&|$).*"))  # the debounced report (a reload reads the URL)
     up.reload()
     heading("my_cat_again.jpg").wait_for()
     up.wait_for_selector(READY, timeout=300_000)
@@ -358,8 +380,7 @@ def _repaints_offline(pg, held, act, cls: str) -> dict:
         pg.wait_for_function(f"() => ({VIEW_JS})().paints > {paints}", timeout=10_000)
         assert _canvas_hash(pg, cls) != before  # new pixels, drawn while no message could reach the server
         assert held["held"] == 0  # the repaint did not wait for the server: nothing was sent before it
-        pg.wait_for_timeout(1500)
-        assert held["held"] >= 1  # afterwards the view went out (and was held back here)
+        _wait_until_held(pg, held)  # afterwards the view went out (and was held back here)
     finally:
         held["on"] = False
     return pg.evaluate(VIEW_JS)["view"]
@@ -453,7 +474,8 @@ def test_rollout_smoothed_in_the_browser_equals_the_export(browser_page):
     """The page's Display choices come with the payload: "Smooth" (bilinear between patch centres, as Pillow resizes
     a float image) is drawn in the browser as in the PNG."""
     pg, _, server = browser_page
-    _open(pg, server, "/rollout?intro=0&depth=11&readout=patch&patch=105")
+    _open(pg, server, "/rollout?intro=0&depth=11&readout=patch&patch=105",
+          unless={"depth": 11, "readout": "patch", "patch": 105})
     paints = pg.evaluate(VIEW_JS)["paints"]
     pg.get_by_text("Display", exact=True).first.click()
     pg.get_by_text("Smooth (bilinear between patch centres)").click()
