@@ -2,6 +2,8 @@
 random timm ViT into which the test writes one MLP neuron that fires on a few patches and makes them
 high-norm outliers from its layer on."""
 import copy
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -228,6 +230,11 @@ def test_cli_finds_the_planted_neuron_and_analyze_runs_with_the_register(planted
     assert data["threshold"] == R.OUTLIER_FACTOR and data["emergence_layer"] == LAYER + 1
     assert {k: data["neurons"][0][k] for k in ("layer", "index")} == {"layer": LAYER + 1, "index": NEURON}
     norms = pd.read_parquet(tmp_path / "r" / "norms.parquet")
+    umask = os.umask(0)
+    os.umask(umask)
+    for written in ("registers.json", "norms.parquet"):  # the user's umask, as every other output (not mkstemp's 0600)
+        assert stat.S_IMODE((tmp_path / "r" / written).stat().st_mode) == 0o666 & ~umask
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["norms.parquet", "registers.json"]  # no temporaries
     assert len(norms) == 4 * 12 * 17 and norms["layer"].min() == 1 and norms["layer"].max() == 12
     outliers = norms[norms["outlier"]]
     assert set(outliers["token"]) == {1 + p for p in PATCHES} and outliers["layer"].min() == LAYER + 1
