@@ -5,7 +5,7 @@ import streamlit as st
 
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
-from ui.repair import faithfulness_view, offer_register
+from ui.repair import NORMS_AXES, faithfulness_view, offer_register
 from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
 from ui.state import setup, view_applies
 from vitviz.registers import OUTLIER_FACTOR, SEARCH_RULE, Repair, TestTimeRegister, outlier_rule
@@ -131,7 +131,8 @@ def before_after(name: str, maps, key: str, marked) -> None:
         "heads_before": maps.heads_before, "heads_after": maps.heads_after, "rollout_before": maps.rollout_before,
         "rollout_after": maps.rollout_after, "norms_before": maps.norms_before, "norms_after": maps.norms_after},
         {"image": ctx.image.name, "repair": name, "model": loaded.card()["spec"],
-         "token_layout_after": maps.layout_after.to_dict(), "output_change": maps.change.to_dict()})
+         "token_layout_after": maps.layout_after.to_dict(), "axes": NORMS_AXES + "; heads_*[head - 1]: the last layer",
+         "output_change": maps.change.to_dict()})
 
 
 if out.any and not isinstance(repaired, str):

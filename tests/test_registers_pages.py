@@ -108,16 +108,20 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
     expected = layer_maps(after, layout, L - 1, "cls").mean(0)
     np.testing.assert_allclose(heads[1], expected, rtol=1e-4, atol=1e-7)
     assert any("pooled cosine" in c for df in at.dataframe for c in df.value.columns)
+    # the faithfulness before / after, on demand (about 400 forwards: clicked only in its own test)
+    assert "Faithfulness before and after sink masking" in at.button(key="heads_faithfulness_run").label
 
     at.switch_page("pages/3_rollout.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert at.selectbox(key="repair_choice").value == "sinks"
+    assert at.button(key="rollout_faithfulness_run")
     roll = _heatmaps(at, "rollout_repair_maps")
     np.testing.assert_allclose(roll[1], rollout(after, layout).map, rtol=1e-4, atol=1e-7)
 
     at.switch_page("pages/10_attribution.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert at.selectbox(key="repair_choice").value == "sinks"
+    assert at.button(key="attribution_faithfulness_run")
     attr = _heatmaps(at, "attribution_repair_maps")
     assert len(attr) >= 2 and not np.allclose(attr[0], attr[1])
 
@@ -157,3 +161,4 @@ def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_w
     assert abs(float(repaired.softmax(-1)[target]) - float(logits.softmax(-1)[target])) > 1e-6
     assert result.band_before.seeds == result.band_after.seeds == 3
     assert {r["side"] for r in result.table() if r["method"] == "rollout"} == {"before", "after"}
+
