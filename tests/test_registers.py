@@ -214,6 +214,17 @@ def planted_checkpoint(tmp_path_factory):
     return model, path
 
 
+def load_planted(at, weights) -> str:
+    """Pick the planted ViT-Ti/16 in the sidebar the way a user does (timm name, checkpoint, 64 px); its timm name."""
+    at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
+    at.sidebar.text_input(key="timm_query").input("vit_tiny_patch16_224").run()
+    name = next(o for o in at.sidebar.selectbox(key="timm_name").options if o.startswith("vit_tiny_patch16_224"))
+    at.sidebar.selectbox(key="timm_name").set_value(name).run()
+    at.sidebar.text_input(key="ckpt_path").input(str(weights)).run()
+    at.sidebar.number_input(key="img_size").set_value(64).run()
+    return name
+
+
 def test_cli_finds_the_planted_neuron_and_analyze_runs_with_the_register(planted_checkpoint, tmp_path):
     import json
 
@@ -328,12 +339,7 @@ def test_registers_page_repairs_the_planted_model(planted_checkpoint):
     model, weights = planted_checkpoint
     app = str(Path(__file__).resolve().parent.parent / "app.py")
     at = AppTest.from_file(app, default_timeout=300).run()
-    at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
-    at.sidebar.text_input(key="timm_query").input("vit_tiny_patch16_224").run()
-    name = next(o for o in at.sidebar.selectbox(key="timm_name").options if o.startswith("vit_tiny_patch16_224"))
-    at.sidebar.selectbox(key="timm_name").set_value(name).run()
-    at.sidebar.text_input(key="ckpt_path").input(str(weights)).run()
-    at.sidebar.number_input(key="img_size").set_value(64).run()
+    name = load_planted(at, weights)
     at.switch_page("pages/11_registers.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert not any("nothing to repair" in i.value for i in at.info)
