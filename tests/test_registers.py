@@ -344,6 +344,8 @@ def test_registers_page_repairs_the_planted_model(planted_checkpoint):
     assert not at.exception, [e.message for e in at.exception]
     assert not any("nothing to repair" in i.value for i in at.info)
     ranks = at.dataframe[0].value
+    # the crossed patches are named for what they are: outliers here, not sinks
+    assert any(f"patches {list(PATCHES)} set no limit (outliers)" in c.value for c in at.caption)
     assert (int(ranks.iloc[0]["layer"]), int(ranks.iloc[0]["unit"])) == (LAYER + 1, NEURON)
     assert any("Test-time register" in s.value for s in at.subheader)
     at.slider(key="registers_k").set_value(1).run()
