@@ -5,7 +5,7 @@ import streamlit as st
 
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
-from ui.repair import faithfulness_view, offer_register
+from ui.repair import NORMS_AXES, faithfulness_view, offer_register
 from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
 from ui.state import setup, view_applies
 from vitviz.registers import OUTLIER_FACTOR, SEARCH_RULE, Repair, TestTimeRegister, outlier_rule
@@ -56,7 +56,7 @@ else:
     norms_map = layout.to_grid(out.norms[current, detect, layout.patch_slice])[None]
     fig, caption = maps_figure(r.model_input, norms_map, [f"layer {detect + 1} output norm"], layout,
                                f"Outlier patches of layer {detect + 1} (crossed): {len(patches)}",
-                               value_name="norm", marked=patches, columns=1, tile_px=300)
+                               value_name="norm", marked=patches, columns=1, tile_px=300, marked_what="outliers")
     show_chart(fig, "registers_outliers", file_stem("outliers", ctx.image.name))
     st.caption(f"{caption} Outliers emerge in layer {emergence + 1} "
                f"({int(out.images_per_layer[emergence])} of {n_images} images have one there).")
@@ -94,9 +94,9 @@ else:
         _before_after = repaired
 
 
-def before_after(name: str, maps, key: str, marked) -> None:
+def before_after(name: str, maps, key: str, marked, marked_what: str) -> None:
     """Last-layer heads and rollout before and after one repair, on shared scales, and the output change;
-    ``marked``: the patches the repair acts on (crossed; they set no colour limit)."""
+    ``marked``: the patches the repair acts on (crossed; they set no colour limit), ``marked_what`` what they are."""
     H = len(maps.heads_before)
     head = st.selectbox("Head (last layer)", ["mean over heads"] + [f"head {h + 1}" for h in range(H)], key=f"{key}_head")
     pick = (lambda a: a.mean(axis=0)) if head == "mean over heads" else (lambda a: a[int(head.split()[1]) - 1])
@@ -106,13 +106,14 @@ def before_after(name: str, maps, key: str, marked) -> None:
     with cols[0]:
         fig, caption = maps_figure(r.model_input, tiles, ["before", f"after ({name})"], layout,
                                    f"Last layer, {head}, {readout} → patches", value_name="attention", columns=2,
-                                   tile_px=260, marked=marked)
+                                   tile_px=260, marked=marked, marked_what=marked_what)
         show_chart(fig, f"{key}_heads", file_stem(key, "heads", ctx.image.name))
         st.caption(caption + " One colour scale for both.")
     with cols[1]:
         fig, caption = maps_figure(r.model_input, np.stack([maps.rollout_before, maps.rollout_after]),
                                    ["before", f"after ({name})"], layout, f"Rollout of the {readout}, all layers",
-                                   value_name="rollout", columns=2, tile_px=260, marked=marked)
+                                   value_name="rollout", columns=2, tile_px=260, marked=marked,
+                                   marked_what=marked_what)
         show_chart(fig, f"{key}_rollout", file_stem(key, "rollout", ctx.image.name))
         st.caption(caption + " One colour scale for both.")
     def last_ratio(norms, lay):
@@ -131,11 +132,12 @@ def before_after(name: str, maps, key: str, marked) -> None:
         "heads_before": maps.heads_before, "heads_after": maps.heads_after, "rollout_before": maps.rollout_before,
         "rollout_after": maps.rollout_after, "norms_before": maps.norms_before, "norms_after": maps.norms_after},
         {"image": ctx.image.name, "repair": name, "model": loaded.card()["spec"],
-         "token_layout_after": maps.layout_after.to_dict(), "output_change": maps.change.to_dict()})
+         "token_layout_after": maps.layout_after.to_dict(), "axes": NORMS_AXES + "; heads_*[head - 1]: the last layer",
+         "output_change": maps.change.to_dict()})
 
 
 if out.any and not isinstance(repaired, str):
-    before_after("test-time register", _before_after, "register", patches)
+    before_after("test-time register", _before_after, "register", patches, f"the outliers of layer {detect + 1}")
     faithfulness_view(ctx, Repair("register", TestTimeRegister(tuple((n.layer, n.index) for n in search.neurons[:k]),
                                                                init)), "register")
 
@@ -149,5 +151,5 @@ if sum(sinks) == 0:
     st.info("No patch sinks in any layer of this image: nothing to mask.")
 else:
     before_after("sink masking", cached_sink_masking(ctx.spec, ctx.image.sha256, ctx.image.image, r), "sinks",
-                 r.sinks.patch_sinks(layout))
+                 r.sinks.patch_sinks(layout), "attention sinks")
     faithfulness_view(ctx, Repair("sinks"), "sinks")

@@ -159,25 +159,48 @@ def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | N
     downloads(rendered_cmp)
 
 
+def _view_int(text, default: int, lo: int, hi: int) -> int:
+    """A whole number of the browser's view (URL text), clamped to [lo, hi]; ``default`` when it is not a number."""
+    try:
+        return int(min(hi, max(lo, float(text))))
+    except (TypeError, ValueError):
+        return default
+
+
 def _browser_compare(view: dict, v: HeadsView) -> None:
     """Compare layers as the browser draws it (head, panel count and the panels' layers from its view): downloads."""
-    def number(text, default, lo, hi):
-        try:
-            return int(min(hi, max(lo, float(text))))
-        except (TypeError, ValueError):
-            return default
-    panels = number(view.get("cn"), 2, 2, 4)
-    layers = [number(x, 0, 1, L) - 1 for x in str(view.get("cl", "")).split(",")]
+    panels = _view_int(view.get("cn"), 2, 2, 4)
+    layers = [_view_int(x, 0, 1, L) - 1 for x in str(view.get("cl", "")).split(",")]
     if len(layers) != panels or -1 in layers:  # no list, or one the link got wrong: spread, as the browser does
         layers = [round(1 + i * (L - 1) / (panels - 1)) - 1 for i in range(panels)]
-    _compare_panel(number(view.get("chead"), 1, 1, H) - 1, layers, v.query, v.what, v.by_patch,
+    _compare_panel(_view_int(view.get("chead"), 1, 1, H) - 1, layers, v.query, v.what, v.by_patch,
                    st.session_state.get("patch"), v.display, v.mode)[-1]()
 
 
-# A fragment: moving a slider here redraws this view only, not the sidebar and its caches.
+# ---- Repair: the readout's attention in the layer shown, before and after (ui/repair.py) ----
+def _repair_section(layer: int, head: int) -> None:
+    """The repair's before / after of the readout's attention in ``layer`` (0-based): mean over heads and ``head``
+    (the one picked under Compare layers). Called inside the grid's fragment, so a layer move redraws it too."""
+    readout = "cls" if layout.has_class_token else "mean"
+
+    def maps_of(side):
+        maps = layer_maps(side.result.attention, side.result.layout, layer, readout)
+        return {f"layer {layer + 1}, mean over heads": maps.mean(0), f"layer {layer + 1}, head {head + 1}": maps[head]}
+
+    repair_view(ctx, "heads", maps_of, what=f"{'CLS' if layout.has_class_token else 'Mean patch'} query → patches")
+
+
+# Fragments: moving a slider here redraws this view (and the repair's before / after of the layer shown) only, not
+# the sidebar and its caches.
 @st.fragment
 def server_view() -> None:
     """The server-drawn grid (VITVIZ_DRAW=server): every change is a rerun that draws new tiles."""
+    _server_grid()
+    _repair_section(st.session_state.get("heads_layer", L) - 1, _compare_head() or 0)
+
+
+def _server_grid() -> None:
+    """The server-drawn grid and Compare layers."""
     controls, grid_col = st.columns([1, 3.3])
     with controls:
         layer = st.slider("Layer", 1, L, L, key="heads_layer") - 1
@@ -217,6 +240,12 @@ def browser_view() -> None:
     of the view afterwards (URL, session, downloads)."""
     payload, _ = heads_explorer(ctx)
     saved, patch = saved_view(), st.session_state.get("patch")
+    _browser_grid(payload, saved, patch)
+    _repair_section(_view_int(saved.get("layer"), L, 1, L) - 1, _view_int(saved.get("chead"), 1, 1, H) - 1)
+
+
+def _browser_grid(payload, saved: dict, patch: int | None) -> None:
+    """What the server adds under the browser-drawn grid: the payload's size and the downloads of the view shown."""
     st.caption(_SCORES_CAPTION.strip() + f" Sent to the browser: {payload.nbytes / 1e6:.2f} MB for this image "
                f"({'every patch row' if payload.patch_rows else 'CLS and mean rows; a clicked patch’s rows on demand'}).")
     v = _browser_view(saved, patch)
@@ -237,13 +266,3 @@ if browser_draws():
 else:
     server_view()
 
-
-# ---- Repair: the readout's attention in the layer shown, before and after (ui/repair.py) ----
-def _repair_maps(side):
-    layer = int(min(L, max(1, float(saved_view().get("layer", st.session_state.get("heads_layer", L)))))) - 1
-    maps = layer_maps(side.result.attention, side.result.layout, layer, "cls" if layout.has_class_token else "mean")
-    head = _compare_head() or 0
-    return {f"layer {layer + 1}, mean over heads": maps.mean(0), f"layer {layer + 1}, head {head + 1}": maps[head]}
-
-
-repair_view(ctx, "heads", _repair_maps, what=f"{'CLS' if layout.has_class_token else 'Mean patch'} query → patches")

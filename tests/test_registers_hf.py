@@ -3,6 +3,7 @@
 (forward hooks on its embeddings and MLP output projections); the families that cannot take the token say why."""
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -110,3 +111,31 @@ def test_families_that_cannot_take_the_extra_token_say_why(family, hf_folders): 
     loaded = load_model(ModelSpec(name=hf_folders[family]))
     why = R.why_no_register(loaded.model)
     assert why is not None and REFUSE[family] in why
+
+
+@pytest.mark.parametrize("family", ["dinov2_registers", "dinov3"])
+def test_trained_registers_are_prefix_tokens_and_the_norm_plot_puts_them_apart(family, hf_folders, chelsea):  # noqa: F811
+    """DINOv2 with registers and DINOv3 (CLS + 4 registers): the layout names the registers as prefix tokens; the norms
+    by layer equal the norms of the library's own hidden states (``output_hidden_states``: each layer's output before
+    the final norm); the norm plot's register trace is the registers' largest norm and its patch traces count the
+    patches alone (a layout that took the registers for patches gives other patch medians)."""
+    from vitviz.registers_figures import norm_by_layer
+
+    loaded = load_model(ModelSpec(name=hf_folders[family]))
+    layout = loaded.layout
+    assert layout.prefix_tokens == ("cls", "reg0", "reg1", "reg2", "reg3")
+    x = preprocess([chelsea, chelsea.transpose(0)], loaded.data_config).tensor
+    norms = R.token_norms(loaded.model, x).numpy()
+    with torch.no_grad():
+        hidden = _library(family, hf_folders[family])(pixel_values=x, output_hidden_states=True).hidden_states[1:]
+    own = torch.stack([h.norm(dim=-1) for h in hidden], dim=1).numpy()  # (B, L, N)
+    # float32 norms of the same hidden states from two forwards (spelled out and the library's): rounding ~1e-6
+    np.testing.assert_allclose(norms, own, rtol=1e-4)
+    traces = {t.name: np.asarray(t.y, dtype=float) for t in norm_by_layer(R.find_outliers(norms, layout)).data}
+    np.testing.assert_allclose(traces["registers (reg0-reg3)"], own[:, :, 1:5].max(axis=(0, 2)), rtol=1e-4)
+    np.testing.assert_allclose(traces["CLS"], own[:, :, 0].max(axis=0), rtol=1e-4)
+    patches = own[:, :, 5:].transpose(1, 0, 2).reshape(own.shape[1], -1)
+    np.testing.assert_allclose(traces["patches: median"], np.median(patches, axis=1), rtol=1e-4)
+    np.testing.assert_allclose(traces["patches: max"], patches.max(axis=1), rtol=1e-4)
+    mixed = own[:, :, 1:].transpose(1, 0, 2).reshape(own.shape[1], -1)  # registers counted as patches
+    assert not np.allclose(np.median(mixed, axis=1), np.median(patches, axis=1), rtol=1e-4)

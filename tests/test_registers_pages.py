@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_registers import planted_checkpoint  # noqa: F401  (shared fixture)
+from test_registers import load_planted, planted_checkpoint  # noqa: F401  (shared fixture)
 
 from vitviz import registers as R
 from vitviz.adapters import editing, run
@@ -108,16 +108,20 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
     expected = layer_maps(after, layout, L - 1, "cls").mean(0)
     np.testing.assert_allclose(heads[1], expected, rtol=1e-4, atol=1e-7)
     assert any("pooled cosine" in c for df in at.dataframe for c in df.value.columns)
+    # the faithfulness before / after, on demand (about 400 forwards: clicked only in its own test)
+    assert "Faithfulness before and after sink masking" in at.button(key="heads_faithfulness_run").label
 
     at.switch_page("pages/3_rollout.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert at.selectbox(key="repair_choice").value == "sinks"
+    assert at.button(key="rollout_faithfulness_run")
     roll = _heatmaps(at, "rollout_repair_maps")
     np.testing.assert_allclose(roll[1], rollout(after, layout).map, rtol=1e-4, atol=1e-7)
 
     at.switch_page("pages/10_attribution.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert at.selectbox(key="repair_choice").value == "sinks"
+    assert at.button(key="attribution_faithfulness_run")
     attr = _heatmaps(at, "attribution_repair_maps")
     assert len(attr) >= 2 and not np.allclose(attr[0], attr[1])
 
@@ -157,3 +161,53 @@ def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_w
     assert abs(float(repaired.softmax(-1)[target]) - float(logits.softmax(-1)[target])) > 1e-6
     assert result.band_before.seeds == result.band_after.seeds == 3
     assert {r["side"] for r in result.table() if r["method"] == "rollout"} == {"before", "after"}
+
+
+@pytest.mark.slow
+def test_attribution_page_after_map_is_the_attribution_of_the_repaired_forward(planted_checkpoint):
+    """The planted ViT-Ti with its register (the Registers page's search, best 1 neuron) chosen on the Attribution
+    page: the 'after' AttnLRP map is AttnLRP of the top-1 logit with the register run in the forward (the reference
+    runs it through vitviz.adapters.editing in this process), the 'before' map that of the model as it is, and the
+    two differ by far more than the tolerance (a page whose 'after' silently equalled 'before' fails); LeGrad and
+    Grad-CAM are left out with their sentence."""
+    from streamlit.testing.v1 import AppTest
+
+    from test_registers import LAYER, NEURON
+
+    from conftest import ASSETS
+    from vitviz.attribution import attribute, default_target
+    from vitviz.images import load_image, preprocess
+    from vitviz.layout import TokenLayout
+    from vitviz.models import ModelSpec, load_model
+
+    model, weights = planted_checkpoint
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    name = load_planted(at, weights)
+    at.switch_page("pages/11_registers.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    at.slider(key="registers_k").set_value(1).run()  # offers the best neuron to the other pages
+    at.switch_page("pages/10_attribution.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert set(at.multiselect(key="attr_methods").value) >= {"attnlrp", "legrad", "gradcam"}
+    at.selectbox(key="repair_choice").set_value("register").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("LeGrad and Grad-CAM" in c.value and "left out under the test-time register" in c.value
+               for c in at.caption)
+    before, after = _heatmaps(at, "attribution_repair_maps")  # AttnLRP only: one row, before | after
+
+    image = at.sidebar.selectbox(key="current").value
+    loaded = load_model(ModelSpec(name=name, checkpoint=str(weights), img_size=64))
+    x = preprocess([load_image(ASSETS / image).image], loaded.data_config).tensor
+    layout = TokenLayout.from_model(loaded.model)
+    with torch.no_grad():
+        top1 = int(run(loaded.model, x, keep=("logits",))["logits"][0].argmax())
+    target = default_target(loaded.model, top1)
+    plain = attribute(loaded.model, x, "attnlrp", target).patches[0]
+    with editing(R.TestTimeRegister(((LAYER, NEURON),)).edit(layout)):
+        repaired = attribute(loaded.model, x, "attnlrp", target).patches[0]
+    # The figure draws z = map[::-1] (row 0 at the bottom). Both sides are the same float64 computation on the
+    # same float32 model in two processes: 1e-6 of the map's largest |value| covers the summation order.
+    tol = 1e-6 * np.abs(plain).max()
+    np.testing.assert_allclose(before[::-1], plain, rtol=0, atol=tol)
+    np.testing.assert_allclose(after[::-1], repaired, rtol=0, atol=tol)
+    assert np.abs(repaired - plain).max() > 1000 * tol  # the register changes the map: equality above means something

@@ -29,6 +29,8 @@ from .downloads import download_row
 REPAIR_KEY, URL_PARAM = "repair_choice", "repair"
 NEURONS_KEY = "register_neurons"  # spec -> (neurons ((layer 0-based, unit), ...), where they came from)
 INIT_KEY = "repair_init"
+NORMS_AXES = ("norms_before[layer - 1, token], norms_after[layer - 1, token]: 0-based arrays, layers 1-based on screen; "
+              "tokens: prefix tokens first (token_layout_after lists them), then patches in raster order")
 
 
 @dataclass
@@ -171,7 +173,9 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
                  | {f"map{i}_after": after_maps[name] for i, name in enumerate(after_maps)}
                  | {"norms_before": ctx.result.token_norms, "norms_after": after.token_norms},
                  {"image": ctx.image.name, "model": ctx.loaded.card()["spec"], "repair": repair.to_dict(),
-                  "maps": what, "map_names": list(before_maps), "token_layout_after": after.layout.to_dict(), "output_change": change.to_dict()})
+                  "maps": what, "map_names": list(before_maps), "token_layout_after": after.layout.to_dict(),
+                  "axes": NORMS_AXES, "output_change": change.to_dict()})
+    faithfulness_view(ctx, repair, key)
 
 
 def faithfulness_view(ctx, repair: Repair, key: str) -> None:

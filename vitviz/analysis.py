@@ -196,6 +196,21 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     return BatchAnalysis(arrays=arrays, facts=facts, run_facts=run_facts, input_images=batch.images, layout=layout)
 
 
+def _written_settings(settings: AnalysisSettings) -> dict:
+    """The settings as settings.json writes them: layers 1-based, and the keys say so (the dataclass counts from 0)."""
+    written = asdict(settings)
+    start, end, cluster = (written.pop(k) for k in ("start_layer", "end_layer", "cluster_layer"))
+    return written | {"start_layer (1-based)": start + 1,
+                      "end_layer (1-based, inclusive; null: the last)": end,  # [start, end) 0-based = [start+1, end]
+                      "cluster_layer (1-based; null: the final features)": None if cluster is None else cluster + 1}
+
+
+def _with_1based_layers(facts: dict) -> dict:
+    """A run fact's 0-based layer range [start, end) as settings.json writes it: 1-based, first and last inclusive."""
+    start, end = facts["layers"]
+    return {"layers (1-based, inclusive)": [start + 1, end]} | {k: v for k, v in facts.items() if k != "layers"}
+
+
 def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: AnalysisSettings, arrays: dict,
                  facts: dict) -> None:
     """``attribution_<method>`` (b, gh, gw); for relevance methods ``attribution_<method>_pixels`` (b, H, W); where a
@@ -278,11 +293,13 @@ class AnalysisRun:
         """JSON-able facts for settings.json (call after :meth:`final_arrays`)."""
         settings, facts, layout = self.settings, self.facts, self.layout
         info = {
-            "settings": asdict(settings),
+            "settings": _written_settings(settings),
             "token_layout": layout.to_dict(),
             "artifact_tokens": facts["artifact_tokens"],
             "attention_sinks_per_layer": facts["attention_sinks_per_layer"],
-            "rollout": self.run_facts["rollout"] | {
+            "attention_sinks_indexing": "per image, one list per layer (the first is layer 1); token indices 0-based "
+                                        "into the sequence (prefix tokens first)",
+            "rollout": _with_1based_layers(self.run_facts["rollout"]) | {
                 "prefix_share": facts["prefix_share"],
                 "definition": "per layer: fuse heads, discard lowest fraction (never the readout column), "
                               "0.5 A + 0.5 I, rows renormalised; R = A'_end ... A'_start"},
@@ -304,7 +321,7 @@ class AnalysisRun:
         if settings.attribution:
             info["attribution"] = attribution_info(settings.attribution, facts)
         if settings.flow:
-            info["attention_flow"] = self.run_facts["attention_flow"] | {
+            info["attention_flow"] = _with_1based_layers(self.run_facts["attention_flow"]) | {
                 "max_error_bound": max(facts["flow_error_bound"])}
         if settings.faithfulness:
             info["faithfulness"] = {

@@ -232,14 +232,15 @@ class RenderedMaps:
     def shared(self) -> bool:
         return all(s == self.scales[0] for s in self.scales)
 
-    def caption(self) -> str:
-        """One sentence for the page: how the colours were scaled and what was clipped or excluded."""
+    def caption(self, excluded_what: str = "query / attention sinks") -> str:
+        """One sentence for the page: how the colours were scaled and what was clipped or excluded (``excluded_what``:
+        what the excluded patches are)."""
         n = sum(len(c) for c in self.clipped)
         text = f"Colours: {self.scales[0].rule}"
         text += f"; {n} patch{'es' if n != 1 else ''} above the top drawn in the top colour, outlined in cyan" if n else \
             "; nothing clipped"
         if len(self.excluded):
-            text += f"; patches {sorted(int(p) for p in self.excluded)} set no limit (query / attention sinks)"
+            text += f"; patches {sorted(int(p) for p in self.excluded)} set no limit ({excluded_what})"
         flat = sum(s.flat for s in self.scales)
         if flat and not self.scales[0].flat:
             text += f"; {flat} map{'s' if flat != 1 else ''} flat (every value within 0.1% of its mean), drawn at mid-scale"

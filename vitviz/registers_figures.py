@@ -76,9 +76,10 @@ def norm_by_layer(outliers: Outliers, title: str = "") -> go.Figure:
 
 def maps_figure(image: Image.Image, maps: np.ndarray, titles: list[str], layout: TokenLayout, title: str, *,
                 value_name: str, shared: bool = True, marked: np.ndarray | list | None = None,
-                columns: int = 4, tile_px: int = 240) -> tuple[go.Figure, str]:
+                columns: int = 4, tile_px: int = 240, marked_what: str = "attention sinks") -> tuple[go.Figure, str]:
     """Maps over the model-input image in a row, on one colour scale when ``shared`` (maps meant to be
-    compared: before and after), with ``marked`` patches crossed (outliers; they set no colour limit).
+    compared: before and after), with ``marked`` patches crossed (``marked_what``: sinks or outliers; they set no
+    colour limit).
 
     maps: (k, gh, gw). Returns the figure and the caption saying how the colours were scaled."""
     grid = layout.grid_size
@@ -87,7 +88,7 @@ def maps_figure(image: Image.Image, maps: np.ndarray, titles: list[str], layout:
                            scale_mode="shared across heads" if shared else "robust per head", sinks=marked, zoom=zoom)
     fig = map_panel(rendered.tiles, maps, rendered.scales, titles, layout, cmap="Inferno", value_name=value_name,
                     columns=columns, tile_px=tile_px, title=title)
-    return fig, rendered.caption()
+    return fig, rendered.caption(marked_what)
 
 
 def output_change_table(change: OutputChange, names: list[str]) -> pd.DataFrame:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,15 +71,15 @@ def write_search(out: Path, search: Search, names: list[str], facts: dict) -> No
     a reader finds the previous pair or this one, never half a file (the json goes last and names the table)."""
     data = search.to_json() | facts | {"norms_table": NORMS_NAME, "norms_columns": NORMS_COLUMNS,
                                        "images_searched": names}
-    parts = []
+    # Own names, opened exclusively ("x"): mkstemp's files are private (0600), and the renamed outputs would stay so;
+    # these get the user's umask like every other output.
+    tag = secrets.token_hex(8)
+    table_tmp, json_tmp = out / f".norms-{tag}.parquet", out / f".registers-{tag}.json"
+    parts = [table_tmp, json_tmp]
     try:
-        fd, table_tmp = tempfile.mkstemp(dir=out, prefix=".norms-", suffix=".parquet")
-        os.close(fd)
-        parts.append(table_tmp)
-        norms_table(search.outliers, names).to_parquet(table_tmp, index=False)
-        fd, json_tmp = tempfile.mkstemp(dir=out, prefix=".registers-", suffix=".json")
-        parts.append(json_tmp)
-        with os.fdopen(fd, "w") as f:
+        with open(table_tmp, "xb") as f:
+            norms_table(search.outliers, names).to_parquet(f, index=False)
+        with open(json_tmp, "x") as f:
             json.dump(data, f, indent=2)
         os.replace(table_tmp, out / NORMS_NAME)
         os.replace(json_tmp, out / REGISTERS_NAME)
