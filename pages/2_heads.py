@@ -4,6 +4,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import streamlit as st
 
+from ui.attribution import attribution_panel
 from ui.charts import file_stem, show_chart
 from ui.display import Display, display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
@@ -266,3 +267,12 @@ if browser_draws():
 else:
     server_view()
 
+
+# ---- Attribution (ui/attribution.py): computed when asked for, as on the Attribution page ----
+st.subheader("Which patches made the model decide?")
+st.caption("Attention weights say where each head looks; attribution says which patches moved the model's output "
+           "(AttnLRP by default: one forward and one backward, kept for this image, method and target).")
+if st.toggle("Show an attribution map of this image", key="heads_attr_on"):
+    panel_col, _ = st.columns(2)
+    with panel_col:
+        attribution_panel(ctx, "heads_attr")

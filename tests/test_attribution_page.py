@@ -1,5 +1,5 @@
-"""The attribution panel beside rollout: the Attribution page's cached computation, target and figure, one method at
-a time, computed only when chosen; refusals are the model's sentences."""
+"""The attribution panel beside rollout and under the heads grid: the Attribution page's cached computation, target
+and figure, one method at a time, computed only when chosen; refusals are the model's sentences."""
 import base64
 import json
 from pathlib import Path
@@ -150,3 +150,26 @@ def test_rollout_panel_says_why_a_method_or_the_view_is_refused(bundled, monkeyp
     ids = " ".join(_charts(at))
     assert "rollout_attr_fig" not in ids and "rollout_fig" in ids
     assert any("Attention flow" in s.value for s in at.subheader)  # the page went on below the panel
+
+
+@pytest.mark.slow
+def test_heads_page_shows_an_attribution_map_when_asked(bundled):
+    """The heads page (issue 22: the methods on the heads and rollout pages too): nothing is computed on the first
+    paint; switched on, it draws the library's AttnLRP of the current image, and Grad-CAM when chosen."""
+    from streamlit.testing.v1 import AppTest
+
+    from ui.state import SAMPLES
+
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.switch_page("pages/2_heads.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert "heads_attr_fig" not in " ".join(_charts(at))  # nothing computed until asked for
+    at.toggle(key="heads_attr_on").set_value(True).run()
+    assert not at.exception, [e.message for e in at.exception]
+    [trace] = _heatmaps(_chart(at, "heads_attr_fig"))
+    assert trace["zmin"] == -trace["zmax"]  # signed AttnLRP, centred on 0
+    x = _input(bundled, SAMPLES[0])
+    _close(_z(trace), A.relevance(bundled.model, x, "attnlrp").patches[0])
+    at.selectbox(key="heads_attr_method").set_value("gradcam").run()
+    assert not at.exception, [e.message for e in at.exception]
+    _close(_z(_heatmaps(_chart(at, "heads_attr_fig"))[0]), A.gradcam(bundled.model, x).patches[0])
