@@ -1,6 +1,6 @@
 """The attribution maps' cached computation and the widgets around them, shared by the Attribution page and the
-rollout page's attribution panel: one model run per (image, methods, target), kept in the session-shared store so
-a rerun only redraws, and one way of choosing the target and stating the scale."""
+attribution panels of the rollout and heads pages: one model run per (image, methods, target), kept in the
+session-shared store so a rerun only redraws, and one way of choosing the target and stating the scale."""
 from __future__ import annotations
 
 import streamlit as st
@@ -75,7 +75,7 @@ def scale_caption(target_text: str, methods: list[str]) -> str:
 
 def attribution_panel(ctx, key: str, controls=None) -> None:
     """One attribution method's patch map of the current image, through the same cached computation, target and
-    figure as the Attribution page, for a page that shows it beside its own map (the rollout page). Refusals are
+    figure as the Attribution page, for a page that shows it beside its own maps (rollout, heads). Refusals are
     the model's sentences.
 
     Args:

@@ -13,7 +13,8 @@ from PIL import Image
 from .pipeline import forward
 from .clusters import batch_clusters
 from .distance import CONVENTION as DISTANCE_CONVENTION
-from .faithfulness import PROTOCOL, attention_maps, default_fractions, perturbation_curves
+from .faithfulness import attention_maps, default_fractions, perturbation_curves
+from .faithfulness_protocols import protocol_text
 from .filters import patch_filter_pca, patch_filters
 from .flow import FLOW_DEFINITION, attention_flow
 from .layout import TokenLayout
@@ -325,7 +326,7 @@ class AnalysisRun:
                 "max_error_bound": max(facts["flow_error_bound"])}
         if settings.faithfulness:
             info["faithfulness"] = {
-                "protocol": PROTOCOL, "methods": self.run_facts["faithfulness"]["methods"],
+                "protocol": protocol_text("mean"), "methods": self.run_facts["faithfulness"]["methods"],
                 "method_maps": "rollout, gradient_rollout, attention_flow: the npz arrays of those names; "
                                "last_layer_*: the readout's raw attention in the last layer (heads 1-based); "
                                "random: uniform noise, numpy default_rng(0)",

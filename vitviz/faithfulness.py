@@ -31,13 +31,10 @@ from .layout import TokenLayout
 from .maps import query_attention_map
 
 MODES = ("deletion", "insertion")
-# The protocol in words, in three parts: the replacement in the middle is a choice on the Faithfulness page
-# (:func:`vitviz.faithfulness_protocols.protocol_text`).
+# The protocol in words, around the replacement chosen: :func:`vitviz.faithfulness_protocols.protocol_text`.
 PROTOCOL_ORDER = ("patches ordered by descending map value, ties to the lower raster index (stable sort); "
                   "k = round(f * P) patches at fraction f (halves up)")
 PROTOCOL_AUC = "AUC by the trapezoid rule over f; lower deletion AUC and higher insertion AUC = more faithful"
-PROTOCOL = (f"{PROTOCOL_ORDER}; deletion sets them to 0 in the normalised input (the mean colour), insertion starts "
-            f"from the all-zero input and restores them; {PROTOCOL_AUC}")
 
 
 def default_fractions(steps: int = 11) -> np.ndarray:

@@ -44,8 +44,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .faithfulness import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits, patch_masks, patch_order,
-                           pixel_masks, score_inputs, step_counts, _to_model)
+from .faithfulness import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits,
+                           patch_masks, patch_order, pixel_masks, score_inputs, step_counts, _to_model)
 from .layout import TokenLayout
 
 PROTOCOLS = ("morf", "lerf", "insertion")
