@@ -12,6 +12,10 @@ _TEST_CACHE = tempfile.mkdtemp(prefix="vitviz-test-cache-") if _OWN_CACHE else o
 os.environ["VITVIZ_CACHE"] = os.environ["VITVIZ_TEST_CACHE"] = _TEST_CACHE
 # AppTests read the server-drawn Plotly grids; the browser explorer has its own browser test.
 os.environ.setdefault("VITVIZ_DRAW", "server")
+# Ray starts its worker processes at nice 15 (raylet's worker_niceness): beside the other test processes
+# on CI's two cores they got almost no CPU, and each Ray test waited 120-180 s for 15 s of work (20 s
+# alone; 120 s beside two busy loops, 32 s with this). The tests' Ray workers compete like everything else.
+os.environ.setdefault("RAY_worker_niceness", "0")
 
 from pathlib import Path  # noqa: E402
 
