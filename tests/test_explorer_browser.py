@@ -7,6 +7,7 @@ back page and layer, a view opened from a link. The tests share that page, so ea
 the view it starts from (``_open``): any order gives the same result (pytest-randomly once ran them shuffled,
 and the tests that relied on the previous one's layer failed).
 """
+import base64
 import functools
 import hashlib
 import os
@@ -28,8 +29,12 @@ DEFAULT_VIEW: dict = {}  # the heads view as /heads?intro=0 opens it (the fixtur
 # The explorer's root, in its shadow root (the component isolates its styles) or in the document.
 ROOT_JS = """(() => [...document.querySelectorAll('*')].map(e => e.shadowRoot && e.shadowRoot.querySelector('.vv-explorer'))
   .find(Boolean) || document.querySelector('.vv-explorer'))()"""
+# A canvas's RGBA bytes as base64 (``px``): a JSON array of numbers took seconds per call to build and parse.
+PIXELS_JS = """(c) => { const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data; let s = '';
+  for (let i = 0; i < d.length; i += 32768) s += String.fromCharCode.apply(null, d.subarray(i, i + 32768));
+  return btoa(s); }"""
 TILES_JS = f"""() => [...{ROOT_JS}.querySelectorAll('canvas.vv-tile')].map(c => ({{head: Number(c.dataset.head),
-  w: c.width, h: c.height, px: Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)}}))"""
+  w: c.width, h: c.height, px: ({PIXELS_JS})(c)}}))"""
 VIEW_JS = f"""() => {{ const r = {ROOT_JS}; return r ? {{view: JSON.parse(r.dataset.view || 'null'),
   paints: Number(r.dataset.paints || 0)}} : null; }}"""
 
@@ -146,6 +151,12 @@ def _compare_reference(view: dict):
     return maps, rendered, layout
 
 
+def _rgb(tile: dict) -> np.ndarray:
+    """A canvas's pixels (``PIXELS_JS``) as an (h, w, 3) int array."""
+    rgba = np.frombuffer(base64.b64decode(tile["px"]), dtype=np.uint8).reshape(tile["h"], tile["w"], 4)
+    return rgba[..., :3].astype(int)
+
+
 def _lut_step(cmap: str) -> int:
     from vitviz.colour import lookup_table
 
@@ -169,7 +180,7 @@ def _assert_equal_export(tiles: list[dict], maps, rendered, layout, cmap: str, n
     gh, gw = layout.grid_size
     worst, exact, pixels = 0, 0, 0
     for i, (t, reference, values, scale) in enumerate(zip(tiles, rendered.tiles, maps, rendered.scales)):
-        got = np.array(t["px"], dtype=np.uint8).reshape(t["h"], t["w"], 4)[..., :3].astype(int)
+        got = _rgb(t)
         want = np.asarray(reference, dtype=int)
         assert got.shape == want.shape
         diff = np.abs(got - want).max(axis=2)
@@ -200,7 +211,7 @@ def test_explorer_tiles_equal_the_png_export(browser_page):
 
 
 def _tile_hash(pg) -> str:
-    return hashlib.sha256(bytes(sum((t["px"] for t in pg.evaluate(TILES_JS)), []))).hexdigest()
+    return hashlib.sha256(b"".join(base64.b64decode(t["px"]) for t in pg.evaluate(TILES_JS))).hexdigest()
 
 
 def test_layer_move_repaints_with_the_server_cut_off(browser_page):
@@ -363,11 +374,11 @@ def test_faithfulness_screenshot_for_the_readme(browser_page):
 
 # ---- the other views of the same component: Compare layers (heads page) and rollout after a chosen layer ----
 CANVASES_JS = f"""(cls) => [...{ROOT_JS}.querySelectorAll('canvas.' + cls)].map(c => ({{...c.dataset,
-  w: c.width, h: c.height, px: Array.from(c.getContext('2d').getImageData(0, 0, c.width, c.height).data)}}))"""
+  w: c.width, h: c.height, px: ({PIXELS_JS})(c)}}))"""
 
 
 def _canvas_hash(pg, cls: str) -> str:
-    return hashlib.sha256(bytes(sum((t["px"] for t in pg.evaluate(CANVASES_JS, cls)), []))).hexdigest()
+    return hashlib.sha256(b"".join(base64.b64decode(t["px"]) for t in pg.evaluate(CANVASES_JS, cls))).hexdigest()
 
 
 def _repaints_offline(pg, held, act, cls: str) -> dict:
@@ -444,7 +455,7 @@ def _assert_rollout_tile(pg, depth: int, patch: int | None, name: str, smooth: b
     less than the tolerance in most pixels and the tolerance alone would not tell a depth off by one."""
     tiles = pg.evaluate(CANVASES_JS, "vv-tile")
     _assert_equal_export(tiles, *_rollout_reference(depth, patch, smooth), "Inferno", name)
-    got = np.array(tiles[0]["px"], dtype=np.uint8).reshape(tiles[0]["h"], tiles[0]["w"], 4)[..., :3].astype(int)
+    got = _rgb(tiles[0])
     distance = {d: np.abs(got - np.asarray(_rollout_reference(d, patch, smooth)[1].tiles[0], dtype=int)).mean()
                 for d in (depth - 1, depth, depth + 1) if 1 <= d <= 12}
     assert min(distance, key=distance.get) == depth, distance
