@@ -22,7 +22,8 @@ if [ "$want_dev" = "--dev" ]; then
     stamp="$venv/.vitviz-installed-dev"
 fi
 # This script is in the digest too: a change in what it installs (the --no-deps lines) reinstalls.
-digest="$(cat "${files[@]}" "$root/pyproject.toml" "$root/scripts/ensure_venv.sh" | sha256sum | cut -d' ' -f1)"
+digest_of() { cat "$@" "$root/pyproject.toml" "$root/scripts/ensure_venv.sh" | sha256sum | cut -d' ' -f1; }
+digest="$(digest_of "${files[@]}")"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     echo "Installing vitviz dependencies into $venv (first run takes a few minutes) ..." >&2
     req_args=()
@@ -41,4 +42,9 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     # --no-compile above, then byte-compile only what the app and the tests import (see the script).
     (cd "$root" && "$venv/bin/python" scripts/compile_imports.py $want_dev)
     echo "$digest" > "$stamp"
+    # The dev install holds everything the app needs: scripts/app.sh after scripts/test.sh (a browser test
+    # starting the app in CI) is then the no-op it should be, not a second pip run in the same venv.
+    if [ "$want_dev" = "--dev" ]; then
+        digest_of "$root/requirements.txt" > "$venv/.vitviz-installed"
+    fi
 fi
