@@ -41,7 +41,9 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
     n = len(results) + first - 1
     titles = (["model input"] if with_input else []) + [
         LABELS[r.method] + (" (pixels)" if pixels and r.pixels is not None else "") for r in results]
-    fig = make_subplots(rows=1, cols=n, subplot_titles=titles, horizontal_spacing=0.07)
+    # Each colour bar's title runs up beside its bar (side "right"): above the bar, "0–1 (min-max)" ran into the next
+    # map; the gap between maps holds the bar, its ticks and that one line.
+    fig = make_subplots(rows=1, cols=n, subplot_titles=titles, horizontal_spacing=0.09)
     if with_input:
         fig.add_trace(go.Image(z=np.asarray(image.convert("RGB"))), row=1, col=1)
     notes = []
@@ -60,7 +62,7 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
         fig.add_trace(go.Heatmap(
             z=grid[::-1], zmin=-limit if signed else 0.0, zmax=limit,
             colorscale=reference_stops(DIVERGING) if signed else reference_stops(SEQUENTIAL_MAP),
-            colorbar=dict(title=dict(text=unit, side="top", font=dict(size=11)), len=0.75, thickness=10,
+            colorbar=dict(title=dict(text=unit, side="right", font=dict(size=11)), len=0.75, thickness=10,
                           x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
             hovertemplate="row %{y}, col %{x}: %{z:.4g}<extra>" + LABELS[r.method] + "</extra>"),
             row=1, col=col)
