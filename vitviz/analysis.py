@@ -213,7 +213,7 @@ def _with_1based_layers(facts: dict) -> dict:
 
 
 def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: AnalysisSettings, arrays: dict,
-                 facts: dict) -> None:
+                       facts: dict) -> None:
     """``attribution_<method>`` (b, gh, gw); for relevance methods ``attribution_<method>_pixels`` (b, H, W); where a
     method read a coarser grid (Grad-CAM on a later Swin stage) ``attribution_<method>_coarse`` (b, gh', gw')."""
     from .attribution import attribute, default_target

@@ -75,7 +75,6 @@ def write_search(out: Path, search: Search, names: list[str], facts: dict) -> No
     # these get the user's umask like every other output.
     tag = secrets.token_hex(8)
     table_tmp, json_tmp = out / f".norms-{tag}.parquet", out / f".registers-{tag}.json"
-    parts = [table_tmp, json_tmp]
     try:
         with open(table_tmp, "xb") as f:
             norms_table(search.outliers, names).to_parquet(f, index=False)
@@ -84,8 +83,8 @@ def write_search(out: Path, search: Search, names: list[str], facts: dict) -> No
         os.replace(table_tmp, out / NORMS_NAME)
         os.replace(json_tmp, out / REGISTERS_NAME)
     finally:
-        for p in parts:
-            Path(p).unlink(missing_ok=True)
+        for p in (table_tmp, json_tmp):  # left only when something failed before its rename
+            p.unlink(missing_ok=True)
 
 
 def load_register(path: Path, model, layout, k: int | None = None, init: str = "zero") -> tuple[TestTimeRegister, dict]:
