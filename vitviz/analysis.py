@@ -352,5 +352,7 @@ def attribution_info(methods: tuple[str, ...], facts: dict) -> dict:
                          if f"attribution_conservation_{m}" in facts},
         "definition": "relevance methods: sum over colour channels of input (the npz's normalised input) x modified "
                       "gradient; patch map = sum per patch. LeGrad: min-max scaled per image, last two layers. "
-                      "Grad-CAM: last block's ln1, ReLU, not rescaled",
+                      "Grad-CAM: last block's ln1, ReLU, not rescaled. Window attention (Swin): LeGrad differentiates "
+                      "the target itself through each block's window attention; Grad-CAM reads the last stage's grid "
+                      "(attribution_gradcam_coarse) and is brought to the patches bilinearly",
     }
