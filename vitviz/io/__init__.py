@@ -1,0 +1,1 @@
+"""The room for files: one atomic writer (:mod:`vitviz.io.atomic`), and the locks and parts that build on it."""
