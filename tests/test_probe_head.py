@@ -49,7 +49,8 @@ def write_probe(lens: Lens, folder, layer: int, pooling: str = "cls", seed: int 
 def timm_twin(probed) -> torch.nn.Module:
     """The timm model that computes the probed model's logits: first ``layer + 1`` blocks, norm, probe as head."""
     pool = {"cls": dict(global_pool="token"), "mean": dict(global_pool="avg", fc_norm=False)}[probed.pooling]
-    twin = timm.create_model(ARCH, pretrained=False, img_size=IMG, depth=probed.layer + 1, num_classes=K, **pool)
+    twin = timm.create_model(ARCH, pretrained=False, img_size=IMG, depth=probed.layer + 1,
+                             num_classes=probed.num_classes, **pool)
     state = {k: v for k, v in probed.backbone.state_dict().items()
              if not k.startswith("blocks.") or int(k.split(".")[1]) <= probed.layer}
     state |= {"head.weight": probed.head.weight, "head.bias": probed.head.bias}

@@ -184,3 +184,44 @@ def test_fit_scores_every_layer_saves_the_head_and_its_logits_equal_sklearn(tmp_
     reference = pipeline.decision_function(result.features[1])
     logits = result.head(torch.from_numpy(result.features[1]).float()).double().numpy()
     np.testing.assert_allclose(logits, reference, rtol=0, atol=1e-5 * np.abs(reference).max())
+
+
+# --- the planted concept ---------------------------------------------------------------------------------
+
+class PlantedLens(Lens):
+    """Test only: images of group 1 get ``direction`` added to every token at block ``block`` (0-based) through
+    ``edit=`` on its ``resid_post``. Groups are assigned by image identity, not content (all images are the same
+    noise distribution), so nothing before the block can tell them apart."""
+
+    def __init__(self, loaded, block: int, direction: torch.Tensor, groups: dict):
+        super().__init__(loaded)
+        object.__setattr__(self, "plant", (block, direction, groups))
+
+    def trace(self, x, keep=("attn",), edit=None, **kw):
+        block, direction, groups = self.plant
+        tensor = x.tensor if hasattr(x, "tensor") else x
+        mask = torch.tensor([groups[t.numpy().tobytes()] for t in tensor], dtype=tensor.dtype)
+
+        def add(value, point):
+            return value + mask[:, None, None] * direction
+
+        return super().trace(x, keep=keep, edit={f"blocks.{block}.resid_post": add, **(edit or {})}, **kw)
+
+
+def test_a_planted_concept_is_at_chance_before_its_block_and_decodable_from_it_on(tmp_path):
+    base = tiny_lens(7, depth=5)
+    block = 2  # 0-based: layers 1-2 (1-based) have no trace of the groups, layers 3-5 carry the direction
+    paths = noise_images(tmp_path / "x", 32, 8)
+    labels = ["planted" if i % 2 else "plain" for i in range(32)]
+    keys = [t.numpy().tobytes() for t in base.preprocess(paths).tensor]
+    gen = torch.Generator().manual_seed(0)
+    direction = torch.randn(base.model.embed_dim, generator=gen)
+    direction = 3 * (direction - direction.mean()) / (direction - direction.mean()).norm() * np.sqrt(32)
+    lens = PlantedLens(base.loaded, block, direction, {k: float(c == "planted") for k, c in zip(keys, labels)})
+    result = probes.fit(lens, paths, labels, pooling="cls")
+    accuracy = [s.accuracy for s in result.layers]
+    assert result.chance == 0.5
+    assert all(a <= 0.75 for a in accuracy[:block]), accuracy  # chance 0.5; 0.75 is 2.8 binomial sd above it
+    assert all(a >= 0.95 for a in accuracy[block:]), accuracy
+    assert result.layer == block + 1  # the best, the earliest of equals
+    assert all(s.low <= s.accuracy <= s.high for s in result.layers)

@@ -16,6 +16,7 @@ import numpy as np
 from . import __version__
 from .errors import VitvizError
 from .output import RunOutput, check_writable
+from .probes import cli as probes_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                               "the number of classes, pooling and resolution are read from its tensor shapes")
     analyze.add_argument("--labels", type=Path, metavar="FILE",
                          help="class names of the model's head: one per line in class-index order, or a JSON list")
+    analyze.add_argument("--head", type=Path, metavar="FILE", help="a probe.safetensors from `python -m vitviz probe`: the "
+                         "model gains the probe's classes (logits, top-1, class targets) and ends at its layer")
     analyze.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
     analyze.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
     analyze.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
@@ -96,6 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     _stats_parser(sub)
     _registers_parser(sub)
     _faithfulness_parser(sub)
+    probes_cli.add_parser(sub)
     return parser
 
 
@@ -396,7 +400,8 @@ def analyze(args: argparse.Namespace) -> int:
 
     spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
                      img_size=args.img_size, device=args.device, dtype=args.dtype,
-                     labels=read_labels(args.labels) if args.labels else None)
+                     labels=read_labels(args.labels) if args.labels else None,
+                     head=str(args.head) if args.head else None)
     # The app's check, before the model runs: one batch's attention must fit half the machine
     # (or half of VITVIZ_CACHE_MB); the streamed run holds nothing bigger.
     limits, batch = Settings.from_env(memory_share=1.0), min(args.batch_size, len(args.images))
@@ -822,7 +827,8 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return {"stats": stats, "registers": registers, "faithfulness": faithfulness}.get(args.command, analyze)(args)
+        return {"stats": stats, "registers": registers, "faithfulness": faithfulness,
+                "probe": probes_cli.run}.get(args.command, analyze)(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -18,10 +18,22 @@ headed = vitviz.open("bundled", head="probe/probe.safetensors")   # the model wi
 - :mod:`.head`: a probe file attached to a loaded model (:func:`attach_head`), checked against the backbone.
 - :mod:`.cli`: ``python -m vitviz probe``.
 """
-from .data import LabelError, LabelledImages, from_folders, from_label_file
-from .features import POOLINGS, layer_features
-from .linear import LayerScore
-from .probe import ProbeResult, fit
+from __future__ import annotations
 
-__all__ = ["LabelError", "LabelledImages", "LayerScore", "POOLINGS", "ProbeResult", "fit", "from_folders",
-           "from_label_file", "layer_features"]
+import importlib
+
+# public name -> the module that defines it (loaded on first use: the CLI's parser imports this package)
+_PUBLIC = {"LabelError": "data", "LabelledImages": "data", "from_folders": "data", "from_label_file": "data",
+           "POOLINGS": "features", "layer_features": "features", "LayerScore": "linear", "ProbeResult": "probe",
+           "fit": "probe", "attach_head": "head", "read_probe": "head"}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vitviz.probes' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
