@@ -65,3 +65,25 @@ def test_probe_mistakes_get_a_sentence_and_write_nothing(setup, tmp_path, capsys
                  *model_args(weights)]) == 2
     assert "--layer 13 is not a layer" in capsys.readouterr().err
     assert not (tmp_path / "o" / "probe.json").exists()
+
+
+@pytest.mark.slow
+def test_faithfulness_head_runs_chefers_protocols_on_the_probe_classes(setup, tmp_path):
+    from test_probe_head import write_probe
+
+    root, weights = setup
+    head = write_probe(open_backbone(weights), tmp_path / "probe", 4, "cls")
+    out = tmp_path / "faith"
+    args = ["faithfulness", str(root / "set" / "cat"), "--head", str(head), "--methods", "attnlrp,gradient_rollout,random",
+            "--protocols", "positive,negative", "--steps", "3", "--random-seeds", "2", "--out", str(out),
+            *model_args(weights)]
+    assert main(args) == 0
+    settings = json.loads((out / "settings.json").read_text())
+    assert settings["run"]["head"] == str(head)
+    import pandas as pd
+
+    aucs = pd.read_parquet(out / "auc.parquet")
+    assert set(aucs["protocol"]) >= {"positive", "negative"} and len(set(aucs["image"])) == 4
+    # the same folder with another head is another run: refused, not mixed
+    other = write_probe(open_backbone(weights), tmp_path / "probe2", 3, "cls")
+    assert main([*args[:2], "--head", str(other), *args[4:]]) == 2

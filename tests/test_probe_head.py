@@ -166,3 +166,19 @@ def test_a_probe_of_another_model_or_layer_is_refused_naming_both(backbone, tmp_
               str(tmp_path / "narrow.safetensors"), metadata={"vitviz_probe": json.dumps(info)})
     with pytest.raises(ModelError, match="takes 191 features, but cls pooling at layer 12 .* gives 192"):
         open_backbone(backbone, head=tmp_path / "narrow.safetensors")
+
+
+def test_chefer_protocols_and_class_faithfulness_through_the_probe_equal_the_timm_model(backbone, tmp_path):
+    plain = open_backbone(backbone)
+    probed = open_backbone(backbone, head=write_probe(plain, tmp_path, 8, "mean"))
+    twin = twin_lens(probed)
+    x = images(probed)
+    settings = dict(methods=["attnlrp", "gradient_rollout", "legrad"], protocols=("positive", "negative", "morf"),
+                    steps=3, target_class=1)
+    ours = vitviz.faithfulness(probed, x, **settings)
+    theirs = vitviz.faithfulness(twin, x, **settings)
+    assert ours.settings["head"] == str(tmp_path / "probe.safetensors") and theirs.settings["head"] is None
+    assert set(ours.aucs["protocol"]) >= {"positive", "negative", "morf"}
+    np.testing.assert_allclose(ours.aucs["auc"].to_numpy(), theirs.aucs["auc"].to_numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ours.curves["score"].to_numpy(), theirs.curves["score"].to_numpy(), rtol=1e-5,
+                               atol=1e-6)

@@ -140,6 +140,8 @@ def _faithfulness_parser(sub) -> None:
                        help="class scored and explained (models with a head; default each image's top-1)")
     faith.add_argument("--model", default="bundled", help="as for analyze")
     faith.add_argument("--checkpoint", type=Path, metavar="PATH", help="local weights for --model's architecture")
+    faith.add_argument("--head", type=Path, metavar="FILE", help="a probe.safetensors (`python -m vitviz probe`) as the "
+                       "model's classifier: class targets, gradient rollout and Chefer's protocols on its classes")
     faith.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
     faith.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
     faith.add_argument("--batch-size", type=int, default=4, metavar="B", help="images per batch (one part file each)")
@@ -630,7 +632,7 @@ def faithfulness(args: argparse.Namespace) -> int:
     if args.address and args.engine != "ray":
         raise VitvizError("--address is for --engine ray: the Ray cluster to run on.")
     spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
-                     img_size=args.img_size, device=args.device)
+                     img_size=args.img_size, device=args.device, head=str(args.head) if args.head else None)
     check_writable(args.out)
     files, problems = expand_inputs(args.inputs)
     skipped = {p.name: p.reason for p in problems}
@@ -649,7 +651,8 @@ def faithfulness(args: argparse.Namespace) -> int:
     settings = RunSettings(model=args.model, methods=tuple(methods), protocols=tuple(protocols),
                            replacement=args.replacement, ordering=args.ordering, steps=args.steps,
                            random_seeds=args.random_seeds, first_seed=args.first_seed,
-                           target_class=args.target_class, checkpoint=spec.checkpoint, img_size=args.img_size)
+                           target_class=args.target_class, checkpoint=spec.checkpoint, img_size=args.img_size,
+                           head=spec.head)
     settings.check()
     previous = _read_json(args.out / SETTINGS_NAME)
     if why := same_run(previous, settings):

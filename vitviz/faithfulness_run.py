@@ -71,6 +71,7 @@ class RunSettings:
     target_class: int | None = None
     checkpoint: str | None = None
     img_size: int | None = None
+    head: str | None = None  # a probe file giving the model its classes (vitviz.probes)
 
     def check(self) -> None:
         if self.replacement not in REPLACEMENTS:

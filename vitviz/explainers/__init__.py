@@ -90,7 +90,7 @@ def faithfulness(lens, x, methods: list[str] | tuple[str, ...] = ("attnlrp", "ro
     run = RunSettings(model=lens.spec.name, methods=tuple(parse_list(",".join(methods), tuple(registered()),
                                                                      "methods")),
                       protocols=tuple(protocols), checkpoint=lens.spec.checkpoint, img_size=lens.spec.img_size,
-                      **settings)
+                      head=lens.spec.head, **settings)
     run.check()
     names = names or [f"image{i}" for i in range(len(tensor))]
     curves, aucs = image_tables(lens.loaded, tensor, names, run)
