@@ -28,14 +28,15 @@ class LabelledImages:
     """Images with one class each, in a fixed order.
 
     Attributes:
-        paths: where each image is read from.
+        paths: where each image is read from (or the decoded image itself, :class:`vitviz.images.LoadedImage`: the
+            app's uploads).
         names: how messages and probe.json name each image (the path as written in the label file, or relative
             to the class folders' root).
         labels: the class of each image, as written.
         where: for each image, where its label comes from ("labels.csv line 4", "root/dog/"), for messages.
     """
 
-    paths: tuple[Path, ...]
+    paths: tuple  # Path | LoadedImage
     names: tuple[str, ...]
     labels: tuple[str, ...]
     where: tuple[str, ...]

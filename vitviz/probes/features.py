@@ -17,7 +17,7 @@ import torch
 
 from ..adapters import Hooks
 from ..errors import ImageError, VitvizError
-from ..images import load_image
+from ..images import LoadedImage, load_image
 from .data import LabelError, LabelledImages
 
 POOLINGS = {
@@ -76,7 +76,8 @@ def layer_features(lens, images: LabelledImages, pooling: str = "cls", batch_siz
         batch = []
         for i in range(start, min(start + batch_size, len(images.paths))):
             try:
-                loaded = load_image(images.paths[i], images.names[i])
+                item = images.paths[i]
+                loaded = item if isinstance(item, LoadedImage) else load_image(item, images.names[i])
             except ImageError as exc:
                 raise LabelError(f"{images.where[i]}: {exc}") from None
             batch.append(loaded.image)

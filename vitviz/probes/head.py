@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,11 +82,12 @@ def _names(model: dict) -> str:
     return label if name in label else f"{label} ({name})"
 
 
-def check_fits(probe: ProbeFile, loaded, identity: dict) -> None:
+def check_fits(probe: ProbeFile, loaded, identity: dict, widths: dict) -> None:
     """Refuse a probe trained on another backbone or on a layer this one does not have.
 
     Args:
         identity: this backbone's :func:`vitviz.probes.probe.model_identity`.
+        widths: pooling -> the width of this backbone's pooled features.
     """
     trained = probe.info["model"]
     here = _names(identity | {"label": loaded.label})
@@ -96,19 +99,33 @@ def check_fits(probe: ProbeFile, loaded, identity: dict) -> None:
     depth = identity["num_layers"]
     if not 0 <= probe.layer < depth:
         raise ModelError(f"Head {probe.path.name} reads layer {probe.layer + 1}, but {here} has layers 1 to {depth}.")
-    dim = _feature_dim(loaded, probe.info["pooling"])
+    dim = widths[probe.info["pooling"]]
     if probe.weight.shape[1] != dim:
         raise ModelError(f"Head {probe.path.name} takes {probe.weight.shape[1]} features, but {probe.info['pooling']} "
                          f"pooling at layer {probe.layer + 1} of {here} gives {dim}.")
 
 
-def _feature_dim(loaded, pooling: str) -> int:
-    from ..lens import Lens
+# model object -> (its identity, {pooling: feature width}): a cached backbone is hashed and measured once, so
+# attaching a head on every app rerun costs a file read
+_BACKBONES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[dict, dict]]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
 
+
+def _backbone_facts(loaded) -> tuple[dict, dict]:
+    from ..lens import Lens
+    from .probe import model_identity
+
+    with _LOCK:
+        found = _BACKBONES.get(loaded.model)
+    if found is not None and found[0]["name"] == loaded.spec.name:
+        return found
     lens = Lens(loaded)
     points = lens.trace(torch.zeros(1, 3, *loaded.data_config["input_size"][-2:]), keep=("final_norm", "pooled"))
     d, p = points["final_norm"].shape[-1], points["pooled"].shape[-1]
-    return {"cls": p, "mean": d, "cls+mean": p + d}[pooling]
+    facts = (model_identity(lens), {"cls": p, "mean": d, "cls+mean": p + d})
+    with _LOCK:
+        _BACKBONES[loaded.model] = facts
+    return facts
 
 
 def attach_head(loaded, head: str | Path):
@@ -119,14 +136,12 @@ def attach_head(loaded, head: str | Path):
         ModelError: not a probe file, or a probe trained on another model or a layer it does not have.
     """
     from ..adapters.probe_head import ProbedModel
-    from ..lens import Lens
-    from .probe import model_identity
 
     if loaded.attention_scope != "global":
         raise ModelError(f"{loaded.label} attends within windows: probes read models whose every layer has the same "
                          "tokens, so it cannot take a probe head.")
     probe = read_probe(head)
-    check_fits(probe, loaded, model_identity(Lens(loaded)))
+    check_fits(probe, loaded, *_backbone_facts(loaded))
     model = ProbedModel(loaded.model, probe.weight, probe.bias, probe.layer, probe.info["pooling"], probe.classes,
                         probe.info)
     classes = ", ".join(probe.classes[:5]) + (", ..." if len(probe.classes) > 5 else "")
