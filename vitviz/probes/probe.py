@@ -6,6 +6,7 @@ classes in ``classes`` order — and, in its metadata under ``vitviz_probe``, th
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,19 +91,35 @@ class ProbeResult:
                             "chance: the largest class's share",
                 "sklearn": sklearn.__version__, "images": self.images}
 
-    def save(self, folder: str | Path) -> Path:
-        """Write ``probe.safetensors`` then ``probe.json`` into ``folder`` (created), each whole or not at all.
-        Returns the safetensors file."""
+    def files(self) -> dict[str, bytes]:
+        """The two files' bytes: ``{"probe.safetensors": ..., "probe.json": ...}`` (downloads)."""
         from safetensors.torch import save
 
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
         info = self.info()
         tensors = {"weight": torch.from_numpy(self.weight).float().contiguous(),
                    "bias": torch.from_numpy(self.bias).float().contiguous()}
-        path = atomic_write_bytes(folder / WEIGHTS, save(tensors, metadata={METADATA_KEY: json.dumps(info)}))
-        atomic_write_bytes(folder / INFO, (json.dumps(info, indent=1) + "\n").encode())
+        return {WEIGHTS: save(tensors, metadata={METADATA_KEY: json.dumps(info)}),
+                INFO: (json.dumps(info, indent=1) + "\n").encode()}
+
+    def save(self, folder: str | Path) -> Path:
+        """Write ``probe.safetensors`` then ``probe.json`` into ``folder`` (created), each whole or not at all.
+        Returns the safetensors file."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        files = self.files()
+        path = atomic_write_bytes(folder / WEIGHTS, files[WEIGHTS])
+        atomic_write_bytes(folder / INFO, files[INFO])
         return path
+
+    def at_layer(self, layer: int, seed: int = 0) -> "ProbeResult":
+        """The same scores with the head refitted on ``layer`` (1-based) from the kept features."""
+        if self.features is None:
+            raise VitvizError("this probe result kept no features to refit its head on another layer.")
+        layer = pick_layer(self.layers, layer, len(self.features))
+        y = np.asarray([self.classes.index(im["label"]) for im in self.images])
+        pipeline, C = fit_probe(self.features[layer - 1], y, seed)
+        weight, bias = export_head(pipeline, len(self.classes))
+        return dataclasses.replace(self, layer=layer, weight=weight, bias=bias, C=C)
 
 
 def as_labelled(images, labels) -> LabelledImages:
