@@ -225,3 +225,18 @@ def test_a_planted_concept_is_at_chance_before_its_block_and_decodable_from_it_o
     assert all(a >= 0.95 for a in accuracy[block:]), accuracy
     assert result.layer == block + 1  # the best, the earliest of equals
     assert all(s.low <= s.accuracy <= s.high for s in result.layers)
+
+
+def test_the_head_refitted_on_another_layer_is_sklearns_fit_of_that_layer(tmp_path):
+    lens = tiny_lens(4)
+    paths = noise_images(tmp_path / "x", 8, 5)
+    labels = ["a", "b"] * 4
+    result = probes.fit(lens, paths, labels, pooling="cls", layer=1)
+    other = result.at_layer(3)
+    assert other.layer == 3 and other.table == result.table
+    y = np.array([result.classes.index(c) for c in labels])
+    weight, bias = export_head(fit_probe(result.features[2], y)[0], 2)
+    np.testing.assert_allclose(other.weight, weight) and np.testing.assert_allclose(other.bias, bias)
+    assert not np.allclose(other.weight, result.weight)
+    with pytest.raises(probes.LabelError.__mro__[1], match="layer 4 is not a layer of this model: its layers are 1 to 3"):
+        result.at_layer(4)

@@ -28,3 +28,6 @@ def test_probes_page_trains_every_layer_and_its_probe_becomes_the_head(bundled):
     assert not at.exception and not at.error
     caption = " ".join(c.value for c in at.sidebar.caption)
     assert "probe head (2 classes: group 1, group 2" in caption
+    at.switch_page("pages/1_overview.py").run()
+    shown = " ".join(c.value for c in at.caption)
+    assert "Head: the probe in probe.safetensors" in shown and "No classifier head" not in shown

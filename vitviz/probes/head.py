@@ -149,5 +149,6 @@ def attach_head(loaded, head: str | Path):
              f"{probe.info['pooling']} pooling)")
     note = (f"Head: the probe in {probe.path.name}, on layer {probe.layer + 1} of {loaded.adapter.num_layers(loaded.model)} "
             f"({probe.info['pooling']} pooling); the model is the backbone's first {probe.layer + 1} blocks and the probe.")
+    kept = [n for n in loaded.notes if not n.startswith("No classifier head")]  # it has one now
     return dataclasses.replace(loaded, model=model, spec=dataclasses.replace(loaded.spec, head=str(head)), label=label,
-                               notes=[*loaded.notes, note])
+                               notes=[*kept, note])
