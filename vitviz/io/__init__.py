@@ -1,0 +1,1 @@
+"""The room for files: atomic writes, locks, parts."""
