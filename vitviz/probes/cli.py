@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..lens import open as open_model
-    from ..output import check_writable
+    from ..io.output import check_writable
     from .data import from_folders, from_label_file
     from .probe import fit
 

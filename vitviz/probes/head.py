@@ -112,17 +112,21 @@ _LOCK = threading.Lock()
 
 
 def _backbone_facts(loaded) -> tuple[dict, dict]:
-    from ..lens import Lens
+    from ..adapters import run
     from .probe import model_identity
 
     with _LOCK:
         found = _BACKBONES.get(loaded.model)
     if found is not None and found[0]["name"] == loaded.spec.name:
         return found
-    lens = Lens(loaded)
-    points = lens.trace(torch.zeros(1, 3, *loaded.data_config["input_size"][-2:]), keep=("final_norm", "pooled"))
+    # The widths from one forward of a blank image, through the adapters (vitviz.lens imports this module through
+    # the loader, so no Lens here).
+    param = next(loaded.model.parameters())
+    blank = torch.zeros(1, 3, *loaded.data_config["input_size"][-2:], device=param.device, dtype=param.dtype)
+    with torch.inference_mode():
+        points = run(loaded.model, blank, keep=("final_norm", "pooled"))
     d, p = points["final_norm"].shape[-1], points["pooled"].shape[-1]
-    facts = (model_identity(lens), {"cls": p, "mean": d, "cls+mean": p + d})
+    facts = (model_identity(loaded), {"cls": p, "mean": d, "cls+mean": p + d})
     with _LOCK:
         _BACKBONES[loaded.model] = facts
     return facts

@@ -26,12 +26,15 @@ FORMAT = 1
 
 
 def model_identity(lens) -> dict:
-    """What a probe records about the backbone it was trained on (and a head is checked against)."""
-    spec, layout = lens.spec, lens.layout
+    """What a probe records about the backbone it was trained on (and a head is checked against).
+
+    ``lens``: a :class:`vitviz.Lens` or its :class:`vitviz.models.LoadedModel`."""
+    loaded = getattr(lens, "loaded", lens)
+    spec, layout = loaded.spec, loaded.layout
     return {"name": spec.name, "checkpoint": Path(spec.checkpoint).name if spec.checkpoint else None,
-            "label": lens.label, "num_layers": lens.num_layers,
+            "label": loaded.label, "num_layers": loaded.adapter.num_layers(loaded.model),
             "input_size": [g * p for g, p in zip(layout.grid_size, layout.patch_size)],
-            "dtype": str(lens.loaded.dtype).removeprefix("torch."), "weights_sha256": weights_sha256(lens.model)}
+            "dtype": str(loaded.dtype).removeprefix("torch."), "weights_sha256": weights_sha256(loaded.model)}
 
 
 @dataclass
