@@ -149,6 +149,11 @@ def test_a_probe_of_another_model_or_layer_is_refused_naming_both(backbone, tmp_
     head = write_probe(other, tmp_path / "p", 12)
     with pytest.raises(ModelError, match=r"probe.safetensors was trained on .*other.safetensors.*not on .*tiny.safetensors"):
         open_backbone(backbone, head=head)
+    (tmp_path / "retrained").mkdir()
+    retrained = open_backbone(save_backbone(tmp_path / "retrained" / "tiny.safetensors", seed=4))
+    with pytest.raises(ModelError, match=r"trained on .*tiny.safetensors.*not on .*tiny.safetensors.*\(the same name "
+                                         "but other weights\)"):
+        open_backbone(backbone, head=write_probe(retrained, tmp_path / "r", 12))
     same = write_probe(plain, tmp_path / "q", 12)
     from safetensors import safe_open
     from safetensors.torch import save_file

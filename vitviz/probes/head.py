@@ -59,16 +59,21 @@ def read_probe(path: str | Path) -> ProbeFile:
     if set(tensors) != {"weight", "bias"}:
         raise ModelError(f"Head {path.name} has no {' and '.join(sorted({'weight', 'bias'} - set(tensors)))} tensor: "
                          "a probe file holds weight (K, D) and bias (K,).")
-    if METADATA_KEY in metadata:
-        info = json.loads(metadata[METADATA_KEY])
-    elif (path.parent / INFO).is_file():
-        info = json.loads((path.parent / INFO).read_text())
-    else:
-        raise ModelError(f"Head {path.name} does not say which model, layer and pooling it was trained on (no "
-                         f"{METADATA_KEY} metadata and no {INFO} beside it).")
+    try:
+        if METADATA_KEY in metadata:
+            info = json.loads(metadata[METADATA_KEY])
+        elif (path.parent / INFO).is_file():
+            info = json.loads((path.parent / INFO).read_text())
+        else:
+            raise ModelError(f"Head {path.name} does not say which model, layer and pooling it was trained on (no "
+                             f"{METADATA_KEY} metadata and no {INFO} beside it).")
+    except (ValueError, OSError) as exc:
+        raise ModelError(f"Head {path.name}: its description cannot be read as JSON ({exc}).") from None
     weight, bias = tensors["weight"], tensors["bias"]
-    missing = [k for k in ("model", "layer", "pooling", "classes") if k not in info]
-    if missing or info.get("pooling") not in POOLINGS:
+    missing = [k for k in ("model", "layer", "pooling", "classes") if k not in info] if isinstance(info, dict) else [
+        "everything"]
+    if missing or info.get("pooling") not in POOLINGS or not isinstance(info["model"], dict) \
+            or not isinstance(info["layer"], int):
         raise ModelError(f"Head {path.name}'s description lacks {', '.join(missing) or 'a known pooling'}.")
     if weight.ndim != 2 or bias.shape != (weight.shape[0],) or len(info["classes"]) != weight.shape[0]:
         raise ModelError(f"Head {path.name}: weight {tuple(weight.shape)}, bias {tuple(bias.shape)} and "
