@@ -240,3 +240,19 @@ def test_the_head_refitted_on_another_layer_is_sklearns_fit_of_that_layer(tmp_pa
     assert not np.allclose(other.weight, result.weight)
     with pytest.raises(probes.LabelError.__mro__[1], match="layer 4 is not a layer of this model: its layers are 1 to 3"):
         result.at_layer(4)
+
+
+def test_the_c_search_chooses_what_sklearns_grid_search_chooses():
+    from sklearn.model_selection import GridSearchCV, StratifiedKFold
+
+    from vitviz.probes.linear import CS, _pipeline
+
+    rng = np.random.default_rng(3)
+    for trial in range(4):
+        y = np.repeat(np.arange(3), 6)
+        X = rng.normal(size=(18, 12))
+        X[:, 0] += y * (0.3 + 0.4 * trial)
+        _, C = fit_probe(X, y, seed=trial)
+        cv = StratifiedKFold(n_splits=3, shuffle=True, random_state=trial)
+        search = GridSearchCV(_pipeline(1.0, trial), {"logisticregression__C": list(CS)}, cv=cv).fit(X, y)
+        assert C == search.best_params_["logisticregression__C"], trial

@@ -70,22 +70,35 @@ def _pipeline(C: float, seed: int):
 def fit_probe(X: np.ndarray, y: np.ndarray, seed: int = 0, Cs=CS):
     """A probe on ``X`` (n, F) with classes ``y`` (n,), C chosen by stratified cross-validation on these images.
 
+    The search is scikit-learn's ``GridSearchCV`` over ``Cs`` (the mean accuracy over stratified folds; ties to the
+    smaller C), with each fold's fits warm-started along the C path (ascending): the same choice in a third to a half
+    of the time on small sets (``benchmarks/probe_cost.py``).
+
     Returns:
-        the fitted pipeline (``StandardScaler`` then ``LogisticRegression``) and the chosen C. A class with a single
-        image leaves nothing to cross-validate: C is then 1.
+        the fitted pipeline (``StandardScaler`` then ``LogisticRegression``) on all of ``X`` and the chosen C. A class
+        with a single image leaves nothing to cross-validate: C is then 1.
     """
     from sklearn.exceptions import ConvergenceWarning
-    from sklearn.model_selection import GridSearchCV, StratifiedKFold
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+    from sklearn.preprocessing import StandardScaler
 
+    Cs = sorted(Cs)
     smallest = int(np.bincount(y)[np.unique(y)].min())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         if smallest < 2:
             return _pipeline(1.0, seed).fit(X, y), 1.0
         cv = StratifiedKFold(n_splits=min(INNER_FOLDS, smallest), shuffle=True, random_state=seed)
-        search = GridSearchCV(_pipeline(1.0, seed), {"logisticregression__C": list(Cs)}, cv=cv, refit=True)
-        search.fit(X, y)
-    return search.best_estimator_, float(search.best_params_["logisticregression__C"])
+        accuracy = np.zeros(len(Cs))
+        for train, test in cv.split(X, y):
+            scaler = StandardScaler().fit(X[train])
+            fitted, held_out = scaler.transform(X[train]), scaler.transform(X[test])
+            logistic = LogisticRegression(max_iter=MAX_ITER, warm_start=True, random_state=seed)
+            for k, C in enumerate(Cs):
+                accuracy[k] += logistic.set_params(C=C).fit(fitted, y[train]).score(held_out, y[test])
+        C = float(Cs[int(np.argmax(accuracy))])
+        return _pipeline(C, seed).fit(X, y), C
 
 
 def score_layer(X: np.ndarray, y: np.ndarray, layer: int, seed: int = 0, Cs=CS) -> LayerScore:
