@@ -12,7 +12,7 @@ real weights, float32, batch 8. Measured in the same run, on the same images:
 
 for each pooling (cls: D = 384, mean: 384, cls+mean: 768), and the accuracy per layer (out-of-fold) for the record.
 
-Usage: .venv/bin/python -u benchmarks/probe_cost.py [--crops 8,24] [--device cpu]
+Usage: .venv/bin/python -u benchmarks/probe_cost.py [--crops 8,24] [--device cpu] [--poolings cls,mean,cls+mean]
 """
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--crops", default="8,24", help="crops per photo, comma-separated")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--poolings", default="cls,mean,cls+mean", help="comma-separated")
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     lens = vitviz.open("bundled", device=args.device)
@@ -80,7 +81,7 @@ def main() -> None:
 
             _, t_forward = timed(forward)
             y = np.asarray(images.targets())
-            for pooling in ("cls", "mean", "cls+mean"):
+            for pooling in args.poolings.split(","):
                 (features, _), t_features = timed(lambda: layer_features(lens, images, pooling, batch_size=8))
 
                 def score():

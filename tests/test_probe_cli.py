@@ -87,3 +87,32 @@ def test_faithfulness_head_runs_chefers_protocols_on_the_probe_classes(setup, tm
     # the same folder with another head is another run: refused, not mixed
     other = write_probe(open_backbone(weights), tmp_path / "probe2", 3, "cls")
     assert main([*args[:2], "--head", str(other), *args[4:]]) == 2
+
+
+@pytest.mark.slow
+def test_the_readme_probes_example_runs_as_written(tmp_path, bundled):
+    """The README's probes example, typed as it stands, on photos/<class>/ made of crops of two sample photos."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from PIL import Image
+
+    root = Path(__file__).resolve().parent.parent
+    for name in ("astronaut", "rocket"):
+        photo = Image.open(root / "assets" / f"{name}.jpg").convert("RGB")
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        W, H = photo.size
+        for i, (x, y) in enumerate([(0, 0), (W // 4, H // 4), (W // 2, 0), (0, H // 2)]):
+            photo.crop((x, y, x + W // 2, y + H // 2)).save(tmp_path / "photos" / name / f"{i}.jpg")
+    text = (root / "README.md").read_text()
+    section = text[text.index("## Probes: what a layer knows"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    (tmp_path / "example.py").write_text(code)
+    done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
+                          env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["dict_keys(['layer', 'accuracy', 'low', 'high', 'folds', 'C'])",
+                                        "2 ('astronaut', 'rocket') True"]
+    assert (tmp_path / "probe" / "probe.json").is_file()
