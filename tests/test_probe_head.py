@@ -7,6 +7,7 @@ first blocks, its final norm and the probe's weights computes exactly what the p
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from vitviz.models import ModelSpec, _finish
 from vitviz.probes.probe import ProbeResult, model_identity
 
 ARCH, IMG, K = "vit_tiny_patch16_224", 32, 3
+ASSETS_CHELSEA, ASSETS_COFFEE = (str(Path(__file__).resolve().parent.parent / "assets" / f) for f in ("chelsea.jpg",
+                                                                                                     "coffee.jpg"))
 
 
 def save_backbone(path, seed: int = 0):
@@ -38,7 +41,8 @@ def open_backbone(path, **kw) -> Lens:
 
 def write_probe(lens: Lens, folder, layer: int, pooling: str = "cls", seed: int = 0):
     """A probe file for ``lens`` with random weights (layer 1-based): what `probe` writes, without the fitting."""
-    D = lens.model.embed_dim
+    blank = torch.zeros(1, 3, *lens.loaded.data_config["input_size"][-2:])
+    D = lens.trace(blank, keep="pooled")["pooled"].shape[-1]
     F = 2 * D if pooling == "cls+mean" else D
     rng = np.random.default_rng(seed)
     result = ProbeResult(model_identity(lens), pooling, tuple(f"class {c}" for c in "abc"), [], 1 / 3, layer,
@@ -152,7 +156,7 @@ def test_a_probe_of_another_model_or_layer_is_refused_naming_both(backbone, tmp_
     (tmp_path / "retrained").mkdir()
     retrained = open_backbone(save_backbone(tmp_path / "retrained" / "tiny.safetensors", seed=4))
     with pytest.raises(ModelError, match=r"trained on .*tiny.safetensors.*not on .*tiny.safetensors.*\(the same name "
-                                         "but other weights\)"):
+                                         r"but other weights\)"):
         open_backbone(backbone, head=write_probe(retrained, tmp_path / "r", 12))
     same = write_probe(plain, tmp_path / "q", 12)
     from safetensors import safe_open
@@ -187,3 +191,27 @@ def test_chefer_protocols_and_class_faithfulness_through_the_probe_equal_the_tim
     np.testing.assert_allclose(ours.aucs["auc"].to_numpy(), theirs.aucs["auc"].to_numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(ours.curves["score"].to_numpy(), theirs.curves["score"].to_numpy(), rtol=1e-5,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("layer", [2, 3])
+def test_a_transformers_dinov2_probe_on_cls_and_mean_equals_dinov2_for_image_classification(tmp_path, layer):
+    """DINOv2's linear-eval head in transformers reads exactly cls+mean pooling: its classifier on CLS and the mean
+    of the patch tokens after the final layernorm, here with the backbone's first ``layer`` blocks."""
+    transformers = pytest.importorskip("transformers")
+    from test_hf_hybrid import _save_hf
+
+    folder = str(_save_hf(tmp_path / "dinov2", "dinov2", seed=3))
+    plain = vitviz.open(folder, device="cpu")
+    probed = vitviz.open(folder, device="cpu", head=write_probe(plain, tmp_path / "p", layer, "cls+mean"))
+    config = transformers.Dinov2Config.from_pretrained(folder)
+    config.num_hidden_layers, config.num_labels = layer, K
+    twin = transformers.Dinov2ForImageClassification(config).eval()
+    state = {k: v for k, v in plain.model.state_dict().items()
+             if not k.startswith("encoder.layer.") or int(k.split(".")[2]) < layer}
+    twin.dinov2.load_state_dict(state, strict=True)
+    twin.classifier.load_state_dict(probed.model.head.state_dict())
+    x = plain.preprocess([ASSETS_CHELSEA, ASSETS_COFFEE]).tensor
+    with torch.no_grad():
+        expected = twin(pixel_values=x).logits
+    torch.testing.assert_close(probed.trace(x, keep="logits")["logits"], expected, rtol=1e-5, atol=1e-6)
+    assert probed.num_layers == layer and probed.has_head
