@@ -18,7 +18,7 @@ import vitviz
 from vitviz.attribution import ClassLogit
 from vitviz.errors import ModelError
 from vitviz.lens import Lens
-from vitviz.models import ModelSpec, _finish
+from vitviz.sources.models import ModelSpec, _finish
 from vitviz.probes.probe import ProbeResult, model_identity
 
 ARCH, IMG, K = "vit_tiny_patch16_224", 32, 3

@@ -12,7 +12,7 @@ from PIL import Image
 
 from vitviz import probes
 from vitviz.lens import Lens
-from vitviz.models import ModelSpec, _finish
+from vitviz.sources.models import ModelSpec, _finish
 from vitviz.probes.data import LabelError
 from vitviz.probes.features import layer_features
 from vitviz.probes.linear import export_head, fit_probe, score_layer, wilson

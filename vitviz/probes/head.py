@@ -138,7 +138,7 @@ def _backbone_facts(loaded) -> tuple[dict, dict]:
 
 
 def attach_head(loaded, head: str | Path):
-    """``loaded`` (a :class:`vitviz.models.LoadedModel`) with the probe of ``head`` as its classifier: the same
+    """``loaded`` (a :class:`vitviz.sources.models.LoadedModel`) with the probe of ``head`` as its classifier: the same
     backbone object (nothing copied), its spec naming the head.
 
     Raises:

@@ -28,7 +28,7 @@ FORMAT = 1
 def model_identity(lens) -> dict:
     """What a probe records about the backbone it was trained on (and a head is checked against).
 
-    ``lens``: a :class:`vitviz.Lens` or its :class:`vitviz.models.LoadedModel`."""
+    ``lens``: a :class:`vitviz.Lens` or its :class:`vitviz.sources.models.LoadedModel`."""
     loaded = getattr(lens, "loaded", lens)
     spec, layout = loaded.spec, loaded.layout
     return {"name": spec.name, "checkpoint": Path(spec.checkpoint).name if spec.checkpoint else None,
