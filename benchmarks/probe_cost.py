@@ -10,7 +10,8 @@ real weights, float32, batch 8. Measured in the same run, on the same images:
   score      nested stratified cross-validation of all 12 layers (5 outer folds; in each, C chosen among 5 values by a
              3-fold search on the training images), then the head's fit: scikit-learn only, on the features;
 
-for each pooling (cls: D = 384, mean: 384, cls+mean: 768), and the accuracy per layer (out-of-fold) for the record.
+for each pooling (cls: D = 384, mean: 384, cls+mean: 768), each row with its own baseline forward measured right
+before it, and the accuracy per layer (out-of-fold) for the record.
 
 Usage: .venv/bin/python -u benchmarks/probe_cost.py [--crops 8,24] [--device cpu] [--poolings cls,mean,cls+mean]
 """
@@ -79,9 +80,9 @@ def main() -> None:
                 for s in range(0, n, 8):
                     lens.trace(x.tensor[s:s + 8], keep="pooled")
 
-            _, t_forward = timed(forward)
             y = np.asarray(images.targets())
             for pooling in args.poolings.split(","):
+                _, t_forward = timed(forward)  # the baseline again right before each row: the load moves
                 (features, _), t_features = timed(lambda: layer_features(lens, images, pooling, batch_size=8))
 
                 def score():
