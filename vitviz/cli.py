@@ -96,6 +96,8 @@ def _parser() -> argparse.ArgumentParser:
     _stats_parser(sub)
     _registers_parser(sub)
     _faithfulness_parser(sub)
+    from .heads.cli import add_parsers as heads_parsers
+    heads_parsers(sub)
     return parser
 
 
@@ -822,7 +824,9 @@ def main(argv: list[str] | None = None) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return {"stats": stats, "registers": registers, "faithfulness": faithfulness}.get(args.command, analyze)(args)
+        from .heads.cli import COMMANDS as heads_commands
+        return ({"stats": stats, "registers": registers, "faithfulness": faithfulness} | heads_commands).get(
+            args.command, analyze)(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

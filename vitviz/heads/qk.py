@@ -329,3 +329,91 @@ def position_colours(layout: TokenLayout) -> np.ndarray:
         saturation = min(np.hypot(rows[i] - cy, cols[i] - cx) / reach, 1.0) * 0.85 + 0.15
         out[i] = np.round(np.array(colorsys.hsv_to_rgb(hue, saturation, 0.92)) * 255).astype(np.uint8)
     return out
+
+
+# --- a layer over an image set (the CLI and the page) -----------------------------------------------
+
+POINT_COLUMNS = {
+    "image": "the image's name (the file as given, or relative to the folder given)",
+    "token": "0-based index in the sequence (prefix tokens first, then patches in raster order)",
+    "token_name": "cls, dist, reg0.. (prefix tokens) or patch",
+    "kind": "query or key",
+    "layer": "1-based layer",
+    "head": "1-based head",
+    "x": "the projection's first coordinate (no unit)",
+    "y": "the projection's second coordinate",
+    "row": "0-based patch row on the grid (empty for prefix tokens)",
+    "column": "0-based patch column on the grid (empty for prefix tokens)",
+}
+
+
+@dataclass(frozen=True)
+class LayerPictures:
+    """Every asked head of one layer over an image set.
+
+    Attributes:
+        pictures: one :class:`HeadPicture` per head, in the order asked.
+        bias_share: per head, :attr:`ScoreParts.bias_share` (a bias added to the scores is not in the picture).
+        score_scale: per head, the scale of q · k in the scores.
+    """
+
+    pictures: list[HeadPicture]
+    bias_share: list[float]
+    score_scale: list[float]
+
+    def correlations(self) -> list[dict]:
+        """One row per head: layer and head 1-based, correlation before and after, the corrections, the bias."""
+        return [{"layer": p.layer + 1, "head": p.head + 1, "correlation_before": p.correlation_before,
+                 "correlation_after": p.correlation_after, "translation_norm": p.translation_norm,
+                 "scale_c": p.scale, "score_scale": s, "score_bias_share": b, "bias_not_in_picture": b > 1e-4}
+                for p, b, s in zip(self.pictures, self.bias_share, self.score_scale)]
+
+
+def layer_pictures(lens, x, layer: int, heads: list[int] | None = None, projection: str = "pca", seed: int = 0,
+                   progress=None) -> LayerPictures:
+    """Queries and keys of the given heads of one layer over the images ``x``, projected to 2-D.
+
+    Args:
+        lens: a :class:`vitviz.Lens` of a model whose tokens attend globally.
+        x: the images (ModelInput, tensor or what :meth:`vitviz.Lens.preprocess` takes).
+        layer: 0-based; heads: 0-based (default every head).
+        progress: called with (done, total heads) after each head.
+
+    Raises:
+        VitvizError: a window-attention model (its queries and keys live in windows, not on one image).
+    """
+    if lens.scope != "global":
+        raise VitvizError(f"{lens.label} attends within windows: its queries and keys meet only inside one window, so "
+                          "there is no one picture of a head over an image; the queries and keys view reads models "
+                          "whose tokens attend to every token.")
+    trace = lens.trace(x, keep=[("q", layer), ("k", layer), ("scores", layer)], stop_after=("scores", layer))
+    layer = layer % lens.num_layers
+    heads = list(range(trace["q", layer].shape[1])) if heads is None else list(heads)
+    pictures, shares, scales = [], [], []
+    for done, head in enumerate(heads, 1):
+        qk = head_qk(trace, layer, head)
+        scores = trace["scores", layer][:, head].detach().cpu().double().numpy()
+        parts = score_scale_and_bias(qk.queries, qk.keys, scores)
+        pictures.append(head_picture(qk, projection, seed))
+        shares.append(parts.bias_share)
+        scales.append(parts.scale)
+        if progress:
+            progress(done, len(heads))
+    return LayerPictures(pictures, shares, scales)
+
+
+def points_table(pictures: LayerPictures, layout: TokenLayout, names: list[str]):
+    """Every point of every head as a table (:data:`POINT_COLUMNS`): pandas DataFrame, queries then keys."""
+    import pandas as pd
+
+    rows, cols = token_positions(layout)
+    frames = []
+    for p in pictures.pictures:
+        npt = layout.num_prefix_tokens
+        frames.append(pd.DataFrame({
+            "image": np.asarray(names, dtype=object)[p.image], "token": p.token.astype(np.int32),
+            "token_name": [layout.prefix_tokens[t] if t < npt else "patch" for t in p.token], "kind": p.kind,
+            "layer": np.int32(p.layer + 1), "head": np.int32(p.head + 1), "x": p.xy[:, 0], "y": p.xy[:, 1],
+            "row": pd.array(np.where(rows[p.token] < 0, None, rows[p.token]), dtype="Int32"),
+            "column": pd.array(np.where(cols[p.token] < 0, None, cols[p.token]), dtype="Int32")}))
+    return pd.concat(frames, ignore_index=True)
