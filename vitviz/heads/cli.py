@@ -57,11 +57,29 @@ def add_parsers(sub) -> None:
     _model_args(heads)
 
 
+def _versions() -> dict:
+    import platform
+
+    import sklearn
+    import timm
+    import torch
+
+    from .. import __version__
+
+    try:
+        from importlib.metadata import version
+        umap = version("umap-learn")
+    except Exception:  # not installed: UMAP is refused with a sentence
+        umap = None
+    return {"vitviz": __version__, "timm": timm.__version__, "torch": torch.__version__,
+            "scikit-learn": sklearn.__version__, "umap-learn": umap, "python": platform.python_version()}
+
+
 def _open(args):
     import vitviz
     from ..images import load_images
     from ..inputs import expand_inputs
-    from ..output import check_writable
+    from ..io.output import check_writable
 
     check_writable(args.out)
     files, problems = expand_inputs(args.inputs)
@@ -106,7 +124,6 @@ def _write(out: Path, table, name: str, settings: dict, extra: dict[str, bytes] 
 
 
 def run_qk(args: argparse.Namespace) -> int:
-    from ..cli import _versions
     from . import qk
 
     lens, images, names, skipped = _open(args)
@@ -151,7 +168,6 @@ def run_qk(args: argparse.Namespace) -> int:
 def run_heads(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from ..cli import _versions
     from . import patching
 
     if args.batch < 1:
