@@ -147,6 +147,28 @@ if action == "Ablate":
                    f"changed). Output read: {output_text}.")
         download_row(file_stem("ablation", mode), {kind: grids}, {
             "images": names, "ablation": patching.ABLATION_TEXT[mode], "axes": "(image, layer - 1, head - 1)"})
+        strongest = pairs[int(np.nanargmax(np.abs(values[[l for l, _ in pairs], [h for _, h in pairs]])))]
+        off = st.selectbox("Maps before and after switching off", pairs, index=pairs.index(strongest),
+                           format_func=lambda p: f"layer {p[0] + 1}, head {p[1] + 1}", key="heads_ablate_show")
+        current = names.index(ctx.image.name)
+        if off[0] == L - 1:
+            st.info("A head of the last layer changes no attention map (every layer's attention is computed before "
+                    "its heads' output): only the output moves, as the heatmap shows.")
+        else:
+            shown_layer = off[0] + 1  # the first layer whose attention the ablation can change
+            means = patching.head_means(lens, x, [off[0]]) if mode == "mean" else None
+            with model_run():
+                maps = np.stack([patching.readout_maps(lens, x.tensor[current:current + 1], layer=shown_layer),
+                                 patching.readout_maps(lens, x.tensor[current:current + 1],
+                                                       patching.ablation_edit([off], mode, means), layer=shown_layer)])
+            readout = "CLS" if layout.has_class_token else "mean patch query"
+            _, fig = map_figure(x.images[current], maps, layout, Display(scale_mode="shared across heads"),
+                                titles=["before", f"layer {off[0] + 1}, head {off[1] + 1} {mode}"],
+                                title=f"{ctx.image.name}: layer {shown_layer + 1}'s {readout} attention, mean over "
+                                      "heads", columns=2)
+            show_chart(fig, "heads_before_after", file_stem("ablation_maps", ctx.image.name, off[0] + 1, off[1] + 1))
+            st.caption("One colour scale for both maps, in the layer after the head's. The head with the largest effect "
+                       "is picked first.")
 else:
     others = [n for n in names if n != ctx.image.name]
     if not others:

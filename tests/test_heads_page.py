@@ -52,9 +52,22 @@ def test_queries_and_keys_page_draws_the_library_picture_and_the_ablation_on_dem
     np.testing.assert_allclose(_values(queries["y"]), expected.xy[expected.kind == "query", 1], atol=1e-5)
     assert f"{expected.correlation_after:+.2f}" in spec["layout"]["title"]["text"]
 
+    layer = 5  # layer 6 (0-based 5): its heads' ablation can change layer 7's attention
+    at.slider(key="qk_layer").set_value(layer + 1).run()
     at.button(key="heads_ablate_button").click().run()
     assert not at.exception, [e.message for e in at.exception]
     [heatmap] = [t for t in _chart(at, "heads_ablation_map")["data"] if t["type"] == "heatmap"]
-    effects = patching.ablate(lens, x, [(L - 1, h) for h in range(lens.num_heads)], "zero")
-    shown = _values(heatmap["z"]).reshape(-1)
-    np.testing.assert_allclose(shown, 1.0 - effects.grid("pooled_cosine", L, lens.num_heads)[L - 1], atol=1e-6)
+    effects = patching.ablate(lens, x, [(layer, h) for h in range(lens.num_heads)], "zero")
+    change = 1.0 - effects.grid("pooled_cosine", L, lens.num_heads)[layer]
+    np.testing.assert_allclose(_values(heatmap["z"]).reshape(-1), change, atol=1e-6)
+    # the maps before and after switching off the head with the largest effect: the library's readout maps of the
+    # next layer
+    strongest = int(np.argmax(change))
+    assert at.selectbox(key="heads_ablate_show").value == (layer, strongest)
+    maps = [t for t in _chart(at, "heads_before_after")["data"] if t["type"] == "heatmap"]
+    assert len(maps) == 2
+    before = patching.readout_maps(lens, x, layer=layer + 1)
+    after = patching.readout_maps(lens, x, patching.ablation_edit([(layer, strongest)], "zero"), layer=layer + 1)
+    assert np.abs(after - before).max() > 1e-4
+    for trace, expected in zip(maps, (before, after)):
+        np.testing.assert_allclose(_values(trace["z"]).reshape(after.shape), expected, rtol=1e-5, atol=1e-7)

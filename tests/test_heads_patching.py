@@ -180,3 +180,14 @@ def test_head_lists_are_read_1_based_and_mistakes_get_a_sentence():
     for bad, words in (("5.1", "layers 1 to 4"), ("2.4", "heads 1 to 3"), ("x", "not a layer"), ("", "no heads")):
         with pytest.raises(VitvizError, match=words):
             pt.parse_heads(bad, 4, lambda l: 3)
+
+
+def test_readout_maps_before_and_after_an_ablation_are_the_traced_cls_rows(lenses):
+    lens = lenses["random"]
+    x = _images(lens, ("chelsea.jpg",))
+    edit = pt.ablation_edit([(3, 0), (3, 1), (3, 2)], "zero")
+    before = pt.readout_maps(lens, x)
+    after = pt.readout_maps(lens, x, edit)
+    attn = lens.trace(x, keep=[("attn", -1)], edit=edit)["attn", -1][0]  # (H, N, N), CLS first
+    np.testing.assert_allclose(after.ravel(), attn[:, 0, 1:].mean(0).numpy(), rtol=1e-6, atol=1e-7)
+    assert np.abs(after - before).max() > 1e-4  # layer 4 switched off changes the last layer's attention

@@ -259,3 +259,18 @@ def patch(lens, image_a, image_b, pairs: Sequence[tuple[int, int]], batch: int =
         if progress:
             progress(start + len(chunk), len(pairs))
     return Effects(rows)
+
+
+def readout_maps(lens, x, edit=None, layer: int = -1) -> np.ndarray:
+    """The readout's attention over the patches in ``layer`` (0-based, default the last), mean over heads, of the
+    first image of ``x``, with an ``edit`` applied (an ablation) or without: (gh, gw) float32.
+
+    The readout is the CLS query where the model has one, else the mean over patch queries (as on the heads page).
+    """
+    from ..maps import layer_maps
+
+    tensor = getattr(x, "tensor", x)[:1]
+    trace = lens.trace(tensor, keep=[("attn", layer)], edit=edit)
+    attention = trace["attn", layer][0].float().cpu().numpy()[None]  # (1, H, N, N)
+    layout = trace.layout
+    return layer_maps(attention, layout, 0, "cls" if layout.has_class_token else "mean").mean(0)
