@@ -6,7 +6,10 @@
 2. The full layer x head patching heatmap (72 heads, image A into image B) against one plain forward of one
    image, one head per forward and several heads per forward (copies of B in one batch).
 
-    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=2 python benchmarks/heads_qk_patching.py [--layer 12] [--skip-umap]
+    HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/heads_qk_patching.py [--layer 12] [--skip-umap]
+
+(On the shared 2-core dev machine at load 10, OMP_NUM_THREADS=2 made one forward 11.5 s instead of 0.28 s:
+threads spinning on oversubscribed cores. Use 1 there.)
 
 Prints one JSON object (times in seconds, the machine and its load average before and after).
 """
