@@ -102,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _faithfulness_parser(sub) -> None:
-    from .faithfulness import ORDERINGS, RANDOM_SEEDS
+    from .perturbation import ORDERINGS, RANDOM_SEEDS
     from .faithfulness_protocols import CHEFER, PROTOCOLS, REPLACEMENTS
     from .faithfulness_run import DEFAULT_METHODS, METHODS
 
@@ -376,12 +376,9 @@ def _attribution_methods(text: str | None) -> tuple[str, ...]:
     """``--attribution``'s methods, checked before any model work."""
     if text is None:
         return ()
-    from .attribution import parse_methods
+    from .explainers import parse_methods
 
-    try:
-        return tuple(parse_methods(text))
-    except ValueError as exc:
-        raise VitvizError(str(exc)) from None
+    return tuple(parse_methods(text))
 
 
 def analyze(args: argparse.Namespace) -> int:

@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import tempfile
 import uuid
 import zipfile
 from contextlib import contextmanager
@@ -21,23 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import VitvizError
+from .io.folders import check_writable  # noqa: F401 - here since analyze began; it lives with the lock now
 
 NPZ_NAME = "analysis.npz"
 SETTINGS_NAME = "settings.json"
 _CHUNK = 16 << 20
-
-
-def check_writable(folder: Path) -> None:
-    """Create ``folder`` if needed and prove a file can be written in it; a sentence otherwise."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".vitviz-probe-"):
-            pass
-    except OSError as exc:
-        reason = exc.strerror or str(exc)
-        raise VitvizError(f"Cannot write the output folder --out {folder}: {reason}. "
-                          "Pick a folder you can write to.") from exc
 
 
 def run_id_of(npz_path: Path) -> str:
