@@ -1,8 +1,8 @@
 """The house's rules, read from the code (every import at any depth, module- and function-level):
 
 - ``vitviz`` never imports Streamlit, and no module of it imports ``ui`` or ``pages``;
-- ``vitviz.io`` imports nothing of vitviz outside ``vitviz.io`` but ``vitviz.errors`` (it is the floor everything
-  writes through; errors, which imports nothing, is the ground its sentences stand on);
+- ``vitviz.io`` imports nothing of vitviz outside ``vitviz.io`` but the shared types (errors, layout, types,
+  tensors): it is the floor everything writes through;
 - the analyses (rollout, flow, distance, maps, tokens, posembed, filters, clusters, anatomy, perturbation) and the
   map methods (``vitviz.explainers``) never import the runs (``*_run``, pipeline, analysis), the CLI or figures;
 - the front door (``vitviz.lens``) imports no run, CLI or figure module;
@@ -16,6 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 ANALYSES = ("rollout", "flow", "distance", "maps", "tokens", "posembed", "filters", "clusters", "anatomy",
             "perturbation")
+SHARED = ("errors", "layout", "types", "tensors")
 RUNS_CLI_FIGURES = ("cli", "pipeline", "analysis", "report", "figures", "overlay", "colour", "explorer")
 
 
@@ -100,7 +101,7 @@ def broken_rules(graph: dict[str, set[str]], pkg: str = "vitviz") -> list[str]:
         for dep in deps:
             if dep.split(".")[0] in ("streamlit", "ui", "pages"):
                 broken.append(f"{mod} imports {dep}")
-            if under(mod, "io") and dep.startswith(f"{pkg}.") and not under(dep, "io") and dep != f"{pkg}.errors":
+            if under(mod, "io") and dep.startswith(f"{pkg}.") and not any(under(dep, r) for r in ("io",) + SHARED):
                 broken.append(f"{mod} (io) imports {dep}")
             upper = any(under(mod, a) for a in ANALYSES + ("explainers", "lens"))
             if upper and is_run_cli_figure(dep):
@@ -133,8 +134,8 @@ def test_the_checker_fails_a_planted_upward_import_and_a_planted_circle(tmp_path
     upward = clean | {"rollout.py": "def f():\n    from .cli import main\n"}
     assert broken_rules(import_graph(_package(tmp_path / "b", upward))) == ["vitviz.rollout imports vitviz.cli (a run, "
                                                                              "the CLI or a figure)"]
-    io_up = clean | {"io/atomic.py": "from ..layout import X\n"}
-    assert broken_rules(import_graph(_package(tmp_path / "c", io_up))) == ["vitviz.io.atomic (io) imports vitviz.layout"]
+    io_up = clean | {"io/atomic.py": "from ..layout import X\nfrom ..rollout import X\n"}
+    assert broken_rules(import_graph(_package(tmp_path / "c", io_up))) == ["vitviz.io.atomic (io) imports vitviz.rollout"]
     streamlit = clean | {"layout.py": "import streamlit as st\n"}
     assert broken_rules(import_graph(_package(tmp_path / "d", streamlit))) == ["vitviz.layout imports streamlit"]
     circle = clean | {"layout.py": "def f():\n    from . import rollout\n"}

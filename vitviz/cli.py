@@ -17,7 +17,7 @@ import numpy as np
 from . import __version__
 from .errors import VitvizError
 from .io.lock import output_lock
-from .output import RunOutput, check_writable
+from .io.output import RunOutput, check_writable
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -27,7 +27,7 @@ from .explainers import get_method, registered
 from .perturbation import ORDERINGS, RANDOM_SEEDS, SEED_PREFIX, default_fractions, ordered, random_seed_maps
 from .faithfulness_protocols import REPLACEMENTS, protocol_curves
 from .inputs import ImageFile
-from .output import _signals_held
+from .io.atomic import signals_held
 
 CURVES_NAME, AUC_NAME, SETTINGS_NAME, SUMMARY_NAME = ("faithfulness.parquet", "auc.parquet", "settings.json",
                                                       "summary.json")
@@ -242,7 +242,7 @@ class FaithfulnessStore:
             tmp = self.parts / f".{kind}-{part}.tmp"
             pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), tmp)
             staged.append((tmp, self.parts / f"{kind}-{part}.parquet"))
-        with _signals_held():
+        with signals_held():
             for tmp, final in staged:
                 os.replace(tmp, final)
 
@@ -262,7 +262,7 @@ class FaithfulnessStore:
             for name, (frame, schema) in tables.items():
                 pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False),
                                self.parts / f".{name}.tmp")
-            with _signals_held():
+            with signals_held():
                 for name in (CURVES_NAME, AUC_NAME):  # AUC last: its images count as done
                     os.replace(self.parts / f".{name}.tmp", self.folder / name)
         for leftover in self.parts.iterdir():  # merged parts, and halves of batches cut short

@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 from filelock import FileLock, Timeout
 
 from ..errors import VitvizError
-from .folders import check_writable
+from .output import check_writable
 
 LOCK_NAME = ".vitviz-lock"
 SIDECAR_NAME = ".vitviz-lock.json"
