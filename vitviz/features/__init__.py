@@ -1,0 +1,20 @@
+"""Features, not only maps: sparse autoencoders (SAEs) on a layer's tokens — trained on your own images, loaded from
+the public formats, spliced into the forward, explained and browsed.
+
+```python
+import vitviz
+from vitviz.features import SAE, LatentTarget
+sae = SAE.fit(tokens, latents=1024, topk=16, seed=0)       # tokens (n, D): an array or an iterable of batches
+z = sae.encode(tokens)                                     # (n, K), at most k non-zero per row
+sae.decoder                                                # (K, D) unit-norm directions
+sae.save("runs/sae")                                       # sae.safetensors + sae.json; SAE.load("runs/sae")
+```
+
+- :mod:`.sae`: the TopK SAE (Gao et al. 2024), its trainer (auxiliary-k loss for dead latents, resumable) and
+  metrics (normalised MSE, explained variance, L0, dead fraction).
+"""
+from __future__ import annotations
+
+from .sae import SAE, Trainer, evaluate
+
+__all__ = ["SAE", "Trainer", "evaluate"]
