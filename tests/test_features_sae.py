@@ -34,7 +34,7 @@ def small_sae(D=8, K=16, k=3, seed=0):
 def test_encode_decode_follow_the_paper_formulas_in_numpy():
     sae = small_sae()
     with torch.no_grad():
-        sae.b_enc -= 2.0  # some of the top k are negative: the ReLU must zero them
+        sae.b_enc -= 6.0  # some of the top k are negative: the ReLU must zero them
     x = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
     W_enc, b_enc, W_dec, b_dec = (p.detach().numpy().astype(np.float64) for p in
                                   (sae.W_enc, sae.b_enc, sae.W_dec, sae.b_dec))
