@@ -15,6 +15,18 @@ sae.save("runs/sae")                                       # sae.safetensors + s
 """
 from __future__ import annotations
 
-from .sae import SAE, Trainer, evaluate
+import importlib
 
-__all__ = ["SAE", "Trainer", "evaluate"]
+# public name -> the module of this package that defines it (loaded on first use: the CLI parses without torch)
+_PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae"}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
