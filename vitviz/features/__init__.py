@@ -12,13 +12,17 @@ sae.save("runs/sae")                                       # sae.safetensors + s
 
 - :mod:`.sae`: the TopK SAE (Gao et al. 2024), its trainer (auxiliary-k loss for dead latents, resumable) and
   metrics (normalised MSE, explained variance, L0, dead fraction).
+- :mod:`.train`, :mod:`.data`, :mod:`.cli`: ``python -m vitviz features train`` (a layer's tokens streamed through
+  ``lens.trace``) and ``features top``; :mod:`.top`: top patches per latent, one image's top latents.
+- :mod:`.public`: saev's and ViT-Prisma's files (``load_sae``), read without running code from them.
 """
 from __future__ import annotations
 
 import importlib
 
 # public name -> the module of this package that defines it (loaded on first use: the CLI parses without torch)
-_PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae"}
+_PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae", "load_sae": "public",
+           "load_saev": "public", "load_prisma": "public"}
 
 __all__ = sorted(_PUBLIC)
 

@@ -46,6 +46,7 @@ __all__ = ["SAE", "Trainer", "evaluate", "SAE_WEIGHTS", "SAE_INFO", "FORMAT"]
 SAE_WEIGHTS, SAE_INFO = "sae.safetensors", "sae.json"
 FORMAT = "vitviz-sae/1"
 AUX_COEF = 1 / 32  # the paper's alpha for the auxiliary-k loss
+ACTIVATIONS = ("topk_relu", "topk", "relu")
 
 
 class SAEError(VitvizError):
@@ -58,16 +59,27 @@ class SAE(torch.nn.Module):
     Args:
         d_model: D, the width of the tokens it reads.
         latents: K, the number of latents (dictionary size).
-        topk: k, latents kept per token (1 <= k <= K).
+        topk: k, latents kept per token (1 <= k <= K); None for ``activation="relu"``.
         scale: s, the scalar the tokens are multiplied by before encoding (and divided by after decoding).
         info: what the SAE was trained on (model, point, layer, images, metrics; written to sae.json).
+        activation: ``"topk_relu"`` (Gao et al., ViT-Prisma: ReLU of the top k), ``"topk"`` (saev's TopK: the top k
+            pre-activations as they are, negative ones too) or ``"relu"`` (an L1-trained SAE: every positive one).
+        centre_input: subtract b_dec before encoding (Gao et al., ViT-Prisma); saev's encoder reads x as it is.
+
+    Only ``topk_relu`` SAEs are trained here; the other two are the public SAEs :func:`vitviz.features.load_sae`
+    reads.
     """
 
-    def __init__(self, d_model: int, latents: int, topk: int, scale: float = 1.0, info: dict | None = None):
+    def __init__(self, d_model: int, latents: int, topk: int | None, scale: float = 1.0, info: dict | None = None,
+                 activation: str = "topk_relu", centre_input: bool = True):
         super().__init__()
-        if not 1 <= topk <= latents:
+        if activation not in ACTIVATIONS:
+            raise SAEError(f"unknown SAE activation {activation!r}: one of {', '.join(ACTIVATIONS)}.")
+        if activation != "relu" and not (topk is not None and 1 <= topk <= latents):
             raise SAEError(f"topk must be between 1 and the number of latents ({latents}), not {topk}.")
-        self.d_model, self.latents, self.topk = int(d_model), int(latents), int(topk)
+        self.d_model, self.latents = int(d_model), int(latents)
+        self.topk = None if activation == "relu" else int(topk)
+        self.activation, self.centre_input = activation, bool(centre_input)
         self.W_enc = torch.nn.Parameter(torch.zeros(latents, d_model))
         self.b_enc = torch.nn.Parameter(torch.zeros(latents))
         self.W_dec = torch.nn.Parameter(torch.zeros(latents, d_model))
@@ -82,12 +94,20 @@ class SAE(torch.nn.Module):
         return self.W_dec.detach()
 
     def pre_activations(self, x: torch.Tensor) -> torch.Tensor:
-        """(…, D) tokens -> (…, K) encoder outputs before TopK."""
-        return (x * self.scale - self.b_dec) @ self.W_enc.T + self.b_enc
+        """(…, D) tokens -> (…, K) encoder outputs before the activation."""
+        xs = x * self.scale
+        return ((xs - self.b_dec) if self.centre_input else xs) @ self.W_enc.T + self.b_enc
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """(…, D) tokens -> (…, K) latent activations, at most k non-zero per token, >= 0, in normalised units."""
-        return _topk_relu(self.pre_activations(x), self.topk)
+        """(…, D) tokens -> (…, K) latent activations in normalised units: at most k non-zero per token, >= 0 (``topk``
+        SAEs may keep negative ones; see ``activation``)."""
+        pre = self.pre_activations(x)
+        if self.activation == "relu":
+            return pre.relu()
+        if self.activation == "topk":
+            values, index = pre.topk(self.topk, dim=-1)
+            return torch.zeros_like(pre).scatter(-1, index, values)
+        return _topk_relu(pre, self.topk)
 
     def decode(self, z: torch.Tensor) -> torch.Tensor:
         """(…, K) latent activations -> (…, D) tokens in the input's units."""
@@ -220,12 +240,15 @@ class SAE(torch.nn.Module):
 
     def describe(self) -> dict:
         """sae.json's content: what the weights are and what they were trained on."""
-        return {"format": FORMAT, "architecture": "topk", "d_model": self.d_model, "latents": self.latents,
-                "topk": self.topk,
+        return {"format": FORMAT, "activation": self.activation, "centre_input": self.centre_input,
+                "d_model": self.d_model, "latents": self.latents, "topk": self.topk,
                 "normalisation": {"kind": "scalar", "scale": float(self.scale),
                                   "definition": "the SAE reads s*x; s = sqrt(D / E||x - mean||^2) over the "
                                                 "training tokens; activations are in these units"},
-                "definitions": {"encode": "z = ReLU(TopK(W_enc (s x - b_dec) + b_enc))",
+                "definitions": {"encode": {"topk_relu": "z = ReLU(TopK(W_enc (s x - b_dec) + b_enc))",
+                                           "topk": "z = TopK(W_enc (s x - b_dec) + b_enc)",
+                                           "relu": "z = ReLU(W_enc (s x - b_dec) + b_enc)"}[self.activation]
+                                + ("" if self.centre_input else " with no b_dec subtracted before W_enc"),
                                 "decode": "x_hat = (W_dec^T z + b_dec) / s; W_dec rows (K, D) unit norm"},
                 **self.info}
 
@@ -249,9 +272,10 @@ class SAE(torch.nn.Module):
             tensors = load_file(str(folder / SAE_WEIGHTS))
         except Exception as exc:  # safetensors raises its own error types for broken files
             raise SAEError(f"{folder / SAE_WEIGHTS}: not readable as safetensors ({exc}).") from exc
-        meta = {k: info.pop(k) for k in ("format", "architecture", "d_model", "latents", "topk", "normalisation",
-                                         "definitions")}
-        sae = cls(meta["d_model"], meta["latents"], meta["topk"], meta["normalisation"]["scale"], info)
+        meta = {k: info.pop(k) for k in ("format", "activation", "centre_input", "d_model", "latents", "topk",
+                                         "normalisation", "definitions")}
+        sae = cls(meta["d_model"], meta["latents"], meta["topk"], meta["normalisation"]["scale"], info,
+                  meta["activation"], meta["centre_input"])
         sae.load_tensors(tensors, folder / SAE_WEIGHTS)
         return sae.eval()
 
@@ -302,6 +326,9 @@ class Trainer:
     """
 
     def __init__(self, sae: SAE, lr: float | None = None, dead_after: int = 100_000):
+        if sae.activation != "topk_relu" or not sae.centre_input:
+            raise SAEError(f"only TopK SAEs (ReLU of the top k, input centred on b_dec) are trained here, not "
+                           f"{sae.activation!r} ones.")
         self.sae = sae
         lr = 2e-4 / math.sqrt(sae.latents / 2 ** 14) if lr is None else float(lr)
         self.settings = {"lr": lr, "dead_after": int(dead_after), "aux_coef": AUX_COEF,
