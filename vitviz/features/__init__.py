@@ -15,6 +15,9 @@ sae.save("runs/sae")                                       # sae.safetensors + s
 - :mod:`.train`, :mod:`.data`, :mod:`.cli`: ``python -m vitviz features train`` (a layer's tokens streamed through
   ``lens.trace``) and ``features top``; :mod:`.top`: top patches per latent, one image's top latents.
 - :mod:`.public`: saev's and ViT-Prisma's files (``load_sae``), read without running code from them.
+- :mod:`.splice`: the SAE spliced in at its point (``Splice``, output unchanged bit for bit with the error term),
+  ``feature_attribution`` (latent activation x gradient of a target) and ``LatentTarget`` (which pixels made a
+  latent fire, through any map method: ``vitviz.explain(lens, x, "attnlrp", target=LatentTarget(sae, 12))``).
 """
 from __future__ import annotations
 
@@ -22,7 +25,8 @@ import importlib
 
 # public name -> the module of this package that defines it (loaded on first use: the CLI parses without torch)
 _PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae", "load_sae": "public",
-           "load_saev": "public", "load_prisma": "public"}
+           "load_saev": "public", "load_prisma": "public", "Splice": "splice", "LatentTarget": "splice",
+           "feature_attribution": "splice"}
 
 __all__ = sorted(_PUBLIC)
 
