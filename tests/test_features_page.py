@@ -1,0 +1,77 @@
+"""The Features page (AppTest, bundled model): an SAE folder given, the current image's top latents are the ones its
+tokens encode to (computed here without the page), each tile's hover values are that latent's map; mistakes get a
+sentence."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ASSETS
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+
+
+def _charts(at) -> dict:
+    return {c.proto.id: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+
+
+def _chart(at, key):
+    [spec] = [s for cid, s in _charts(at).items() if key in cid]
+    return spec
+
+
+@pytest.fixture(scope="module")
+def sae_dir(tmp_path_factory):
+    """A small SAE on the bundled model's layer 9 tokens of one photo, saved as features train saves it."""
+    import vitviz
+    from vitviz.features import SAE
+
+    lens = vitviz.open("bundled", device="cpu")
+    point = "blocks.8.resid_post"
+    tokens = lens.trace(lens.preprocess([ASSETS / "astronaut.jpg"]), keep=[point])[point][0, 1:]
+    sae = SAE.fit(tokens, latents=64, topk=4, seed=0, epochs=5, batch_size=64)
+    sae.info |= {"model": {"name": "bundled", "token_layout": lens.layout.to_dict()}, "point": point,
+                 "point_kind": "resid_post", "layer": 9}
+    out = tmp_path_factory.mktemp("sae") / "sae"
+    sae.save(out)
+    return out, sae, tokens
+
+
+@pytest.mark.slow
+def test_features_page_shows_the_images_top_latents_and_their_maps(sae_dir):
+    from streamlit.testing.v1 import AppTest
+
+    from vitviz.features.top import image_top_latents
+
+    out, sae, tokens = sae_dir
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.switch_page("pages/12_features.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert any("Give an SAE above" in i.value for i in at.info)
+    at.text_input(key="features_sae").input(str(out)).run()
+    assert not at.exception, [e.message for e in at.exception]
+    z = sae.encode(tokens).detach().numpy()  # (256, K), astronaut.jpg is the first sample
+    maps = z.T.reshape(64, 16, 16)
+    expected = image_top_latents(maps, 8, "max")
+    spec = _chart(at, "features_image")
+    titles = [a["text"] for a in spec["layout"]["annotations"]]
+    assert [int(t.split()[1]) for t in titles] == [int(j) for j in expected]
+    hover = [t for t in spec["data"] if t["type"] == "heatmap"]
+    import base64
+
+    def values(trace):
+        v = trace["z"]
+        if isinstance(v, dict):
+            shape = [int(n) for n in str(v["shape"]).split(",")]
+            v = np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).reshape(shape)
+        return np.asarray(v, dtype=float)
+
+    for trace, j in zip(hover, expected):
+        got = values(trace)
+        # the hover heatmap may be drawn bottom-up: compare either orientation; float32 encode vs the page's, ~1e-5
+        assert np.allclose(got, maps[j], atol=1e-4) or np.allclose(got[::-1], maps[j], atol=1e-4)
+    assert "features_latent_patches" in " ".join(_charts(at)) and "features_histogram" in " ".join(_charts(at))
+
+    at.text_input(key="features_sae").input(str(out.parent / "missing")).run()
+    assert any("no such file or folder" in e.value for e in at.error)

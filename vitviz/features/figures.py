@@ -1,0 +1,51 @@
+"""Figures of the Features page, on the project's colour rules (:mod:`vitviz.colour`, :mod:`vitviz.overlay`): latent
+activations over the patches drawn on the model-input image in Inferno with a colour bar that says what the colours
+mean."""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from PIL import Image
+
+from ..colour import ColourScale
+from ..figures import map_panel
+from ..layout import TokenLayout
+from ..overlay import Marks, render_maps, render_overlay
+
+VALUE = "activation (SAE units)"
+
+
+def image_latents_figure(image: Image.Image, maps: np.ndarray, latents: list[int], layout: TokenLayout, *,
+                         columns: int = 4, tile_px: int = 220) -> go.Figure:
+    """One image's top latents: (n, gh, gw) activation maps of ``latents`` (0-based; titles 0-based too, as the
+    tables are) each on its own scale from its minimum (0: a latent is silent on most patches) to its maximum, given
+    in its title: a latent fires on a few patches, and a percentile top would clip exactly those."""
+    rendered = render_maps(image, maps, scale_mode="full range per map")
+    titles = [f"latent {j} · max {m.max():.3g}" for j, m in zip(latents, maps)]
+    return map_panel(rendered.tiles, maps, rendered.scales, titles, layout, cmap="Inferno", value_name=VALUE,
+                     columns=columns, tile_px=tile_px,
+                     title="Top latents of this image (each tile on its own scale: 0 to its maximum)")
+
+
+def latent_patches_figure(images: list[Image.Image], maps: np.ndarray, patches: list[int], activations: list[float],
+                          names: list[str], latent: int, layout: TokenLayout, *, columns: int = 4,
+                          tile_px: int = 220) -> go.Figure:
+    """One latent across the set: the images where it fires most, each with the latent's map (one scale shared by all
+    tiles, 0 to the strongest activation) and its strongest patch outlined in green; (n, gh, gw) ``maps``."""
+    scale = ColourScale(0.0, max(float(maps.max()), 1e-12), rule="0 to the strongest activation shown, shared")
+    tiles = [render_overlay(im, m, scale, marks=Marks(query=p)) for im, m, p in zip(images, maps, patches)]
+    gw = layout.grid_size[1]
+    titles = [f"{n} · patch ({p // gw + 1}, {p % gw + 1}) · {a:.3g}" for n, p, a in zip(names, patches, activations)]
+    return map_panel(tiles, maps, [scale] * len(tiles), titles, layout, cmap="Inferno", value_name=VALUE,
+                     columns=columns, tile_px=tile_px,
+                     title=f"Latent {latent}: the images where it fires most, its strongest patch outlined (one shared scale)")
+
+
+def activation_histogram(values: np.ndarray, latent: int, frequency: float, tokens: int) -> go.Figure:
+    """The latent's non-zero activations over the set's patch tokens, with its firing frequency."""
+    fig = go.Figure(go.Histogram(x=values, nbinsx=40, marker_color="rgb(120, 28, 109)"))
+    fig.update_layout(title=dict(text=f"Latent {latent}: fires on {frequency:.2%} of {tokens} patch tokens; "
+                                      "histogram of its non-zero activations", font_size=14),
+                      xaxis_title=VALUE, yaxis_title="patch tokens", height=300, margin=dict(l=60, r=20, t=50, b=50),
+                      plot_bgcolor="white", paper_bgcolor="white", font_color="black", bargap=0.05)
+    return fig
