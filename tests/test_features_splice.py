@@ -118,3 +118,42 @@ def test_a_latent_is_a_target_for_the_registrys_methods(lenses):
         vitviz.explain(lens, x, "legrad", target=target)
     with pytest.raises(vitviz.VitvizError, match="latent 64 is out of range"):
         LatentTarget(sae, 64)
+
+
+def test_ablating_latents_removes_exactly_their_share_of_the_tokens(lenses):
+    _, lens64 = lenses
+    sae = _sae(lenses[0], torch.float64)
+    x = _images().double()
+    ablate = [3, 17, 40]
+
+    def by_hand(value, point):
+        z = sae.encode(value[:, 1:]).detach()
+        share = z[..., ablate] @ sae.W_dec[ablate].detach() / sae.scale
+        return torch.cat([value[:, :1], value[:, 1:] - share], 1)
+
+    expected = lens64.trace(x, keep=("logits",), edit={POINT: by_hand})["logits"]
+    got = lens64.trace(x, keep=("logits",), edit=Splice(sae, ablate=ablate).edit)["logits"]
+    # float64: the share computed as x_hat - decode(z without them) vs directly, ~1e-15 relative
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    assert (got - lens64.trace(x, keep=("logits",))["logits"]).abs().max() > 1e-6  # they did carry something
+
+
+def test_concept_deletion_curves_follow_the_ranking_and_say_what_they_show(lenses):
+    from vitviz.features.deletion import concept_deletion
+
+    lens, _ = lenses
+    sae = _sae(lens)
+    x = _images(3)
+    target = vitviz.ClassLogit(7)
+    d = concept_deletion(lens, x, sae, target=target, steps=3, random_seeds=2, names=["a", "b", "c"])
+    plain = torch.stack([lens.trace(x[i:i + 1], keep=("logits",))["logits"][0, 7] for i in range(3)])
+    base = d.curves[d.curves.step == 0].groupby("image").value.first()
+    np.testing.assert_allclose(base.loc[["a", "b", "c"]].to_numpy(), plain.numpy(), rtol=0, atol=0)
+    fa = feature_attribution(lens, x, sae, target=target)
+    top = np.argsort(-fa.scores[1], kind="stable")[:2].tolist()
+    by_hand = lens.trace(x[1:2], keep=("logits",), edit=Splice(sae, ablate=top).edit)["logits"][0, 7]
+    got = d.curves.query("image == 'b' and order == 'top' and step == 2").value.item()
+    assert got == float(by_hand)
+    assert set(d.curves.order) == {"top", "random_seed_0", "random_seed_1"} and d.curves.step.max() == 3
+    assert d.difference.n == 3
+    assert ("cannot be told from chance" in d.sentence) == (d.difference.low <= 0 <= d.difference.high)

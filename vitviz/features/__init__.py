@@ -18,6 +18,8 @@ sae.save("runs/sae")                                       # sae.safetensors + s
 - :mod:`.splice`: the SAE spliced in at its point (``Splice``, output unchanged bit for bit with the error term),
   ``feature_attribution`` (latent activation x gradient of a target) and ``LatentTarget`` (which pixels made a
   latent fire, through any map method: ``vitviz.explain(lens, x, "attnlrp", target=LatentTarget(sae, 12))``).
+- :mod:`.deletion`: concept deletion (zero the top latents by score, one more at a time, against random latents,
+  with bootstrap intervals over images); :mod:`.browse`, :mod:`.figures`: what the Features page shows.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import importlib
 # public name -> the module of this package that defines it (loaded on first use: the CLI parses without torch)
 _PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae", "load_sae": "public",
            "load_saev": "public", "load_prisma": "public", "Splice": "splice", "LatentTarget": "splice",
-           "feature_attribution": "splice"}
+           "feature_attribution": "splice", "concept_deletion": "deletion"}
 
 __all__ = sorted(_PUBLIC)
 

@@ -298,6 +298,12 @@ def _topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
     return torch.zeros_like(pre).scatter(-1, index, values.relu())
 
 
+def _sparse_decode(index: torch.Tensor, values: torch.Tensor, W_dec: torch.Tensor) -> torch.Tensor:
+    """Σ_j values_j W_dec[index_j] per row: (b, k) indices and values -> (b, D), reading k rows of W_dec instead of a
+    dense (b, K) @ (K, D) product (the paper's sparse decoder; K / k times fewer multiplications)."""
+    return torch.nn.functional.embedding_bag(index, W_dec, per_sample_weights=values, mode="sum")
+
+
 def _as_array(activations) -> torch.Tensor | None:
     if isinstance(activations, torch.Tensor):
         return activations.detach().to("cpu", torch.float32)
@@ -348,8 +354,9 @@ class Trainer:
         x = x.to(sae.W_dec.device, torch.float32)
         xs = x * sae.scale
         pre = sae.pre_activations(x)
-        z = _topk_relu(pre, sae.topk)
-        xs_hat = z @ sae.W_dec + sae.b_dec
+        values, index = pre.topk(sae.topk, dim=-1)
+        values = values.relu()
+        xs_hat = _sparse_decode(index, values, sae.W_dec) + sae.b_dec
         err = (xs - xs_hat).pow(2).sum()
         var = (xs - xs.mean(0)).pow(2).sum().clamp_min(1e-12)
         loss = err / var
@@ -359,8 +366,9 @@ class Trainer:
         if n_dead:
             k_aux = min(self.settings["aux_k"], n_dead)
             residual = (xs - xs_hat).detach()
-            z_aux = _topk_relu(pre.masked_fill(~dead, -torch.inf), k_aux).nan_to_num(0.0)
-            aux = (residual - z_aux @ sae.W_dec).pow(2).sum() / residual.pow(2).sum().clamp_min(1e-12)
+            aux_values, aux_index = pre.masked_fill(~dead, -torch.inf).topk(k_aux, dim=-1)
+            aux_hat = _sparse_decode(aux_index, aux_values.relu(), sae.W_dec)
+            aux = (residual - aux_hat).pow(2).sum() / residual.pow(2).sum().clamp_min(1e-12)
             loss = loss + AUX_COEF * aux
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -371,11 +379,11 @@ class Trainer:
         with torch.no_grad():
             sae.W_dec /= sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-12)
         self.tokens += len(x)
-        fired = (z > 0).any(0).cpu()
-        self.last_fired[fired] = self.tokens
+        active = values.detach() > 0
+        self.last_fired[index[active].unique().cpu()] = self.tokens
         self.step_count += 1
         nmse = float(err.detach() / var.detach())
-        self.last = {"nmse": nmse, "explained_variance": 1 - nmse, "l0": float((z > 0).sum(-1).float().mean()),
+        self.last = {"nmse": nmse, "explained_variance": 1 - nmse, "l0": float(active.sum(-1).float().mean()),
                      "dead_fraction": n_dead / sae.latents, "aux_loss": float(aux.detach()), "step": self.step_count,
                      "tokens": self.tokens}
         return self.last

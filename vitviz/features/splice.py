@@ -42,7 +42,8 @@ class Splice:
     Args:
         sae: the SAE. point: the adapters' name (``"blocks.5.resid_post"``); default the one sae.json names.
         error: keep the reconstruction error as a constant bypass (the output unchanged); False: x̂ replaces x.
-        ablate: latents (0-based) set to 0 before decoding (concept deletion).
+        ablate: latents (0-based) set to 0 (concept deletion): with the error term the point gets
+            x − Σ_j z_j W_dec[j] / s over the ablated j (their share of the reconstruction removed, the rest of x kept).
         num_prefix_tokens: tokens before the patches (left as they are); default from sae.json's token layout.
 
     Attributes:
@@ -65,11 +66,18 @@ class Splice:
         sae = self.sae.to(device=value.device)
         x = value[:, self.prefix:]
         z = sae.encode(x.to(sae.W_dec.dtype))
-        if len(self.ablate):
-            z = z.index_fill(-1, self.ablate.to(z.device), 0.0)
-        self.latents = z
         x_hat = sae.decode(z).to(value.dtype)
-        patches = x.detach() + (x_hat - x_hat.detach()) if self.error else x_hat
+        if len(self.ablate):
+            kept = z.index_fill(-1, self.ablate.to(z.device), 0.0)
+            removed = x_hat - sae.decode(kept).to(value.dtype)  # the ablated latents' share, sum_j z_j W_dec[j] / s
+            z = kept
+        self.latents = z
+        if not self.error:
+            patches = x_hat - removed if len(self.ablate) else x_hat
+        else:
+            patches = x.detach() + (x_hat - x_hat.detach())  # exactly x
+            if len(self.ablate):
+                patches = patches - removed
         return torch.cat([value[:, :self.prefix], patches], dim=1)
 
 
