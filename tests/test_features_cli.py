@@ -152,3 +152,15 @@ def test_top_table_is_the_brute_force_top_n_per_latent(tiny, tmp_path):
         for _, row in rows.iterrows():
             flat = paths.index(images / row.image) * 16 + row.patch
             assert abs(col[flat] - row.activation) <= 1e-4 * max(1, abs(row.activation))
+
+
+@pytest.mark.slow
+def test_the_readme_features_train_example_runs_as_typed(tmp_path, monkeypatch):
+    from conftest import readme_command
+
+    monkeypatch.chdir(ASSETS.parent)
+    args = readme_command(".venv/bin/python -m vitviz features train", tmp_path / "sae")
+    assert main(args[2:]) == 0
+    info = json.loads((tmp_path / "sae" / "sae.json").read_text())
+    assert (info["layer"], info["latents"], info["topk"], info["images"]["count"]) == (9, 256, 8, 4)
+    assert info["training"]["tokens"] == 5 * 4 * 256
