@@ -54,6 +54,18 @@ maps = codes.image_maps(index)[top]
 show_chart(image_latents_figure(ctx.result.model_input, maps, [int(j) for j in top], layout),
            "features_image", file_stem("features", ctx.image.name, by))
 
+with st.expander("Which latents fire at one patch"):
+    gh, gw = layout.grid_size
+    r1, r2 = st.columns(2)
+    row = r1.number_input("Patch row (1 = top)", 1, gh, (gh + 1) // 2, key="features_row")
+    col = r2.number_input("Patch column (1 = left)", 1, gw, (gw + 1) // 2, key="features_col")
+    firing = codes.patch_latents(index, (int(row) - 1) * gw + int(col) - 1)
+    if firing:
+        st.dataframe({"latent": [j for j, _ in firing], "activation (SAE units)": [round(v, 4) for _, v in firing]},
+                     hide_index=True)
+    else:
+        st.caption("No latent fires at this patch.")
+
 st.subheader("One latent across the image set")
 latent = int(st.selectbox("Latent", [int(j) for j in top], key="features_latent",
                           help="This image's top latents; its strongest patches over every image in the sidebar's set."))

@@ -73,5 +73,14 @@ def test_features_page_shows_the_images_top_latents_and_their_maps(sae_dir):
         assert np.allclose(got, maps[j], atol=1e-4) or np.allclose(got[::-1], maps[j], atol=1e-4)
     assert "features_latent_patches" in " ".join(_charts(at)) and "features_histogram" in " ".join(_charts(at))
 
+    at.number_input(key="features_row").set_value(5).run()
+    at.number_input(key="features_col").set_value(7).run()
+    table = at.dataframe[0].value
+    patch = 4 * 16 + 6
+    firing = np.flatnonzero(z[patch] > 0)
+    assert sorted(table["latent"].tolist()) == sorted(firing.tolist())
+    for j, v in zip(table["latent"], table["activation (SAE units)"]):
+        assert abs(v - z[patch, j]) < 1e-3
+
     at.text_input(key="features_sae").input(str(out.parent / "missing")).run()
     assert any("no such file or folder" in e.value for e in at.error)

@@ -42,6 +42,11 @@ class Codes:
         """Image ``i``'s ``n`` latents with the largest max (or sum) over its patches, largest first."""
         return image_top_latents(self.image_maps(i), n, by)
 
+    def patch_latents(self, i: int, patch: int) -> list[tuple[int, float]]:
+        """(latent, activation) of the latents firing at image ``i``'s ``patch`` (0-based raster), strongest first."""
+        pairs = [(int(j), float(v)) for j, v in zip(self.index[i, patch], self.values[i, patch]) if v > 0]
+        return sorted(pairs, key=lambda p: -p[1])
+
     def top_patches(self, latent: int, n: int = 8, per_image: bool = True) -> list[tuple[int, int, float]]:
         """Latent ``latent``'s ``n`` strongest (image, patch, activation) over the set, strongest first; patch 0-based
         raster. ``per_image``: each image's strongest patch only (n images), else the n strongest patches anywhere."""
