@@ -2,10 +2,11 @@
 import streamlit as st
 
 from ui.charts import file_stem, show_chart
-from ui.features import checked_point, codes_of, sae_at
+from ui.features import checked_point, codes_of, drivers_of, sae_at
 from ui.state import setup
 from vitviz.errors import VitvizError
-from vitviz.features.figures import activation_histogram, image_latents_figure, latent_patches_figure
+from vitviz.features.figures import (activation_histogram, image_latents_figure, latent_patches_figure,
+                                     latent_scores_figure)
 from vitviz.images import preprocess
 
 ctx = setup()
@@ -65,6 +66,15 @@ with st.expander("Which latents fire at one patch"):
                      hide_index=True)
     else:
         st.caption("No latent fires at this patch.")
+
+st.subheader("Which latents drive the output")
+if st.toggle("Compute: one backward pass through the SAE spliced in", key="features_drivers"):
+    fa = drivers_of(ctx, sae, path.strip())
+    show_chart(latent_scores_figure(fa.scores[0], fa.target.text()), "features_drivers_fig",
+               file_stem("features_drivers", ctx.image.name))
+    st.caption(f"Score of a latent = its activation × the gradient of {fa.target.text()} with respect to it, summed "
+               "over the patches, with the SAE spliced in at its point and its reconstruction error kept as a constant "
+               "(the output is exactly the model's own).")
 
 st.subheader("One latent across the image set")
 latent = int(st.selectbox("Latent", [int(j) for j in top], key="features_latent",

@@ -21,6 +21,16 @@ def _chart(at, key):
     return spec
 
 
+def _decode(v) -> np.ndarray:
+    """A Plotly array as sent: a list, or base64 bytes with dtype and shape."""
+    import base64
+
+    if isinstance(v, dict):
+        shape = [int(n) for n in str(v.get("shape", -1)).split(",")]
+        v = np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).reshape(shape)
+    return np.asarray(v, dtype=float)
+
+
 @pytest.fixture(scope="module")
 def sae_dir(tmp_path_factory):
     """A small SAE on the bundled model's layer 9 tokens of one photo, saved as features train saves it."""
@@ -58,20 +68,24 @@ def test_features_page_shows_the_images_top_latents_and_their_maps(sae_dir):
     titles = [a["text"] for a in spec["layout"]["annotations"]]
     assert [int(t.split()[1]) for t in titles] == [int(j) for j in expected]
     hover = [t for t in spec["data"] if t["type"] == "heatmap"]
-    import base64
-
-    def values(trace):
-        v = trace["z"]
-        if isinstance(v, dict):
-            shape = [int(n) for n in str(v["shape"]).split(",")]
-            v = np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).reshape(shape)
-        return np.asarray(v, dtype=float)
-
     for trace, j in zip(hover, expected):
-        got = values(trace)
+        got = _decode(trace["z"])
         # the hover heatmap may be drawn bottom-up: compare either orientation; float32 encode vs the page's, ~1e-5
         assert np.allclose(got, maps[j], atol=1e-4) or np.allclose(got[::-1], maps[j], atol=1e-4)
     assert "features_latent_patches" in " ".join(_charts(at)) and "features_histogram" in " ".join(_charts(at))
+
+    assert "features_drivers_fig" not in " ".join(_charts(at))  # nothing computed before it is asked for
+    at.toggle(key="features_drivers").set_value(True).run()
+    assert not at.exception, [e.message for e in at.exception]
+    import vitviz
+    from vitviz.features.splice import feature_attribution
+
+    lens = vitviz.open("bundled", device="cpu")
+    scores = feature_attribution(lens, lens.preprocess([ASSETS / "astronaut.jpg"]), sae).scores[0]
+    top = np.argsort(-np.abs(scores), kind="stable")[:12]
+    [bars] = _chart(at, "features_drivers_fig")["data"]
+    assert bars["x"] == [f"latent {j}" for j in top]
+    np.testing.assert_allclose(_decode(bars["y"]), scores[top], rtol=1e-4, atol=1e-6)  # float32, two forwards
 
     at.number_input(key="features_row").set_value(5).run()
     at.number_input(key="features_col").set_value(7).run()

@@ -51,3 +51,13 @@ def codes_of(ctx, sae: SAE, path: str, point: str) -> Codes:
     images = [im.image for im in ctx.images]
     return store().get_or_compute(key, _model_run(f"Encoding {len(images)} images with the SAE ...",
                                                   lambda: encode_images(Lens(ctx.loaded), sae, images, point)))
+
+
+def drivers_of(ctx, sae: SAE, path: str):
+    """Feature attribution of the current image's default target (top-1 logit, or the pooled vector's projection)."""
+    from vitviz.features.splice import feature_attribution
+
+    lens = Lens(ctx.loaded)
+    key = ("features-drivers", ctx.spec, path, _version(path), ctx.image.sha256)
+    return store().get_or_compute(key, _model_run("One backward pass through the spliced SAE ...", lambda: (
+        feature_attribution(lens, lens.preprocess([ctx.image.image]), sae))))

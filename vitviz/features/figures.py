@@ -49,3 +49,18 @@ def activation_histogram(values: np.ndarray, latent: int, frequency: float, toke
                       xaxis_title=VALUE, yaxis_title="patch tokens", height=300, margin=dict(l=60, r=20, t=50, b=50),
                       plot_bgcolor="white", paper_bgcolor="white", font_color="black", bargap=0.05)
     return fig
+
+
+def latent_scores_figure(scores: np.ndarray, target_text: str, n: int = 12) -> go.Figure:
+    """The ``n`` latents with the largest |score| (activation × gradient of the target), signed bars: red pushes the
+    target up, blue down; latents 0-based."""
+    order = np.argsort(-np.abs(scores), kind="stable")[:n]
+    order = order[scores[order] != 0]
+    colours = ["rgb(178, 24, 43)" if scores[j] > 0 else "rgb(33, 102, 172)" for j in order]
+    fig = go.Figure(go.Bar(x=[f"latent {j}" for j in order], y=scores[order], marker_color=colours,
+                           hovertemplate="%{x}: %{y:.4g}<extra></extra>"))
+    fig.update_layout(title=dict(text=f"Latents that drive {target_text} (red raises it, blue lowers it)", font_size=14),
+                      yaxis_title="activation × gradient", height=320, margin=dict(l=70, r=20, t=50, b=60),
+                      plot_bgcolor="white", paper_bgcolor="white", font_color="black")
+    fig.update_yaxes(zeroline=True, zerolinecolor="black", gridcolor="rgb(230, 230, 230)")
+    return fig
