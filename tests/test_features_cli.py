@@ -155,12 +155,22 @@ def test_top_table_is_the_brute_force_top_n_per_latent(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_readme_features_train_example_runs_as_typed(tmp_path, monkeypatch):
+def test_the_readme_features_examples_run_as_typed(tmp_path, monkeypatch, capsys):
+    """The README's features train line, then its Python example on the folder it wrote (assets/ linked beside)."""
+    import re
+
     from conftest import readme_command
 
-    monkeypatch.chdir(ASSETS.parent)
+    (tmp_path / "assets").symlink_to(ASSETS)
+    monkeypatch.chdir(tmp_path)
     args = readme_command(".venv/bin/python -m vitviz features train", tmp_path / "sae")
     assert main(args[2:]) == 0
     info = json.loads((tmp_path / "sae" / "sae.json").read_text())
     assert (info["layer"], info["latents"], info["topk"], info["images"]["count"]) == (9, 256, 8, 4)
     assert info["training"]["tokens"] == 5 * 4 * 256
+    text = (ASSETS.parent / "README.md").read_text()
+    section = text[text.index("## Features: sparse autoencoders"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    capsys.readouterr()
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out == "(1, 16, 16) (1, 256)\n"  # what the README's comment says it prints

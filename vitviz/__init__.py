@@ -26,7 +26,7 @@ _PUBLIC = {
     "ClassLogit": "attribution", "Projection": "attribution", "Target": "attribution",
     "methods": "explainers", "explain": "explainers", "register_method": "explainers", "MapMethod": "explainers",
     "Map": "explainers",
-    "faithfulness": "faithfulness",  # the module is callable: vitviz.faithfulness(lens, x, methods=[...])
+    "faithfulness": "faithfulness_run", "FaithfulnessTables": "faithfulness_run",
     "SAE": "features.sae", "LatentTarget": "features.splice", "load_sae": "features.public",
 }
 
@@ -37,8 +37,7 @@ def __getattr__(name: str):
     module = _PUBLIC.get(name)
     if module is None:
         raise AttributeError(f"module 'vitviz' has no attribute {name!r}")
-    loaded = importlib.import_module(f"{__name__}.{module}")
-    value = loaded if module == name else getattr(loaded, name)
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     globals()[name] = value
     return value
 

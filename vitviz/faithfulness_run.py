@@ -24,10 +24,10 @@ import torch
 
 from .errors import VitvizError
 from .explainers import get_method, registered
-from .faithfulness import ORDERINGS, RANDOM_SEEDS, SEED_PREFIX, default_fractions, ordered, random_seed_maps
+from .perturbation import ORDERINGS, RANDOM_SEEDS, SEED_PREFIX, default_fractions, ordered, random_seed_maps
 from .faithfulness_protocols import REPLACEMENTS, protocol_curves
 from .inputs import ImageFile
-from .output import _signals_held
+from .io.atomic import signals_held
 
 CURVES_NAME, AUC_NAME, SETTINGS_NAME, SUMMARY_NAME = ("faithfulness.parquet", "auc.parquet", "settings.json",
                                                       "summary.json")
@@ -242,7 +242,7 @@ class FaithfulnessStore:
             tmp = self.parts / f".{kind}-{part}.tmp"
             pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), tmp)
             staged.append((tmp, self.parts / f"{kind}-{part}.parquet"))
-        with _signals_held():
+        with signals_held():
             for tmp, final in staged:
                 os.replace(tmp, final)
 
@@ -262,7 +262,7 @@ class FaithfulnessStore:
             for name, (frame, schema) in tables.items():
                 pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False),
                                self.parts / f".{name}.tmp")
-            with _signals_held():
+            with signals_held():
                 for name in (CURVES_NAME, AUC_NAME):  # AUC last: its images count as done
                     os.replace(self.parts / f".{name}.tmp", self.folder / name)
         for leftover in self.parts.iterdir():  # merged parts, and halves of batches cut short
@@ -294,3 +294,43 @@ def same_run(previous: dict, settings: RunSettings) -> str | None:
                 + "); give another --out, or the same settings to go on.")
     return None
 
+
+@dataclass
+class FaithfulnessTables:
+    """The tables ``python -m vitviz faithfulness`` writes, for one batch.
+
+    Attributes:
+        curves: rows (image, method, protocol, fraction, score) — ``faithfulness.parquet``'s columns.
+        aucs: rows (image, method, protocol, auc) — ``auc.parquet``'s columns.
+        settings: the run's settings (``settings.json``'s ``run`` entry).
+    """
+
+    curves: pd.DataFrame
+    aucs: pd.DataFrame
+    settings: dict
+
+
+def faithfulness(lens, x, methods: list[str] | tuple[str, ...] = ("attnlrp", "rollout", "random"),
+                 protocols: tuple[str, ...] = ("morf", "lerf", "insertion"), names: list[str] | None = None,
+                 **settings) -> FaithfulnessTables:
+    """Perturbation curves and AUCs of ``methods`` on a batch, as ``python -m vitviz faithfulness`` computes them.
+
+    Args:
+        x: as :func:`explain` takes it.
+        methods: registered names; ``"random"`` is the floor (mean of ``random_seeds`` seeded maps).
+        protocols: among ``morf``, ``lerf``, ``insertion`` and Chefer's ``positive`` / ``negative`` (classifiers).
+        names: one name per image for the tables (default ``image0``, ``image1``, ...).
+        settings: the CLI's options by their :class:`vitviz.faithfulness_run.RunSettings` names (``replacement``,
+            ``ordering``, ``steps``, ``random_seeds``, ``first_seed``, ``target_class``).
+    """
+    from .explainers import as_tensor
+
+    tensor = as_tensor(lens, x)
+    run = RunSettings(model=lens.spec.name, methods=tuple(parse_list(",".join(methods), METHODS,
+                                                                     "methods")),
+                      protocols=tuple(protocols), checkpoint=lens.spec.checkpoint, img_size=lens.spec.img_size,
+                      **settings)
+    run.check()
+    names = names or [f"image{i}" for i in range(len(tensor))]
+    curves, aucs = image_tables(lens.loaded, tensor, names, run)
+    return FaithfulnessTables(curves, aucs, run.record())

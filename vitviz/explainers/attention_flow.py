@@ -10,7 +10,7 @@ class AttentionFlow(MapMethod):
     """Options: those of rollout (``fusion``, ``discard``, ``start``, ``end``, ``exclude_tokens``, ``query``),
     ``scale`` (integer capacities) and ``progress(done, total)``. One max-flow per patch: slow on large grids."""
 
-    name, label, kind = "attention_flow", "Attention flow", "attention"
+    name, label, kind = "attention_flow", "attention flow", "attention"
     needs = ("attention",)
     summary = "the maximum flow from each patch to the readout through the attention graph (slow: one flow per patch)"
 

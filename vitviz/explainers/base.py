@@ -33,7 +33,7 @@ NEEDS = {
 }
 
 
-class MethodError(VitvizError):
+class MethodError(VitvizError, ValueError):
     """A method that is unknown, or does not apply to the model (the sentence says why)."""
 
 
@@ -49,6 +49,8 @@ class Map:
         target_value: (B,) the explained score at the unperturbed input, or None (attention methods explain no score).
         target: the bound target (its ``describe()`` is in :attr:`settings`), or None.
         settings: what decides the numbers (method, options, target), for settings.json.
+        coarse: (B, gh', gw') the map on the coarser grid the method read (Grad-CAM on a late Swin stage), else None;
+        coarse_layout: that grid's layout.
     """
 
     method: str
@@ -58,6 +60,16 @@ class Map:
     target_value: np.ndarray | None = None
     target: Target | None = None
     settings: dict = field(default_factory=dict)
+    coarse: np.ndarray | None = None
+    coarse_layout: object | None = None
+
+    def conservation(self) -> list[dict] | None:
+        """Per image: the target's value, the pixels' total relevance and their share (None without pixels)."""
+        from ..attribution import conservation
+
+        if self.pixels is None or self.target_value is None:
+            return None
+        return conservation(self.target_value, self.pixels.reshape(len(self.pixels), -1).sum(-1))
 
 
 class MapMethod:
@@ -84,10 +96,11 @@ class MapMethod:
 
     def why_not(self, lens) -> str | None:
         """One sentence saying why this method does not apply to ``lens``'s model, or None."""
+        label = self.label[:1].upper() + self.label[1:]
         if "head" in self.needs and not lens.has_head:
-            return f"{self.label} needs a classifier head; {lens.label} has none."
+            return f"{label} needs a classifier head; {lens.label} has none."
         if ("global attention" in self.needs or "attention" in self.needs) and lens.scope != "global":
-            return (f"{self.label} reads attention between all tokens; {lens.label} attends inside windows "
+            return (f"{label} reads attention between all tokens; {lens.label} attends inside windows "
                     "(its window maps are on the Attribution page).")
         return None
 
@@ -182,7 +195,7 @@ class AttributionMethod(MapMethod):
             raise MethodError(f"{self.label} takes no options (got {', '.join(options)}).")
         a = attribute(lens.model, x, self.name, target or default_target(lens.model))
         return Map(self.name, a.patches, a.pixels, self.signed, a.target_value, a.target,
-                   {"method": self.name, "target": a.target.describe()})
+                   {"method": self.name, "target": a.target.describe()}, a.coarse, a.coarse_layout)
 
 
 def attention_of(lens, x: torch.Tensor, trace=None) -> np.ndarray:
@@ -218,3 +231,19 @@ def repeat_target(bound: Target, index: int, n: int) -> Target:
     if not getattr(bound, "binds_per_image", True):  # e.g. an SAE latent: nothing fixed per image
         return bound
     raise MethodError(f"{type(bound).__name__} targets cannot be repeated over copies of an image yet.")
+
+
+def parse_methods(text: str, kinds: tuple[str, ...] = ("relevance", "perturbation"), option: str = "--attribution"
+                  ) -> list[str]:
+    """``"attnlrp,cp-lrp"`` -> ``["attnlrp", "cp-lrp"]``, checked against the registered methods of ``kinds``
+    (default those that explain a target: relevance and perturbation methods).
+
+    Raises:
+        MethodError: an unknown name (the sentence names ``option`` and lists the choices).
+    """
+    allowed = names(kinds=kinds)
+    methods = [m.strip().lower() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in allowed]
+    if unknown or not methods:
+        raise MethodError(f"{option}: unknown method {', '.join(unknown) or '(none)'}; choose from {', '.join(allowed)}.")
+    return list(dict.fromkeys(methods))

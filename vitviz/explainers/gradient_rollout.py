@@ -9,7 +9,7 @@ from .base import Map, MapMethod, register_method
 
 @register_method
 class GradientRollout(MapMethod):
-    name, label, kind = "gradient_rollout", "Gradient rollout", "relevance"
+    name, label, kind = "gradient_rollout", "gradient rollout", "relevance"
     needs = ("head", "gradients", "attention")
     summary = "rollout of each layer's attention weighted by the class logit's gradient (Chefer et al. 2021)"
 

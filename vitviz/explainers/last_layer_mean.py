@@ -1,14 +1,14 @@
 """The last layer's raw readout attention (the CLS row, or the mean patch row), mean over heads."""
 import numpy as np
 
-from ..faithfulness import readout_query
+from ..perturbation import readout_query
 from ..maps import query_attention_map
 from .base import Map, MapMethod, attention_of, register_method
 
 
 @register_method
 class LastLayerMean(MapMethod):
-    name, label, kind = "last_layer_mean", "Last layer's attention (mean of heads)", "attention"
+    name, label, kind = "last_layer_mean", "last layer, mean of heads", "attention"
     needs = ("attention",)
     summary = "the readout's raw attention over the patches in the last layer, mean over heads"
 

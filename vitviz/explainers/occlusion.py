@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..adapters import run
-from ..faithfulness import pixel_masks
+from ..perturbation import pixel_masks
 from ..faithfulness_protocols import REPLACEMENTS, replacement_of
 from .base import Map, MapMethod, MethodError, bound_target, register_method, repeat_target
 

@@ -1,7 +1,7 @@
 """The chance floor: a seeded random map (uniform values, the same for every image of a batch)."""
 import numpy as np
 
-from ..faithfulness import random_map
+from ..perturbation import random_map
 from .base import Map, MapMethod, register_method
 
 
@@ -9,7 +9,7 @@ from .base import Map, MapMethod, register_method
 class RandomMap(MapMethod):
     """Options: ``seed`` (default 0)."""
 
-    name, label, kind = "random", "Random (chance)", "baseline"
+    name, label, kind = "random", "random", "baseline"
     summary = "a seeded random map: the floor every method must beat"
 
     def compute(self, lens, x, target=None, trace=None, seed: int = 0):

@@ -10,7 +10,7 @@ class Rollout(MapMethod):
     """Options: ``fusion`` (mean / max / min), ``discard`` (0..1), ``start``, ``end`` (0-based layer range, end
     exclusive), ``exclude_tokens``, ``query`` (a patch's raster index instead of the readout)."""
 
-    name, label, kind = "rollout", "Rollout", "attention"
+    name, label, kind = "rollout", "rollout", "attention"
     needs = ("attention",)
     summary = "attention rolled out through the layers (heads fused, residual added, rows renormalised)"
 

@@ -62,7 +62,8 @@ def _model_args(p) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``features train`` or ``features top``; user mistakes raise VitvizError (vitviz.cli prints it)."""
     from ..inputs import expand_inputs
-    from ..output import check_writable
+    from ..io.lock import output_lock
+    from ..io.output import check_writable
 
     files, problems = expand_inputs(args.inputs)
     for p in problems:
@@ -71,11 +72,15 @@ def run(args: argparse.Namespace) -> int:
         print("error: no image could be read.", file=sys.stderr)
         return 1
     if args.features_command == "train":
-        return _train(args, files, check_writable)
-    return _top(args, files)
+        check_writable(args.out)
+        with output_lock(args.out, "features train"):
+            return _train(args, files)
+    out = args.out or args.sae / "top.parquet"
+    with output_lock(out.parent, "features top"):
+        return _top(args, files, out)
 
 
-def _train(args, files, check_writable) -> int:
+def _train(args, files) -> int:
     import vitviz
 
     from .train import TrainSettings, train
@@ -84,7 +89,6 @@ def _train(args, files, check_writable) -> int:
                              epochs=args.epochs, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                              prefix=args.prefix, lr=args.lr)
     settings.check()
-    check_writable(args.out)
     lens = vitviz.open(args.model, checkpoint=args.checkpoint, img_size=args.img_size, device=args.device)
     sae = train(lens, files, settings, args.out, progress=True)
     m = sae.info["metrics"]
@@ -94,12 +98,12 @@ def _train(args, files, check_writable) -> int:
     return 0
 
 
-def _top(args, files) -> int:
+def _top(args, files, out: Path) -> int:
     from .top import top_table, write_top
 
     if args.top < 1:
         raise VitvizError(f"--top must be 1 or more, not {args.top}.")
     table = top_table(args.sae, files, n=args.top, batch_size=args.batch_size, device=args.device)
-    out = write_top(table, args.out or args.sae / "top.parquet")
+    write_top(table, out)
     print(f"wrote {out}: {len(table)} rows ({table['latent'].nunique()} latents that fired)", file=sys.stderr)
     return 0

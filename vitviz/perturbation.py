@@ -18,8 +18,6 @@ the two inputs every method shares (the original and the all-zero input) are sco
 """
 from __future__ import annotations
 
-import sys
-import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -396,16 +394,3 @@ def split_random_seeds(result: Faithfulness) -> tuple[list[int], ChanceBand | No
         return others, None
     return others, ChanceBand(result.deletion_auc[seeds], result.insertion_auc[seeds])
 
-
-class _FaithfulnessModule(types.ModuleType):
-    """``vitviz.faithfulness(lens, x, methods=...)`` is the front door's call (:func:`vitviz.explainers.faithfulness`)
-    while ``vitviz.faithfulness`` stays this module for the code that imports its protocol: Python gives a package
-    the attribute of a submodule it loads, so the name can only be both if the module itself can be called."""
-
-    def __call__(self, lens, x, methods=("attnlrp", "rollout", "random"), **settings):
-        from .explainers import faithfulness
-
-        return faithfulness(lens, x, methods, **settings)
-
-
-sys.modules[__name__].__class__ = _FaithfulnessModule
