@@ -58,13 +58,23 @@ def throughput(images: int = 16, batch: int = 8, repeats: int = 3) -> None:
     sae = SAE(384, 4096, 32).init_from(tok, 0)
     from vitviz.features.sae import Trainer
 
+    import vitviz.features.sae as sae_module
+
+    sparse = sae_module._sparse_decode
+
+    def dense(index, values, W_dec):  # the dense (b, K) @ (K, D) product the sparse decoder replaces
+        return torch.zeros(len(index), W_dec.shape[0]).scatter(-1, index, values) @ W_dec
+
     trainer = Trainer(sae)
-    steps = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        for s in range(0, len(tok), 1024):
-            trainer.step(tok[s:s + 1024])
-        steps.append(time.perf_counter() - t)
+    steps, dense_steps = [], []
+    for _ in range(repeats):  # interleaved: the machine's load moves both alike
+        for decoder, times in ((sparse, steps), (dense, dense_steps)):
+            sae_module._sparse_decode = decoder
+            t = time.perf_counter()
+            for s in range(0, len(tok), 1024):
+                trainer.step(tok[s:s + 1024])
+            times.append(time.perf_counter() - t)
+    sae_module._sparse_decode = sparse
     files = [ImageFile(p, f"{i}_{p.name}") for i, p in enumerate(paths)]
     with tempfile.TemporaryDirectory() as out:
         t = time.perf_counter()
@@ -78,7 +88,8 @@ def throughput(images: int = 16, batch: int = 8, repeats: int = 3) -> None:
     print("|---|---|---|---|")
     base = _median(plain)
     for name, sec in [("plain forward (whole model, fused)", base), ("forward stopped after layer 9", _median(truncated)),
-                      ("SAE steps alone (Adam, aux-k)", _median(steps))]:
+                      ("SAE steps alone (Adam, aux-k), sparse decoder", _median(steps)),
+                      ("SAE steps alone, dense decoder (reference)", _median(dense_steps))]:
         print(f"| {name} | {sec:.3f} | {rate(sec):.0f} | {sec / base:.2f}x |")
     per_batch = whole / (images / batch)
     print(f"| features train end to end ({images} images: decode, forward, steps, checkpoint) | {per_batch:.3f} | "

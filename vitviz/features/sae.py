@@ -14,7 +14,9 @@ layer's scale (saev's normalisation, centred): learning rates carry over between
 reconstruct the residual e = s·x − ŝx̂ (held constant), and L_aux = ‖e − ê‖² / ‖e‖² is added with weight 1/32.
 The main loss is the normalised MSE ‖s·x − s·x̂‖² / ‖s·x − s·μ_batch‖² (both summed over the batch).
 After every Adam step the decoder rows are put back on the unit sphere; before it the gradient's component
-parallel to each row is removed (the paper's "project out" step), so Adam moves along the sphere.
+parallel to each row is removed (the paper's "project out" step), so Adam moves along the sphere. Training decodes
+sparsely (the k chosen rows of W_dec summed, ``embedding_bag``; the paper's sparse decoder), not as a dense (b, K)
+product.
 
 **Why a small torch module and not a library.** ``overcomplete`` 0.3.0 (TopK, BatchTopK, JumpReLU, archetypal
 SAEs in torch) installs cleanly beside the pinned stack (``pip install --dry-run``, 2026-11-27), but it brings
