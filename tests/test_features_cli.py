@@ -174,3 +174,20 @@ def test_the_readme_features_examples_run_as_typed(tmp_path, monkeypatch, capsys
     capsys.readouterr()
     exec(compile(code, "README.md", "exec"), {})
     assert capsys.readouterr().out == "(1, 16, 16) (1, 256)\n"  # what the README's comment says it prints
+
+
+def test_a_second_writer_of_the_folder_is_refused_with_a_sentence(tiny, tmp_path, capsys):
+    import threading
+
+    from vitviz.io.lock import output_lock
+
+    out = tmp_path / "sae"
+    codes = []
+    with output_lock(out, "features train"):
+        thread = threading.Thread(target=lambda: codes.append(main(_args(tiny, out))))
+        thread.start()
+        thread.join()
+    assert codes == [2]
+    err = capsys.readouterr().err
+    assert "is being written by another run" in err and "Traceback" not in err
+    assert not (out / "checkpoint.pt").exists()
