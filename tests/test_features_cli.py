@@ -117,6 +117,14 @@ def test_resuming_with_other_settings_is_refused_with_a_sentence(tiny, tmp_path,
     assert "checkpoint of another run" in err and "seed" in err and "Traceback" not in err
 
 
+def test_a_sheet_of_a_latent_out_of_range_is_a_sentence(tiny, tmp_path, capsys):
+    _, _, images = tiny
+    out = tmp_path / "sae"
+    assert main(_args(tiny, out)) == 0
+    assert main(["features", "top", str(out), str(images), "--device", "cpu", "--sheets", "32"]) == 2
+    assert "latent 32 is out of range (0 to 31)" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("extra, words", [(["--layer", "13"], "--layer 13 is out of range"),
                                           (["--point", "attn"], "is not one vector per token"),
                                           (["--topk", "40"], "more than --latents")])
@@ -139,6 +147,11 @@ def test_top_table_is_the_brute_force_top_n_per_latent(tiny, tmp_path):
     assert main(_args(tiny, out)) == 0
     assert main(["features", "top", str(out), str(images), "--top", "5", "--batch-size", "4", "--device", "cpu"]) == 0
     table = pd.read_parquet(out / "top.parquet")
+    first = int(table.latent.iloc[0])
+    assert main(["features", "top", str(out), str(images), "--top", "5", "--device", "cpu", "--sheets", str(first)]) == 0
+    sheet = np.asarray(Image.open(out / f"latent_{first}.png").convert("RGB"))
+    green = (sheet == [0, 255, 0]).all(-1)  # every tile's patch outline
+    assert green.sum() > 0 and sheet.shape[1] > 4 * 5 * 16 * 3 / 2
     assert list(table.columns) == ["latent", "image", "patch", "activation"]
     sae = SAE.load(out)
     paths = sorted(images.iterdir())

@@ -49,6 +49,8 @@ def add_parser(sub) -> None:
     top.add_argument("--top", type=int, default=16, metavar="N", help="rows per latent (default 16)")
     top.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward (default 8)")
     top.add_argument("--out", type=Path, metavar="FILE", help="the Parquet file (default DIR/top.parquet)")
+    top.add_argument("--sheets", metavar="J,J,...",
+                     help="latents (0-based) to draw as contact sheets: latent_J.png beside the Parquet file")
     top.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
 
 
@@ -99,11 +101,21 @@ def _train(args, files) -> int:
 
 
 def _top(args, files, out: Path) -> int:
-    from .top import top_table, write_top
+    from .sae import SAE
+    from .top import latent_sheet, open_for, top_table, write_png, write_top
 
     if args.top < 1:
         raise VitvizError(f"--top must be 1 or more, not {args.top}.")
-    table = top_table(args.sae, files, n=args.top, batch_size=args.batch_size, device=args.device)
+    try:
+        sheets = [int(j) for j in args.sheets.split(",")] if args.sheets else []
+    except ValueError:
+        raise VitvizError(f"--sheets {args.sheets!r}: give latent numbers separated by commas, e.g. 3,17.") from None
+    sae = SAE.load(args.sae)
+    lens = open_for(sae, args.device)
+    table = top_table(sae, files, n=args.top, batch_size=args.batch_size, lens=lens)
     write_top(table, out)
+    for j in sheets:
+        path = write_png(latent_sheet(table, j, sae, lens, files), out.parent / f"latent_{j}.png")
+        print(f"wrote {path}", file=sys.stderr)
     print(f"wrote {out}: {len(table)} rows ({table['latent'].nunique()} latents that fired)", file=sys.stderr)
     return 0

@@ -64,3 +64,27 @@ def latent_scores_figure(scores: np.ndarray, target_text: str, n: int = 12) -> g
                       plot_bgcolor="white", paper_bgcolor="white", font_color="black")
     fig.update_yaxes(zeroline=True, zerolinecolor="black", gridcolor="rgb(230, 230, 230)")
     return fig
+
+
+def contact_sheet(images: list[Image.Image], maps: np.ndarray, patches: list[int], activations: list[float],
+                  names: list[str], latent: int, layout: TokenLayout, *, context: int = 2, zoom: int = 3,
+                  columns: int = 4) -> Image.Image:
+    """A latent's top patches as crops: each (2·context + 1)² patches around the patch, the latent's map over it on
+    one shared Inferno scale (0 to the strongest activation), the patch outlined in green; a colour bar in SAE units.
+    ``maps`` (n, gh, gw) the latent over each tile's image; ``patches`` 0-based raster; titles 1-based (row, column)."""
+    from ..overlay import colour_bar, panel_png
+
+    scale = ColourScale(0.0, max(max(activations, default=0.0), 1e-12), rule="0 to the strongest activation, shared")
+    (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
+    tiles, titles = [], []
+    for im, m, p, a, n in zip(images, maps, patches, activations, names):
+        full = render_overlay(im, m, scale, marks=Marks(query=p), zoom=zoom)
+        r, c = divmod(int(p), gw)
+        r0, c0 = min(max(r - context, 0), max(gh - 2 * context - 1, 0)), min(max(c - context, 0), max(gw - 2 * context - 1, 0))
+        side = 2 * context + 1
+        box = (c0 * pw * zoom, r0 * ph * zoom, (c0 + side) * pw * zoom, (r0 + side) * ph * zoom)
+        tiles.append(full.crop(box))
+        titles.append(f"{n} ({r + 1}, {c + 1}) {a:.3g}")
+    bar = colour_bar(scale, "Inferno", VALUE, tiles[0].height if tiles else 200)
+    return panel_png(tiles, titles, f"Latent {latent}: its top patches (patch outlined; one shared scale)", bar,
+                     columns=min(columns, max(len(tiles), 1)), font_size=14)

@@ -92,6 +92,17 @@ def top_table(sae_dir: str | Path, files: list, n: int = 16, batch_size: int = 8
     return table.sort_values(["latent", "activation"], ascending=[True, False], kind="stable").reset_index(drop=True)
 
 
+def write_png(image, path: str | Path) -> Path:
+    """A PIL image as PNG at ``path``, written whole or not at all."""
+    import io
+
+    from ..io.atomic import atomic_write_bytes
+
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return atomic_write_bytes(Path(path), buffer.getvalue())
+
+
 def write_top(table: pd.DataFrame, path: str | Path) -> Path:
     """``table`` as Parquet at ``path``, written whole or not at all."""
     import io
@@ -101,3 +112,29 @@ def write_top(table: pd.DataFrame, path: str | Path) -> Path:
     buffer = io.BytesIO()
     table.to_parquet(buffer, index=False)
     return atomic_write_bytes(Path(path), buffer.getvalue())
+
+
+@torch.no_grad()
+def latent_sheet(table: pd.DataFrame, latent: int, sae: SAE, lens, files: list) -> "Image.Image":
+    """The contact sheet (:func:`vitviz.features.figures.contact_sheet`) of ``latent``'s rows of a top table: its
+    images run again (only those) for the latent's maps over them.
+
+    Raises:
+        VitvizError: the latent has no rows (it never fired on these images) or is out of range."""
+    from ..images import load_image
+    from .figures import contact_sheet
+
+    if not 0 <= latent < sae.latents:
+        raise VitvizError(f"--sheets: latent {latent} is out of range (0 to {sae.latents - 1}).")
+    rows = table[table.latent == latent]
+    if rows.empty:
+        raise VitvizError(f"--sheets: latent {latent} fires on none of these images' patches: no sheet to draw.")
+    paths = {getattr(f, "name", str(f)): getattr(f, "path", f) for f in files}
+    names = list(dict.fromkeys(rows.image))
+    x = lens.preprocess([load_image(paths[n], n).image for n in names])
+    kind, layer = point_of(sae)
+    point = f"blocks.{layer - 1}.{kind}"
+    maps = latent_maps(sae.to(lens.device), lens.trace(x, keep=[point], stop_after=point)[point], lens.layout)[:, latent]
+    at = {n: i for i, n in enumerate(names)}
+    return contact_sheet([x.images[at[n]] for n in rows.image], maps[[at[n] for n in rows.image]],
+                         rows.patch.tolist(), rows.activation.tolist(), rows.image.tolist(), latent, lens.layout)
