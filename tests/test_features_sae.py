@@ -205,3 +205,13 @@ def test_evaluate_against_numpy():
 def test_topk_out_of_range_is_a_sentence():
     with pytest.raises(SAEError, match="topk must be between 1 and the number of latents"):
         SAE(8, 4, 5)
+
+
+def test_a_one_shot_iterator_is_one_epoch_of_its_batches_in_order():
+    X, _ = planted(n=900, D=16, K=24, k=2)
+    batches = [X[i:i + 100] for i in range(0, 900, 100)]
+    listed = SAE.fit(batches, latents=24, topk=2, seed=1, progress=True)
+    streamed = SAE.fit((b for b in batches), latents=24, topk=2, seed=1)
+    assert torch.equal(listed.W_dec, streamed.W_dec) and streamed.info["training"]["tokens"] == 900
+    with pytest.raises(SAEError, match="one-shot iterator of batches is one epoch"):
+        SAE.fit((b for b in batches), latents=24, topk=2, epochs=2)
