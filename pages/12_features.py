@@ -2,11 +2,11 @@
 import streamlit as st
 
 from ui.charts import file_stem, show_chart
-from ui.features import checked_point, codes_of, drivers_of, sae_at
+from ui.features import checked_point, codes_of, deletion_of, drivers_of, sae_at
 from ui.state import setup
 from vitviz.errors import VitvizError
-from vitviz.features.figures import (activation_histogram, image_latents_figure, latent_patches_figure,
-                                     latent_scores_figure)
+from vitviz.features.figures import (activation_histogram, deletion_figure, image_latents_figure,
+                                     latent_patches_figure, latent_scores_figure)
 from vitviz.images import preprocess
 
 ctx = setup()
@@ -75,6 +75,18 @@ if st.toggle("Compute: one backward pass through the SAE spliced in", key="featu
     st.caption(f"Score of a latent = its activation × the gradient of {fa.target.text()} with respect to it, summed "
                "over the patches, with the SAE spliced in at its point and its reconstruction error kept as a constant "
                "(the output is exactly the model's own).")
+
+st.subheader("Concept deletion over the image set")
+d1, d2, d3 = st.columns([2, 1, 1])
+steps = d2.number_input("Latents zeroed, up to", 1, 32, 8, key="features_del_steps")
+seeds = d3.number_input("Random seeds", 1, 10, 3, key="features_del_seeds")
+if d1.toggle("Compute: zero the top latents one more at a time", key="features_deletion"):
+    d = deletion_of(ctx, sae, path.strip(), int(steps), int(seeds))
+    show_chart(deletion_figure(d.curves, d.target_text), "features_deletion_fig",
+               file_stem("features_deletion", len(ctx.images)))
+    st.caption(d.sentence + f" Per image the latents are ranked by their score above; random latents are drawn from "
+               f"those active on the image; the interval is a percentile bootstrap over the {len(ctx.images)} images "
+               "(10,000 resamples).")
 
 st.subheader("One latent across the image set")
 latent = int(st.selectbox("Latent", [int(j) for j in top], key="features_latent",

@@ -87,6 +87,21 @@ def test_features_page_shows_the_images_top_latents_and_their_maps(sae_dir):
     assert bars["x"] == [f"latent {j}" for j in top]
     np.testing.assert_allclose(_decode(bars["y"]), scores[top], rtol=1e-4, atol=1e-6)  # float32, two forwards
 
+    at.number_input(key="features_del_steps").set_value(2).run()
+    at.number_input(key="features_del_seeds").set_value(1).run()
+    at.toggle(key="features_deletion").set_value(True).run()
+    assert not at.exception, [e.message for e in at.exception]
+    from vitviz.features.deletion import concept_deletion
+
+    sample = at.sidebar.multiselect(key="samples").value
+    assert sample == ["astronaut.jpg"]  # the page's set: one photo
+    d = concept_deletion(lens, lens.preprocess([ASSETS / "astronaut.jpg"]), sae, steps=2, random_seeds=1,
+                         names=["astronaut.jpg"])
+    lines = {t["name"]: t for t in _chart(at, "features_deletion_fig")["data"]}
+    top_line = d.curves[d.curves.order == "top"].sort_values("step").value.to_numpy()
+    np.testing.assert_allclose(_decode(lines["top latents by score"]["y"]), top_line, rtol=1e-5)
+    assert any(d.sentence.split(" (")[0] in c.value for c in at.caption)
+
     at.number_input(key="features_row").set_value(5).run()
     at.number_input(key="features_col").set_value(7).run()
     table = at.dataframe[0].value

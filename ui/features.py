@@ -61,3 +61,17 @@ def drivers_of(ctx, sae: SAE, path: str):
     key = ("features-drivers", ctx.spec, path, _version(path), ctx.image.sha256)
     return store().get_or_compute(key, _model_run("One backward pass through the spliced SAE ...", lambda: (
         feature_attribution(lens, lens.preprocess([ctx.image.image]), sae))))
+
+
+def deletion_of(ctx, sae: SAE, path: str, steps: int, seeds: int):
+    """Concept deletion over the sidebar's image set (shared between sessions, computed once per settings)."""
+    from vitviz.features.deletion import concept_deletion
+
+    lens = Lens(ctx.loaded)
+    key = ("features-deletion", ctx.spec, path, _version(path), ctx.framing, tuple(im.sha256 for im in ctx.images),
+           steps, seeds)
+    images = [im.image for im in ctx.images]
+    return store().get_or_compute(key, _model_run(
+        f"Concept deletion on {len(images)} images ({(steps + 1) * (seeds + 1)} forwards each) ...",
+        lambda: concept_deletion(lens, lens.preprocess(images), sae, steps=steps, random_seeds=seeds,
+                                 names=[im.name for im in ctx.images])))

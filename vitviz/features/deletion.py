@@ -31,6 +31,7 @@ class Deletion:
         difference: top − random (mean over seeds) mean drop over images, with its 95 % bootstrap interval.
         sentence: the difference in one sentence ("cannot be told from chance" when the interval holds 0).
         settings: what decides the numbers.
+        target_text: the target in words.
     """
 
     curves: pd.DataFrame
@@ -38,6 +39,7 @@ class Deletion:
     difference: Interval
     sentence: str
     settings: dict
+    target_text: str = ""
 
 
 def concept_deletion(lens, x, sae: SAE, target=None, steps: int = 8, random_seeds: int = 5, seed: int = 0,
@@ -92,4 +94,4 @@ def concept_deletion(lens, x, sae: SAE, target=None, steps: int = 8, random_seed
                 "ranking": "feature attribution: sum over patches of z * d target / d z through the splice",
                 "score": "mean over m = 1..steps of s(0) - s(m), target units",
                 "interval": "percentile bootstrap over images of top - mean over seeds of random, 10000 resamples"}
-    return Deletion(curves, drops, diff, text, settings)
+    return Deletion(curves, drops, diff, text, settings, fa.target.text())

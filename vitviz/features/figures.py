@@ -88,3 +88,30 @@ def contact_sheet(images: list[Image.Image], maps: np.ndarray, patches: list[int
     bar = colour_bar(scale, "Inferno", VALUE, tiles[0].height if tiles else 200)
     return panel_png(tiles, titles, f"Latent {latent}: its top patches (patch outlined; one shared scale)", bar,
                      columns=min(columns, max(len(tiles), 1)), font_size=14)
+
+
+def deletion_figure(curves, target_text: str) -> go.Figure:
+    """Concept deletion curves (rows image, order, step, value of :class:`vitviz.features.deletion.Deletion`): the
+    mean over images of the target after zeroing the top m latents, and of as many random active ones (each seed a
+    thin line, their mean dashed)."""
+    fig = go.Figure()
+    mean = curves.groupby(["order", "step"]).value.mean().reset_index()
+    randoms = sorted(o for o in mean.order.unique() if o.startswith("random_seed_"))
+    for o in randoms:
+        m = mean[mean.order == o]
+        fig.add_trace(go.Scatter(x=m.step, y=m.value, mode="lines", line=dict(color="rgb(170, 170, 170)", width=1),
+                                 name="random latents, one seed", showlegend=o == randoms[0]))
+    if randoms:
+        r = mean[mean.order.isin(randoms)].groupby("step").value.mean()
+        fig.add_trace(go.Scatter(x=r.index, y=r.values, mode="lines", name="random latents, mean over seeds",
+                                 line=dict(color="rgb(90, 90, 90)", dash="dash", width=2)))
+    top = mean[mean.order == "top"]
+    fig.add_trace(go.Scatter(x=top.step, y=top.value, mode="lines+markers", name="top latents by score",
+                             line=dict(color="rgb(178, 24, 43)", width=3)))
+    fig.update_layout(title=dict(text=f"Concept deletion: {target_text}, mean over images", font_size=14),
+                      xaxis_title="latents zeroed (at every patch)", yaxis_title="target value", height=340,
+                      margin=dict(l=70, r=20, t=50, b=50), plot_bgcolor="white", paper_bgcolor="white",
+                      font_color="black", legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(dtick=1, gridcolor="rgb(230, 230, 230)")
+    fig.update_yaxes(gridcolor="rgb(230, 230, 230)")
+    return fig
