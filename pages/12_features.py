@@ -78,7 +78,7 @@ if st.toggle("Compute: one backward pass through the SAE spliced in", key="featu
 
 st.subheader("Concept deletion over the image set")
 d1, d2, d3 = st.columns([2, 1, 1])
-steps = d2.number_input("Latents zeroed, up to", 1, 32, 8, key="features_del_steps")
+steps = d2.number_input("Latents zeroed, up to", 1, 32, 6, key="features_del_steps")
 seeds = d3.number_input("Random seeds", 1, 10, 3, key="features_del_seeds")
 if d1.toggle("Compute: zero the top latents one more at a time", key="features_deletion"):
     d = deletion_of(ctx, sae, path.strip(), int(steps), int(seeds))

@@ -72,6 +72,6 @@ def deletion_of(ctx, sae: SAE, path: str, steps: int, seeds: int):
            steps, seeds)
     images = [im.image for im in ctx.images]
     return store().get_or_compute(key, _model_run(
-        f"Concept deletion on {len(images)} images ({(steps + 1) * (seeds + 1)} forwards each) ...",
+        f"Concept deletion on {len(images)} images ({(steps + 1) * (seeds + 1)} forwards of the set) ...",
         lambda: concept_deletion(lens, lens.preprocess(images), sae, steps=steps, random_seeds=seeds,
                                  names=[im.name for im in ctx.images])))

@@ -51,31 +51,35 @@ def concept_deletion(lens, x, sae: SAE, target=None, steps: int = 8, random_seed
         target: default the top-1 logit (headless: the pooled vector's projection), bound on the unperturbed images.
         steps: latents zeroed at the last step.
     """
-    from ..explainers.base import repeat_target
-
     tensor = x.tensor if hasattr(x, "tensor") else x
     fa = feature_attribution(lens, tensor, sae, target, num_prefix_tokens=num_prefix_tokens)
     names = names or [f"image{i}" for i in range(len(tensor))]
+    B, K = len(tensor), sae.latents
+    bound = fa.target
+    orders = {"top": [np.argsort(-fa.scores[i], kind="stable")[:steps] for i in range(B)]}
+    for s in range(random_seeds):
+        orders[f"random_seed_{seed + s}"] = [
+            np.random.default_rng([seed + s, i]).permutation(np.flatnonzero(fa.activations[i].max(0) > 0))[:steps]
+            for i in range(B)]
+
+    def score(ablate: torch.Tensor) -> np.ndarray:  # one forward of the batch, a row of latents zeroed per image
+        splice = Splice(sae, ablate=ablate, num_prefix_tokens=num_prefix_tokens)
+        return bound(dict(lens.trace(tensor, keep=[bound.point], edit=splice.edit))).double().cpu().numpy()
+
     rows = []
-    for i in range(len(tensor)):
-        bound = repeat_target(fa.target, i, 1)
-
-        def score(ablate) -> float:
-            splice = Splice(sae, ablate=ablate, num_prefix_tokens=num_prefix_tokens)
-            points = dict(lens.trace(tensor[i:i + 1], keep=[bound.point], edit=splice.edit))
-            return float(bound(points)[0])
-
-        top = np.argsort(-fa.scores[i], kind="stable")[:steps]
-        active = np.flatnonzero(fa.activations[i].max(0) > 0)
-        orders = {"top": top}
-        for s in range(random_seeds):
-            orders[f"random_seed_{seed + s}"] = np.random.default_rng([seed + s, i]).permutation(active)[:steps]
-        with torch.inference_mode():
-            base = score([])
-            for order, latents in orders.items():
-                rows.append((names[i], order, 0, base))
-                for m in range(1, min(steps, len(latents)) + 1):
-                    rows.append((names[i], order, m, score(latents[:m].tolist())))
+    with torch.inference_mode():
+        base = score(torch.zeros(B, K, dtype=torch.bool))
+        for order, latents in orders.items():
+            rows += [(names[i], order, 0, float(base[i])) for i in range(B)]
+            for m in range(1, steps + 1):
+                todo = [i for i in range(B) if len(latents[i]) >= m]
+                if not todo:
+                    break
+                mask = torch.zeros(B, K, dtype=torch.bool)
+                for i in todo:
+                    mask[i, torch.as_tensor(latents[i][:m], dtype=torch.long)] = True
+                values = score(mask)
+                rows += [(names[i], order, m, float(values[i])) for i in todo]
     curves = pd.DataFrame(rows, columns=["image", "order", "step", "value"])
     first = curves[curves.step == 0].set_index(["image", "order"])["value"]
     later = curves[curves.step > 0].join(first.rename("base"), on=["image", "order"])

@@ -42,8 +42,9 @@ class Splice:
     Args:
         sae: the SAE. point: the adapters' name (``"blocks.5.resid_post"``); default the one sae.json names.
         error: keep the reconstruction error as a constant bypass (the output unchanged); False: x̂ replaces x.
-        ablate: latents (0-based) set to 0 (concept deletion): with the error term the point gets
-            x − Σ_j z_j W_dec[j] / s over the ablated j (their share of the reconstruction removed, the rest of x kept).
+        ablate: latents (0-based) set to 0 (concept deletion): a list for every image, or a (B, K) bool mask, one row
+            per image; with the error term the point gets x − Σ_j z_j W_dec[j] / s over the ablated j (their share
+            of the reconstruction removed, the rest of x kept).
         num_prefix_tokens: tokens before the patches (left as they are); default from sae.json's token layout.
 
     Attributes:
@@ -53,7 +54,11 @@ class Splice:
     def __init__(self, sae: SAE, point: str | None = None, error: bool = True, ablate=(),
                  num_prefix_tokens: int | None = None):
         self.sae, self.point, self.error = sae, _point_of(sae, point), error
-        self.ablate = torch.as_tensor(list(ablate), dtype=torch.long)
+        if isinstance(ablate, torch.Tensor) and ablate.dtype == torch.bool:
+            self.ablate = ablate
+        else:
+            self.ablate = torch.zeros(sae.latents, dtype=torch.bool)
+            self.ablate[torch.as_tensor(list(ablate), dtype=torch.long)] = True
         self.prefix = _prefix_of(sae, num_prefix_tokens)
         self.latents: torch.Tensor | None = None
 
@@ -67,16 +72,18 @@ class Splice:
         x = value[:, self.prefix:]
         z = sae.encode(x.to(sae.W_dec.dtype))
         x_hat = sae.decode(z).to(value.dtype)
-        if len(self.ablate):
-            kept = z.index_fill(-1, self.ablate.to(z.device), 0.0)
+        ablating = bool(self.ablate.any())
+        if ablating:
+            mask = self.ablate.to(z.device)
+            kept = z.masked_fill(mask[:, None, :] if mask.dim() == 2 else mask, 0.0)
             removed = x_hat - sae.decode(kept).to(value.dtype)  # the ablated latents' share, sum_j z_j W_dec[j] / s
             z = kept
         self.latents = z
         if not self.error:
-            patches = x_hat - removed if len(self.ablate) else x_hat
+            patches = x_hat - removed if ablating else x_hat
         else:
             patches = x.detach() + (x_hat - x_hat.detach())  # exactly x
-            if len(self.ablate):
+            if ablating:
                 patches = patches - removed
         return torch.cat([value[:, :self.prefix], patches], dim=1)
 
