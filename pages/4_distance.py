@@ -6,8 +6,8 @@ from ui.charts import file_stem, point_customdata, show_chart
 from ui.downloads import download_row
 from ui import windows
 from ui.state import setup
-from vitviz.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
-from vitviz.figures import distance_scatter, layer_head_heatmap
+from vitviz.analyses.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
+from vitviz.figures.core import distance_scatter, layer_head_heatmap
 
 ctx = setup()
 if ctx is None:

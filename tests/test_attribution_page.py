@@ -10,7 +10,7 @@ from PIL import Image
 
 from conftest import ASSETS
 from vitviz import attribution as A
-from vitviz.attribution_figures import maps_figure
+from vitviz.figures.attribution_figures import maps_figure
 from vitviz.images import load_image, preprocess
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

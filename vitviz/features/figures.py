@@ -1,4 +1,4 @@
-"""Figures of the Features page, on the project's colour rules (:mod:`vitviz.colour`, :mod:`vitviz.overlay`): latent
+"""Figures of the Features page, on the project's colour rules (:mod:`vitviz.figures.colour`, :mod:`vitviz.figures.overlay`): latent
 activations over the patches drawn on the model-input image in Inferno with a colour bar that says what the colours
 mean."""
 from __future__ import annotations
@@ -7,10 +7,10 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image
 
-from ..colour import ColourScale
-from ..figures import map_panel
+from ..figures.colour import ColourScale
+from ..figures.core import map_panel
 from ..layout import TokenLayout
-from ..overlay import Marks, render_maps, render_overlay
+from ..figures.overlay import Marks, render_maps, render_overlay
 
 VALUE = "activation (SAE units)"
 
@@ -72,7 +72,7 @@ def contact_sheet(images: list[Image.Image], maps: np.ndarray, patches: list[int
     """A latent's top patches as crops: each (2·context + 1)² patches around the patch, the latent's map over it on
     one shared Inferno scale (0 to the strongest activation), the patch outlined in green; a colour bar in SAE units.
     ``maps`` (n, gh, gw) the latent over each tile's image; ``patches`` 0-based raster; titles 1-based (row, column)."""
-    from ..overlay import colour_bar, panel_png
+    from ..figures.overlay import colour_bar, panel_png
 
     scale = ColourScale(0.0, max(max(activations, default=0.0), 1e-12), rule="0 to the strongest activation, shared")
     (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
