@@ -161,3 +161,20 @@ def test_concept_deletion_curves_follow_the_ranking_and_say_what_they_show(lense
     assert set(d.curves.order) == {"top", "random_seed_0", "random_seed_1"} and d.curves.step.max() == 3
     assert d.difference.n == 3
     assert ("cannot be told from chance" in d.sentence) == (d.difference.low <= 0 <= d.difference.high)
+
+
+def test_attnlrp_rules_act_through_the_spliced_forward(lenses):
+    """rules=AttnLRP(): the model's norms, softmax and products take lxt's rules downstream of the splice (the
+    scores move away from the plain gradient's) while the target's value stays the plain forward's."""
+    from vitviz.attribution import AttnLRP
+
+    _, lens64 = lenses
+    sae = _sae(lenses[0], torch.float64)
+    x = _images().double()
+    plain = feature_attribution(lens64, x, sae, target=vitviz.ClassLogit(7))
+    rules = AttnLRP()
+    lrp = feature_attribution(lens64, x, sae, target=vitviz.ClassLogit(7), rules=rules)
+    assert rules.calls > 0
+    np.testing.assert_array_equal(lrp.target_value, plain.target_value)
+    np.testing.assert_array_equal(lrp.activations, plain.activations)
+    assert np.abs(lrp.scores - plain.scores).max() > 1e-6 * np.abs(plain.scores).max()
