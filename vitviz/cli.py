@@ -16,6 +16,7 @@ import numpy as np
 
 from . import __version__
 from .errors import VitvizError
+from .features import cli as features_cli
 from .io.lock import output_lock
 from .io.output import RunOutput, check_writable
 
@@ -97,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="leave the raw attention (B, L, H, N, N) out of analysis.npz (every analysis still runs)")
     _stats_parser(sub)
     _registers_parser(sub)
+    features_cli.add_parser(sub)
     _faithfulness_parser(sub)
     return parser
 
@@ -852,12 +854,13 @@ def _main(argv: list[str]) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return {"stats": stats, "registers": registers, "faithfulness": faithfulness}.get(args.command, analyze)(args)
+        return {"stats": stats, "registers": registers, "faithfulness": faithfulness,
+                "features": features_cli.run}.get(args.command, analyze)(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        if args.command in ("stats", "faithfulness"):
+        if args.command in ("stats", "faithfulness", "features"):
             print(f"\ninterrupted while writing the tables: {args.out} keeps the previous ones and the finished "
                   "batches; run the same command again to go on.", file=sys.stderr)
             return 143 if isinstance(exc, Interrupted) else 130
