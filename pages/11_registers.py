@@ -62,36 +62,46 @@ else:
                f"({int(out.images_per_layer[emergence])} of {n_images} images have one there).")
 
     st.subheader("Register neurons")
-    st.caption(f"Search: {SEARCH_RULE}. Positions: the outliers of layer {detect + 1}; "
-               f"{search.images_with_outliers} of {n_images} images have some.")
-    k_show = min(8, len(search.neurons))
-    top = search.neurons[:k_show]
-    st.dataframe([{"rank": i + 1, "layer": n.layer + 1, "unit": n.index, "score (mean |activation|)": round(n.score, 3)}
-                  for i, n in enumerate(top)], hide_index=True)
-    acts = cached_neuron_maps(ctx.spec, ctx.image.sha256, ctx.image.image, top,
-                              tuple((n.layer, n.index) for n in top))
-    fig, caption = maps_figure(r.model_input, acts, [f"#{i + 1}: layer {n.layer + 1}, unit {n.index}"
-                                                     for i, n in enumerate(top)], layout,
-                               "Activation of the top register neurons on this image", value_name="activation",
-                               shared=False, columns=4, tile_px=220)
-    show_chart(fig, "registers_neurons", file_stem("register_neurons", ctx.image.name))
-    st.caption(f"{caption} Each neuron's hidden unit after the activation, in its own layer; this image's outliers "
-               f"(layer {detect + 1}): patches {patches.tolist()}.")
-
-    st.subheader("Test-time register: before and after")
-    c = st.columns(2)
-    k = c[0].slider("Neurons moved onto the register", 1, min(len(search.neurons), 50), min(10, len(search.neurons)),
-                    key="registers_k")
-    init = c[1].radio("The extra token starts as", ["zero", "mean"], horizontal=True, key="registers_init",
-                      help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
-    repaired = cached_register(ctx.spec, ctx.image.sha256, ctx.image.image,
-                               tuple((n.layer, n.index) for n in search.neurons[:k]), init)
-    offer_register(ctx.spec, [(n.layer, n.index) for n in search.neurons[:k]],
-                   f"the Registers page's search ({n_images} images, best {k})")
-    if isinstance(repaired, str):
+    if not search.neurons:
+        # Outliers somewhere, none in the detection layer: no position to score the neurons at.
+        layers = [i + 1 for i, n in enumerate(out.images_per_layer) if n]
+        repaired = (f"No image of the set has an outlier in layer {detect + 1}, the layer whose outliers are the "
+                    "positions the neurons are scored at, so no register neuron is ranked and there is no test-time "
+                    f"register to try. At {factor:g}× the median, outliers appear only in layer"
+                    f"{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}: raise the threshold to keep "
+                    "only the tokens Darcet et al. call outliers (about 10×).")
         st.info(repaired)
     else:
-        _before_after = repaired
+        st.caption(f"Search: {SEARCH_RULE}. Positions: the outliers of layer {detect + 1}; "
+                   f"{search.images_with_outliers} of {n_images} images have some.")
+        k_show = min(8, len(search.neurons))
+        top = search.neurons[:k_show]
+        st.dataframe([{"rank": i + 1, "layer": n.layer + 1, "unit": n.index, "score (mean |activation|)": round(n.score, 3)}
+                      for i, n in enumerate(top)], hide_index=True)
+        acts = cached_neuron_maps(ctx.spec, ctx.image.sha256, ctx.image.image, top,
+                                  tuple((n.layer, n.index) for n in top))
+        fig, caption = maps_figure(r.model_input, acts, [f"#{i + 1}: layer {n.layer + 1}, unit {n.index}"
+                                                         for i, n in enumerate(top)], layout,
+                                   "Activation of the top register neurons on this image", value_name="activation",
+                                   shared=False, columns=4, tile_px=220)
+        show_chart(fig, "registers_neurons", file_stem("register_neurons", ctx.image.name))
+        st.caption(f"{caption} Each neuron's hidden unit after the activation, in its own layer; this image's outliers "
+                   f"(layer {detect + 1}): patches {patches.tolist()}.")
+
+        st.subheader("Test-time register: before and after")
+        c = st.columns(2)
+        k = c[0].slider("Neurons moved onto the register", 1, min(len(search.neurons), 50), min(10, len(search.neurons)),
+                        key="registers_k")
+        init = c[1].radio("The extra token starts as", ["zero", "mean"], horizontal=True, key="registers_init",
+                          help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
+        repaired = cached_register(ctx.spec, ctx.image.sha256, ctx.image.image,
+                                   tuple((n.layer, n.index) for n in search.neurons[:k]), init)
+        offer_register(ctx.spec, [(n.layer, n.index) for n in search.neurons[:k]],
+                       f"the Registers page's search ({n_images} images, best {k})")
+        if isinstance(repaired, str):
+            st.info(repaired)
+        else:
+            _before_after = repaired
 
 
 def before_after(name: str, maps, key: str, marked, marked_what: str) -> None:

@@ -211,3 +211,41 @@ def test_attribution_page_after_map_is_the_attribution_of_the_repaired_forward(p
     np.testing.assert_allclose(before[::-1], plain, rtol=0, atol=tol)
     np.testing.assert_allclose(after[::-1], repaired, rtol=0, atol=tol)
     assert np.abs(repaired - plain).max() > 1000 * tol  # the register changes the map: equality above means something
+
+
+def _grey_with_a_white_square() -> bytes:
+    """A photo the bundled model puts patch norms above 2x the median on in layers 1-4 and in no later layer
+    (largest / median 3.9 in layer 1, 1.01 in layer 12): outliers, but none in the detection layer."""
+    import io
+
+    from PIL import Image
+
+    pixels = np.full((224, 224, 3), 128, np.uint8)
+    pixels[100:116, 100:116] = 255
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.slow
+def test_registers_page_with_outliers_but_none_in_the_detection_layer_says_so_and_draws_the_rest(bundled):
+    """Two images, threshold 2.0: outliers emerge in layer 1 but no image has one in the last layer, so no neuron
+    is ranked. The page says why in a sentence (it raised IndexError in neuron_maps), offers no register, and still
+    draws sink masking below; the norm chart's x axis spans the layers and its line label sits right of layer 1."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.sidebar.file_uploader(key="uploads").set_value([("square.png", _grey_with_a_white_square(), "image/png")]).run()
+    at.switch_page("pages/11_registers.py").run()
+    at.slider(key="registers_factor").set_value(2.0).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert any("Outliers emerge in layer 1 (1 of 2 images have one there)" in c.value for c in at.caption)
+    said = [i.value for i in at.info if i.value.startswith("No image of the set has an outlier in layer 12")]
+    assert said and "outliers appear only in layers 1, 2, 3, 4" in said[0], [i.value for i in at.info]
+    assert not any("Test-time register" in s.value for s in at.subheader)
+    assert any("Sink masking" in s.value for s in at.subheader)
+    spec = json.loads(next(c for c in at.get("plotly_chart") if "registers_norms" in (c.proto.id or "")).proto.spec)
+    assert spec["layout"]["xaxis"]["range"] == [0.5, 12.5]
+    label = next(a for a in spec["layout"]["annotations"] if a["text"].startswith("outliers emerge"))
+    assert label["text"] == "outliers emerge (layer 1)" and label["xanchor"] == "left"

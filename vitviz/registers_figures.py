@@ -61,12 +61,23 @@ def norm_by_layer(outliers: Outliers, title: str = "") -> go.Figure:
                                  hovertemplate=f"layer %{{x}}<br>{name} (max): %{{y:.3g}}<extra></extra>"))
     emergence = outliers.emergence_layer
     if emergence is not None:
+        # The label on the side of the line with room for it: left of an early line it ran over the y ticks.
         fig.add_vline(x=emergence + 1, line=dict(color="rgb(239, 85, 59)", width=1),
-                      annotation_text=f"outliers emerge (layer {emergence + 1})", annotation_position="top left")
+                      annotation_text=f"outliers emerge (layer {emergence + 1})",
+                      annotation_position="top right" if emergence + 1 <= (L + 1) / 2 else "top left")
     n = outliers.norms.shape[0]
+    shown = [t.y for t in fig.data if t.y is not None and len(t.y)]
+    values = np.concatenate([np.asarray(y, float) for y in shown])
+    values = values[np.isfinite(values) & (values > 0)]
+    decades = np.log10(values.max() / values.min()) if values.size else 0.0
     fig.update_layout(
         title=title or f"Token output norm by layer ({n} image{'s' if n != 1 else ''})",
-        xaxis=dict(title="layer (1-based)", dtick=1), yaxis=dict(title="L2 norm of the block's output", type="log"),
+        # A fixed range: autorange padded the markers and the line's label out to layers -1 and 12.
+        xaxis=dict(title="layer (1-based)", dtick=1, range=[0.5, L + 0.5]),
+        # Ticks at 1, 2, 5 per decade over a short range, at each decade over a long one: plotly's default on a
+        # log axis of less than a decade labels every minor tick (2, 3, ... 9) and the labels pile up.
+        yaxis=dict(title="L2 norm of the block's output", type="log", dtick="D2" if decades < 2 else 1,
+                   tickformat="~g"),
         height=420, margin=dict(l=60, r=20, t=50, b=50), legend=dict(font_size=11), plot_bgcolor="white",
         paper_bgcolor="white", font_color="black")
     fig.update_xaxes(gridcolor="rgb(230, 230, 230)")
