@@ -29,7 +29,7 @@ if ctx.loaded.attention_scope == "window":  # Swin: each head's window around a 
 r, layout = ctx.result, ctx.result.layout
 L, H = r.attention.shape[:2]
 if opened := st.session_state.pop("opened_from_distance", None):
-    set_view(layer=opened[0])  # the browser-drawn grid reads its layer from the URL
+    set_view(layer=opened[0], chead=opened[1])  # the browser-drawn grid reads its layer and Compare head from the URL
     st.success(f"Opened from the distance plot: layer {opened[0]}, head {opened[1]} (outlined in the grid and "
                "picked below under Compare layers).")
 

@@ -4,6 +4,7 @@ import streamlit as st
 from ui.cache import cached_image_result
 from ui.charts import file_stem, point_customdata, show_chart
 from ui.downloads import download_row
+from ui.persist import set_view
 from ui import windows
 from ui.state import setup
 from vitviz.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
@@ -43,8 +44,9 @@ if view == "depth plot":
     picked = point_customdata(points[0]) if points else []
     if len(picked) >= 2:
         layer, head = int(picked[0]), int(picked[1])
-        st.session_state["heads_layer"] = layer
+        st.session_state["heads_layer"] = layer  # the server-drawn grid's widgets
         st.session_state["compare_head"] = head
+        set_view(layer=layer, chead=head)  # the browser-drawn grid reads its view from the URL
         st.session_state["opened_from_distance"] = (layer, head)
         st.switch_page("pages/2_heads.py")
 else:

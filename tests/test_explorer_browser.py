@@ -502,3 +502,43 @@ def test_rollout_smoothed_in_the_browser_equals_the_export(browser_page):
     view = pg.evaluate(VIEW_JS)["view"]
     assert (view["depth"], view["patch"]) == (11, 105)  # a new payload keeps the view
     _assert_rollout_tile(pg, 11, 105, "rollout of patch 105, layers 1-11, smoothed", smooth=True)
+
+
+OUTLINED_JS = f"""() => [...{ROOT_JS}.querySelectorAll('.vv-outlined canvas.vv-tile')].map(c => Number(c.dataset.head))"""
+CHEAD_JS = f"""() => Number({ROOT_JS}.querySelector('select[data-key="chead"]').value)"""
+
+
+@pytest.mark.parametrize("compare_head_before", [None, 2])
+def test_a_distance_dot_opens_its_layer_outlines_its_head_and_sets_compare_layers(browser_page, compare_head_before):
+    """A click on a dot of the depth plot opens the heads page on that layer with that head's tile outlined and
+    picked under Compare layers, in a fresh view and in one whose Compare head was set before (its last report
+    must not win over the click)."""
+    from test_browser import POINT_JS
+
+    pg, _, server = browser_page
+    if compare_head_before:
+        _open(pg, server, f"/heads?intro=0&chead={compare_head_before}")
+        assert pg.evaluate(CHEAD_JS) == compare_head_before
+        assert pg.evaluate(OUTLINED_JS) == [compare_head_before]
+    HELD["dropped"] = True  # the next _open loads the link
+    pg.goto(f"{server}/distance?intro=0", timeout=300_000)
+    dots = pg.locator(".js-plotly-plot .scatterlayer .point")
+    dots.first.wait_for(state="visible")
+    pg.wait_for_function(IDLE_JS, arg=1500, polling=200, timeout=300_000)
+    dot = dots.nth(dots.count() // 2 + 3)  # a middle layer, not head 1 of layer 1 (the defaults)
+    layer, head = dot.evaluate(POINT_JS)[:2]
+    assert (layer, head) != (12, compare_head_before or 1)
+    dot.scroll_into_view_if_needed()
+    box = dot.bounding_box()
+    pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    pg.get_by_text(re.compile(r"Opened from the distance plot")).wait_for(timeout=120_000)
+    pg.wait_for_selector(READY, timeout=300_000)
+    pg.wait_for_function(IDLE_JS, arg=1500, polling=200, timeout=300_000)
+    shots = ROOT / "test-artifacts" / "walk"
+    shots.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(shots / f"heads_from_distance_dot{'_after_chead' if compare_head_before else ''}.png"))
+    view = pg.evaluate(VIEW_JS)["view"]
+    assert (view["layer"], view["chead"]) == (layer, head), (view, layer, head)
+    assert pg.evaluate(OUTLINED_JS) == [head]
+    assert pg.evaluate(CHEAD_JS) == head
+    HELD["dropped"] = True  # leave the next test a fresh load: this one's view is not the default

@@ -340,7 +340,8 @@ function drawPanel(st, o) {
     canvas.getContext("2d").putImageData(img, 0, 0);
     const t = scales[i], title = o.titles[i];
     const label = shared ? title : t.flat ? `${title} · flat` : `${title} · top ${g3(t.log ? 10 ** t.hi : t.hi)}`;
-    tiles.push(el("figure", { class: "vv-cell" }, el("figcaption", {}, el("div", { textContent: label }),
+    // The outlined tile (the head picked under Compare layers) is drawn as the server's grid draws it: a green frame.
+    tiles.push(el("figure", { class: i === o.outline ? "vv-cell vv-outlined" : "vv-cell" }, el("figcaption", {}, el("div", { textContent: label }),
       el("div", { class: "vv-small", textContent: o.notes ? o.notes[i] : "" })), canvas));
   });
   o.grid.style.gridTemplateColumns = `repeat(${o.columns}, minmax(0, ${o.tilePx}px))`;
@@ -524,7 +525,8 @@ const heads = {
       drawPanel(st, { maps: shown, d: v, query, sinks: shown.map(() => (v.sinks ? header.sinks[l] : [])),
         masks: keep > 0 ? shown.map((m) => thresholdMask(m, keep)) : null,
         titles: order.map((h) => `head ${h + 1}`), notes: header.notes ? order.map((h) => header.notes[l][h]) : null,
-        data: order.map((h) => ({ head: h + 1 })), tileClass: "vv-tile", columns: H <= 9 ? 3 : 4, tilePx: TILE_PX,
+        data: order.map((h) => ({ head: h + 1 })), outline: order.indexOf(v.chead - 1),
+        tileClass: "vv-tile", columns: H <= 9 ? 3 : 4, tilePx: TILE_PX,
         valueName: "attention weight", ...st.grid });
     }
     if (parts === "grid") return;
@@ -641,10 +643,10 @@ export default function (component) {
   st.change = (delta) => {
     st.view = kind.adjust({ ...st.view, ...delta }, delta, header);
     writeUrl(st.view, kind.keys);
-    // Repaint what the change touches: the compare panels' keys leave the heads grid as it is, and the grid's
-    // own layer, mask and order leave the compare panels.
+    // Repaint what the change touches: the compare panels' count and layers leave the heads grid as it is (their
+    // head does not: the grid outlines it), and the grid's own layer, mask and order leave the compare panels.
     const only = (keys) => Object.keys(delta).every((k) => keys.includes(k));
-    kind.paint(st, only(COMPARE_KEYS) ? "compare" : only(GRID_KEYS) ? "grid" : "all");
+    kind.paint(st, only(["cn", "cl"]) ? "compare" : only(GRID_KEYS) ? "grid" : "all");
     st.painted();
     clearTimeout(timer);
     const needsServer = kind.maps(st, st.view) === null && st.view.patch !== null;
