@@ -9,6 +9,7 @@ from ui.charts import file_stem, show_chart
 from ui.display import Display, display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
 from ui.explorer import browser_draws, heads_explorer
+from ui.guard import guarded
 from ui.persist import saved_view, set_view
 from ui.repair import repair_view
 from ui import windows
@@ -194,6 +195,7 @@ def _repair_section(layer: int, head: int) -> None:
 # Fragments: moving a slider here redraws this view (and the repair's before / after of the layer shown) only, not
 # the sidebar and its caches.
 @st.fragment
+@guarded("the heads grid")
 def server_view() -> None:
     """The server-drawn grid (VITVIZ_DRAW=server): every change is a rerun that draws new tiles."""
     _server_grid()
@@ -236,6 +238,7 @@ def _server_grid() -> None:
 
 
 @st.fragment
+@guarded("the heads grid")
 def browser_view() -> None:
     """The grid drawn in the browser: layer, query, patch and display changes repaint there; the server hears
     of the view afterwards (URL, session, downloads)."""
@@ -274,5 +277,5 @@ st.caption("Attention weights say where each head looks; attribution says which 
            "(AttnLRP by default: one forward and one backward, kept for this image, method and target).")
 if st.toggle("Show an attribution map of this image", key="heads_attr_on"):
     panel_col, _ = st.columns(2)
-    with panel_col:
+    with panel_col, guarded("the attribution map"):
         attribution_panel(ctx, "heads_attr")
