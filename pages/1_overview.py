@@ -14,6 +14,7 @@ from ui.state import view_applies, setup
 from vitviz.clusters import K_RANGE
 from vitviz.explain_figures import cluster_figure
 from vitviz.figures import bars, patch_grid_image, rgb_image
+from vitviz.layout import PATCH_NUMBERING
 
 ctx = setup()
 if ctx is None:
@@ -24,11 +25,12 @@ st.header(f"{ctx.image.name} as the model sees it")
 left, right = st.columns([3, 2])
 with left, guarded("the image and its patch grid"):
     # Past 32 columns the indices no longer fit their patches (Swin's 56x56 grid of 4 px tokens): off by default.
-    indices = st.toggle("Token indices", layout.grid_size[1] <= 32)
+    indices = st.toggle("Patch numbers", layout.grid_size[1] <= 32)
     show_chart(patch_grid_image(r.model_input, layout, indices), "grid",
                file_stem("patch_grid", ctx.image.name))
     st.caption(f"{layout.grid_size[0]}x{layout.grid_size[1]} patches of {layout.patch_size[0]} px after resize and "
-               f"crop; token indices in raster order after the prefix tokens {list(layout.prefix_tokens) or 'none'}.")
+               f"crop. {PATCH_NUMBERING} The prefix tokens {list(layout.prefix_tokens) or 'none'} come before the "
+               f"patches in the token sequence (token index = patch number + {layout.num_prefix_tokens}).")
 with right, guarded("the model card and classes"):
     card = ctx.loaded.card()
     st.subheader("Model")

@@ -15,6 +15,7 @@ from ui.repair import repair_view
 from ui import windows
 from ui.state import setup
 from vitviz.colour import SCALE_MODES, SEQUENTIAL
+from vitviz.layout import PATCH_NUMBERING
 from vitviz.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
 from vitviz.overlay import OVERLAY_STYLES
 
@@ -263,7 +264,7 @@ def _browser_grid(payload, saved: dict, patch: int | None) -> None:
 
 _SCORES_CAPTION = (f" H: entropy of the patch queries' attention over patches (nats; uniform = ln {layout.num_patches} = "
                    f"{np.log(layout.num_patches):.2f}). Focus: 1 − entropy / ln N of the readout's attention (0 uniform, "
-                   "1 one patch). px: mean attention distance of the head.")
+                   "1 one patch). px: mean attention distance of the head. " + PATCH_NUMBERING)
 
 if browser_draws():
     browser_view()

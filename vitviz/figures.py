@@ -110,7 +110,9 @@ def map_panel(tiles: list[Image.Image], maps: np.ndarray, scales: list[ColourSca
 
 
 def patch_grid_image(image: Image.Image, layout: TokenLayout, show_indices: bool = True) -> go.Figure:
-    """The model-input image with the patch grid and raster-order token indices (prefix tokens first)."""
+    """The model-input image with the patch grid, each patch labelled with its patch number: the 0-based raster
+    index over the patches alone (row by row), the number every page and download uses for a patch (the prefix
+    tokens come before the patches in the token sequence: token index = patch number + ``num_prefix_tokens``)."""
     gh, gw = layout.grid_size
     ph, pw = layout.patch_size
     fig = go.Figure(go.Image(source=image_data_uri(image)))
@@ -121,10 +123,11 @@ def patch_grid_image(image: Image.Image, layout: TokenLayout, show_indices: bool
                              showlegend=False))
     if show_indices:
         centres = layout.patch_centres()
-        tokens = np.arange(layout.num_patches) + layout.num_prefix_tokens
-        fig.add_trace(go.Scatter(x=centres[:, 1], y=centres[:, 0], mode="text", text=[str(t) for t in tokens],
+        patches = np.arange(layout.num_patches)
+        fig.add_trace(go.Scatter(x=centres[:, 1], y=centres[:, 0], mode="text", text=[str(p) for p in patches],
                                  textfont=dict(color="yellow", size=8), hoverinfo="text",
-                                 hovertext=[layout.token_name(int(t)) for t in tokens], showlegend=False))
+                                 hovertext=[layout.token_name(int(p) + layout.num_prefix_tokens) for p in patches],
+                                 showlegend=False))
     # showlegend off on the layout too: an unnamed trace once drew a stray "Aa trace 2" legend beside the image.
     fig.update_layout(showlegend=False, margin=dict(l=0, r=0, t=0, b=0), xaxis=dict(visible=False, range=[0, image.width]),
                       yaxis=dict(visible=False, scaleanchor="x", range=[image.height, 0]))
