@@ -542,3 +542,24 @@ def test_a_distance_dot_opens_its_layer_outlines_its_head_and_sets_compare_layer
     assert pg.evaluate(OUTLINED_JS) == [head]
     assert pg.evaluate(CHEAD_JS) == head
     HELD["dropped"] = True  # leave the next test a fresh load: this one's view is not the default
+
+
+NOTE_JS = f"""() => {ROOT_JS}.querySelector('.vv-controls .vv-small').textContent"""
+
+
+def test_the_browser_pickers_name_a_patch_as_every_page_does_and_rollout_reading_cls_selects_none(browser_page):
+    """The heads picker names patch 148 as the Overview grid labels it ("patch 148 (row 10, col 5)", 0-based raster
+    number, rows and columns from 1); the rollout page reading out CLS neither outlines nor calls selected the patch
+    clicked on the heads page, and calls it selected once it reads the clicked patch out."""
+    pg, _, server = browser_page
+    _open(pg, server, "/heads?intro=0&query=patch&patch=148")
+    assert pg.evaluate(NOTE_JS).endswith("Selected: patch 148 (row 10, col 5)")
+    shots = ROOT / "test-artifacts" / "walk"
+    shots.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(shots / "heads_patch148.png"))
+    _open(pg, server, "/rollout?intro=0&patch=148&readout=readout")
+    assert pg.evaluate(NOTE_JS) == "Click a patch to roll out its row. Read out now: CLS."
+    pg.screenshot(path=str(shots / "rollout_cls_with_patch148_kept.png"))
+    _open(pg, server, "/rollout?intro=0&patch=148&readout=patch")
+    assert pg.evaluate(NOTE_JS).endswith("Selected: patch 148 (row 10, col 5)")
+    HELD["dropped"] = True

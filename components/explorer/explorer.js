@@ -288,13 +288,19 @@ function picker(st, onPick) {
   return [st.picker, st.pickerNote];
 }
 
-function drawPicker(st, what) {
+// A patch as every page names it: its 0-based raster number, row and column from 1 (vitviz.layout.TokenLayout.token_name).
+const patchName = (p, gw) => `patch ${p} (row ${Math.floor(p / gw) + 1}, col ${p % gw + 1})`;
+
+// `readout`: what is read out instead of the selected patch (the rollout's CLS), or null when the patch is used:
+// then the patch is neither outlined nor called selected, though it stays the session's patch for the other pages.
+function drawPicker(st, what, readout = null) {
   const ctx = st.picker.getContext("2d"), [gh, gw] = st.header.grid;
   const img = new ImageData(new Uint8ClampedArray(st.base), st.W, st.H);
-  const p = st.view.patch;
+  const p = readout === null ? st.view.patch : null;
   if (p !== null) rect(img.data, st.W, st.H, [(p % gw) * st.W / gw, Math.floor(p / gw) * st.H / gh, (p % gw + 1) * st.W / gw - 1, (Math.floor(p / gw) + 1) * st.H / gh - 1], [0, 255, 0], 2);
   ctx.putImageData(img, 0, 0);
-  st.pickerNote.textContent = `Click a patch to ${what}. Selected: ${p === null ? "none" : `patch ${p} (row ${Math.floor(p / gw) + 1}, column ${p % gw + 1})`}`;
+  st.pickerNote.textContent = `Click a patch to ${what}. ` + (readout !== null ? `Read out now: ${readout}.`
+    : `Selected: ${p === null ? "none" : patchName(p, gw)}`);
 }
 
 function colourBar(st, scale, shared, d, valueName) {
@@ -591,7 +597,7 @@ const rolloutView = {
     st.inputs.readout.value = v.readout;
     st.inputs.depth.value = String(v.depth);
     st.outs.depth.textContent = `${v.depth} / ${header.end}`;
-    drawPicker(st, "roll out its row");
+    drawPicker(st, "roll out its row", v.readout === "patch" ? null : header.readout);
     if (v.readout === "patch" && v.patch === null) return clearPanel(st.grid, "Click a patch on the image at the left first.");
     const maps = this.maps(st, v);
     if (maps === null) {
