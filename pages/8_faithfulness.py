@@ -16,7 +16,7 @@ from vitviz.analysis import AnalysisSettings
 from vitviz.attribution import PIXEL_METHODS as SIGNED_METHODS, attribute, default_target
 from vitviz.attribution import why_not as attribution_why_not
 from vitviz.faithfulness import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
-                                 ordered, random_seed_maps, split_random_seeds, step_counts, to_rgb)
+                                 ordered, qualify_best, random_seed_maps, split_random_seeds, step_counts, to_rgb)
 from vitviz.faithfulness import auc as auc_of
 from vitviz.faithfulness_protocols import (PROTOCOLS, REPLACEMENT_TEXT, REPLACEMENTS, protocol_curves, protocol_inputs,
                                            protocol_order, protocol_text, replacement_of)
@@ -232,7 +232,7 @@ st.subheader("AUC per method")
 named = {m: method_label(m) + (f" ({ordering} order)" if m in SIGNED_METHODS else "") for m in result.methods}
 if band is not None:
     named["random"] = f"random (mean of {band.seeds} seeds)"
-table = pd.DataFrame(result.table()).assign(method=lambda t: t["method"].map(named), lerf_auc=lerf_auc,
+table = pd.DataFrame(result.table(band)).assign(method=lambda t: t["method"].map(named), lerf_auc=lerf_auc,
                                             lerf_minus_morf=lerf_auc - result.deletion_auc)
 if band is not None:
     table["vs chance: deletion"] = [band.compare("deletion", d) if m != "random" else
@@ -249,8 +249,16 @@ st.dataframe(table.rename(columns={"deletion_auc": "deletion AUC ↓", "insertio
                             ("deletion AUC ↓", "insertion AUC ↑", "insertion − deletion ↑", "LeRF AUC ↑",
                              "LeRF − MoRF (LXT) ↑")})
 reference = result.reference()
-st.caption(f"Score: {result.score}. Best on deletion: {method_label(reference['best']['deletion'])}; best on "
-           f"insertion: {method_label(reference['best']['insertion'])}; worst on deletion: "
+
+
+def _best(protocol: str) -> str:
+    """The best method on ``protocol``, with "(within chance)" when the random maps' band cannot tell it apart."""
+    name = reference["best"][protocol]
+    return method_label(name) + qualify_best(band, protocol, auc[name][0 if protocol == "deletion" else 1])
+
+
+st.caption(f"Score: {result.score}. Best on deletion: {_best('deletion')}; best on "
+           f"insertion: {_best('insertion')}; worst on deletion: "
            f"{method_label(reference['worst']['deletion'])}; worst on insertion: "
            f"{method_label(reference['worst']['insertion'])}. Removed patches become {REPLACEMENT_TEXT[replacement]}. "
            "LeRF removes the least relevant patches first (its AUC matches insertion's up to rounding); LeRF − MoRF "
