@@ -79,4 +79,5 @@ def _repair_maps(side):
     return {LABELS[a.method]: a.patches[0] for a in attributions(ctx, kept, target_class, side)}
 
 
-repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)", signed=True)
+repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)",
+            value_name="relevance", signed=[LABELS[m] for m in methods if m in PIXEL_METHODS])

@@ -310,8 +310,11 @@ floor = result.methods.index("random") if "random" in result.methods else None
 for m, name in enumerate(result.methods):
     left, right = st.columns([2, 3])
     with left:
+        # One colour rule per method on every page: relevance (signed) diverging around 0, the rest sequential.
+        signed = name in SIGNED_METHODS
         rendered, fig = map_figure(r.model_input, result.maps[m][None], layout, display, titles=[""],
-                                   title=method_label(name), columns=1, value_name=method_unit(name), tile_px=260)
+                                   title=method_label(name), columns=1, value_name=method_unit(name), tile_px=260,
+                                   signed=signed)
         map_stem = file_stem("faithfulness_map", ctx.image.name, name)
         show_chart(fig, f"faith_map_{name}", map_stem)
     with right:
@@ -326,4 +329,4 @@ for m, name in enumerate(result.methods):
                      display.settings(rendered) | {"method": name, "image": ctx.image.name,
                                                    "auc": {"deletion": d, "insertion": i}},
                      panel_download(r.model_input, result.maps[m][None], display, [""], method_label(name), columns=1,
-                                    value_name=method_unit(name)))
+                                    value_name=method_unit(name), signed=signed))

@@ -3,6 +3,7 @@ the core's maps of the repaired forward (computed here from the adapters' edit= 
 the choice holds across pages, and an edit given to :func:`vitviz.adapters.editing` reaches every run inside."""
 import base64
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -124,6 +125,19 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
     assert at.button(key="attribution_faithfulness_run")
     attr = _heatmaps(at, "attribution_repair_maps")
     assert len(attr) >= 2 and not np.allclose(attr[0], attr[1])
+    # One colour rule per method: AttnLRP (signed) red/blue around 0, LeGrad and Grad-CAM (never negative) sequential
+    # from 0 in their own figures (all three were drawn red/blue here).
+    from vitviz.colour import reference_stops
+
+    def scales(key):
+        chart = next(c for c in at.get("plotly_chart") if re.search(key + r"(?!_\d)", c.proto.id or ""))
+        return [t.get("colorscale") or t["marker"]["colorscale"] for t in json.loads(chart.proto.spec)["data"]
+                if t.get("colorscale") or t.get("marker", {}).get("showscale")]
+
+    assert at.multiselect(key="attr_methods").value == ["attnlrp", "legrad", "gradcam"]
+    assert {str(c) for c in scales("attribution_repair_maps")} == {str(reference_stops("RdBu_r"))}
+    for key in ("attribution_repair_maps_1", "attribution_repair_maps_2"):  # LeGrad, Grad-CAM
+        assert scales(key) == [reference_stops("Inferno")]
 
 
 def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_with_the_repair(planted_checkpoint):
@@ -205,11 +219,12 @@ def test_attribution_page_after_map_is_the_attribution_of_the_repaired_forward(p
     plain = attribute(loaded.model, x, "attnlrp", target).patches[0]
     with editing(R.TestTimeRegister(((LAYER, NEURON),)).edit(layout)):
         repaired = attribute(loaded.model, x, "attnlrp", target).patches[0]
-    # The figure draws z = map[::-1] (row 0 at the bottom). Both sides are the same float64 computation on the
-    # same float32 model in two processes: 1e-6 of the map's largest |value| covers the summation order.
+    # The maps are drawn over the photo; each tile's hover heatmap carries the map as float32, row 0 at the top.
+    # Both sides are the same float64 computation on the same float32 model in two processes: 1e-6 of the map's
+    # largest |value| covers the summation order and float32's rounding (6e-8 relative).
     tol = 1e-6 * np.abs(plain).max()
-    np.testing.assert_allclose(before[::-1], plain, rtol=0, atol=tol)
-    np.testing.assert_allclose(after[::-1], repaired, rtol=0, atol=tol)
+    np.testing.assert_allclose(before, plain, rtol=0, atol=tol)
+    np.testing.assert_allclose(after, repaired, rtol=0, atol=tol)
     assert np.abs(repaired - plain).max() > 1000 * tol  # the register changes the map: equality above means something
 
 

@@ -60,22 +60,24 @@ def display_controls(prefix: str = "") -> Display:
 
 
 def render(image: Image.Image, maps: np.ndarray, display: Display, *, masks=None, query=None, sinks=None, region=None,
-           zoom: int = 1) -> RenderedMaps:
-    """(k, gh, gw) maps drawn as the display says (the tiles, their colour scales, what was clipped)."""
+           zoom: int = 1, signed: bool = False) -> RenderedMaps:
+    """(k, gh, gw) maps drawn as the display says (the tiles, their colour scales, what was clipped); ``signed`` maps
+    (relevance) on the diverging map centred on 0 with the display's overlay, opacity and smoothing."""
     return render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
                        opacity=display.opacity, smooth=display.smooth, masks=masks, query=query, sinks=sinks,
-                       region=region, zoom=zoom)
+                       region=region, zoom=zoom, signed=signed)
 
 
 def map_figure(image: Image.Image, maps: np.ndarray, layout: TokenLayout, display: Display, *, titles: list[str],
                title: str = "", notes: list[str] | None = None, masks=None, query=None, sinks=None, columns: int = 3,
-               highlight: int | None = None, value_name: str = VALUE_NAME, tile_px: int | None = None, region=None):
-    """(rendered tiles, plotly figure) for (k, gh, gw) maps drawn as the display says."""
-    rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region)
+               highlight: int | None = None, value_name: str = VALUE_NAME, tile_px: int | None = None, region=None,
+               signed: bool = False):
+    """(rendered tiles, plotly figure) for (k, gh, gw) maps drawn as the display says (``signed``: see :func:`render`)."""
+    rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region, signed=signed)
     shown = maps if masks is None else np.where(masks, maps, np.nan)
     labels = [_label(t, s, rendered.shared, n) for t, s, n in
               zip(titles, rendered.scales, notes or [None] * len(titles))]
-    fig = map_panel(rendered.tiles, shown, rendered.scales, labels, layout, cmap=display.cmap, value_name=value_name,
+    fig = map_panel(rendered.tiles, shown, rendered.scales, labels, layout, cmap=rendered.cmap, value_name=value_name,
                     columns=columns, tile_px=tile_px or (TILE_PX if len(maps) > 1 else SINGLE_TILE_PX), title=title,
                     colour_bar=display.style != "DINO mask", highlight=_tile_of_head(titles, highlight))
     return rendered, fig
@@ -91,7 +93,9 @@ def tile_label(title: str, scale, shared: bool) -> str:
     """A tile's title with its own scale when the tiles do not share one (a flat map says so)."""
     if shared:
         return title
-    return f"{title} · flat" if scale.flat else f"{title} · top {10 ** scale.hi if scale.log else scale.hi:.3g}"
+    if scale.flat:
+        return f"{title} · flat"
+    return f"{title} · ±{scale.hi:.3g}" if scale.signed else f"{title} · top {10 ** scale.hi if scale.log else scale.hi:.3g}"
 
 
 def _label(title: str, scale, shared: bool, note: str | None) -> str:
@@ -101,13 +105,14 @@ def _label(title: str, scale, shared: bool, note: str | None) -> str:
 
 def panel_download(image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str, *,
                    masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME,
-                   region=None, notes: list[str] | None = None):
+                   region=None, notes: list[str] | None = None, signed: bool = False):
     """A callable building the publication PNG of the same panel (tiles at ``zoom``x, titles, colour bar)."""
     def build() -> Image.Image:
-        rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region, zoom=zoom)
+        rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region, zoom=zoom,
+                          signed=signed)
         labels = [tile_label(t, s, rendered.shared) for t, s in zip(titles, rendered.scales)]
         bar_title = value_name if rendered.shared else f"{value_name} / tile's top"
-        bar = colour_bar(rendered.scales[0], display.cmap, bar_title, rendered.tiles[0].height,
+        bar = colour_bar(rendered.scales[0], rendered.cmap, bar_title, rendered.tiles[0].height,
                          relative=not rendered.shared) if display.style != "DINO mask" else Image.new("RGB", (1, 1), "white")
         return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)), notes=notes)
     return build
