@@ -1,8 +1,9 @@
 """Attribution: which pixels and patches made the model give its output (AttnLRP, CP-LRP, LeGrad, Grad-CAM)."""
 import streamlit as st
 
-from ui.attribution import attributions, keep_available, scale_caption, target_picker
+from ui.attribution import attributions, keep_available, overlay_choices, scale_caption, target_picker
 from ui.charts import file_stem, show_chart
+from ui.display import TILE_PX, display_controls
 from ui.downloads import download_row
 from ui.repair import repair_view
 from ui.state import setup, view_applies
@@ -50,7 +51,9 @@ except ValueError as exc:  # a family whose forward the rules cannot reach yet
     st.stop()
 target_text = results[0].target.text()
 stem = file_stem("attribution", ctx.image.name, "_".join(methods))
-show_chart(maps_figure(r.model_input, results, pixels=pixels, target_text=target_text), "attr_maps", stem)
+display = display_controls()
+show_chart(maps_figure(r.model_input, results, pixels=pixels, target_text=target_text, plot_height=TILE_PX + 40,
+                       **overlay_choices(display)), "attr_maps", stem)
 st.caption(scale_caption(target_text, methods))
 
 relevance = [res for res in results if res.pixels is not None]

@@ -122,7 +122,7 @@ with left, guarded("the rollout map"):
                                 value_name="rollout mass"))
 with right, guarded("the map beside rollout"):
     if beside == BESIDE_ATTRIBUTION:
-        attribution_panel(ctx, "rollout_attr", controls=beside_col)
+        attribution_panel(ctx, "rollout_attr", controls=beside_col, display=display)
     else:
         if query is None:
             raw_query = raw_name = "cls" if layout.has_class_token else "mean"

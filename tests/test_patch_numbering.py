@@ -25,6 +25,16 @@ def test_the_overview_heads_and_rollout_pages_call_one_patch_by_one_number():
 
     at.switch_page("pages/2_heads.py").run()
     assert any(c.value.endswith(f"Selected: {NAME}") for c in at.caption), [c.value for c in at.caption]
+    heads = next(c for c in at.get("plotly_chart") if "heads_grid" in (c.proto.id or ""))
+    hover = next(t for t in json.loads(heads.proto.spec)["data"] if t["type"] == "heatmap")
+    assert hover["hovertemplate"].startswith("patch %{customdata[0]} (row %{customdata[1]}, col %{customdata[2]})")
+    custom = hover["customdata"]
+    if isinstance(custom, dict):  # plotly's typed array: base64 of the (gh, gw, 3) values
+        import base64
+
+        import numpy as np
+        custom = np.frombuffer(base64.b64decode(custom["bdata"]), dtype=custom["dtype"]).reshape(16, 16, 3).tolist()
+    assert custom[9][4] == [148, 10, 5]  # was the token's sequence index, 149
     at.switch_page("pages/3_rollout.py").run()
     at.radio(key="rollout_readout").set_value("clicked patch").run()
     assert not at.exception, [e.message for e in at.exception]

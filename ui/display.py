@@ -59,6 +59,26 @@ def display_controls(prefix: str = "") -> Display:
     return Display(cmap, scale_mode, style, opacity, smooth, exclude_sinks)
 
 
+def display_in_use() -> Display:
+    """The display choices as the session last made them on any map page (the Display box's keys, or the browser
+    explorer's view in the URL, which uses the same names), for a figure drawn without a box of its own."""
+    from ui.persist import saved_view
+
+    saved, state = saved_view(), st.session_state
+
+    def pick(key, allowed, default):
+        value = state.get(key, saved.get(key))
+        return value if value in allowed else default
+
+    try:
+        opacity = min(1.0, max(0.0, float(state.get("opacity", saved.get("opacity", 0.8)))))
+    except (TypeError, ValueError):
+        opacity = 0.8
+    return Display(cmap=pick("cmap", SEQUENTIAL, "Inferno"), scale_mode=pick("scale_mode", SCALE_MODES, SCALE_MODES[0]),
+                   style=pick("style", OVERLAY_STYLES, OVERLAY_STYLES[0]), opacity=opacity,
+                   smooth=bool(state.get("smooth", False)))
+
+
 def render(image: Image.Image, maps: np.ndarray, display: Display, *, masks=None, query=None, sinks=None, region=None,
            zoom: int = 1, signed: bool = False) -> RenderedMaps:
     """(k, gh, gw) maps drawn as the display says (the tiles, their colour scales, what was clipped); ``signed`` maps

@@ -27,15 +27,16 @@ def image_data_uri(image: Image.Image, fmt: str = "PNG", quality: int = 90) -> s
 
 
 def _hover_trace(grid_map: np.ndarray, layout: TokenLayout, value_name: str) -> go.Heatmap:
-    """An invisible heatmap over the tile: hover names the token and its value; tests read ``z``."""
+    """An invisible heatmap over the tile: hover names the patch as every page does (its 0-based raster number, row
+    and column from 1: :meth:`vitviz.layout.TokenLayout.token_name`) and its value; tests read ``z``."""
     ph, pw = layout.patch_size
     rows, cols = np.indices(grid_map.shape)
-    token = rows * grid_map.shape[1] + cols + layout.num_prefix_tokens
+    patch = rows * grid_map.shape[1] + cols
     return go.Heatmap(
         z=np.asarray(grid_map, dtype=np.float32), x0=pw / 2, dx=pw, y0=ph / 2, dy=ph, opacity=0,
         showscale=False, name=value_name, hoverongaps=False,
-        customdata=np.stack([token, rows + 1, cols + 1], axis=-1),
-        hovertemplate="token %{customdata[0]} · patch row %{customdata[1]}, col %{customdata[2]}<br>"
+        customdata=np.stack([patch, rows + 1, cols + 1], axis=-1),
+        hovertemplate="patch %{customdata[0]} (row %{customdata[1]}, col %{customdata[2]})<br>"
                       + value_name + " %{z:.4g}<extra></extra>",
     )
 
