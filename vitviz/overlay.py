@@ -242,8 +242,9 @@ class RenderedMaps:
         what the excluded patches are)."""
         n = sum(len(c) for c in self.clipped)
         text = f"Colours: {self.scales[0].rule}"
-        text += f"; {n} patch{'es' if n != 1 else ''} above the top drawn in the top colour, outlined in cyan" if n else \
-            "; nothing clipped"
+        beyond = "beyond ± the limit drawn in the end colours" if self.scales[0].signed else \
+            "above the top drawn in the top colour"
+        text += f"; {n} patch{'es' if n != 1 else ''} {beyond}, outlined in cyan" if n else "; nothing clipped"
         if len(self.excluded):
             text += f"; patches {sorted(int(p) for p in self.excluded)} set no limit ({excluded_what})"
         flat = sum(s.flat for s in self.scales)
