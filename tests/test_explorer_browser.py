@@ -257,14 +257,14 @@ def test_reload_restores_page_and_layer(browser_page):
 
 
 def test_heads_downloads_finish_and_rerun_nothing(browser_page, tmp_path):
-    """The heads grid's PNG and npz, each clicked twice: every file arrives, no spinner is left, and the explorer
-    is not rebuilt (a rerun with on_click="rerun" once re-ran the page behind each click)."""
+    """The heads grid's PNG, npz, SVG and PDF, each clicked twice: every file arrives (the SVG and PDF with the
+    panel's title as text), no spinner is left, and the explorer is not rebuilt (a rerun with on_click="rerun" once re-ran the page behind each click)."""
     pg, _, server = browser_page
     _open(pg, server, "/heads?intro=0&layer=10", unless=_heads_at(10))
     paints = pg.evaluate(VIEW_JS)["paints"]
     files = {}
     for _ in range(2):
-        for label in ["Image (png)", "Data (npz)"]:
+        for label in ["Image (png)", "Data (npz)", "Image (svg)", "Image (pdf)"]:
             button = pg.get_by_role("button", name=label).first
             button.scroll_into_view_if_needed()
             with pg.expect_download(timeout=60_000) as info:
@@ -274,6 +274,15 @@ def test_heads_downloads_finish_and_rerun_nothing(browser_page, tmp_path):
             files[label] = path
     assert files["Image (png)"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "layer10" in files["Image (png)"].name  # the files follow the browser's view
+    # For papers: the same panel with vector text (tests/test_vector_figures.py reads them the same way).
+    import xml.etree.ElementTree as ET
+
+    from test_vector_figures import _pdf_text
+
+    title = "Layer 10, every head, CLS query"
+    svg = ET.parse(files["Image (svg)"]).getroot()
+    assert title in ["".join(t.itertext()).strip() for t in svg.iter() if t.tag.endswith("text")]
+    assert title in _pdf_text(files["Image (pdf)"].read_bytes())
     with np.load(files["Data (npz)"]) as npz:
         assert npz["maps"].shape == (6, 16, 16) and (npz["maps"] >= 0).all() and (npz["maps"] <= 1).all()
     assert pg.locator('[data-testid="stDownloadButton"] [data-testid="stSpinner"]').count() == 0

@@ -17,6 +17,7 @@ from vitviz.figures import map_panel
 from vitviz.layout import TokenLayout
 from vitviz.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES, RenderedMaps, colour_bar, panel_png, render_maps
 from vitviz.report import outline_patch
+from vitviz.vector_figures import panel_vector
 
 CLICK_SCALE = 2  # the picker image is drawn at twice the model input, then fitted to the column
 
@@ -123,19 +124,44 @@ def _label(title: str, scale, shared: bool, note: str | None) -> str:
     return f"{text}<br><span style='font-size:11px'>{note}</span>" if note else text
 
 
-def panel_download(image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str, *,
-                   masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME,
-                   region=None, notes: list[str] | None = None, signed: bool = False):
-    """A callable building the publication PNG of the same panel (tiles at ``zoom``x, titles, colour bar)."""
-    def build() -> Image.Image:
-        rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region, zoom=zoom,
-                          signed=signed)
-        labels = [tile_label(t, s, rendered.shared) for t, s in zip(titles, rendered.scales)]
-        bar_title = value_name if rendered.shared else f"{value_name} / tile's top"
+class PanelImage:
+    """The publication files of one map panel, built when a download button is first clicked: ``image()`` the PNG
+    (tiles at ``zoom``x, titles, colour bar, as the screen), ``vector(fmt)`` an SVG or PDF with vector text
+    (:func:`vitviz.vector_figures.panel_vector`)."""
+
+    def __init__(self, image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str, *,
+                 masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME,
+                 region=None, notes: list[str] | None = None, signed: bool = False):
+        self._draw = dict(masks=masks, query=query, sinks=sinks, region=region, signed=signed)
+        self._args = (image, maps, display)
+        self.titles, self.title, self.columns, self.zoom = titles, title, min(columns, len(maps)), zoom
+        self.value_name, self.notes, self.display = value_name, notes, display
+
+    def _rendered(self, zoom: int) -> RenderedMaps:
+        return render(*self._args, zoom=zoom, **self._draw)
+
+    def __call__(self) -> Image.Image:
+        """The PNG's image (a callable, as :func:`ui.downloads.download_row` takes it)."""
+        rendered = self._rendered(self.zoom)
+        labels = [tile_label(t, s, rendered.shared) for t, s in zip(self.titles, rendered.scales)]
+        bar_title = self.value_name if rendered.shared else f"{self.value_name} / tile's top"
         bar = colour_bar(rendered.scales[0], rendered.cmap, bar_title, rendered.tiles[0].height,
-                         relative=not rendered.shared) if display.style != "DINO mask" else Image.new("RGB", (1, 1), "white")
-        return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)), notes=notes)
-    return build
+                         relative=not rendered.shared) if self.display.style != "DINO mask" else Image.new("RGB", (1, 1), "white")
+        return panel_png(rendered.tiles, labels, self.title, bar, columns=self.columns, notes=self.notes)
+
+    def vector(self, fmt: str) -> bytes:
+        """The panel as ``"svg"`` or ``"pdf"``: tiles at the model input's resolution, text as text."""
+        rendered = self._rendered(1)
+        labels = [tile_label(t, s, rendered.shared) for t, s in zip(self.titles, rendered.scales)]
+        return panel_vector(rendered.tiles, labels, self.title, rendered.scales[0], rendered.cmap,
+                            value_name=self.value_name, fmt=fmt, columns=self.columns, relative=not rendered.shared,
+                            colour_bar=self.display.style != "DINO mask")
+
+
+def panel_download(image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str,
+                   **kwargs) -> PanelImage:
+    """The publication files of the same panel (see :class:`PanelImage`; keyword arguments as its)."""
+    return PanelImage(image, maps, display, titles, title, **kwargs)
 
 
 def patch_picker(image: Image.Image, layout: TokenLayout, key: str, shown: int | None = None,
