@@ -118,7 +118,7 @@ def cost(label: str, model: torch.nn.Module, x: torch.Tensor, repeats: int, meth
 
 
 def auc_table() -> None:
-    from vitviz.faithfulness import default_fractions, perturbation_curves, random_map
+    from vitviz.perturbation import default_fractions, perturbation_curves, random_map
 
     loaded = load_model(ModelSpec())
     model, layout = loaded.model, loaded.layout

@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from vitviz.capture import capture  # noqa: E402
-from vitviz.faithfulness import attention_maps, perturbation_curves  # noqa: E402
+from vitviz.perturbation import attention_maps, perturbation_curves  # noqa: E402
 from vitviz.flow import attention_flow  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
 from vitviz.models import ModelSpec, load_model  # noqa: E402

@@ -13,11 +13,12 @@ from ui.downloads import download_row
 from ui.progress import cached, with_progress
 from ui.state import setup, upload_too_large, view_applies
 from vitviz.analysis import AnalysisSettings
-from vitviz.attribution import PIXEL_METHODS as SIGNED_METHODS, attribute, default_target
-from vitviz.attribution import why_not as attribution_why_not
-from vitviz.faithfulness import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
+from vitviz.attribution import default_target
+from vitviz.explainers import explain, names as explainer_names, registered
+from vitviz.lens import Lens
+from vitviz.perturbation import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
                                  ordered, qualify_best, random_seed_maps, split_random_seeds, step_counts, to_rgb)
-from vitviz.faithfulness import auc as auc_of
+from vitviz.perturbation import auc as auc_of
 from vitviz.faithfulness_protocols import (PROTOCOLS, REPLACEMENT_TEXT, REPLACEMENTS, protocol_curves, protocol_inputs,
                                            protocol_order, protocol_text, replacement_of)
 from vitviz.faithfulness_run import DEFAULT_METHODS
@@ -148,7 +149,9 @@ if loaded.has_head:
     label = c2.selectbox("Target class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="faith_target")
     target = int(label.split(":")[0])
 steps = int(c2.number_input("Steps", 2, 41, 11, key="faith_steps", help="fractions 0, 1/(S-1), ..., 1"))
-attributions = [] if attribution_why_not(loaded.model) else ["attnlrp", "cp-lrp", "gradient", "legrad", "gradcam"]
+# The registry's methods that explain a target and apply to this model (relevance, occlusion); gradient rollout is
+# listed with the attention methods.
+attributions = [m for m in explainer_names(Lens(loaded), kinds=("relevance", "perturbation")) if m != "gradient_rollout"]
 options = (["last_layer_mean"] + [f"last_layer_head_{h + 1}" for h in range(H)] + ["rollout"]
            + (["gradient_rollout"] if loaded.has_head else []) + ["attention_flow"] + attributions + ["random"])
 # The methods worth computing first: relevance (AttnLRP), attention (rollout) and chance (random).
@@ -193,8 +196,8 @@ def run(progress):
             if m == "random":
                 chosen |= random_seed_maps(layout.grid_size, seed)
             elif m in attributions:
-                grid = attribute(model, model_input[None], m, default_target(model, target)).patches[0]
-                chosen[m] = ordered(grid, ordering) if m in SIGNED_METHODS else grid
+                found = explain(Lens(loaded), model_input[None], m, default_target(model, target))
+                chosen[m] = ordered(found.patches[0], ordering) if found.signed else found.patches[0]
             else:
                 chosen[m] = maps[m]
         curves = protocol_curves(model, model_input, chosen, layout, protocols=PROTOCOLS, replacement=replacement,
@@ -229,7 +232,8 @@ show_chart(curves_figure(result.fractions, result.deletion, result.insertion, re
            "faith_curves", stem)
 
 st.subheader("AUC per method")
-named = {m: method_label(m) + (f" ({ordering} order)" if m in SIGNED_METHODS else "") for m in result.methods}
+signed = {n for n, m in registered().items() if m.signed}
+named = {m: method_label(m) + (f" ({ordering} order)" if m in signed else "") for m in result.methods}
 if band is not None:
     named["random"] = f"random (mean of {band.seeds} seeds)"
 table = pd.DataFrame(result.table(band)).assign(method=lambda t: t["method"].map(named), lerf_auc=lerf_auc,
@@ -311,10 +315,9 @@ for m, name in enumerate(result.methods):
     left, right = st.columns([2, 3])
     with left:
         # One colour rule per method on every page: relevance (signed) diverging around 0, the rest sequential.
-        signed = name in SIGNED_METHODS
         rendered, fig = map_figure(r.model_input, result.maps[m][None], layout, display, titles=[""],
                                    title=method_label(name), columns=1, value_name=method_unit(name), tile_px=260,
-                                   signed=signed)
+                                   signed=name in signed)
         map_stem = file_stem("faithfulness_map", ctx.image.name, name)
         show_chart(fig, f"faith_map_{name}", map_stem)
     with right:
@@ -329,4 +332,4 @@ for m, name in enumerate(result.methods):
                      display.settings(rendered) | {"method": name, "image": ctx.image.name,
                                                    "auc": {"deletion": d, "insertion": i}},
                      panel_download(r.model_input, result.maps[m][None], display, [""], method_label(name), columns=1,
-                                    value_name=method_unit(name), signed=signed))
+                                    value_name=method_unit(name), signed=name in signed))

@@ -15,6 +15,7 @@ import torch
 
 from conftest import assert_edits_stay_in_their_thread  # noqa: E402
 from vitviz.adapters import ADAPTERS, adapter_for, load_all, run
+from vitviz.lens import Lens
 
 from test_adapters_relpos import VARIANTS as RELPOS_VARIANTS, loader as relpos_loader
 from test_adapters_swin import (hf_swin_reference, hf_swinv2_reference, load_hf_swin, load_timm_swin,
@@ -88,15 +89,15 @@ def test_spelled_out_forward_equals_the_library_forward_and_its_eager_attention(
     assert adapter_for(model).name == adapter_name
     depth = adapter_for(model).num_layers(model)
     point = _output_point(model)
-    with torch.no_grad():
-        out = run(model, x, keep=(point, "blocks.*.attn"))
+    # Through the front door: vitviz.Lens.trace is the one way every consumer reads a forward.
+    out = Lens(loaded).trace(x, keep=(point, "attn"))
     expected, attention = reference(model, x)
     # float32 end to end: the spelled-out and the library's sums differ in order only.
     assert _rel(out[point], expected) <= 1e-5
     reference_layers = _per_layer(attention)
     assert len(reference_layers) == depth
     for i, ref in enumerate(reference_layers):
-        assert float((out[f"blocks.{i}.attn"] - ref).abs().max()) <= 1e-5, i
+        assert float((out["attn", i] - ref).abs().max()) <= 1e-5, i
 
 
 @pytest.mark.parametrize("adapter_name,family,reference", CASES, ids=[f"{a}-{f}" for a, f, _ in CASES])

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from conftest import assert_edits_stay_in_their_thread  # noqa: E402
 from vitviz.adapters import adapter_for, run  # noqa: E402
 from vitviz.images import preprocess  # noqa: E402
+from vitviz.lens import Lens  # noqa: E402
 from vitviz.models import ModelSpec, load_model  # noqa: E402
 
 from test_hf_hybrid import HF_FAMILIES, chelsea, hf_folders  # noqa: E402,F401  (shared fixtures)
@@ -81,8 +82,8 @@ def test_spelled_out_forward_equals_the_library_forward_and_its_eager_attention(
     model, x = loaded.model, _inputs(loaded, chelsea)
     adapter = adapter_for(model)
     assert adapter.name == adapter_name
-    with torch.no_grad():
-        out = run(model, x, keep=("logits", "pooled", "final_norm", "blocks.*.attn"))
+    # Through the front door: vitviz.Lens.trace is the one way every consumer reads a forward.
+    out = Lens(loaded).trace(x, keep=("pooled", "final_norm", "attn") + (("logits",) if loaded.has_head else ()))
     logits, pooled, last, attention = _reference(_library(family, hf_folders[family]), x)
     # float32 end to end in the same order of operations: equal to the last bit here; 1e-5 allows another BLAS.
     if logits is not None:
@@ -91,7 +92,8 @@ def test_spelled_out_forward_equals_the_library_forward_and_its_eager_attention(
         assert "logits" not in out and adapter.num_classes(model) == 0
     assert _rel(out["pooled"], pooled) <= 1e-5
     assert _rel(out["final_norm"], last) <= 1e-5
-    ours = torch.stack([out[f"blocks.{i}.attn"] for i in range(adapter.num_layers(model))], 1)
+    ours = out.stack("attn")
+    assert ours.shape[1] == adapter.num_layers(model)
     assert ours.dtype == torch.float32 and float((ours - attention).abs().max()) <= 1e-5
 
 

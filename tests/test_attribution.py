@@ -339,9 +339,11 @@ def test_window_models_offer_every_method():
 
 
 def test_unknown_method_is_one_sentence():
+    from vitviz.explainers import parse_methods
+
     with pytest.raises(ValueError, match="choose from"):
-        A.parse_methods("attnlrp,shap")
-    assert A.parse_methods("AttnLRP, cp-lrp,attnlrp") == ["attnlrp", "cp-lrp"]
+        parse_methods("attnlrp,shap")
+    assert parse_methods("AttnLRP, cp-lrp,attnlrp") == ["attnlrp", "cp-lrp"]
 
 
 def test_cli_writes_attribution_arrays_and_target(tmp_path):

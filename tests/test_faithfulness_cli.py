@@ -28,7 +28,7 @@ def _tables(out):
 def test_cli_tables_equal_the_core_on_each_image(tmp_path, tiny_checkpoint):
     from vitviz.attribution import attribute, default_target
     from vitviz.capture import capture
-    from vitviz.faithfulness import ordered, random_seed_maps
+    from vitviz.perturbation import ordered, random_seed_maps
     from vitviz.faithfulness_protocols import protocol_curves
     from vitviz.images import load_image, preprocess
     from vitviz.models import ModelSpec, load_model

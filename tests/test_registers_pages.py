@@ -148,7 +148,7 @@ def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_w
 
     from conftest import ASSETS
     from vitviz.capture import capture
-    from vitviz.faithfulness import perturbation_curves, random_seed_maps
+    from vitviz.perturbation import perturbation_curves, random_seed_maps
     from vitviz.images import load_image, preprocess
     from vitviz.models import ModelSpec, load_model
     from vitviz.registers_run import repair_faithfulness

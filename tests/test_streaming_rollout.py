@@ -126,7 +126,7 @@ from pathlib import Path  # noqa: E402
 
 from PIL import Image  # noqa: E402
 
-from vitviz.output import run_id_of  # noqa: E402
+from vitviz.io.output import run_id_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "deit_tiny_patch16_224"

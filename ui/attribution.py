@@ -11,8 +11,9 @@ from ui.display import display_in_use
 from ui.downloads import download_row
 from ui.progress import with_progress
 from vitviz.adapters import editing
-from vitviz.attribution import LABELS, PIXEL_METHODS, Attribution, attribute, default_target, methods_for, why_not
+from vitviz.attribution import LABELS, Attribution, Projection, attribute, default_target, methods_for, why_not
 from vitviz.attribution_figures import maps_figure
+from vitviz.explainers import registered
 from vitviz.images import preprocess
 from vitviz.tokens import top_classes
 
@@ -62,10 +63,19 @@ def target_picker(ctx, container, key: str, say_headless: bool = True) -> int | 
     return int(label.split(":")[0])
 
 
+def target_title(target) -> str:
+    """The target in words, for figure titles; captions keep :meth:`vitviz.attribution.Target.text` (which names
+    the vector as the code does, e.g. ``forward_head(pre_logits=True)``)."""
+    if isinstance(target, Projection):
+        return "projection of the model's pooled output vector on its direction for this image"
+    return target.text()
+
+
 def scale_caption(target_text: str, methods: list[str]) -> str:
     """What the maps' colours mean, under every attribution figure."""
-    signed = [LABELS[m] for m in methods if m in PIXEL_METHODS]
-    unsigned = [LABELS[m] for m in methods if m not in PIXEL_METHODS]
+    rule = registered()  # each method's colour rule (signed: diverging around 0)
+    signed = [LABELS[m] for m in methods if rule[m].signed]
+    unsigned = [LABELS[m] for m in methods if not rule[m].signed]
     return (f"Target: {target_text}. Drawn over the model input with the Display box's overlay and opacity. "
             + (f"Signed maps ({', '.join(signed)}) use a diverging scale centred on 0 with symmetric limits at the "
                "99th percentile of |relevance| (red raises the target, blue lowers it, 0 lets the photo through). "
@@ -113,7 +123,8 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
     text = result.target.text()
     stem = file_stem("attribution", ctx.image.name, method)
     display = display or display_in_use()
-    show_chart(maps_figure(ctx.result.model_input, [result], pixels=False, target_text=text, with_input=False,
+    show_chart(maps_figure(ctx.result.model_input, [result], pixels=False, target_text=target_title(result.target),
+                           with_input=False,
                            wrap=56, plot_height=380, **overlay_choices(display)), f"{key}_fig", stem)
     st.caption(scale_caption(text, [method]) + " Patch map (relevance summed over each patch's pixels for AttnLRP, "
                "CP-LRP and Gradient × Input); computed when chosen and kept for this image, method and target.")

@@ -77,10 +77,12 @@ class ByteLRU:
                     return self._entries[key][0]
             try:
                 value = compute()
+                # Stored before the key's lock is forgotten: a caller arriving in between would find neither the
+                # value nor the lock and compute it again.
+                self.put(key, value)
             finally:
                 with self._lock:
                     self._computing.pop(key, None)
-            self.put(key, value)
             return value
 
     def put(self, key: Hashable, value: Any) -> None:

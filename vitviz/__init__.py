@@ -1,3 +1,44 @@
-"""vitviz: see what a Vision Transformer does with an image. The core package; no Streamlit here."""
+"""vitviz: see what a Vision Transformer does with an image — from a notebook as from the app and the CLI.
+
+```python
+import vitviz
+lens = vitviz.open("bundled")                          # any --model spelling
+x = lens.preprocess(["assets/chelsea.jpg"])            # x.tensor (B, 3, H, W), x.images
+trace = lens.trace(x, keep=("attn", "resid_post"))     # trace["attn", 11] (B, H, N, N); trace.stack("attn")
+m = vitviz.explain(lens, x, "attnlrp")                 # m.patches (B, gh, gw); vitviz.methods() lists them all
+```
+
+The public names are loaded on first use (``import vitviz`` itself imports no torch); nothing in this package
+imports Streamlit.
+"""
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_PUBLIC = {
+    "open": "lens", "Lens": "lens", "Trace": "lens", "load_trace": "lens", "PointNotKept": "lens",
+    "ModelSpec": "models", "TokenLayout": "layout",
+    "VitvizError": "errors", "ModelError": "errors", "ImageError": "errors",
+    "ClassLogit": "attribution", "Projection": "attribution", "Target": "attribution",
+    "methods": "explainers", "explain": "explainers", "register_method": "explainers", "MapMethod": "explainers",
+    "Map": "explainers",
+    "faithfulness": "faithfulness_run", "FaithfulnessTables": "faithfulness_run",
+}
+
+__all__ = sorted(_PUBLIC) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'vitviz' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -13,7 +13,7 @@ from PIL import Image
 from .pipeline import forward
 from .clusters import batch_clusters
 from .distance import CONVENTION as DISTANCE_CONVENTION
-from .faithfulness import attention_maps, default_fractions, perturbation_curves
+from .perturbation import attention_maps, default_fractions, perturbation_curves
 from .faithfulness_protocols import protocol_text
 from .filters import patch_filter_pca, patch_filters
 from .flow import FLOW_DEFINITION, attention_flow
@@ -37,7 +37,7 @@ class AnalysisSettings:
         exclude_sinks: keep patch attention sinks (any layer of the range) out of rollout.
         target_class: class for gradient rollout; None = each image's top-1.
         batch_size: images per forward pass.
-        faithfulness: deletion/insertion curves of every attribution map (see vitviz.faithfulness).
+        faithfulness: deletion/insertion curves of every attribution map (see vitviz.perturbation).
         faithfulness_steps: fractions 0..1 of the curves, evenly spaced.
         flow: attention flow (exact max-flow) with the rollout's fusion, discard, layers and exclusions.
         clusters: k-means clusters of each image's patch tokens (2..12); None = no clustering.
@@ -216,11 +216,15 @@ def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: Anal
                        facts: dict) -> None:
     """``attribution_<method>`` (b, gh, gw); for relevance methods ``attribution_<method>_pixels`` (b, H, W); where a
     method read a coarser grid (Grad-CAM on a later Swin stage) ``attribution_<method>_coarse`` (b, gh', gw')."""
-    from .attribution import attribute, default_target
+    from .attribution import default_target
+    from .explainers import explain
+    from .lens import Lens
 
-    target = default_target(loaded.model, settings.target_class)
+    target, lens = default_target(loaded.model, settings.target_class), Lens(loaded)
+    explained = None
     for method in settings.attribution:
-        result = attribute(loaded.model, inputs, method, target)
+        result = explain(lens, inputs, method, target)
+        explained = result if result.target is not None else explained
         key = "attribution_" + method.replace("-", "_")
         arrays[key] = result.patches.astype(np.float32)
         if result.pixels is not None:
@@ -228,13 +232,17 @@ def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: Anal
             facts[f"attribution_conservation_{method}"] = result.conservation()
         if result.coarse is not None:
             arrays[key + "_coarse"] = result.coarse.astype(np.float32)
-    facts["attribution_target"] = [result.target.describe()]  # one per batch (its classes per image)
-    facts["attribution_target_value"] = result.target_value.tolist()
+    if explained is None:  # gradient rollout alone: the class logit it explains, as its settings state it
+        facts["attribution_target"] = [result.settings["target"]]
+        facts["attribution_target_value"] = []
+        return
+    facts["attribution_target"] = [explained.target.describe()]  # one per batch (its classes per image)
+    facts["attribution_target_value"] = explained.target_value.tolist()
 
 
 def faithfulness_curves(loaded: LoadedModel, inputs: torch.Tensor, attention: torch.Tensor,
                         arrays: dict[str, np.ndarray], layout: TokenLayout, settings: AnalysisSettings) -> list:
-    """Deletion/insertion curves (vitviz.faithfulness) of every map in one batch's ``arrays``, one result per image.
+    """Deletion/insertion curves (vitviz.perturbation) of every map in one batch's ``arrays``, one result per image.
 
     attention: the batch's (b, L, H, N, N), on any device.
     """
@@ -338,14 +346,14 @@ class AnalysisRun:
 
 def attribution_info(methods: tuple[str, ...], facts: dict) -> dict:
     """settings.json's ``analysis.attribution``: the methods, the target and how much of it reached the pixels."""
-    from .attribution import LABELS
+    from .explainers import get_method
 
     target = dict(facts["attribution_target"][0])
     classes = [c for t in facts["attribution_target"] for c in t.get("classes", [])]
     if classes:
         target["classes"] = classes
     return {
-        "methods": {m: LABELS[m] for m in methods},
+        "methods": {m: get_method(m).label for m in methods},
         "target": target,
         "target_value": facts["attribution_target_value"],
         "conservation": {m: facts[f"attribution_conservation_{m}"] for m in methods

@@ -306,11 +306,13 @@ class Attribution:
 
     def conservation(self) -> list[dict] | None:
         """Per image: the target's value, the pixels' total relevance and their share of the value."""
-        if self.pixels is None:
-            return None
-        return [{"target_value": float(v), "pixel_relevance": float(p),
-                 "pixel_share": float(p / v) if v != 0 else None}
-                for v, p in zip(self.target_value, self.pixel_sum)]
+        return None if self.pixels is None else conservation(self.target_value, self.pixel_sum)
+
+
+def conservation(target_value: np.ndarray, pixel_sum: np.ndarray) -> list[dict]:
+    """Per image: the target's value, the pixels' total relevance and their share of the value (None at 0)."""
+    return [{"target_value": float(v), "pixel_relevance": float(p), "pixel_share": float(p / v) if v != 0 else None}
+            for v, p in zip(target_value, pixel_sum)]
 
 
 PIXEL_METHODS = ("attnlrp", "cp-lrp", "gradient")
@@ -550,13 +552,3 @@ def attribute(model, x: torch.Tensor, method: str, target: Target | None = None)
     if method == "gradcam":
         return gradcam(model, x, target)
     raise ValueError(f"unknown attribution method {method!r}: choose from {', '.join(METHODS)}.")
-
-
-def parse_methods(text: str) -> list[str]:
-    """``"attnlrp,cp-lrp"`` -> ``["attnlrp", "cp-lrp"]``, checked against :data:`METHODS`."""
-    methods = [m.strip().lower() for m in text.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown or not methods:
-        raise ValueError(f"--attribution: unknown method {', '.join(unknown) or '(none)'}; choose from "
-                         f"{', '.join(METHODS)}.")
-    return list(dict.fromkeys(methods))

@@ -17,7 +17,10 @@ SEQUENTIAL_MAP = "Inferno"
 
 
 def _signed(method: str) -> bool:
-    return method not in ("legrad", "gradcam")
+    """The method's colour rule, from its registration (:mod:`vitviz.explainers`): signed maps diverging around 0."""
+    from .explainers import registered
+
+    return registered()[method].signed
 
 
 def robust_limit(values: np.ndarray) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import platform
 import signal
@@ -15,7 +16,8 @@ import numpy as np
 
 from . import __version__
 from .errors import VitvizError
-from .output import RunOutput, check_writable
+from .io.lock import output_lock
+from .io.output import RunOutput, check_writable
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,7 +102,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _faithfulness_parser(sub) -> None:
-    from .faithfulness import ORDERINGS, RANDOM_SEEDS
+    from .perturbation import ORDERINGS, RANDOM_SEEDS
     from .faithfulness_protocols import CHEFER, PROTOCOLS, REPLACEMENTS
     from .faithfulness_run import DEFAULT_METHODS, METHODS
 
@@ -374,12 +376,9 @@ def _attribution_methods(text: str | None) -> tuple[str, ...]:
     """``--attribution``'s methods, checked before any model work."""
     if text is None:
         return ()
-    from .attribution import parse_methods
+    from .explainers import parse_methods
 
-    try:
-        return tuple(parse_methods(text))
-    except ValueError as exc:
-        raise VitvizError(str(exc)) from None
+    return tuple(parse_methods(text))
 
 
 def analyze(args: argparse.Namespace) -> int:
@@ -817,7 +816,38 @@ def _on_sigterm(signum, frame):
     raise Interrupted()
 
 
+# Commands that write their --out folder: each holds it for one writer from before it computes anything
+# (vitviz.io.lock); a second run on the same folder is refused at once.
+WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers"}
+
+
+def _folder_to_hold(argv: list[str]) -> tuple[str, Path] | None:
+    """(command, --out) of a command that writes a folder, read before the full parser: building that one imports
+    torch (the faithfulness options' choices), seconds a second run must not spend before it is refused."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("command", nargs="?")
+    pre.add_argument("--out", type=Path)
+    try:
+        known, _ = pre.parse_known_args(argv)
+    except SystemExit:  # left to the full parser to explain
+        return None
+    return (known.command, known.out) if known.command in WRITES_FOLDER and known.out else None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    with contextlib.ExitStack() as stack:
+        if (held := _folder_to_hold(argv)) is not None:
+            command, out = held
+            try:
+                stack.enter_context(output_lock(out, command))
+            except VitvizError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+        return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None

@@ -5,8 +5,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .attribution import LABELS as ATTRIBUTION_LABELS
-from .faithfulness import MODES
+from .explainers import registered
+from .perturbation import MODES
 from .figures import qualitative_colours
 
 FLOOR = "random"
@@ -18,9 +18,8 @@ def method_label(name: str) -> str:
         return "last layer, mean of heads"
     if name.startswith("last_layer_head_"):
         return f"last layer, head {name.rsplit('_', 1)[1]}"
-    if name in ATTRIBUTION_LABELS:
-        return ATTRIBUTION_LABELS[name]
-    return name.replace("_", " ")
+    method = registered().get(name)
+    return method.label if method is not None else name.replace("_", " ")
 
 
 def method_unit(name: str) -> str:
@@ -28,7 +27,8 @@ def method_unit(name: str) -> str:
     if name.startswith("last_layer"):
         return "attention weight"
     return {"rollout": "rollout mass", "gradient_rollout": "relevance", "attention_flow": "flow (attention mass)",
-            "random": "random value"}.get(name, "relevance" if name in ATTRIBUTION_LABELS else "map value")
+            "random": "random value", "occlusion": "score drop"}.get(name, "relevance" if name in registered() else
+                                                                       "map value")
 
 
 def score_axis(score: str) -> str:

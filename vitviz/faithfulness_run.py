@@ -23,19 +23,17 @@ import pyarrow.parquet as pq
 import torch
 
 from .errors import VitvizError
-from .faithfulness import ORDERINGS, RANDOM_SEEDS, SEED_PREFIX, default_fractions, ordered, random_seed_maps
+from .explainers import get_method, registered
+from .perturbation import ORDERINGS, RANDOM_SEEDS, SEED_PREFIX, default_fractions, ordered, random_seed_maps
 from .faithfulness_protocols import REPLACEMENTS, protocol_curves
 from .inputs import ImageFile
-from .output import _signals_held
+from .io.atomic import signals_held
 
 CURVES_NAME, AUC_NAME, SETTINGS_NAME, SUMMARY_NAME = ("faithfulness.parquet", "auc.parquet", "settings.json",
                                                       "summary.json")
 PARTS_DIR = ".vitviz-faithfulness-parts"
-ATTENTION_METHODS = ("rollout", "last_layer_mean", "gradient_rollout")
-ATTRIBUTION_METHODS = ("attnlrp", "cp-lrp", "gradient", "legrad", "gradcam")
-METHODS = ATTRIBUTION_METHODS + ATTENTION_METHODS + ("random",)
+METHODS = tuple(registered())  # every map method of the registry (vitviz.explainers)
 DEFAULT_METHODS = ("attnlrp", "rollout", "random")  # worth computing first: relevance, attention, chance
-SIGNED = ("attnlrp", "cp-lrp", "gradient")
 CURVE_SCHEMA = pa.schema([("image", pa.string()), ("method", pa.string()), ("protocol", pa.string()),
                           ("fraction", pa.float64()), ("score", pa.float64())])
 AUC_SCHEMA = pa.schema([("image", pa.string()), ("method", pa.string()), ("protocol", pa.string()),
@@ -89,35 +87,31 @@ class RunSettings:
 
 
 def image_maps(loaded, x: torch.Tensor, settings: RunSettings) -> list[dict[str, np.ndarray]]:
-    """Each image's maps, in the order of ``settings.methods`` (random: one map per seed): (B, 3, H, W) -> B dicts."""
-    from .attribution import attribute, default_target
-    from .capture import capture
-    from .faithfulness import attention_maps
-    from .rollout import class_gradient_rollout, rollout
+    """Each image's maps, in the order of ``settings.methods`` (random: one map per seed): (B, 3, H, W) -> B dicts.
 
-    B = len(x)
-    maps: list[dict[str, np.ndarray]] = [{} for _ in range(B)]
-    attention = None
-    if {"rollout", "last_layer_mean"} & set(settings.methods):
-        attention = capture(loaded.model, x).attention.detach().float().cpu().numpy()
-    layout = loaded.adapter.layout(loaded.model, tuple(x.shape[-2:]))
-    for m in settings.methods:
-        if m in ATTRIBUTION_METHODS:
-            grids = attribute(loaded.model, x, m, default_target(loaded.model, settings.target_class)).patches
-            for i in range(B):
-                maps[i][m] = ordered(grids[i], settings.ordering) if m in SIGNED else grids[i]
-        elif m == "rollout":
-            for i in range(B):
-                maps[i][m] = rollout(attention[i], layout).map
-        elif m == "last_layer_mean":
-            for i in range(B):
-                maps[i][m] = attention_maps(attention[i], layout, rollout_map=np.zeros(layout.grid_size))[m]
-        elif m == "gradient_rollout":
-            for i in range(B):
-                maps[i][m] = class_gradient_rollout(loaded.model, x[i:i + 1], layout, settings.target_class)[0]
-        elif m == "random":
-            for i in range(B):
+    Every method comes from the registry (:func:`vitviz.explain`); signed maps are ordered by ``settings.ordering``;
+    the attention methods share one forward."""
+    from .attribution import default_target
+    from .explainers import explain
+    from .lens import Lens
+
+    lens = Lens(loaded)
+    maps: list[dict[str, np.ndarray]] = [{} for _ in range(len(x))]
+    chosen = {m: get_method(m) for m in settings.methods if m != "random"}
+    trace = lens.trace(x, keep="attn") if any(m.kind == "attention" for m in chosen.values()) else None
+    target = None
+    for name in settings.methods:
+        if name == "random":  # the floor: one map per seed
+            layout = lens.layout_for(x)
+            for i in range(len(x)):
                 maps[i] |= random_seed_maps(layout.grid_size, settings.first_seed, settings.random_seeds)
+            continue
+        method = chosen[name]
+        if method.kind in ("relevance", "perturbation") and target is None:
+            target = default_target(loaded.model, settings.target_class)
+        grids = explain(lens, x, name, target if method.kind != "attention" else None, trace=trace).patches
+        for i in range(len(x)):
+            maps[i][name] = ordered(grids[i], settings.ordering) if method.signed else grids[i]
     return maps
 
 
@@ -248,7 +242,7 @@ class FaithfulnessStore:
             tmp = self.parts / f".{kind}-{part}.tmp"
             pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), tmp)
             staged.append((tmp, self.parts / f"{kind}-{part}.parquet"))
-        with _signals_held():
+        with signals_held():
             for tmp, final in staged:
                 os.replace(tmp, final)
 
@@ -268,7 +262,7 @@ class FaithfulnessStore:
             for name, (frame, schema) in tables.items():
                 pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False),
                                self.parts / f".{name}.tmp")
-            with _signals_held():
+            with signals_held():
                 for name in (CURVES_NAME, AUC_NAME):  # AUC last: its images count as done
                     os.replace(self.parts / f".{name}.tmp", self.folder / name)
         for leftover in self.parts.iterdir():  # merged parts, and halves of batches cut short
@@ -300,3 +294,43 @@ def same_run(previous: dict, settings: RunSettings) -> str | None:
                 + "); give another --out, or the same settings to go on.")
     return None
 
+
+@dataclass
+class FaithfulnessTables:
+    """The tables ``python -m vitviz faithfulness`` writes, for one batch.
+
+    Attributes:
+        curves: rows (image, method, protocol, fraction, score) — ``faithfulness.parquet``'s columns.
+        aucs: rows (image, method, protocol, auc) — ``auc.parquet``'s columns.
+        settings: the run's settings (``settings.json``'s ``run`` entry).
+    """
+
+    curves: pd.DataFrame
+    aucs: pd.DataFrame
+    settings: dict
+
+
+def faithfulness(lens, x, methods: list[str] | tuple[str, ...] = ("attnlrp", "rollout", "random"),
+                 protocols: tuple[str, ...] = ("morf", "lerf", "insertion"), names: list[str] | None = None,
+                 **settings) -> FaithfulnessTables:
+    """Perturbation curves and AUCs of ``methods`` on a batch, as ``python -m vitviz faithfulness`` computes them.
+
+    Args:
+        x: as :func:`explain` takes it.
+        methods: registered names; ``"random"`` is the floor (mean of ``random_seeds`` seeded maps).
+        protocols: among ``morf``, ``lerf``, ``insertion`` and Chefer's ``positive`` / ``negative`` (classifiers).
+        names: one name per image for the tables (default ``image0``, ``image1``, ...).
+        settings: the CLI's options by their :class:`vitviz.faithfulness_run.RunSettings` names (``replacement``,
+            ``ordering``, ``steps``, ``random_seeds``, ``first_seed``, ``target_class``).
+    """
+    from .explainers import as_tensor
+
+    tensor = as_tensor(lens, x)
+    run = RunSettings(model=lens.spec.name, methods=tuple(parse_list(",".join(methods), METHODS,
+                                                                     "methods")),
+                      protocols=tuple(protocols), checkpoint=lens.spec.checkpoint, img_size=lens.spec.img_size,
+                      **settings)
+    run.check()
+    names = names or [f"image{i}" for i in range(len(tensor))]
+    curves, aucs = image_tables(lens.loaded, tensor, names, run)
+    return FaithfulnessTables(curves, aucs, run.record())

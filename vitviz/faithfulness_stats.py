@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .faithfulness import SEED_PREFIX
+from .perturbation import SEED_PREFIX
 from .faithfulness_protocols import BETTER, LABELS
 
 RESAMPLES, SEED, LEVEL = 10_000, 0, 0.95

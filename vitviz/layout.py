@@ -119,6 +119,13 @@ class TokenLayout:
         return asdict(self) | {"num_prefix_tokens": self.num_prefix_tokens, "num_tokens": self.num_tokens}
 
     @classmethod
+    def from_dict(cls, data: dict) -> "TokenLayout":
+        """The layout :meth:`to_dict` wrote (its derived counts are ignored)."""
+        return cls(prefix_tokens=tuple(data["prefix_tokens"]), grid_size=tuple(data["grid_size"]),
+                   patch_size=tuple(data["patch_size"]), global_pool=data["global_pool"],
+                   pos_embed_prefix_rows=int(data["pos_embed_prefix_rows"]))
+
+    @classmethod
     def from_model(cls, model, input_hw: tuple[int, int] | None = None) -> "TokenLayout":
         """Read the layout from a timm VisionTransformer (or VisionTransformerDistilled), Eva or Beit.
 

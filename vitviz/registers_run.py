@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from .errors import VitvizError
-from .faithfulness import (RANDOM_SEEDS, ChanceBand, Faithfulness, perturbation_curves, random_seed_maps,
+from .perturbation import (RANDOM_SEEDS, ChanceBand, Faithfulness, perturbation_curves, random_seed_maps,
                            split_random_seeds)
 from .registers import (OUTLIER_FACTOR, Outliers, Search, TestTimeRegister, check_register, register_from_json,
                         search_register_neurons, why_no_register)
@@ -154,12 +154,14 @@ def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("roll
                         sinks=None, target: int | None = None, seeds: int = RANDOM_SEEDS) -> RepairFaithfulness:
     """Rollout (of the readout, all layers, mean over heads) and, where the family allows, AttnLRP of one image
     (PIL) before and after ``repair`` (:class:`vitviz.registers.Repair`), scored by deletion and insertion with the
-    random band (:mod:`vitviz.faithfulness`): does the repair cost faithfulness?
+    random band (:mod:`vitviz.perturbation`): does the repair cost faithfulness?
 
     The target is the same on both sides: the unrepaired top-1 class with a head (or ``target``), else each side's
     pre-logits cosine with its own unperturbed vector."""
     from .adapters import editing
-    from .attribution import attribute, default_target, why_not
+    from .attribution import default_target
+    from .explainers import explain, get_method
+    from .lens import Lens
     from .images import preprocess
     from .pipeline import forward, forward_repaired
     from .rollout import rollout
@@ -174,7 +176,8 @@ def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("roll
     edit = repair.edit(model, layout, sinks, param.device)
     if target is None and before.capture.logits is not None:
         target = int(before.capture.logits[0].argmax())
-    use = [m for m in methods if m == "rollout" or (why_not(model, m) is None and not (
+    lens = Lens(loaded)
+    use = [m for m in methods if m == "rollout" or (get_method(m).why_not(lens) is None and not (
         repair.kind == "register" and m in ("legrad", "gradcam")))]
 
     def maps(fwd, side_edit) -> dict[str, np.ndarray]:
@@ -184,7 +187,7 @@ def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("roll
                 out[m] = rollout(to_host(fwd.capture.attention[0]), fwd.layout).map
             else:
                 with editing(side_edit):
-                    out[m] = attribute(model, x, m, default_target(model, target)).patches[0]
+                    out[m] = explain(lens, x, m, default_target(model, target)).patches[0]
         return out
 
     rand = random_seed_maps(layout.grid_size, seeds=seeds)

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .declared import check_parquet
-from .output import _signals_held
+from .io.atomic import signals_held
 from .settings import Settings
 from .stats import SINK_COLUMNS, STATS_COLUMNS, LayerHeadSummary, StatsTables
 
@@ -40,7 +40,7 @@ class StatsStore:
     """``stats.parquet``, ``sinks.parquet`` and their part files in one output folder.
 
     Args:
-        folder: the output folder (exists and is writable, see :func:`vitviz.output.check_writable`).
+        folder: the output folder (exists and is writable, see :func:`vitviz.io.output.check_writable`).
     """
 
     def __init__(self, folder: Path):
@@ -56,7 +56,7 @@ class StatsStore:
             tmp = self.parts / f".{kind}-{part}.tmp"
             pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), tmp)
             staged.append((tmp, self.parts / f"{kind}-{part}.parquet"))
-        with _signals_held():
+        with signals_held():
             for tmp, final in reversed(staged):  # sinks first: a stats part marks the batch done
                 os.replace(tmp, final)
 
@@ -90,7 +90,7 @@ class StatsStore:
             sources += [self.parts / f"{kind}-{p}.parquet" for p in fresh]
             _merge(sources, self.parts / f".{name}.tmp", schema, listed,
                    summary.add if kind == "stats" else None)
-        with _signals_held():
+        with signals_held():
             for name in (SINKS_NAME, STATS_NAME):  # stats last: its part list says what is merged
                 os.replace(self.parts / f".{name}.tmp", self.folder / name)
         self._remove_parts()

@@ -451,7 +451,7 @@ class TimmViT(Adapter):
         return heads.q, heads.k, heads.v, heads.scale, self.attention_steps(model, layer), heads.bias
 
     def pooled_text(self, model) -> str:
-        return "the pooled output vector a classifier head would read"
+        return "forward_head(pre_logits=True)"
 
     def card(self, model) -> dict:
         return {"library": "timm", "family": type(model).__name__, "family_label": self.label(model),

@@ -407,3 +407,4 @@ def split_random_seeds(result: Faithfulness) -> tuple[list[int], ChanceBand | No
     if not seeds:
         return others, None
     return others, ChanceBand(result.deletion_auc[seeds], result.insertion_auc[seeds])
+

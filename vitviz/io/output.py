@@ -12,16 +12,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import tempfile
 import uuid
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from .errors import VitvizError
+from ..errors import VitvizError
+from .atomic import signals_held
 
 NPZ_NAME = "analysis.npz"
 SETTINGS_NAME = "settings.json"
@@ -93,16 +92,6 @@ class NpzStream:
                     np.lib.format.write_array(f, np.asanyarray(a), allow_pickle=False)
 
 
-@contextmanager
-def _signals_held():
-    """Hold SIGINT/SIGTERM (delivered right after) so a group of renames is never cut in half."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
-
 
 class RunOutput:
     """One run's files, written under a hidden folder inside ``folder`` and renamed into place by :meth:`commit`.
@@ -132,7 +121,7 @@ class RunOutput:
         npz, js = self.tmp / NPZ_NAME, self.tmp / SETTINGS_NAME
         self.arrays.write(npz, self.run_id)
         js.write_text(json.dumps({"run_id": self.run_id} | settings, indent=2, default=str))
-        with _signals_held():
+        with signals_held():
             os.replace(npz, self.folder / NPZ_NAME)
             os.replace(js, self.folder / SETTINGS_NAME)
             for name in self.extra:

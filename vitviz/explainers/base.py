@@ -1,0 +1,247 @@
+"""The map-method registry: every method that turns an image into a patch map, by name.
+
+A method is a :class:`MapMethod` subclass in its own module, registered with ``@register_method`` (the shape of
+timm's ``register_model`` and of :mod:`vitviz.adapters`'s registry). The CLI, the app's pages and the
+faithfulness runs read :func:`methods` and :func:`get_method`; nothing else lists the methods or chooses one by
+name. Adding a method is one module in this package plus its name in :data:`METHOD_MODULES`; the registry's
+parameterised tests then run it (``tests/test_explainers.py``).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..attribution import Target
+from ..errors import VitvizError
+
+# The method modules, in the order methods are listed (relevance first, then attention, then the baselines).
+METHOD_MODULES = ("attnlrp", "cp_lrp", "gradient", "integrated_gradients", "legrad", "gradcam", "occlusion",
+                  "rollout", "attention_flow", "gradient_rollout", "last_layer_mean", "random_map")
+_METHODS: dict[str, "MapMethod"] = {}
+_loaded = False
+
+# What a method can need, in words a user reads (the sentence refusing it names the missing one).
+NEEDS = {
+    "head": "a classifier head",
+    "gradients": "gradients through the model's forward",
+    "attention": "the attention probabilities of every layer",
+    "global attention": "attention between all tokens (not inside windows)",
+    "readout": "each layer's tokens read through the final norm and head",
+}
+
+
+class MethodError(VitvizError, ValueError):
+    """A method that is unknown, or does not apply to the model (the sentence says why)."""
+
+
+@dataclass
+class Map:
+    """One method's maps for a batch.
+
+    Attributes:
+        method: the registry name (``"attnlrp"``).
+        patches: (B, gh, gw) float64, one value per patch (signed for :attr:`signed` methods).
+        pixels: (B, H, W) float64 per pixel of the model input, for methods that have them, else None.
+        signed: whether values can be negative (draw diverging around 0) or not (sequential).
+        target_value: (B,) the explained score at the unperturbed input, or None (attention methods explain no score).
+        target: the bound target (its ``describe()`` is in :attr:`settings`), or None.
+        settings: what decides the numbers (method, options, target), for settings.json.
+        coarse: (B, gh', gw') the map on the coarser grid the method read (Grad-CAM on a late Swin stage), else None;
+        coarse_layout: that grid's layout.
+    """
+
+    method: str
+    patches: np.ndarray
+    pixels: np.ndarray | None = None
+    signed: bool = False
+    target_value: np.ndarray | None = None
+    target: Target | None = None
+    settings: dict = field(default_factory=dict)
+    coarse: np.ndarray | None = None
+    coarse_layout: object | None = None
+
+    def conservation(self) -> list[dict] | None:
+        """Per image: the target's value, the pixels' total relevance and their share (None without pixels)."""
+        from ..attribution import conservation
+
+        if self.pixels is None or self.target_value is None:
+            return None
+        return conservation(self.target_value, self.pixels.reshape(len(self.pixels), -1).sum(-1))
+
+
+class MapMethod:
+    """One map method. Subclasses set the class attributes and implement :meth:`compute`.
+
+    Attributes:
+        name: registry key, as typed on the command line (``"attnlrp"``).
+        label: as a reader of the papers writes it (``"AttnLRP"``).
+        signed: maps can be negative.
+        needs: keys of :data:`NEEDS`.
+        kind: ``"relevance"`` (gradient-based, explains a target), ``"perturbation"`` (model-agnostic, explains a
+            target), ``"attention"`` (reads attention, no target) or ``"baseline"``.
+        summary: one line for ``vitviz.methods()`` and the CLI's help.
+        pixels: the method gives a per-pixel map as well.
+    """
+
+    name = ""
+    label = ""
+    signed = False
+    needs: tuple[str, ...] = ()
+    kind = "relevance"
+    summary = ""
+    pixels = False
+
+    def why_not(self, lens) -> str | None:
+        """One sentence saying why this method does not apply to ``lens``'s model, or None."""
+        label = self.label[:1].upper() + self.label[1:]
+        if "head" in self.needs and not lens.has_head:
+            return f"{label} needs a classifier head; {lens.label} has none."
+        if ("global attention" in self.needs or "attention" in self.needs) and lens.scope != "global":
+            return (f"{label} reads attention between all tokens; {lens.label} attends inside windows "
+                    "(its window maps are on the Attribution page).")
+        return None
+
+    def compute(self, lens, x: torch.Tensor, target: Target | None = None, trace=None, **options) -> Map:
+        """The maps of a batch ``x`` (B, 3, H, W), normalised, on any device.
+
+        Args:
+            target: what relevance and perturbation methods explain (default: top-1 logit, or the pooled vector's
+                projection for headless models).
+            trace: a :class:`vitviz.Trace` of ``x`` that kept ``attn`` (attention methods reuse it instead of
+                running the model again).
+            options: the method's own settings (documented on its class).
+        """
+        raise NotImplementedError
+
+    def info(self) -> dict:
+        """What ``vitviz.methods()`` shows."""
+        return {"name": self.name, "label": self.label, "kind": self.kind, "signed": self.signed,
+                "needs": [NEEDS[n] for n in self.needs], "pixels": self.pixels, "summary": self.summary}
+
+
+def register_method(cls: type[MapMethod]) -> type[MapMethod]:
+    """Class decorator: register one instance of ``cls`` under ``cls.name``."""
+    if not cls.name or cls.name in _METHODS:
+        raise ValueError(f"map method name {cls.name!r} is empty or registered twice")
+    for need in cls.needs:
+        if need not in NEEDS:
+            raise ValueError(f"{cls.name}: unknown need {need!r} (one of {', '.join(NEEDS)})")
+    _METHODS[cls.name] = cls()
+    return cls
+
+
+def _load_all() -> None:
+    global _loaded
+    if not _loaded:
+        for module in METHOD_MODULES:
+            importlib.import_module(f"{__package__}.{module}")
+        _loaded = True
+
+
+def registered() -> dict[str, MapMethod]:
+    """Every registered method by name, in :data:`METHOD_MODULES` order."""
+    _load_all()
+    return dict(_METHODS)
+
+
+def get_method(name: str) -> MapMethod:
+    """The method registered as ``name`` (case-insensitive; ``cp_lrp`` = ``cp-lrp``).
+
+    Raises:
+        MethodError: no such method (the sentence lists them).
+    """
+    methods = registered()
+    key = name.strip().lower()
+    found = methods.get(key) or methods.get(key.replace("_", "-")) or methods.get(key.replace("-", "_"))
+    if found is None:
+        raise MethodError(f"unknown map method {name!r}: choose from {', '.join(methods)}.")
+    return found
+
+
+def methods(lens=None) -> list[dict]:
+    """Every map method with what it needs; with ``lens``, each also says whether it applies (``why_not``)."""
+    out = []
+    for m in registered().values():
+        row = m.info()
+        if lens is not None:
+            row["why_not"] = m.why_not(lens)
+        out.append(row)
+    return out
+
+
+def names(lens=None, kinds: tuple[str, ...] | None = None) -> list[str]:
+    """Method names (those that apply to ``lens``'s model when given; of ``kinds`` when given), in registry order."""
+    return [n for n, m in registered().items()
+            if (kinds is None or m.kind in kinds) and (lens is None or m.why_not(lens) is None)]
+
+
+class AttributionMethod(MapMethod):
+    """A method of :mod:`vitviz.attribution` (its rules and per-layer gradients act in the adapters' forward)."""
+
+    needs = ("gradients",)
+
+    def why_not(self, lens) -> str | None:
+        from ..attribution import why_not
+
+        return why_not(lens.model, self.name)
+
+    def compute(self, lens, x, target=None, trace=None, **options):
+        from ..attribution import attribute, default_target
+
+        if options:
+            raise MethodError(f"{self.label} takes no options (got {', '.join(options)}).")
+        a = attribute(lens.model, x, self.name, target or default_target(lens.model))
+        return Map(self.name, a.patches, a.pixels, self.signed, a.target_value, a.target,
+                   {"method": self.name, "target": a.target.describe()}, a.coarse, a.coarse_layout)
+
+
+def attention_of(lens, x: torch.Tensor, trace=None) -> np.ndarray:
+    """(B, L, H, N, N) float32 on the host: from ``trace`` when it kept ``attn``, else one forward."""
+    if trace is None:
+        trace = lens.trace(x, keep="attn")
+    return trace.stack("attn").detach().float().cpu().numpy()
+
+
+def bound_target(lens, x: torch.Tensor, target: Target | None):
+    """``target`` (default: top-1 logit, or the pooled vector's projection) bound on the unperturbed batch ``x``,
+    with its value (B,) float64 — from the adapters' fused forward (``fast``), as perturbed copies are scored."""
+    from ..adapters import run
+    from ..attribution import default_target
+
+    target = target or default_target(lens.model)
+    with torch.no_grad():  # not inference mode: gradient methods use the bound reference in their graph
+        points = run(lens.model, x, keep=(target.point,), fast=True)
+        bound = target.bind(points)
+        return bound, bound(points).double().cpu().numpy()
+
+
+def repeat_target(bound: Target, index: int, n: int) -> Target:
+    """A bound target of image ``index`` applied to ``n`` copies of it (perturbations, interpolation steps)."""
+    from dataclasses import replace
+
+    from ..attribution import ClassLogit, Projection
+
+    if isinstance(bound, ClassLogit):
+        return replace(bound, classes=(bound.classes[index],) * n)
+    if isinstance(bound, Projection):
+        return Projection(bound.reference[index:index + 1].expand(n, -1), bound.vector)
+    raise MethodError(f"{type(bound).__name__} targets cannot be repeated over copies of an image yet.")
+
+
+def parse_methods(text: str, kinds: tuple[str, ...] = ("relevance", "perturbation"), option: str = "--attribution"
+                  ) -> list[str]:
+    """``"attnlrp,cp-lrp"`` -> ``["attnlrp", "cp-lrp"]``, checked against the registered methods of ``kinds``
+    (default those that explain a target: relevance and perturbation methods).
+
+    Raises:
+        MethodError: an unknown name (the sentence names ``option`` and lists the choices).
+    """
+    allowed = names(kinds=kinds)
+    methods = [m.strip().lower() for m in text.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in allowed]
+    if unknown or not methods:
+        raise MethodError(f"{option}: unknown method {', '.join(unknown) or '(none)'}; choose from {', '.join(allowed)}.")
+    return list(dict.fromkeys(methods))
