@@ -11,9 +11,9 @@ from ui.downloads import download_row
 from ui.explain import BLOCK, CLUSTER_SOURCES, FINAL, KEYS, cached_clusters
 from ui.guard import guarded
 from ui.state import view_applies, setup
-from vitviz.clusters import K_RANGE
-from vitviz.explain_figures import cluster_figure
-from vitviz.figures import bars, patch_grid_image, rgb_image
+from vitviz.analyses.clusters import K_RANGE
+from vitviz.figures.explain_figures import cluster_figure
+from vitviz.figures.core import bars, patch_grid_image, rgb_image
 from vitviz.layout import PATCH_NUMBERING
 
 ctx = setup()

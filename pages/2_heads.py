@@ -14,10 +14,10 @@ from ui.persist import saved_view, set_view
 from ui.repair import repair_view
 from ui import windows
 from ui.state import setup
-from vitviz.colour import SCALE_MODES, SEQUENTIAL
+from vitviz.figures.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.layout import PATCH_NUMBERING
-from vitviz.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
-from vitviz.overlay import OVERLAY_STYLES
+from vitviz.analyses.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
+from vitviz.figures.overlay import OVERLAY_STYLES
 
 DINO_KEEP = 0.6
 

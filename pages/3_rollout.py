@@ -12,11 +12,11 @@ from ui.guard import guarded
 from ui.state import view_applies, setup
 from ui.progress import cached, with_progress
 from ui.repair import repair_view
-from vitviz.analysis import AnalysisSettings, excluded_tokens
-from vitviz.flow import FLOW_DEFINITION, attention_flow
-from vitviz.maps import layer_maps
-from vitviz.rollout import FUSIONS, rollout
-from vitviz.tokens import top_classes
+from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
+from vitviz.analyses.flow import FLOW_DEFINITION, attention_flow
+from vitviz.analyses.maps import layer_maps
+from vitviz.analyses.rollout import FUSIONS, rollout
+from vitviz.analyses.tokens import top_classes
 
 EXCLUDE = {"nothing": (False, False), "attention sinks": (True, False), "high-norm tokens": (False, True),
            "sinks and high-norm tokens": (True, True)}

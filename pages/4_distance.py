@@ -8,8 +8,8 @@ from ui.guard import guarded
 from ui.persist import set_view
 from ui import windows
 from ui.state import setup
-from vitviz.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
-from vitviz.figures import distance_scatter, layer_head_heatmap
+from vitviz.analyses.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
+from vitviz.figures.core import distance_scatter, layer_head_heatmap
 
 ctx = setup()
 if ctx is None:

@@ -8,12 +8,12 @@ from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.guard import guarded
 from ui.state import setup, upload_too_large
-from vitviz.compare import (STATISTICS, StatsTableError, check_stats_table, combine, head_summary, layer_summary,
+from vitviz.analyses.compare import (STATISTICS, StatsTableError, check_stats_table, combine, head_summary, layer_summary,
                             model_overview, read_stats_table, stats_path)
-from vitviz.compare_figures import depth_comparison
+from vitviz.figures.compare_figures import depth_comparison
 from vitviz.errors import VitvizError
-from vitviz.sources import canonical_model_name
-from vitviz.stats import table_for_images
+from vitviz.sources.names import canonical_model_name
+from vitviz.analyses.stats import table_for_images
 
 
 def _unique(name: str, taken) -> str:

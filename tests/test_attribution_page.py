@@ -10,7 +10,7 @@ from PIL import Image
 
 from conftest import ASSETS
 from vitviz import attribution as A
-from vitviz.attribution_figures import maps_figure
+from vitviz.figures.attribution_figures import maps_figure
 from vitviz.images import load_image, preprocess
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -182,7 +182,7 @@ def test_attribution_maps_are_drawn_over_the_model_input_with_the_display_choice
     ``plot_height`` tall (the heads tiles' size on the page)."""
     import io
 
-    from vitviz.colour import lookup_table
+    from vitviz.figures.colour import lookup_table
 
     def tile(fig, i):
         source = [t for t in fig.data if t.type == "image"][i].source

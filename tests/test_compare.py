@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vitviz import stats
-from vitviz.compare import (DTYPES, STATISTICS, StatsTableError, combine, head_summary, layer_summary,
+from vitviz.analyses import stats
+from vitviz.analyses.compare import (DTYPES, STATISTICS, StatsTableError, combine, head_summary, layer_summary,
                             model_overview, read_stats_table)
-from vitviz.compare_figures import depth_comparison
+from vitviz.figures.compare_figures import depth_comparison
 
 
 def stats_table(model: str, values: np.ndarray, images: list[str] | None = None) -> pd.DataFrame:

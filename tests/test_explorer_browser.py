@@ -85,8 +85,8 @@ def browser_page(server):
 def _forward():
     """The page's image through the bundled model, here in the test's process: (attention, layout, forward)."""
     from vitviz.images import load_image
-    from vitviz.models import ModelSpec, load_model
-    from vitviz.pipeline import forward
+    from vitviz.sources.models import ModelSpec, load_model
+    from vitviz.runs.pipeline import forward
 
     fwd = forward(load_model(ModelSpec()), [load_image(ASSETS / IMAGE).image])
     return fwd.capture.attention[0].numpy(), fwd.layout, fwd
@@ -125,10 +125,10 @@ def _heads_at(layer: int) -> dict:
 
 
 def _reference(view: dict):
-    """The PNG export's tiles (vitviz.overlay.render_maps, as ui.display.panel_download calls it, at zoom 1)
+    """The PNG export's tiles (vitviz.figures.overlay.render_maps, as ui.display.panel_download calls it, at zoom 1)
     for the page's image, computed here from the model's own forward in float32."""
-    from vitviz.maps import layer_maps
-    from vitviz.overlay import render_maps
+    from vitviz.analyses.maps import layer_maps
+    from vitviz.figures.overlay import render_maps
 
     attention, layout, fwd = _forward()
     layer = view["layer"] - 1
@@ -144,8 +144,8 @@ def _reference(view: dict):
 def _compare_reference(view: dict):
     """The Compare layers PNG's tiles (pages/2_heads.py _compare_panel: one head, the panels' layers, each panel's
     own sinks crossed and their union kept out of the scale)."""
-    from vitviz.maps import layer_maps
-    from vitviz.overlay import render_maps
+    from vitviz.analyses.maps import layer_maps
+    from vitviz.figures.overlay import render_maps
 
     attention, layout, fwd = _forward()
     by_patch = view["query"] == "patch" or view["dir"] == "key"
@@ -165,7 +165,7 @@ def _rgb(tile: dict) -> np.ndarray:
 
 
 def _lut_step(cmap: str) -> int:
-    from vitviz.colour import lookup_table
+    from vitviz.figures.colour import lookup_table
 
     return int(np.abs(np.diff(lookup_table(cmap).astype(int), axis=0)).max())
 
@@ -444,7 +444,7 @@ def test_compare_layers_are_drawn_in_the_browser_and_a_panel_move_repaints_offli
 
 @functools.lru_cache(maxsize=4)
 def _rollout(patch: int | None) -> np.ndarray:
-    from vitviz.rollout import rollout
+    from vitviz.analyses.rollout import rollout
 
     attention, layout, _ = _forward()
     return rollout(attention, layout, query=patch).per_layer
@@ -454,7 +454,7 @@ def _rollout_reference(depth: int, patch: int | None, smooth: bool = False):
     """The rollout page's PNG export (pages/3_rollout.py: panel_download of per_layer[depth - start] with the
     sinks of the range and the clicked patch marked), with the page's default display choices."""
     from ui.display import Display
-    from vitviz.overlay import render_maps
+    from vitviz.figures.overlay import render_maps
 
     attention, layout, fwd = _forward()
     d = Display(smooth=smooth)

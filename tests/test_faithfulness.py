@@ -10,8 +10,8 @@ import torch
 from conftest import ASSETS, tiny_model
 from vitviz.perturbation import (ChanceBand, attention_maps, auc, ordered, patch_order, perturbation_curves,
                                  perturbed_at, random_map, random_seed_maps, step_counts)
-from vitviz.flow import FlowNetwork, attention_flow, layer_capacities
-from vitviz.rollout import readout_vector
+from vitviz.analyses.flow import FlowNetwork, attention_flow, layer_capacities
+from vitviz.analyses.rollout import readout_vector
 from vitviz.layout import TokenLayout
 
 GRID = TokenLayout(prefix_tokens=("cls",), grid_size=(4, 4), patch_size=(2, 2), global_pool="token",
@@ -123,7 +123,7 @@ def _independent_curve(model, image, grid_map, layout, fractions, mode, target):
 @pytest.mark.parametrize("family", ["vit_augreg", "dino"])
 def test_curves_equal_an_independent_recomputation_of_the_protocol(family):
     from vitviz.capture import capture
-    from vitviz.rollout import rollout
+    from vitviz.analyses.rollout import rollout
 
     model = tiny_model(family)
     torch.manual_seed(1)
@@ -228,7 +228,7 @@ def test_cli_faithfulness_and_flow_equal_the_protocol_recomputed(tmp_path):
     from safetensors.torch import save_file
 
     from vitviz.cli import main
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False)
@@ -282,7 +282,7 @@ def test_faithfulness_page_shows_the_cores_curves_and_aucs(bundled):
     from test_app import APP, _decode, _traces
     from vitviz.capture import capture
     from vitviz.images import load_image, preprocess
-    from vitviz.rollout import rollout
+    from vitviz.analyses.rollout import rollout
 
     at = AppTest.from_file(APP, default_timeout=300).run()
     at.switch_page("pages/8_faithfulness.py").run()

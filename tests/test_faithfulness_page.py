@@ -100,7 +100,7 @@ def test_each_methods_map_keeps_its_colour_rule_signed_diverging_and_legrad_sequ
     from streamlit.testing.v1 import AppTest
 
     from test_app import APP
-    from vitviz.colour import reference_stops
+    from vitviz.figures.colour import reference_stops
 
     at = AppTest.from_file(APP, default_timeout=300).run()
     at.switch_page("pages/8_faithfulness.py").run()

@@ -65,12 +65,12 @@ def test_app_py_runs_every_page_inside_the_guard(monkeypatch):
 
 @pytest.mark.slow
 def test_a_failing_chart_on_the_registers_page_leaves_the_sections_after_it(monkeypatch):
-    import vitviz.registers_figures
+    import vitviz.figures.registers_figures
 
     def broken(*args, **kwargs):
         raise ValueError("planted")
 
-    monkeypatch.setattr(vitviz.registers_figures, "norm_by_layer", broken)
+    monkeypatch.setattr(vitviz.figures.registers_figures, "norm_by_layer", broken)
     at = AppTest.from_file(APP, default_timeout=300).run()
     at.switch_page("pages/11_registers.py").run()
     assert not at.exception, [e.message for e in at.exception]

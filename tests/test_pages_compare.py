@@ -13,7 +13,7 @@ from test_compare import parquet_bytes, stats_table
 from test_shared_safety import operator_env  # noqa: F401  (a fixture)
 from vitviz.cli import main as cli_main
 from vitviz.images import load_image
-from vitviz.stats import table_for_images
+from vitviz.analyses.stats import table_for_images
 
 pytestmark = pytest.mark.slow
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vitviz.colour import ColourScale, colour_scale, colourise, lookup_table, reference_stops
-from vitviz.distance import uniform_attention_distance
+from vitviz.figures.colour import ColourScale, colour_scale, colourise, lookup_table, reference_stops
+from vitviz.analyses.distance import uniform_attention_distance
 from vitviz.layout import TokenLayout
-from vitviz.overlay import colour_bar_ticks, render_maps, render_overlay
-from vitviz.tokens import attention_sinks
+from vitviz.figures.overlay import colour_bar_ticks, render_maps, render_overlay
+from vitviz.analyses.tokens import attention_sinks
 
 LAYOUT = TokenLayout(("cls",), (16, 16), (14, 14), "token", 1)
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -157,7 +157,7 @@ def test_every_chart_is_sent_without_the_streamlit_theme_and_with_exact_stops(bu
 def test_heads_grid_top_colour_is_each_maps_99th_percentile(bundled):
     from vitviz.capture import capture
     from vitviz.images import load_image, preprocess
-    from vitviz.maps import layer_maps
+    from vitviz.analyses.maps import layer_maps
 
     at = _page("pages/2_heads.py")
     spec = json.loads(_chart(at, "heads_grid").proto.spec)
@@ -191,7 +191,7 @@ def test_dino_mask_style_keeps_the_image_inside_the_mask_dims_outside_and_clips_
 
 
 def test_a_panel_without_values_in_its_colours_has_no_colour_bar():
-    from vitviz.figures import map_panel
+    from vitviz.figures.core import map_panel
 
     maps = np.random.default_rng(1).random((2, 16, 16))
     rendered = render_maps(Image.new("RGB", (224, 224)), maps)

@@ -85,9 +85,9 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
     from conftest import ASSETS
     from vitviz.capture import capture
     from vitviz.images import load_image, preprocess
-    from vitviz.maps import layer_maps
-    from vitviz.pipeline import forward
-    from vitviz.rollout import rollout
+    from vitviz.analyses.maps import layer_maps
+    from vitviz.runs.pipeline import forward
+    from vitviz.analyses.rollout import rollout
 
     at = AppTest.from_file(APP, default_timeout=300).run()
     at.switch_page("pages/2_heads.py").run()
@@ -127,7 +127,7 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
     assert len(attr) >= 2 and not np.allclose(attr[0], attr[1])
     # One colour rule per method: AttnLRP (signed) red/blue around 0, LeGrad and Grad-CAM (never negative) sequential
     # from 0 in their own figures (all three were drawn red/blue here).
-    from vitviz.colour import reference_stops
+    from vitviz.figures.colour import reference_stops
 
     def scales(key):
         chart = next(c for c in at.get("plotly_chart") if re.search(key + r"(?!_\d)", c.proto.id or ""))
@@ -150,9 +150,9 @@ def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_w
     from vitviz.capture import capture
     from vitviz.perturbation import perturbation_curves, random_seed_maps
     from vitviz.images import load_image, preprocess
-    from vitviz.models import ModelSpec, load_model
-    from vitviz.registers_run import repair_faithfulness
-    from vitviz.rollout import rollout
+    from vitviz.sources.models import ModelSpec, load_model
+    from vitviz.runs.registers_run import repair_faithfulness
+    from vitviz.analyses.rollout import rollout
 
     _, weights = planted_checkpoint
     loaded = load_model(ModelSpec(name="vit_tiny_patch16_224", checkpoint=str(weights), img_size=64))
@@ -192,7 +192,7 @@ def test_attribution_page_after_map_is_the_attribution_of_the_repaired_forward(p
     from vitviz.attribution import attribute, default_target
     from vitviz.images import load_image, preprocess
     from vitviz.layout import TokenLayout
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     model, weights = planted_checkpoint
     at = AppTest.from_file(APP, default_timeout=300).run()

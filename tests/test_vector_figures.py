@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vitviz.overlay import render_maps
-from vitviz.vector_figures import panel_vector
+from vitviz.figures.overlay import render_maps
+from vitviz.figures.vector_figures import panel_vector
 
 TITLE = "Layer 12, every head, CLS query"
 

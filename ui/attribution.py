@@ -12,10 +12,10 @@ from ui.downloads import download_row
 from ui.progress import with_progress
 from vitviz.adapters import editing
 from vitviz.attribution import LABELS, Attribution, Projection, attribute, default_target, methods_for, why_not
-from vitviz.attribution_figures import maps_figure
 from vitviz.explainers import registered
+from vitviz.figures.attribution_figures import maps_figure
 from vitviz.images import preprocess
-from vitviz.tokens import top_classes
+from vitviz.analyses.tokens import top_classes
 
 HEADLESS_TARGET = ("**Target**: this model has no classifier head; the pooled vector's projection on its own "
                    "unperturbed direction, s(x) = ⟨p(x), p(x₀)⟩ / ‖p(x₀)‖, is explained.")

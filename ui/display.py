@@ -12,12 +12,12 @@ import streamlit as st
 from PIL import Image
 from streamlit_image_coordinates import streamlit_image_coordinates
 
-from vitviz.colour import SCALE_MODES, SEQUENTIAL
-from vitviz.figures import map_panel
+from vitviz.figures.colour import SCALE_MODES, SEQUENTIAL
+from vitviz.figures.core import map_panel
 from vitviz.layout import TokenLayout
-from vitviz.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES, RenderedMaps, colour_bar, panel_png, render_maps
-from vitviz.report import outline_patch
-from vitviz.vector_figures import panel_vector
+from vitviz.figures.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES, RenderedMaps, colour_bar, panel_png, render_maps
+from vitviz.figures.report import outline_patch
+from vitviz.figures.vector_figures import panel_vector
 
 CLICK_SCALE = 2  # the picker image is drawn at twice the model input, then fitted to the column
 

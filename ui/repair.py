@@ -17,10 +17,10 @@ import pandas as pd
 import streamlit as st
 
 from vitviz.images import preprocess
-from vitviz.pipeline import forward_repaired
+from vitviz.runs.pipeline import forward_repaired
 from vitviz.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
-from vitviz.registers_run import repair_faithfulness
-from vitviz.registers_figures import maps_figure, norm_ratio_figure, output_change_table
+from vitviz.runs.registers_run import repair_faithfulness
+from vitviz.figures.registers_figures import maps_figure, norm_ratio_figure, output_change_table
 
 from .cache import ImageResult, _model_run, cached_model, image_result_of, store
 from .charts import file_stem, show_chart
@@ -185,7 +185,7 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
 
 def faithfulness_view(ctx, repair: Repair, key: str) -> None:
     """Deletion / insertion AUC of rollout and AttnLRP (where the family allows) before and after ``repair``, each
-    beside its random band, computed on demand (:func:`vitviz.registers_run.repair_faithfulness`)."""
+    beside its random band, computed on demand (:func:`vitviz.runs.registers_run.repair_faithfulness`)."""
     store_key = ("repair_faithfulness", ctx.spec, ctx.image.sha256, repair)
     slot = st.empty()
     if store_key not in store() and not slot.button(f"Faithfulness before and after {repair.name} (rollout, AttnLRP; "

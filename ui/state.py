@@ -22,10 +22,10 @@ import torch
 from vitviz.budget import admit, admit_fitted
 from vitviz.errors import ImageError, VitvizError
 from vitviz.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
-from vitviz.labels import ClassNames, parse_labels
-from vitviz.models import BUNDLED, LoadedModel, ModelSpec, search_models
+from vitviz.sources.labels import ClassNames, parse_labels
+from vitviz.sources.models import BUNDLED, LoadedModel, ModelSpec, search_models
 from vitviz.settings import SUGGESTED_MODELS, megabytes
-from vitviz.sources import HF_PREFIX, TORCHVISION_PREFIX, parse_model_name
+from vitviz.sources.names import HF_PREFIX, TORCHVISION_PREFIX, parse_model_name
 
 from . import persist
 from .cache import ImageResult, cached_image_result, cached_model, model_is_cached, operator_settings, store

@@ -20,12 +20,12 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _PUBLIC = {
     "open": "lens", "Lens": "lens", "Trace": "lens", "load_trace": "lens", "PointNotKept": "lens",
-    "ModelSpec": "models", "TokenLayout": "layout",
+    "ModelSpec": "sources.models", "TokenLayout": "layout",
     "VitvizError": "errors", "ModelError": "errors", "ImageError": "errors",
     "ClassLogit": "attribution", "Projection": "attribution", "Target": "attribution",
     "methods": "explainers", "explain": "explainers", "register_method": "explainers", "MapMethod": "explainers",
     "Map": "explainers",
-    "faithfulness": "faithfulness_run", "FaithfulnessTables": "faithfulness_run",
+    "faithfulness": "runs.faithfulness_run", "FaithfulnessTables": "runs.faithfulness_run",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -28,7 +28,7 @@ from PIL import Image
 from .adapters import adapter_for, run
 from .capture import num_classes
 from .layout import TokenLayout
-from .maps import query_attention_map
+from .analyses.maps import query_attention_map
 
 MODES = ("deletion", "insertion")
 # The protocol in words, around the replacement chosen: :func:`vitviz.faithfulness_protocols.protocol_text`.
@@ -238,7 +238,7 @@ def perturbation_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray],
     """Deletion and insertion curves of every map on one image.
 
     Args:
-        model: a timm ViT or a transformers model from :func:`vitviz.hf.load`, in eval mode (its own forward
+        model: a timm ViT or a transformers model from :func:`vitviz.sources.hf.load`, in eval mode (its own forward
             is used).
         image: (3, H, W) normalised model input.
         maps: method name -> (gh, gw) map over the patch grid.

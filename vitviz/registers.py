@@ -22,7 +22,7 @@ import torch
 from .adapters import adapter_for, compose_edits, point_name, run
 from .layout import TokenLayout
 from .tensors import to_host
-from .tokens import ARTIFACT_FACTOR, AttentionSinks
+from .analyses.tokens import ARTIFACT_FACTOR, AttentionSinks
 
 OUTLIER_FACTOR = ARTIFACT_FACTOR
 EXTRA_TOKEN = "test_time_reg"
@@ -544,8 +544,8 @@ class RepairMaps:
 
 
 def _readout_maps(attention: np.ndarray, layout: TokenLayout) -> tuple[np.ndarray, np.ndarray]:
-    from .maps import query_attention_map
-    from .rollout import rollout
+    from .analyses.maps import query_attention_map
+    from .analyses.rollout import rollout
 
     query = "cls" if layout.has_class_token else "mean"
     heads = np.stack([query_attention_map(attention, layout, -1, h, query) for h in range(attention.shape[1])])
