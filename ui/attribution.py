@@ -86,7 +86,7 @@ def scale_caption(target_text: str, methods: list[str]) -> str:
 
 
 def overlay_choices(display) -> dict:
-    """The Display's overlay choices as :func:`vitviz.attribution_figures.maps_figure` takes them: attribution maps
+    """The Display's overlay choices as :func:`vitviz.figures.attribution_figures.maps_figure` takes them: attribution maps
     are drawn over the photo as the attention maps are (the colour map only for the non-negative methods)."""
     return {"cmap": display.cmap, "style": display.style, "opacity": display.opacity, "smooth": display.smooth}
 

@@ -34,7 +34,7 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
                 plot_height: int = 265, *, cmap: str = SEQUENTIAL_MAP, style: str = "transparent where low",
                 opacity: float = 0.8, smooth: bool = False, columns: int = 3) -> go.Figure:
     """The model input and one map per method for image ``index``, each drawn over the model input as the
-    attention maps are (:func:`vitviz.overlay.render_maps`, the page's overlay ``style``, ``opacity`` and
+    attention maps are (:func:`vitviz.figures.overlay.render_maps`, the page's overlay ``style``, ``opacity`` and
     ``smooth``): signed relevance (AttnLRP, CP-LRP, Gradient × Input) on the diverging map centred on 0 with
     symmetric robust limits, LeGrad and Grad-CAM (non-negative) on the sequential ``cmap`` from 0. Each map has
     its own colour bar (the methods' units differ); each tile carries an invisible heatmap of its values

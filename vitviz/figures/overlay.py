@@ -266,7 +266,7 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
     sinks of each tile's layer; their union sets no limit); region: (gh, gw) bool, the only cells
     the maps can be non-zero on (a Swin window): only they set limits (the zeros around a window
     would pull a percentile to 0), and its border is drawn; signed: the maps are signed (relevance), drawn on the
-    diverging map centred on 0 whatever ``cmap`` says (:func:`vitviz.colour.signed_scales`): one colour rule per
+    diverging map centred on 0 whatever ``cmap`` says (:func:`vitviz.figures.colour.signed_scales`): one colour rule per
     method on every page.
     """
     from .colour import DIVERGING, colour_scale, signed_scales

@@ -1,6 +1,6 @@
 """Map panels as SVG and PDF for papers: titles, tile titles, tick labels and the colour bar as vector text.
 
-The tiles are the same pixels as the screen and the PNG export (:func:`vitviz.overlay.render_maps`: the map
+The tiles are the same pixels as the screen and the PNG export (:func:`vitviz.figures.overlay.render_maps`: the map
 over the model input), embedded as rasters at their own resolution; everything that is text stays text
 (SVG ``<text>`` elements, PDF text with the font embedded), so a journal's figure editor can restyle it and
 a reader can search it. Drawn with matplotlib's SVG and PDF backends, which need no browser and no network.
