@@ -33,12 +33,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vitviz.capture import capture  # noqa: E402
-from vitviz.distance import mean_attention_distance, stream_mean_attention_distance  # noqa: E402
+from vitviz.analyses.distance import mean_attention_distance, stream_mean_attention_distance  # noqa: E402
 from vitviz.layout import TokenLayout  # noqa: E402
-from vitviz.maps import head_scores  # noqa: E402
-from vitviz.rollout import (attention_gradients, class_gradient_rollout, gradient_rollout, rollout,  # noqa: E402
+from vitviz.analyses.maps import head_scores  # noqa: E402
+from vitviz.analyses.rollout import (attention_gradients, class_gradient_rollout, gradient_rollout, rollout,  # noqa: E402
                             rollout_reference)
-from vitviz.tokens import attention_sinks  # noqa: E402
+from vitviz.analyses.tokens import attention_sinks  # noqa: E402
 
 
 def build(name, size, **kwargs):

@@ -48,7 +48,7 @@ def payload_bytes(at) -> int:
 
 
 def main() -> None:
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     load_model(ModelSpec())  # make sure the bundled conversion is cached
     out = subprocess.run([sys.executable, __file__, "--cold"], capture_output=True, text=True, check=True, cwd=ROOT)

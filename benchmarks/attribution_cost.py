@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from vitviz import attribution  # noqa: E402
 from vitviz.attribution import METHODS, attribute, default_target  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 SAMPLES = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg")
 BATCH = 8

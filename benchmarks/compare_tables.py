@@ -2,7 +2,7 @@
 
 For a synthetic ViT-B-shaped table (12 layers x 12 heads) of B images, prints
   plain      pandas.read_parquet of the file (the floor),
-  checked    vitviz.compare.read_stats_table (columns, dtypes, negative indices, repeated rows),
+  checked    vitviz.analyses.compare.read_stats_table (columns, dtypes, negative indices, repeated rows),
   summary    head_summary + layer_summary of one statistic (what a statistic switch recomputes),
 the ratio checked / plain, the table's size in memory as the byte-bounded store weighs it, and
 peak extra RSS of checked read + summary, measured in a fresh subprocess per size.
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _memory import peak_extra_mib  # noqa: E402
 from test_compare import stats_table  # noqa: E402
 
-from vitviz.compare import head_summary, layer_summary, read_stats_table  # noqa: E402
+from vitviz.analyses.compare import head_summary, layer_summary, read_stats_table  # noqa: E402
 
 LAYERS, HEADS, REPEATS = 12, 12, 3
 

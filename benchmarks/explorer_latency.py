@@ -148,10 +148,10 @@ def payload_bytes() -> dict:
     """Bytes the explorer sends for one image of the bundled model at 224 and 518 px, and the float32 attention."""
     from PIL import Image
 
-    from vitviz.explorer import explorer_payload
+    from vitviz.figures.explorer import explorer_payload
     from vitviz.images import load_image
-    from vitviz.models import ModelSpec, load_model
-    from vitviz.pipeline import forward
+    from vitviz.sources.models import ModelSpec, load_model
+    from vitviz.runs.pipeline import forward
 
     out = {}
     for size in (None, 518):

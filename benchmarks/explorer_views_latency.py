@@ -60,10 +60,10 @@ class SliderMove:
 def payload_bytes() -> dict:
     """Bytes per image of the bundled model at 224 and 518 px: the heads payload (heads and compare layers) and
     the rollout payload (CLS readout, all 12 layers, default settings)."""
-    from vitviz.explorer import explorer_payload, rollout_payload
+    from vitviz.figures.explorer import explorer_payload, rollout_payload
     from vitviz.images import load_image
-    from vitviz.models import ModelSpec, load_model
-    from vitviz.pipeline import forward
+    from vitviz.sources.models import ModelSpec, load_model
+    from vitviz.runs.pipeline import forward
 
     out = {}
     for size in (None, 518):

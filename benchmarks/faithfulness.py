@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from vitviz.capture import capture  # noqa: E402
 from vitviz.perturbation import attention_maps, perturbation_curves  # noqa: E402
-from vitviz.flow import attention_flow  # noqa: E402
+from vitviz.analyses.flow import attention_flow  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
-from vitviz.rollout import rollout  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
+from vitviz.analyses.rollout import rollout  # noqa: E402
 
 SAMPLES = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg")
 

@@ -7,10 +7,10 @@ issue 10's device work share: run it once per tree, each run's ratio is its own 
 """
 import sys, time, statistics, torch, timm
 from vitviz.capture import capture
-from vitviz.distance import mean_attention_distance
-from vitviz.maps import head_scores
-from vitviz.tokens import attention_sinks
-from vitviz.rollout import rollout
+from vitviz.analyses.distance import mean_attention_distance
+from vitviz.analyses.maps import head_scores
+from vitviz.analyses.tokens import attention_sinks
+from vitviz.analyses.rollout import rollout
 def full(model, x):
     out = capture(model, x)
     a = out.attention.numpy()

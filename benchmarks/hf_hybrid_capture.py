@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from vitviz.capture import capture  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 
 def fastest_seconds(fns: dict, repeats: int) -> dict:

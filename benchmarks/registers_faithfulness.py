@@ -20,9 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from vitviz.images import load_image  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 from vitviz.registers import Repair  # noqa: E402
-from vitviz.registers_run import repair_faithfulness  # noqa: E402
+from vitviz.runs.registers_run import repair_faithfulness  # noqa: E402
 
 PHOTOS = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg")
 

@@ -32,8 +32,8 @@ from vitviz import registers as R  # noqa: E402
 from vitviz.adapters import run  # noqa: E402
 from vitviz.capture import capture  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
-from vitviz.tokens import attention_sinks  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
+from vitviz.analyses.tokens import attention_sinks  # noqa: E402
 
 PHOTOS = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg")
 

@@ -33,10 +33,10 @@ from _memory import cli_in_fresh_process  # noqa: E402
 from vitviz.capture import capture  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
 from vitviz.inputs import expand_inputs  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
-from vitviz.stats import batch_tables  # noqa: E402
-from vitviz.stats_run import run_local  # noqa: E402
-from vitviz.stats_store import StatsStore  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
+from vitviz.analyses.stats import batch_tables  # noqa: E402
+from vitviz.runs.stats_run import run_local  # noqa: E402
+from vitviz.runs.stats_store import StatsStore  # noqa: E402
 
 
 def make_images(folder: Path, n: int) -> Path:

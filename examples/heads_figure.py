@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import vitviz  # noqa: E402
-from vitviz.maps import query_attention_map  # noqa: E402
+from vitviz.analyses.maps import query_attention_map  # noqa: E402
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("folder", type=Path)

@@ -4,8 +4,8 @@ import streamlit as st
 from ui.charts import show_chart
 from ui.downloads import download_row
 from ui.state import setup
-from vitviz.figures import bars, labelled_tile_image, rgb_image
-from vitviz.filters import minmax_tiles, patch_filter_pca, patch_filters
+from vitviz.figures.core import bars, labelled_tile_image, rgb_image
+from vitviz.analyses.filters import minmax_tiles, patch_filter_pca, patch_filters
 
 ctx = setup()
 if ctx is None:

@@ -6,8 +6,8 @@ from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.state import setup
 from vitviz.errors import ViewNotApplicable
-from vitviz.figures import similarity_grid, similarity_map
-from vitviz.posembed import position_at, position_fraction
+from vitviz.figures.core import similarity_grid, similarity_map
+from vitviz.analyses.posembed import position_at, position_fraction
 
 MAX_GRID = 40  # a 40x40 grid is 1600 tiles of 1600 cells; beyond that nothing is legible
 SELECTED = "pos_selected"  # the chosen position as fractions of the grid height/width: survives a grid change

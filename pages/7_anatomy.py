@@ -7,8 +7,8 @@ from ui.display import display_controls, map_figure, panel_download, patch_picke
 from ui.downloads import download_row
 from ui.explain import cached_layer_qkv
 from ui.state import view_applies, setup
-from vitviz.anatomy import attention_anatomy
-from vitviz.explain_figures import (contributions_figure, score_map_figure, softmax_figure, sorted_scores_figure,
+from vitviz.analyses.anatomy import attention_anatomy
+from vitviz.figures.explain_figures import (contributions_figure, score_map_figure, softmax_figure, sorted_scores_figure,
                                     vector_figure)
 
 TOP = 10

@@ -30,7 +30,7 @@ F32_U = 2.0 ** -24
 
 
 def entropy_float32_atol(keys: int) -> float:
-    """How far (nats) :func:`vitviz.maps._entropy` of float32 rows may be from the float64 computation.
+    """How far (nats) :func:`vitviz.analyses.maps._entropy` of float32 rows may be from the float64 computation.
 
     With K keys: the float32 row sum is within (K-1)u of exact in any order, so p = r / sum is within
     Ku (first order); log p is then off by Ku absolutely (dp/p) plus its own rounding, at most one ulp
@@ -72,7 +72,7 @@ def network_calls(monkeypatch):
     a network would (so a test that turns offline mode off can never download). Returns the list."""
     import socket
 
-    from vitviz import hub
+    from vitviz.sources import hub
 
     calls = []
 
@@ -99,7 +99,7 @@ def tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
 
 @pytest.fixture(scope="session")
 def bundled():
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     return load_model(ModelSpec())
 

@@ -18,7 +18,7 @@ from conftest import assert_edits_stay_in_their_thread  # noqa: E402
 from vitviz.adapters import adapter_for, run  # noqa: E402
 from vitviz.images import preprocess  # noqa: E402
 from vitviz.lens import Lens  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 from test_hf_hybrid import HF_FAMILIES, chelsea, hf_folders  # noqa: E402,F401  (shared fixtures)
 
@@ -186,8 +186,8 @@ def test_dinov3_folder_reads_like_dinov2_in_analyze_filters_and_the_position_vie
     from test_hf_hybrid import ASSETS
     from vitviz.cli import main
     from vitviz.errors import ViewNotApplicable
-    from vitviz.filters import patch_filters
-    from vitviz.posembed import patch_position_embeddings
+    from vitviz.analyses.filters import patch_filters
+    from vitviz.analyses.posembed import patch_position_embeddings
 
     folder = hf_folders["dinov3"]
     assert main(["analyze", str(ASSETS / "chelsea.jpg"), "--out", str(tmp_path), "--model", folder]) == 0

@@ -19,7 +19,7 @@ from timm.models._registry import register_model
 from timm.models.vision_transformer_relpos import ResPostRelPosBlock, _create_vision_transformer_relpos
 
 from vitviz.adapters import adapter_for, run
-from vitviz.models import ModelSpec, load_model
+from vitviz.sources.models import ModelSpec, load_model
 
 from conftest import ASSETS
 

@@ -19,7 +19,7 @@ import torch
 
 from vitviz.adapters import adapter_for, run
 from vitviz.adapters.windows import WindowGeometry
-from vitviz.models import ModelSpec, load_model
+from vitviz.sources.models import ModelSpec, load_model
 
 from test_swin import TINY_SWIN  # noqa: F401  (registers the tiny timm Swin)
 

@@ -5,14 +5,14 @@ import torch
 
 from conftest import tiny_model
 from vitviz.capture import capture
-from vitviz.distance import (conv_receptive_field, layer_attention_distance, mean_attention_distance,
+from vitviz.analyses.distance import (conv_receptive_field, layer_attention_distance, mean_attention_distance,
                              stream_mean_attention_distance)
-from vitviz.filters import patch_filter_pca
+from vitviz.analyses.filters import patch_filter_pca
 from vitviz.layout import TokenLayout
-from vitviz.posembed import position_embedding_similarity
-from vitviz.rollout import (attention_gradients, discard_lowest, fuse_heads, gradient_rollout, rollout,
+from vitviz.analyses.posembed import position_embedding_similarity
+from vitviz.analyses.rollout import (attention_gradients, discard_lowest, fuse_heads, gradient_rollout, rollout,
                             rollout_step)
-from vitviz.tokens import artifact_tokens, feature_pca_rgb, top_classes
+from vitviz.analyses.tokens import artifact_tokens, feature_pca_rgb, top_classes
 
 
 def _layout(grid, prefix=("cls",), patch=16):
@@ -223,7 +223,7 @@ def test_top_classes_have_imagenet_labels():
 # ---- raw attention views -------------------------------------------------------------------
 
 def test_query_and_key_maps_read_rows_and_columns():
-    from vitviz.maps import key_attention_map, query_attention_map
+    from vitviz.analyses.maps import key_attention_map, query_attention_map
 
     layout = _layout((2, 2))
     a = np.zeros((1, 1, 5, 5))
@@ -235,7 +235,7 @@ def test_query_and_key_maps_read_rows_and_columns():
 
 
 def test_threshold_mask_keeps_the_smallest_set_holding_the_share():
-    from vitviz.maps import threshold_mask
+    from vitviz.analyses.maps import threshold_mask
 
     grid = np.array([[0.5, 0.1], [0.3, 0.1]])
     np.testing.assert_array_equal(threshold_mask(grid, 0.5), [[True, False], [False, False]])
@@ -245,7 +245,7 @@ def test_threshold_mask_keeps_the_smallest_set_holding_the_share():
 
 
 def test_entropy_and_cls_focus_known_answers():
-    from vitviz.maps import cls_focus, head_entropy
+    from vitviz.analyses.maps import cls_focus, head_entropy
 
     layout = _layout((2, 2))
     uniform = np.full((1, 1, 5, 5), 0.2)

@@ -12,8 +12,8 @@ from conftest import ASSETS
 from vitviz.capture import capture
 from vitviz.cli import main as cli_main
 from vitviz.images import load_image, preprocess
-from vitviz.maps import query_attention_map
-from vitviz.rollout import rollout
+from vitviz.analyses.maps import query_attention_map
+from vitviz.analyses.rollout import rollout
 
 pytestmark = pytest.mark.slow
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -155,8 +155,8 @@ def test_distance_page_dots_equal_the_cli(tmp_path):
 
 
 def test_filters_and_position_pages(bundled):
-    from vitviz.filters import patch_filter_pca, patch_filters
-    from vitviz.posembed import patch_position_embeddings, position_embedding_similarity
+    from vitviz.analyses.filters import patch_filter_pca, patch_filters
+    from vitviz.analyses.posembed import patch_position_embeddings, position_embedding_similarity
 
     at = _page("pages/5_filters.py")
     bars = next(t for t in _traces(at, "pca_variance") if t["type"] == "bar")
@@ -196,7 +196,7 @@ def test_concurrent_sessions_match_a_session_alone(bundled):
     from PIL import Image
 
     from ui.cache import cached_image_result, cached_model
-    from vitviz.models import ModelSpec
+    from vitviz.sources.models import ModelSpec
 
     names = ["chelsea.jpg", "coffee.jpg", "rocket.jpg"]
     lock = threading.Lock()

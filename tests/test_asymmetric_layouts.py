@@ -10,7 +10,7 @@ from timm.models.vision_transformer import checkpoint_filter_fn
 
 from vitviz.perturbation import patch_masks, perturb, pixel_masks
 from vitviz.layout import TokenLayout
-from vitviz.posembed import patch_position_embeddings
+from vitviz.analyses.posembed import patch_position_embeddings
 
 TINY = dict(pretrained=False, depth=1, embed_dim=32, num_heads=2)
 # (name, img_size): grids of 5 x 3 (patch 14) or 4 x 3 (patch 16), never square, so rows and columns cannot trade.
@@ -82,7 +82,7 @@ def test_a_register_checkpoint_keeps_its_stored_grid_as_the_native_table(tmp_pat
     # be the stored rows themselves, not the 5 x 5 ones resampled back.
     from safetensors.torch import save_file
 
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     torch.manual_seed(0)
     stored = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, img_size=98).eval()  # ViT-S: the

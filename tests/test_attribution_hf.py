@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers")
 
 from vitviz import attribution as A  # noqa: E402
 from vitviz.adapters import Hooks, adapter_for, point_name, run  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 from test_hf_hybrid import HF_FAMILIES, _save_hf, hf_folders  # noqa: E402,F401  (shared fixtures)
 

@@ -247,7 +247,7 @@ def test_cli_writes_swin_attribution_with_gradcam_on_both_grids(tmp_path, capsys
     from test_adapters_swin import timm_swin_checkpoint
     from test_swin import TINY_SWIN
     from vitviz.cli import main
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     checkpoint = timm_swin_checkpoint(tmp_path)
     out = tmp_path / "out"

@@ -245,7 +245,7 @@ def test_patch_picker_last_column_visible_and_clickable(page):
 
 
 def test_colour_bar_reaches_the_browser_unaltered(page):
-    from vitviz.colour import reference_stops
+    from vitviz.figures.colour import reference_stops
 
     _goto(page, "Attention heads")
     plot = page.locator(".js-plotly-plot").first

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitviz import bundled as weights
+from vitviz.sources import bundled as weights
 from vitviz.capture import capture
 from vitviz.images import preprocess
 
@@ -91,7 +91,7 @@ def test_damaged_cache_is_detected_and_rebuilt(tmp_path):
 
 
 def test_bundled_at_native_resolution_keeps_the_37x37_grid(sample_images):
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     native = load_model(ModelSpec(img_size=518))
     state, _ = weights.load_state_dict()

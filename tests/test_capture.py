@@ -8,7 +8,7 @@ import torch
 from conftest import FAMILIES, tiny_model
 from vitviz.capture import capture
 from vitviz.layout import TokenLayout
-from vitviz.models import check_supported
+from vitviz.sources.models import check_supported
 
 
 def _images(model, batch=3, seed=1):

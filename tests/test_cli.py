@@ -12,7 +12,7 @@ from conftest import ASSETS
 from vitviz.capture import capture
 from vitviz.cli import main
 from vitviz.images import load_image, preprocess
-from vitviz.rollout import rollout
+from vitviz.analyses.rollout import rollout
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_cli_writes_logits_for_a_model_with_a_head(tmp_path):
     assert data["attention"].shape == (1, 12, 3, 102, 102)  # cls + dist + 10x10
     with torch.inference_mode():
         model160 = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, img_size=160).eval()
-        from vitviz.models import _filter_checkpoint
+        from vitviz.sources.models import _filter_checkpoint
 
         model160.load_state_dict(_filter_checkpoint(model.state_dict(), model160))
         np.testing.assert_allclose(data["logits"], model160(torch.from_numpy(data["input"])).numpy(), rtol=1e-4, atol=1e-4)
@@ -112,7 +112,7 @@ def test_python_dash_m_help_is_useful():
 
 
 def test_cli_exclude_sinks_removes_the_first_layer_sink_from_rollout(tmp_path, bundled):
-    from vitviz.tokens import attention_sinks
+    from vitviz.analyses.tokens import attention_sinks
 
     assert main(["analyze", str(ASSETS / "coffee.jpg"), "--out", str(tmp_path), "--exclude-sinks"]) == 0
     data = np.load(tmp_path / "analysis.npz")

@@ -7,9 +7,9 @@ import timm
 import torch
 
 from conftest import ASSETS, FAMILIES, TINY, tiny_model
-from vitviz.anatomy import attention_anatomy, block_output, layer_qkv, softmax
+from vitviz.analyses.anatomy import attention_anatomy, block_output, layer_qkv, softmax
 from vitviz.capture import capture
-from vitviz.clusters import cluster_overlay, order_by_size, token_clusters
+from vitviz.analyses.clusters import cluster_overlay, order_by_size, token_clusters
 
 
 def _planted(sizes=(40, 25, 15), dim=8, seed=0):
@@ -109,7 +109,7 @@ def test_anatomy_softmax_and_weighted_values_match_the_model(family, spec):
 
 
 def test_anatomy_without_scaling_is_sharper_on_a_known_row():
-    from vitviz.anatomy import LayerQKV
+    from vitviz.analyses.anatomy import LayerQKV
 
     # One head, d = 4, three tokens: scores q·k = 0, 4, 8; the scale 1/2 halves them.
     q = np.zeros((1, 3, 4))
@@ -202,7 +202,7 @@ def test_overview_clusters_view_shows_the_core_labels(bundled):
 @pytest.mark.slow
 def test_anatomy_page_row_equals_the_heads_page_map(bundled):
     from test_app import _core_attention, _heatmaps, _page
-    from vitviz.maps import query_attention_map
+    from vitviz.analyses.maps import query_attention_map
 
     heads = _page("pages/2_heads.py")
     heads.slider(key="heads_layer").set_value(3).run()

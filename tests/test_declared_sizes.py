@@ -129,7 +129,7 @@ def _write_long_stats_parquet(path: Path, rows: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from vitviz.stats_store import STATS_SCHEMA
+    from vitviz.runs.stats_store import STATS_SCHEMA
 
     block = 1 << 20
     columns = {}
@@ -155,22 +155,22 @@ CASES = {
         ["giant", "config.json", "3.87e+10 parameters", "144.1 GiB", "1.0 GiB"]),
     "config_39e9_load_model": (
         lambda tmp: giant_vit_config(tmp / "giant"),
-        "from vitviz.models import ModelSpec, load_model; load_model(ModelSpec(r'{tmp}/giant'))",
+        "from vitviz.sources.models import ModelSpec, load_model; load_model(ModelSpec(r'{tmp}/giant'))",
         ["giant", "config.json", "3.87e+10 parameters", "1.0 GiB"]),
     "config_1gib_json": (
         lambda tmp: sparse_file(giant_vit_config(tmp / "big") / "config.json"),
-        "from vitviz.models import ModelSpec, load_model; load_model(ModelSpec(r'{tmp}/big'))",
+        "from vitviz.sources.models import ModelSpec, load_model; load_model(ModelSpec(r'{tmp}/big'))",
         ["config.json", "1.0 GiB", "16 MiB"]),
     "weights_100gib_header": (
         lambda tmp: (tmp / "w").mkdir() or (tmp / "w" / "config.json").write_text(json.dumps(
             {"model_type": "vit", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
              "intermediate_size": 128, "image_size": 32, "patch_size": 16}))
         and huge_safetensors(tmp / "w" / "model.safetensors"),
-        "from vitviz.models import ModelSpec, load_model; load_model(ModelSpec(r'{tmp}/w'))",
+        "from vitviz.sources.models import ModelSpec, load_model; load_model(ModelSpec(r'{tmp}/w'))",
         ["model.safetensors", "100.0 GiB", "1.0 GiB"]),
     "parquet_40m_rows_compare": (
         lambda tmp: long_stats_parquet(tmp / "stats.parquet"),
-        "from vitviz.compare import read_stats_table; read_stats_table(r'{tmp}/stats.parquet')",
+        "from vitviz.analyses.compare import read_stats_table; read_stats_table(r'{tmp}/stats.parquet')",
         ["stats.parquet", "39,845,888 rows", "1.0 GiB"]),
     "parquet_40m_rows_stats_resume": (
         lambda tmp: (tmp / "run").mkdir() or long_stats_parquet(tmp / "run" / "stats.parquet"),
@@ -218,7 +218,7 @@ def test_hostile_file_is_refused_with_a_sentence_before_allocating(name, tmp_pat
 
 def test_a_timm_architecture_over_the_budget_is_refused_before_it_is_built(monkeypatch):
     from vitviz.errors import ModelError
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     monkeypatch.setenv("VITVIZ_CACHE_MB", "1024")
     # vit_giant_patch14_dinov2: 1.14e9 parameters, 4.2 GiB as float32 (counted on the meta device).
@@ -228,7 +228,7 @@ def test_a_timm_architecture_over_the_budget_is_refused_before_it_is_built(monke
 
 def test_a_cached_hub_config_over_the_budget_is_refused(tmp_path, monkeypatch):
     """The ``hf:`` path reads the config from the local hub cache: the same check applies."""
-    from vitviz.declared import check_weights
+    from vitviz.sources.declared import check_weights
     from vitviz.errors import ModelError
 
     snapshot = tmp_path / "hub" / "models--someone--giant" / "snapshots" / ("0" * 40)
@@ -249,7 +249,7 @@ def test_declared_parameters_of_real_configs_are_a_close_lower_bound():
     import torch
     import transformers
 
-    from vitviz.declared import FLOAT32, LAYER_OBJECT_BYTES, hf_config_declared
+    from vitviz.sources.declared import FLOAT32, LAYER_OBJECT_BYTES, hf_config_declared
 
     configs = [transformers.ViTConfig(), transformers.Dinov2Config(),
                transformers.CLIPVisionConfig(), transformers.DeiTConfig(image_size=384, hidden_size=192,

@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from conftest import entropy_float32_atol, tiny_model
-from vitviz.analysis import AnalysisSettings, analyze_batch
+from vitviz.runs.analysis import AnalysisSettings, analyze_batch
 from vitviz.capture import capture
-from vitviz.distance import patch_distances
+from vitviz.analyses.distance import patch_distances
 from vitviz.images import preprocess
-from vitviz.maps import head_scores
-from vitviz.rollout import (attention_gradients, class_gradient_rollout, gradient_rollout, gradient_rollout_reference,
+from vitviz.analyses.maps import head_scores
+from vitviz.analyses.rollout import (attention_gradients, class_gradient_rollout, gradient_rollout, gradient_rollout_reference,
                             rollout_reference)
-from vitviz.tokens import attention_sinks
+from vitviz.analyses.tokens import attention_sinks
 
 
 class HostTransfers:

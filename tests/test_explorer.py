@@ -1,4 +1,4 @@
-"""The browser explorer's payload (vitviz/explorer.py) and the flat-map floor of the colour scales."""
+"""The browser explorer's payload (vitviz/figures/explorer.py) and the flat-map floor of the colour scales."""
 import io
 
 import numpy as np
@@ -7,10 +7,10 @@ from PIL import Image
 
 from conftest import tiny_model
 from vitviz.capture import capture
-from vitviz.colour import FLAT_RELATIVE, colour_scale, colourise, lookup_table
-from vitviz.explorer import FLOAT16_ABSOLUTE, FLOAT16_RELATIVE, explorer_payload, rollout_payload, unpack
-from vitviz.maps import key_attention_map, query_attention_map
-from vitviz.overlay import render_maps
+from vitviz.figures.colour import FLAT_RELATIVE, colour_scale, colourise, lookup_table
+from vitviz.figures.explorer import FLOAT16_ABSOLUTE, FLOAT16_RELATIVE, explorer_payload, rollout_payload, unpack
+from vitviz.analyses.maps import key_attention_map, query_attention_map
+from vitviz.figures.overlay import render_maps
 
 
 def _attention(family="dinov2_reg"):
@@ -80,7 +80,7 @@ def test_a_near_uniform_map_is_drawn_flat_at_mid_scale_not_stretched():
 
 def test_png_titles_have_the_glyphs_they_use():
     """Pillow's built-in font draws –, × and → as the same box as an unassigned code point."""
-    from vitviz.overlay import _font
+    from vitviz.figures.overlay import _font
 
     font = _font(18)
     missing = bytes(font.getmask("\U0010ffff"))
@@ -89,8 +89,8 @@ def test_png_titles_have_the_glyphs_they_use():
 
 
 def test_the_heads_png_keeps_each_tiles_subtitle():
-    from vitviz.colour import ColourScale
-    from vitviz.overlay import colour_bar, panel_png
+    from vitviz.figures.colour import ColourScale
+    from vitviz.figures.overlay import colour_bar, panel_png
 
     tiles = [Image.new("RGB", (40, 40), "grey")] * 2
     bar = colour_bar(ColourScale(0, 1), "Inferno", "attention weight", 60)
@@ -105,7 +105,7 @@ def test_the_heads_png_keeps_each_tiles_subtitle():
 def test_rollout_payload_rows_are_each_patchs_rollout_in_float16():
     """The rollout view's rows: the readout's chain and every patch query's, after each layer of a range, against
     the definition (full N x N products, rollout_reference) for a few patches, rounded once to float16."""
-    from vitviz.rollout import rollout_reference
+    from vitviz.analyses.rollout import rollout_reference
 
     attention, layout = _attention()  # CLS + 4 registers: a wrong prefix offset reads register rows
     attention = np.concatenate([attention, attention[::-1], attention])  # 6 layers whose products do not commute
@@ -128,7 +128,7 @@ def test_rollout_payload_rows_are_each_patchs_rollout_in_float16():
 def test_rollout_payload_with_discard_sends_the_clicked_patchs_own_chain():
     """With discard each query spares its own column, so the shared product would be wrong: only the clicked patch's
     chain is sent, computed for it."""
-    from vitviz.rollout import rollout_reference
+    from vitviz.analyses.rollout import rollout_reference
 
     attention, layout = _attention()
     L = attention.shape[0]

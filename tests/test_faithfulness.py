@@ -10,8 +10,8 @@ import torch
 from conftest import ASSETS, tiny_model
 from vitviz.perturbation import (ChanceBand, attention_maps, auc, ordered, patch_order, perturbation_curves,
                                  perturbed_at, random_map, random_seed_maps, step_counts)
-from vitviz.flow import FlowNetwork, attention_flow, layer_capacities
-from vitviz.rollout import readout_vector
+from vitviz.analyses.flow import FlowNetwork, attention_flow, layer_capacities
+from vitviz.analyses.rollout import readout_vector
 from vitviz.layout import TokenLayout
 
 GRID = TokenLayout(prefix_tokens=("cls",), grid_size=(4, 4), patch_size=(2, 2), global_pool="token",
@@ -123,7 +123,7 @@ def _independent_curve(model, image, grid_map, layout, fractions, mode, target):
 @pytest.mark.parametrize("family", ["vit_augreg", "dino"])
 def test_curves_equal_an_independent_recomputation_of_the_protocol(family):
     from vitviz.capture import capture
-    from vitviz.rollout import rollout
+    from vitviz.analyses.rollout import rollout
 
     model = tiny_model(family)
     torch.manual_seed(1)
@@ -228,7 +228,7 @@ def test_cli_faithfulness_and_flow_equal_the_protocol_recomputed(tmp_path):
     from safetensors.torch import save_file
 
     from vitviz.cli import main
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", pretrained=False)
@@ -282,7 +282,7 @@ def test_faithfulness_page_shows_the_cores_curves_and_aucs(bundled):
     from test_app import APP, _decode, _traces
     from vitviz.capture import capture
     from vitviz.images import load_image, preprocess
-    from vitviz.rollout import rollout
+    from vitviz.analyses.rollout import rollout
 
     at = AppTest.from_file(APP, default_timeout=300).run()
     at.switch_page("pages/8_faithfulness.py").run()
@@ -372,6 +372,24 @@ def test_chance_band_says_when_a_method_cannot_be_told_from_chance():
     assert "cannot be told from chance" in band.sentence("rollout", 0.83, 0.84)
     text = band.sentence("AttnLRP", 0.70, 0.84)
     assert "better than chance on deletion" in text and "not distinguishable from chance on insertion" in text
+
+
+def test_a_best_method_within_chance_is_labelled_so_in_the_table():
+    """The AUC table's "best insertion" must agree with the chance verdict: a method inside the random band is
+    "best insertion (within chance)", one outside it plain "best deletion"; without a band nothing is added."""
+    from vitviz.perturbation import Faithfulness
+
+    band = ChanceBand(deletion=np.array([0.80, 0.84, 0.82, 0.86]), insertion=np.array([0.84, 0.85, 0.83, 0.84]))
+    fractions = np.array([0.0, 1.0])  # trapezoid over [0, 1]: AUC = mean of the two points
+    # attnlrp: deletion AUC 0.70 (better than chance), insertion AUC 0.845 (inside 0.84 ± 2 x 0.0082)
+    # rollout: deletion AUC 0.83 (chance), insertion AUC 0.80 (worse)
+    result = Faithfulness(methods=["attnlrp", "rollout"], maps=np.zeros((2, 2, 2)), fractions=fractions,
+                          counts=np.array([0, 4]), deletion=np.array([[0.7, 0.7], [0.83, 0.83]]),
+                          insertion=np.array([[0.845, 0.845], [0.8, 0.8]]), score="probability")
+    marks = {r["method"]: r["reference"] for r in result.table(band)}
+    assert marks == {"attnlrp": "best deletion, best insertion (within chance)",
+                     "rollout": "worst deletion, worst insertion"}
+    assert {r["method"]: r["reference"] for r in result.table()}["attnlrp"] == "best deletion, best insertion"
 
 
 def test_random_seed_maps_are_distinct_and_reproducible():

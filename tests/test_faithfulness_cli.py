@@ -31,8 +31,8 @@ def test_cli_tables_equal_the_core_on_each_image(tmp_path, tiny_checkpoint):
     from vitviz.perturbation import ordered, random_seed_maps
     from vitviz.faithfulness_protocols import protocol_curves
     from vitviz.images import load_image, preprocess
-    from vitviz.models import ModelSpec, load_model
-    from vitviz.rollout import rollout
+    from vitviz.sources.models import ModelSpec, load_model
+    from vitviz.analyses.rollout import rollout
 
     images = make_images(tmp_path / "img", 2)
     out = tmp_path / "out"
@@ -73,7 +73,7 @@ def test_cli_tables_equal_the_core_on_each_image(tmp_path, tiny_checkpoint):
 
 @pytest.mark.parametrize("failure", [RuntimeError, KeyboardInterrupt], ids=["crash", "ctrl-c"])
 def test_a_run_cut_short_and_resumed_writes_the_uninterrupted_tables(tmp_path, tiny_checkpoint, monkeypatch, failure):
-    import vitviz.faithfulness_run as run
+    import vitviz.runs.faithfulness_run as run
 
     make_images(tmp_path / "img", 3)
     whole, cut = tmp_path / "whole", tmp_path / "cut"

@@ -18,10 +18,10 @@ import timm
 import torch
 from timm.models import register_model
 
-from vitviz.anatomy import attention_anatomy, layer_qkv, softmax
+from vitviz.analyses.anatomy import attention_anatomy, layer_qkv, softmax
 from vitviz.capture import capture
 from vitviz.errors import ModelError, ViewNotApplicable
-from vitviz.models import ModelSpec, check_supported, load_model
+from vitviz.sources.models import ModelSpec, check_supported, load_model
 
 from conftest import ASSETS, capture_in_threads, timm_unfused_attention
 from test_hf_hybrid import hf_folders  # noqa: F401  (the shared Hugging Face folders, BEiT among them)
@@ -194,7 +194,7 @@ def test_card_and_cli_settings_record_library_family_and_layout(checkpoints, tmp
 
 
 def test_position_embeddings_are_read_where_they_exist_and_refused_in_a_sentence_where_not(checkpoints):
-    from vitviz.posembed import patch_position_embeddings
+    from vitviz.analyses.posembed import patch_position_embeddings
 
     eva = _load("eva02", checkpoints)
     np.testing.assert_array_equal(patch_position_embeddings(eva.model, eva.layout),

@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 
 from vitviz.capture import capture
 from vitviz.errors import ModelError
-from vitviz.labels import ClassNames, parse_labels, read_labels
-from vitviz.models import ModelSpec, load_model
+from vitviz.sources.labels import ClassNames, parse_labels, read_labels
+from vitviz.sources.models import ModelSpec, load_model
 
 ARCH = "vit_tiny_patch16_224"
 CLASSES = ("apple", "banana", "cherry", "date", "elderberry", "fig", "grape")
@@ -217,7 +217,7 @@ def seven_path(tmp_path_factory, seven):
 
 @pytest.mark.parametrize("text, file", [("\n".join(CLASSES) + "\n", "classes.txt"), (json.dumps(CLASSES), "classes.json")])
 def test_class_names_from_a_file_name_the_top_classes(tmp_path, seven, seven_path, text, file):
-    from vitviz.tokens import top_classes
+    from vitviz.analyses.tokens import top_classes
 
     (tmp_path / file).write_text(text)
     loaded = load_model(ModelSpec(name=ARCH, checkpoint=str(seven_path), labels=read_labels(tmp_path / file)))
@@ -242,7 +242,7 @@ def test_class_names_that_do_not_count_the_classes_are_refused(tmp_path, seven_p
 
 
 def test_names_share_the_loaded_model(seven_path):
-    from vitviz.models import with_labels
+    from vitviz.sources.models import with_labels
 
     plain = load_model(ModelSpec(name=ARCH, checkpoint=str(seven_path)))
     named = with_labels(plain, ClassNames(CLASSES, "box"))

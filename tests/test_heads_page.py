@@ -38,7 +38,7 @@ def test_queries_and_keys_page_draws_the_library_picture_and_the_ablation_on_dem
     from vitviz.heads import patching, qk
 
     at = AppTest.from_file(APP, default_timeout=300).run()
-    at.switch_page("pages/12_queries_keys.py").run()
+    at.switch_page("pages/13_queries_keys.py").run()
     assert not at.exception, [e.message for e in at.exception]
     ids = " ".join(_charts(at))
     assert "qk_grid" not in ids and "heads_ablation_map" not in ids  # computed only when asked

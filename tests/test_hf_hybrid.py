@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 from vitviz.capture import capture  # noqa: E402
 from vitviz.errors import ModelError  # noqa: E402
 from vitviz.images import load_image, preprocess  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 from conftest import ASSETS, capture_in_threads, timm_unfused_attention  # noqa: E402
 
@@ -159,7 +159,7 @@ def test_hf_labels_and_settings_record_library_family_and_layout(hf_folders):
 
     class_labels = adapter_for(loaded.model).class_labels
     assert class_labels(loaded.model) == tuple(f"thing {i}" for i in range(5))
-    from vitviz.tokens import top_classes
+    from vitviz.analyses.tokens import top_classes
 
     assert loaded.class_labels == class_labels(loaded.model)
     assert top_classes(np.array([0.0, 0, 3, 0, 0]), 1, loaded.class_labels)[0][:2] == (2, "thing 2")
@@ -215,7 +215,7 @@ def test_bad_hf_inputs_get_sentences_naming_the_folder(tmp_path, hf_folders):
 
 
 def test_gradient_rollout_reads_an_hf_models_head(hf_folders, chelsea):
-    from vitviz.rollout import attention_gradients
+    from vitviz.analyses.rollout import attention_gradients
 
     loaded = load_model(ModelSpec(name=hf_folders["vit"]))
     x = preprocess([chelsea], loaded.data_config).tensor
@@ -263,7 +263,7 @@ def test_hybrid_checkpoint_capture_equals_timm_with_the_stems_stride(hybrid_chec
 
 
 def test_hybrid_attention_anatomy_reproduces_the_captured_rows(hybrid_checkpoint, chelsea):
-    from vitviz.anatomy import attention_anatomy, layer_qkv
+    from vitviz.analyses.anatomy import attention_anatomy, layer_qkv
 
     loaded = load_model(ModelSpec(name=HYBRID, checkpoint=str(hybrid_checkpoint)))
     x = preprocess([chelsea], loaded.data_config).tensor
@@ -276,7 +276,7 @@ def test_hybrid_attention_anatomy_reproduces_the_captured_rows(hybrid_checkpoint
 
 
 def test_hybrid_mean_attention_distance_is_in_pixels_of_the_effective_stride(hybrid_checkpoint):
-    from vitviz.distance import uniform_attention_distance
+    from vitviz.analyses.distance import uniform_attention_distance
 
     loaded = load_model(ModelSpec(name=HYBRID, checkpoint=str(hybrid_checkpoint)))
     rows, cols = np.meshgrid(np.arange(7), np.arange(7), indexing="ij")
@@ -286,7 +286,7 @@ def test_hybrid_mean_attention_distance_is_in_pixels_of_the_effective_stride(hyb
 
 
 def test_hybrid_has_no_linear_rgb_filters_and_says_so(hybrid_checkpoint):
-    from vitviz.filters import patch_filters
+    from vitviz.analyses.filters import patch_filters
 
     loaded = load_model(ModelSpec(name=HYBRID, checkpoint=str(hybrid_checkpoint)))
     with pytest.raises(ValueError, match="no linear RGB patch filters"):
@@ -326,7 +326,7 @@ def test_app_loads_an_hf_folder_from_the_sidebar_and_the_heads_page_shows_its_ma
     from streamlit.testing.v1 import AppTest
 
     from test_app import APP, _heatmaps
-    from vitviz.maps import query_attention_map
+    from vitviz.analyses.maps import query_attention_map
 
     at = AppTest.from_file(APP, default_timeout=180).run()
     at.switch_page("pages/2_heads.py").run()
@@ -348,9 +348,9 @@ def test_app_loads_an_hf_folder_from_the_sidebar_and_the_heads_page_shows_its_ma
 
 
 def test_hf_patch_filters_and_position_embeddings_are_the_models_own(hf_folders):
-    from vitviz.anatomy import layer_qkv
-    from vitviz.filters import patch_filters
-    from vitviz.posembed import patch_position_embeddings
+    from vitviz.analyses.anatomy import layer_qkv
+    from vitviz.analyses.filters import patch_filters
+    from vitviz.analyses.posembed import patch_position_embeddings
 
     vit = load_model(ModelSpec(name=hf_folders["vit"]))
     np.testing.assert_array_equal(patch_filters(vit.model),

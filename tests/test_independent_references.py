@@ -60,7 +60,7 @@ def paper_rollout(attention, fusion="mean", discard=0.0, exclude=(), readout=0):
 @pytest.mark.parametrize("fusion,discard,exclude", [("mean", 0.0, ()), ("max", 0.3, ()), ("min", 0.0, (1, 7)),
                                                     ("mean", 0.2, (2,))])
 def test_rollout_equals_the_papers_matrix_product_written_in_numpy(fusion, discard, exclude):
-    from vitviz.rollout import rollout
+    from vitviz.analyses.rollout import rollout
 
     attention = random_attention(layers=4)
     ours = rollout(attention, LAYOUT, fusion=fusion, discard=discard, exclude_tokens=exclude)
@@ -92,7 +92,7 @@ def networkx_flow(caps, source_token, sink_token=0):
 
 @pytest.mark.parametrize("exclude", [(), (1, 5)], ids=["all tokens", "register and a patch excluded"])
 def test_attention_flow_equals_networkx_max_flow_on_capacities_built_here(exclude):
-    from vitviz.flow import attention_flow
+    from vitviz.analyses.flow import attention_flow
 
     layout = TokenLayout(prefix_tokens=("cls", "reg0"), grid_size=(2, 3), patch_size=(16, 16), global_pool="token",
                          pos_embed_prefix_rows=1)
@@ -127,8 +127,8 @@ def paper_distance(attention, renormalise=True):
 
 
 def test_mean_distance_both_conventions_equal_the_paper_on_non_square_patches_and_uneven_prefix_mass():
-    from vitviz.distance import mean_attention_distance, mean_attention_distance_conventions
-    from vitviz.stats import per_head_statistics
+    from vitviz.analyses.distance import mean_attention_distance, mean_attention_distance_conventions
+    from vitviz.analyses.stats import per_head_statistics
 
     mass = np.random.default_rng(1).uniform(0.0, 0.6, size=(2, 3, N))  # every row its own prefix share
     attention = random_attention(layers=2, heads=3, prefix_mass=mass)
@@ -151,7 +151,7 @@ def test_mean_distance_both_conventions_equal_the_paper_on_non_square_patches_an
 ])
 def test_patch_position_rows_are_the_tables_last_grid_rows(name, extra, rows):
     from vitviz.adapters import adapter_for
-    from vitviz.posembed import patch_position_embeddings
+    from vitviz.analyses.posembed import patch_position_embeddings
 
     torch.manual_seed(0)
     model = timm.create_model(name, pretrained=False, **(TINY | extra)).eval()
@@ -168,7 +168,7 @@ def test_hf_registers_position_rows_skip_the_one_cls_row_not_five_prefix_rows():
     import transformers
 
     from vitviz.adapters import adapter_for
-    from vitviz.posembed import patch_position_embeddings
+    from vitviz.analyses.posembed import patch_position_embeddings
 
     config = transformers.Dinov2WithRegistersConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                     intermediate_size=64, image_size=42, patch_size=14,
@@ -204,7 +204,7 @@ def numpy_inertia(points, labels):
 def test_cluster_inertia_is_scikit_learns_inertia_and_the_labels_its_partition():
     from sklearn.cluster import KMeans
 
-    from vitviz.clusters import N_INIT, SEED, token_clusters
+    from vitviz.analyses.clusters import N_INIT, SEED, token_clusters
 
     rng = np.random.default_rng(4)
     points = np.concatenate([rng.normal(size=(n, 6)) + 4 * rng.normal(size=6) for n in (50, 30, 20)])

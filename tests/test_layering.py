@@ -3,9 +3,10 @@
 - ``vitviz`` never imports Streamlit, and no module of it imports ``ui`` or ``pages``;
 - ``vitviz.io`` imports nothing of vitviz outside ``vitviz.io`` but the shared types (errors, layout, types,
   tensors): it is the floor everything writes through;
-- the analyses (rollout, flow, distance, maps, tokens, posembed, filters, clusters, anatomy, perturbation) and the
-  map methods (``vitviz.explainers``) never import the runs (``*_run``, pipeline, analysis), the CLI or figures;
-- the front door (``vitviz.lens``) imports no run, CLI or figure module;
+- the analyses (``vitviz.analyses``: rollout, flow, distance, maps, tokens, ...), the perturbation protocol
+  (``vitviz.perturbation``), the map methods (``vitviz.explainers``) and the front door (``vitviz.lens``) never import
+  the runs (``vitviz.runs``), the CLI or figures (``vitviz.figures``);
+- at most 20 modules directly under ``vitviz/`` (the rest live in rooms);
 - no import circles.
 
 The checker is tested on planted packages: an upward import and a circle each fail it.
@@ -14,10 +15,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ANALYSES = ("rollout", "flow", "distance", "maps", "tokens", "posembed", "filters", "clusters", "anatomy",
-            "perturbation")
+LOWER = ("analyses", "perturbation", "explainers", "lens")
 SHARED = ("errors", "layout", "types", "tensors")
-RUNS_CLI_FIGURES = ("cli", "pipeline", "analysis", "report", "figures", "overlay", "colour", "explorer")
+RUNS_CLI_FIGURES = ("runs", "cli", "figures")
 
 
 def import_graph(package: Path) -> dict[str, set[str]]:
@@ -93,8 +93,7 @@ def broken_rules(graph: dict[str, set[str]], pkg: str = "vitviz") -> list[str]:
 
     def is_run_cli_figure(dep):
         short = dep.removeprefix(f"{pkg}.")
-        return dep.startswith(f"{pkg}.") and (short.endswith("_run") or short.endswith("_figures")
-                                              or short.split(".")[0] in RUNS_CLI_FIGURES)
+        return dep.startswith(f"{pkg}.") and short.split(".")[0] in RUNS_CLI_FIGURES
 
     broken = []
     for mod, deps in graph.items():
@@ -103,8 +102,7 @@ def broken_rules(graph: dict[str, set[str]], pkg: str = "vitviz") -> list[str]:
                 broken.append(f"{mod} imports {dep}")
             if under(mod, "io") and dep.startswith(f"{pkg}.") and not any(under(dep, r) for r in ("io",) + SHARED):
                 broken.append(f"{mod} (io) imports {dep}")
-            upper = any(under(mod, a) for a in ANALYSES + ("explainers", "lens"))
-            if upper and is_run_cli_figure(dep):
+            if any(under(mod, room) for room in LOWER) and is_run_cli_figure(dep):
                 broken.append(f"{mod} imports {dep} (a run, the CLI or a figure)")
     return broken
 
@@ -114,6 +112,8 @@ def test_vitviz_keeps_its_layering_and_has_no_import_circles():
     assert len(graph) > 60  # the walk saw the package
     assert broken_rules(graph) == []
     assert circles(graph) == []
+    top = sorted(p.stem for p in (ROOT / "vitviz").glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(top) <= 20, top
 
 
 def _package(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -126,17 +126,19 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_the_checker_fails_a_planted_upward_import_and_a_planted_circle(tmp_path):
-    clean = {"__init__.py": "", "rollout.py": "from .layout import X\n", "layout.py": "X = 1\n",
-             "io/__init__.py": "", "io/atomic.py": "import os\n", "cli.py": "from .rollout import X\n"}
+    clean = {"__init__.py": "", "analyses/__init__.py": "", "analyses/rollout.py": "from ..layout import X\n",
+             "layout.py": "X = 1\n", "io/__init__.py": "", "io/atomic.py": "import os\n",
+             "cli.py": "from .analyses.rollout import X\n"}
     graph = import_graph(_package(tmp_path / "a", clean))
     assert broken_rules(graph) == [] and circles(graph) == []
 
-    upward = clean | {"rollout.py": "def f():\n    from .cli import main\n"}
-    assert broken_rules(import_graph(_package(tmp_path / "b", upward))) == ["vitviz.rollout imports vitviz.cli (a run, "
-                                                                             "the CLI or a figure)"]
-    io_up = clean | {"io/atomic.py": "from ..layout import X\nfrom ..rollout import X\n"}
-    assert broken_rules(import_graph(_package(tmp_path / "c", io_up))) == ["vitviz.io.atomic (io) imports vitviz.rollout"]
+    upward = clean | {"analyses/rollout.py": "def f():\n    from ..cli import main\n"}
+    assert broken_rules(import_graph(_package(tmp_path / "b", upward))) == [
+        "vitviz.analyses.rollout imports vitviz.cli (a run, the CLI or a figure)"]
+    io_up = clean | {"io/atomic.py": "from ..layout import X\nfrom ..analyses.rollout import X\n"}
+    assert broken_rules(import_graph(_package(tmp_path / "c", io_up))) == [
+        "vitviz.io.atomic (io) imports vitviz.analyses.rollout"]
     streamlit = clean | {"layout.py": "import streamlit as st\n"}
     assert broken_rules(import_graph(_package(tmp_path / "d", streamlit))) == ["vitviz.layout imports streamlit"]
-    circle = clean | {"layout.py": "def f():\n    from . import rollout\n"}
-    assert circles(import_graph(_package(tmp_path / "e", circle))) == [{"vitviz.layout", "vitviz.rollout"}]
+    circle = clean | {"layout.py": "def f():\n    from .analyses import rollout\n"}
+    assert circles(import_graph(_package(tmp_path / "e", circle))) == [{"vitviz.layout", "vitviz.analyses.rollout"}]

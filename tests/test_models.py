@@ -7,7 +7,7 @@ from safetensors.torch import save_file
 
 from vitviz.capture import capture
 from vitviz.errors import ModelError
-from vitviz.models import ModelSpec, load_model, resolve_device
+from vitviz.sources.models import ModelSpec, load_model, resolve_device
 
 ARCH = "vit_small_patch16_224.augreg_in21k_ft_in1k"
 
@@ -126,7 +126,7 @@ def test_bundled_resolution_must_be_a_multiple_of_the_patch():
 
 
 def test_search_models_finds_tagged_names_and_never_invents_one():
-    from vitviz.models import search_models
+    from vitviz.sources.models import search_models
 
     found = search_models("deit3_small_patch16_224")
     assert "deit3_small_patch16_224.fb_in1k" in found

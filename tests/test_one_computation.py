@@ -54,7 +54,7 @@ def fresh_store(monkeypatch):
 def test_two_sessions_opening_one_image_run_one_forward(fresh_store, monkeypatch):
     import ui.cache
     from conftest import tiny_model
-    from vitviz.models import ModelSpec, _finish
+    from vitviz.sources.models import ModelSpec, _finish
 
     spec = ModelSpec(name="deit_tiny_patch16_224", img_size=64)
     fresh_store.put(("model", spec), _finish(tiny_model("deit3"), spec, "random weights", "tiny", []))

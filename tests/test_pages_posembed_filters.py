@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from vitviz.filters import patch_filter_pca, patch_filters
-from vitviz.posembed import patch_position_embeddings, position_embedding_similarity
+from vitviz.analyses.filters import patch_filter_pca, patch_filters
+from vitviz.analyses.posembed import patch_position_embeddings, position_embedding_similarity
 
 pytestmark = pytest.mark.slow
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

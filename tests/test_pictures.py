@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vitviz.colour import ColourScale, colour_scale, colourise, lookup_table, reference_stops
-from vitviz.distance import uniform_attention_distance
+from vitviz.figures.colour import ColourScale, colour_scale, colourise, lookup_table, reference_stops
+from vitviz.analyses.distance import uniform_attention_distance
 from vitviz.layout import TokenLayout
-from vitviz.overlay import colour_bar_ticks, render_maps, render_overlay
-from vitviz.tokens import attention_sinks
+from vitviz.figures.overlay import colour_bar_ticks, render_maps, render_overlay
+from vitviz.analyses.tokens import attention_sinks
 
 LAYOUT = TokenLayout(("cls",), (16, 16), (14, 14), "token", 1)
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -157,7 +157,7 @@ def test_every_chart_is_sent_without_the_streamlit_theme_and_with_exact_stops(bu
 def test_heads_grid_top_colour_is_each_maps_99th_percentile(bundled):
     from vitviz.capture import capture
     from vitviz.images import load_image, preprocess
-    from vitviz.maps import layer_maps
+    from vitviz.analyses.maps import layer_maps
 
     at = _page("pages/2_heads.py")
     spec = json.loads(_chart(at, "heads_grid").proto.spec)
@@ -191,7 +191,7 @@ def test_dino_mask_style_keeps_the_image_inside_the_mask_dims_outside_and_clips_
 
 
 def test_a_panel_without_values_in_its_colours_has_no_colour_bar():
-    from vitviz.figures import map_panel
+    from vitviz.figures.core import map_panel
 
     maps = np.random.default_rng(1).random((2, 16, 16))
     rendered = render_maps(Image.new("RGB", (224, 224)), maps)
@@ -216,3 +216,24 @@ def test_sinks_are_marked_on_their_own_tile_and_none_sets_a_limit():
     # A white cross runs through the sink's cell on its own tile only.
     assert tuple(first[7, 7]) == (255, 255, 255) and tuple(second[7, 7]) != (255, 255, 255)
     assert tuple(second[217, 217]) == (255, 255, 255) and tuple(first[217, 217]) != (255, 255, 255)
+
+
+def test_signed_maps_are_drawn_diverging_around_zero_whatever_colour_map_is_asked():
+    """A signed map (relevance) on the photo: its limits are ± the 99th percentile of |value|, 0 sits at the
+    diverging map's centre (transparent where low: the photo itself), the positive end is red, the negative blue
+    (RdBu_r), even when the page's Display asks for Inferno; clipping counts both ends."""
+    rng = np.random.default_rng(0)
+    grid = rng.uniform(-1.0, 1.0, (16, 16))
+    grid[0, 0], grid[0, 1], grid[5, 5] = 50.0, -50.0, 0.0
+    photo = Image.new("RGB", (224, 224), (90, 160, 40))
+    heat = render_maps(photo, grid[None], cmap="Inferno", style="heatmap", opacity=1.0, signed=True)
+    (scale,) = heat.scales
+    limit = np.percentile(np.abs(grid), 99)
+    assert (scale.lo, scale.hi, scale.signed, heat.cmap) == (pytest.approx(-limit), pytest.approx(limit), True, "RdBu_r")
+    lut, tile = lookup_table("RdBu_r"), np.asarray(heat.tiles[0])
+    assert tuple(tile[7, 7]) == tuple(lut[-1]) and tuple(tile[7, 14 + 7]) == tuple(lut[0])  # +50 red, -50 blue
+    assert tuple(tile[5 * 14 + 7, 5 * 14 + 7]) == tuple(lut[128])  # 0: the centre stop (rounded up at 127.5)
+    assert sorted(heat.clipped[0].tolist()) == sorted(np.flatnonzero(np.abs(grid.ravel()) > limit).tolist())
+    low = np.asarray(render_maps(photo, grid[None], style="transparent where low", opacity=1.0, signed=True).tiles[0])
+    assert tuple(low[5 * 14 + 7, 5 * 14 + 7]) == (90, 160, 40)  # 0 lets the photo through
+    assert colour_bar_ticks(scale)[2] == (0.5, "0")  # the bar's middle tick is 0

@@ -5,10 +5,10 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from vitviz.figures import similarity_grid, similarity_map
-from vitviz.filters import fix_signs, patch_filter_pca
-from vitviz.models import ModelSpec, load_model
-from vitviz.posembed import (NativePosEmbed, patch_position_embeddings, position_at, position_embedding_similarity,
+from vitviz.figures.core import similarity_grid, similarity_map
+from vitviz.analyses.filters import fix_signs, patch_filter_pca
+from vitviz.sources.models import ModelSpec, load_model
+from vitviz.analyses.posembed import (NativePosEmbed, patch_position_embeddings, position_at, position_embedding_similarity,
                              position_fraction)
 
 
@@ -30,7 +30,7 @@ def test_bundled_native_grid_is_the_stored_37x37_weights_and_resampled_without_a
     native = bundled.native_pos_embed
     assert native.grid_size == (37, 37) and native.prefix_rows == 1
     assert (native.interpolation, native.antialias) == ("bicubic", False)
-    from vitviz.bundled import load_state_dict
+    from vitviz.sources.bundled import load_state_dict
 
     stored = load_state_dict()[0]["pos_embed"][0, 1:].numpy()
     got = patch_position_embeddings(bundled.model, bundled.layout, (37, 37), native=native)
@@ -172,7 +172,7 @@ def test_similarity_grid_image_has_white_gaps_and_exact_rdbu_colours():
 
     from PIL import Image
 
-    from vitviz.colour import lookup_table
+    from vitviz.figures.colour import lookup_table
 
     sim = _known_similarity()
     fig = similarity_grid(sim, image_px=60)  # 2x3 tiles; cell = round(60 / 9) = 7 px
@@ -219,7 +219,7 @@ def test_position_similarity_of_a_resampled_grid_is_the_cosine_of_every_pair_of_
 
 
 def test_labelled_tiles_are_enlarged_without_smoothing_and_labels_get_room():
-    from vitviz.figures import labelled_tile_image
+    from vitviz.figures.core import labelled_tile_image
 
     tiles = np.zeros((3, 2, 2, 3))
     tiles[1, 0, 0] = 1.0  # tile 2: top-left weight white, the rest black

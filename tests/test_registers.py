@@ -168,7 +168,7 @@ def test_sink_masking_drops_the_masked_keys_and_renormalises_rows(planted):
 
 
 def test_trained_registers_are_prefix_tokens_apart_from_the_patches():
-    from vitviz.registers_figures import norm_by_layer
+    from vitviz.figures.registers_figures import norm_by_layer
 
     torch.manual_seed(0)
     model = timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, depth=2, embed_dim=64,
@@ -333,8 +333,8 @@ def test_registers_page_repairs_the_planted_model(planted_checkpoint):
 
     from vitviz.capture import capture
     from vitviz.images import load_image, preprocess
-    from vitviz.models import ModelSpec, load_model
-    from vitviz.rollout import rollout
+    from vitviz.sources.models import ModelSpec, load_model
+    from vitviz.analyses.rollout import rollout
 
     model, weights = planted_checkpoint
     app = str(Path(__file__).resolve().parent.parent / "app.py")

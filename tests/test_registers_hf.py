@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 from vitviz import registers as R  # noqa: E402
 from vitviz.adapters import adapter_for, run  # noqa: E402
 from vitviz.images import preprocess  # noqa: E402
-from vitviz.models import ModelSpec, load_model  # noqa: E402
+from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 from test_hf_hybrid import HF_FAMILIES, chelsea, hf_folders  # noqa: E402,F401  (shared fixtures)
 
@@ -119,7 +119,7 @@ def test_trained_registers_are_prefix_tokens_and_the_norm_plot_puts_them_apart(f
     by layer equal the norms of the library's own hidden states (``output_hidden_states``: each layer's output before
     the final norm); the norm plot's register trace is the registers' largest norm and its patch traces count the
     patches alone (a layout that took the registers for patches gives other patch medians)."""
-    from vitviz.registers_figures import norm_by_layer
+    from vitviz.figures.registers_figures import norm_by_layer
 
     loaded = load_model(ModelSpec(name=hf_folders[family]))
     layout = loaded.layout

@@ -24,12 +24,12 @@ from safetensors.torch import save_file
 from streamlit.testing.v1 import AppTest
 
 from conftest import ASSETS
-from vitviz import bundled
+from vitviz.sources import bundled
 from vitviz.budget import admit, architecture, check_resolution
 from vitviz.errors import ImageError, ModelError, first_line
 from vitviz.images import LoadedImage, frame_image, load_image, preprocess
-from vitviz.checkpoints import read_checkpoint
-from vitviz.models import ModelSpec, load_model
+from vitviz.sources.checkpoints import read_checkpoint
+from vitviz.sources.models import ModelSpec, load_model
 from vitviz.settings import SettingError, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +184,7 @@ def test_zip_bomb_checkpoint_is_refused_from_its_central_directory(tmp_path):
     assert bomb.stat().st_size < 2 * MiB
     result = _peak(f"""
         from vitviz.errors import ModelError
-        from vitviz.models import ModelSpec, load_model
+        from vitviz.sources.models import ModelSpec, load_model
         try:  # imports and the meta-device build first, so the measurement sees only the checkpoint
             load_model(ModelSpec(name="vit_tiny_patch16_224", checkpoint="warm-up.pth"))
         except ModelError:
@@ -303,7 +303,7 @@ def test_analysing_one_image_takes_at_most_twice_its_attention():
     result = _peak("""
         import gc
         from vitviz.images import load_image
-        from vitviz.models import ModelSpec, load_model
+        from vitviz.sources.models import ModelSpec, load_model
         import ui.cache as cache
         spec = ModelSpec(img_size=518)
         loaded = load_model(spec)
@@ -344,7 +344,7 @@ def test_failed_download_builds_nothing(monkeypatch):
     import huggingface_hub
     import timm
 
-    from vitviz import models
+    from vitviz.sources import models
 
     built = []
     real_create = timm.create_model
@@ -428,15 +428,15 @@ def test_uploaded_checkpoint_is_deleted_after_loading(monkeypatch):
     torch.manual_seed(0)
     import timm
 
-    import vitviz.checkpoints
+    import vitviz.sources.checkpoints
 
     state = timm.create_model("vit_tiny_patch16_224", pretrained=False).state_dict()
     buffer = io.BytesIO()
     torch.save(state, buffer)
     data = buffer.getvalue()
     # Where the loader really read the upload from, seen by the loader, not re-derived here.
-    read, real = [], vitviz.checkpoints.read_checkpoint
-    monkeypatch.setattr(vitviz.checkpoints, "read_checkpoint",
+    read, real = [], vitviz.sources.checkpoints.read_checkpoint
+    monkeypatch.setattr(vitviz.sources.checkpoints, "read_checkpoint",
                         lambda path, *a, **k: read.append((Path(path), Path(path).read_bytes() == data)) or real(path, *a, **k))
     at = AppTest.from_file(APP, default_timeout=180).run()
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 from conftest import ASSETS
 from vitviz.errors import ModelError
 from vitviz.images import frame_image, load_image, model_view, pad_to_square, preprocess, visible_share
-from vitviz.models import ModelSpec, load_model, search_models
+from vitviz.sources.models import ModelSpec, load_model, search_models
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 CONFIG = {"input_size": (3, 224, 224), "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406),
@@ -265,7 +265,7 @@ def test_hub_probe_is_bounded_when_name_lookup_hangs(monkeypatch):
 
     from huggingface_hub import constants
 
-    from vitviz import hub
+    from vitviz.sources import hub
 
     release, finished, calls = threading.Event(), threading.Event(), []
 

@@ -1,10 +1,10 @@
-"""Per-head statistics over image sets (vitviz.stats) and the ``stats`` command."""
+"""Per-head statistics over image sets (vitviz.analyses.stats) and the ``stats`` command."""
 import numpy as np
 import pytest
 
-from vitviz.distance import patch_distances
+from vitviz.analyses.distance import patch_distances
 from vitviz.layout import TokenLayout
-from vitviz.stats import STATS_COLUMNS, LayerHeadSummary, sinks_table, statistics_table
+from vitviz.analyses.stats import STATS_COLUMNS, LayerHeadSummary, sinks_table, statistics_table
 
 CLS_LAYOUT = TokenLayout(prefix_tokens=("cls",), grid_size=(4, 4), patch_size=(16, 16), global_pool="token",
                          pos_embed_prefix_rows=1)

@@ -8,8 +8,8 @@ import torch
 from vitviz.capture import capture
 from vitviz.images import preprocess
 from vitviz.layout import TokenLayout
-from vitviz.rollout import gradient_rollout, gradient_rollout_reference, rollout, rollout_reference
-from vitviz.tokens import artifact_tokens, attention_sinks
+from vitviz.analyses.rollout import gradient_rollout, gradient_rollout_reference, rollout, rollout_reference
+from vitviz.analyses.tokens import artifact_tokens, attention_sinks
 
 
 def random_attention(rng, L, H, N, sharp=3.0):
@@ -164,11 +164,11 @@ def cli_args(images, out, checkpoint, *extra):
 
 
 def test_streamed_analyze_equals_an_in_memory_computation(tmp_path, tiny_checkpoint):
-    from vitviz.analysis import AnalysisSettings, analyze_images
+    from vitviz.runs.analysis import AnalysisSettings, analyze_images
     from vitviz.cli import main
-    from vitviz.distance import mean_attention_distance
+    from vitviz.analyses.distance import mean_attention_distance
     from vitviz.images import load_image
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     images = make_images(tmp_path / "img", 5)  # batches of 4: one full, one partial
     out = tmp_path / "out"
@@ -316,13 +316,13 @@ def test_unwritable_out_is_a_sentence_before_the_model_loads(tmp_path):
 
 
 def test_analyze_refuses_a_batch_whose_attention_does_not_fit_before_the_model_loads(tmp_path, monkeypatch, capsys):
-    import vitviz.models
+    import vitviz.sources.models
     from vitviz.cli import main
 
     def must_not_load(spec):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(vitviz.models, "load_model", must_not_load)
+    monkeypatch.setattr(vitviz.sources.models, "load_model", must_not_load)
     monkeypatch.setenv("VITVIZ_CACHE_MB", "1500")  # 750 MiB of attention per batch
     images = make_images(tmp_path / "img", 2)
     # 518 px: 12 x 6 x 1370^2 x 4 bytes = 516 MiB per image; one fits, a batch of two does not;

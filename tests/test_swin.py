@@ -17,7 +17,7 @@ from timm.models.swin_transformer import _create_swin_transformer
 
 from vitviz import swin
 from vitviz.images import load_image, preprocess
-from vitviz.models import ModelSpec, load_model
+from vitviz.sources.models import ModelSpec, load_model
 
 from conftest import ASSETS
 
@@ -206,7 +206,7 @@ def test_padding_is_dropped_as_query_and_key():
 
 
 def test_window_maps_take_their_colour_limits_from_the_window_only():
-    from vitviz.overlay import render_maps
+    from vitviz.figures.overlay import render_maps
 
     # Swin-T's stage 1: a 7x7 window on the 56x56 grid, 1.6% of the cells.
     maps = np.zeros((1, 56, 56))
@@ -222,7 +222,7 @@ def test_window_maps_take_their_colour_limits_from_the_window_only():
 
 def test_a_swin_with_another_block_gets_the_not_supported_sentence(swin_checkpoint):
     from vitviz.errors import ModelError
-    from vitviz.models import check_supported
+    from vitviz.sources.models import check_supported
 
     model = timm.create_model(TINY_SWIN, pretrained=False)
     model.layers[1].blocks[0] = torch.nn.Identity()

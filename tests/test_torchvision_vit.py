@@ -13,7 +13,7 @@ import torch
 from conftest import ASSETS
 from vitviz.cli import main
 from vitviz.errors import ModelError
-from vitviz.models import ModelSpec, load_model
+from vitviz.sources.models import ModelSpec, load_model
 
 TINY = "vit_tiny_vitviz_test"
 TINY_CONFIG = dict(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16, mlp_dim=32)
@@ -117,7 +117,7 @@ def test_preprocessing_is_torchvisions_transform_of_the_weights():
     from torchvision.models import ViT_B_16_Weights
 
     from vitviz.images import load_image, preprocess
-    from vitviz.torchvision_models import data_config
+    from vitviz.sources.torchvision_models import data_config
 
     image = load_image(ASSETS / "chelsea.jpg").image
     for size, weights in ((224, ViT_B_16_Weights.IMAGENET1K_V1), (384, ViT_B_16_Weights.IMAGENET1K_SWAG_E2E_V1)):
@@ -178,7 +178,7 @@ def test_no_network_no_cache_is_one_sentence_naming_the_model(tmp_path, monkeypa
 
 def test_the_memory_budget_and_the_declared_size_apply(tmp_path):
     from vitviz.budget import check_resolution
-    from vitviz.declared import check_weights
+    from vitviz.sources.declared import check_weights
 
     # vit_h_14: 632 M parameters, 2.5 GB as float32, over a 1 GiB budget; vit_b_16 (346 MB) fits it
     with pytest.raises(ModelError, match=r"Model 'torchvision:vit_h_14': torchvision's architecture \(6\.3\de\+08 "

@@ -4,12 +4,12 @@ import numpy as np
 from PIL import Image
 
 from test_compare import stats_table
-from vitviz.compare import combine
-from vitviz.explorer import explorer_payload, unpack
-from vitviz.figures import patch_grid_image
+from vitviz.analyses.compare import combine
+from vitviz.figures.explorer import explorer_payload, unpack
+from vitviz.figures.core import patch_grid_image
 from vitviz.layout import TokenLayout
-from vitviz.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES
-from vitviz.sources import canonical_model_name
+from vitviz.figures.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES
+from vitviz.sources.names import canonical_model_name
 
 
 def _legend_entries(fig) -> list[str]:

@@ -10,7 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from test_compare import parquet_bytes, stats_table
 from test_walk_items import _legend_entries
-from vitviz.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES
+from vitviz.figures.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES
 
 pytestmark = pytest.mark.slow
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

@@ -15,16 +15,16 @@ import streamlit as st
 from PIL import Image
 
 from vitviz import swin
-from vitviz.analysis import AnalysisSettings, excluded_tokens
-from vitviz.pipeline import WindowForward, forward
+from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
+from vitviz.runs.pipeline import WindowForward, forward
 from vitviz.images import preprocess
 from vitviz.layout import TokenLayout
-from vitviz.models import ModelSpec, load_model, with_labels
-from vitviz.posembed import patch_position_embeddings, position_embedding_similarity
-from vitviz.rollout import class_gradient_rollout, rollout
+from vitviz.sources.models import ModelSpec, load_model, with_labels
+from vitviz.analyses.posembed import patch_position_embeddings, position_embedding_similarity
+from vitviz.analyses.rollout import class_gradient_rollout, rollout
 from vitviz.settings import Settings
 from vitviz.tensors import to_host
-from vitviz.tokens import AttentionSinks, feature_pca_rgb, top_classes
+from vitviz.analyses.tokens import AttentionSinks, feature_pca_rgb, top_classes
 
 from .memo import ByteLRU
 from .runs import RunLimiter
@@ -137,9 +137,9 @@ def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageResult | WindowI
 
 
 def image_result_of(fwd) -> ImageResult:
-    """The first image of a global-attention :class:`vitviz.pipeline.GlobalForward` as the pages read it."""
+    """The first image of a global-attention :class:`vitviz.runs.pipeline.GlobalForward` as the pages read it."""
     out, logits = fwd.capture, None if fwd.capture.logits is None else fwd.capture.logits[0].numpy()
-    # The scores were reduced layer by layer where the model ran (vitviz.pipeline); the pages draw from the host copy.
+    # The scores were reduced layer by layer where the model ran (vitviz.runs.pipeline); the pages draw from the host copy.
     return ImageResult(
         attention=to_host(out.attention[0]), token_norms=fwd.token_norms[0], features=out.features[0].numpy(),
         logits=logits, model_input=fwd.batch.images[0], layout=fwd.layout, artifacts=fwd.artifacts[0],

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from vitviz.anatomy import LayerQKV, block_output, layer_qkv
-from vitviz.clusters import TokenClusters, token_clusters
+from vitviz.analyses.anatomy import LayerQKV, block_output, layer_qkv
+from vitviz.analyses.clusters import TokenClusters, token_clusters
 from vitviz.images import preprocess
-from vitviz.models import ModelSpec
+from vitviz.sources.models import ModelSpec
 
 from .cache import ImageResult, _model_run, _spinning, cached_model, store
 

@@ -15,8 +15,8 @@ import numpy as np
 import streamlit as st
 
 from ui.persist import remember_view, saved_view
-from vitviz.explorer import ExplorerPayload, explorer_payload, rollout_payload
-from vitviz.maps import RANKINGS
+from vitviz.figures.explorer import ExplorerPayload, explorer_payload, rollout_payload
+from vitviz.analyses.maps import RANKINGS
 
 ASSETS = Path(__file__).resolve().parent.parent / "components" / "explorer"
 _component = st.components.v2.component("vitviz_explorer", js=(ASSETS / "explorer.js").read_text(),

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from vitviz.images import preprocess
-from vitviz.models import ModelSpec
+from vitviz.sources.models import ModelSpec
 from vitviz.registers import (RepairMaps, Search, TestTimeRegister, mask_keys, neuron_maps, repair_maps, sink_mask,
                               why_no_register)
-from vitviz.registers_run import search_images
+from vitviz.runs.registers_run import search_images
 
 from .cache import ImageResult, _model_run, cached_model, store
 

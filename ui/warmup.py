@@ -15,7 +15,7 @@ import ui.cache  # noqa: F401
 import ui.charts  # noqa: F401
 import ui.display  # noqa: F401
 import ui.downloads  # noqa: F401
-import vitviz.figures  # noqa: F401
+import vitviz.figures.core  # noqa: F401
 
 # One tiny figure through plotly's serialiser pulls in its remaining lazy imports (validators, json engine).
 plotly.io.to_json(go.Figure([go.Heatmap(z=[[0.0, 1.0]]), go.Scatter(x=[0], y=[0])]))

@@ -13,17 +13,18 @@ from streamlit_image_coordinates import streamlit_image_coordinates
 
 from vitviz.layout import TokenLayout
 
-from vitviz.maps import threshold_mask
-from vitviz.overlay import outline_region
-from vitviz.report import outline_patch
+from vitviz.analyses.maps import threshold_mask
+from vitviz.figures.overlay import outline_region
+from vitviz.figures.report import outline_patch
 from vitviz.swin import (DISTANCE_CONVENTION, WindowGeometry, bounding_box, heads_padded, query_scope,
                          window_attention_for_patch)
-from vitviz.window_figures import window_distance_figure
+from vitviz.figures.window_figures import window_distance_figure
 
 from .cache import cached_image_result
 from .charts import file_stem, point_customdata, show_chart
 from .display import display_controls, map_figure, panel_download
 from .downloads import download_row
+from .guard import guarded
 from .state import Context
 
 CLICK_SCALE = 2
@@ -58,6 +59,7 @@ def _typed(g) -> None:
 
 
 @st.fragment
+@guarded("the window heads")
 def heads_view(ctx: Context) -> None:
     """Every head of one block: the clicked patch's attention over its window, placed on the image."""
     r = ctx.result

@@ -11,10 +11,10 @@ from dataclasses import replace
 
 import torch
 
-from .declared import check_weights
+from .sources.declared import check_weights
 from .errors import ModelError
 from .settings import megabytes
-from .sources import parse_model_name
+from .sources.names import parse_model_name
 from .types import Architecture, WindowArchitecture
 
 __all__ = ["Architecture", "WindowArchitecture", "admit", "admit_fitted", "architecture", "check_resolution"]
@@ -37,7 +37,7 @@ def architecture(name: str) -> Architecture | None:
 def _torchvision_architecture(name: str) -> Architecture | None:
     from .adapters import find_adapter
     from .errors import ModelError
-    from .torchvision_models import meta_architecture
+    from .sources.torchvision_models import meta_architecture
 
     try:
         model = meta_architecture(name)
@@ -51,7 +51,7 @@ def _torchvision_architecture(name: str) -> Architecture | None:
 def _timm_architecture(name: str) -> Architecture | None:
     import timm
 
-    from . import bundled
+    from .sources import bundled
 
     bundled_model = parse_model_name(name).kind == "bundled"
     arch = bundled.TIMM_ARCH if bundled_model else name
@@ -73,7 +73,7 @@ def _timm_architecture(name: str) -> Architecture | None:
 
 def _hf_architecture(name: str) -> Architecture | None:
     """A transformers model's architecture from its config on disk; None when it cannot be read offline."""
-    from . import hf
+    from .sources import hf
     from .adapters.hf_common import config_layout
 
     config = hf.cached_config(name)
@@ -136,10 +136,10 @@ def _check(arch: Architecture, label: str, size: int, limit_bytes: int, max_img_
 
 
 def admit(spec, settings, batch: int = 1) -> None:
-    """Refuse a :class:`vitviz.models.ModelSpec` the operator's settings do not allow, before anything is built.
+    """Refuse a :class:`vitviz.sources.models.ModelSpec` the operator's settings do not allow, before anything is built.
 
     Checks the model allow-list, devices, precisions, the size the model's files declare against the
-    cache budget (:func:`vitviz.declared.check_weights`), the resolution cap and the attention budget
+    cache budget (:func:`vitviz.sources.declared.check_weights`), the resolution cap and the attention budget
     of ``batch`` images per forward. The bundled model is always allowed (it is offline and small).
 
     Raises:
@@ -162,10 +162,10 @@ def admit_fitted(loaded, settings, batch: int = 1) -> None:
     """:func:`admit`'s attention budget for the architecture a checkpoint was fitted to, before the model runs.
 
     :func:`admit` knows only the name's architecture; a checkpoint fine-tuned at 384 px (or with register
-    tokens) builds a larger one (:func:`vitviz.checkpoints.fit_architecture`), known once it is read.
+    tokens) builds a larger one (:func:`vitviz.sources.checkpoints.fit_architecture`), known once it is read.
 
     Args:
-        loaded: a :class:`vitviz.models.LoadedModel`.
+        loaded: a :class:`vitviz.sources.models.LoadedModel`.
         settings: the operator's :class:`vitviz.settings.Settings`.
         batch: images per forward.
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import __version__
 from .errors import VitvizError
+from .features import cli as features_cli
 from .io.lock import output_lock
 from .io.output import RunOutput, check_writable
 
@@ -97,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
                          help="leave the raw attention (B, L, H, N, N) out of analysis.npz (every analysis still runs)")
     _stats_parser(sub)
     _registers_parser(sub)
+    features_cli.add_parser(sub)
     _faithfulness_parser(sub)
     from .heads.cli import add_parsers as heads_parsers
     heads_parsers(sub)
@@ -106,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
 def _faithfulness_parser(sub) -> None:
     from .perturbation import ORDERINGS, RANDOM_SEEDS
     from .faithfulness_protocols import CHEFER, PROTOCOLS, REPLACEMENTS
-    from .faithfulness_run import DEFAULT_METHODS, METHODS
+    from .runs.faithfulness_run import DEFAULT_METHODS, METHODS
 
     faith = sub.add_parser(
         "faithfulness",
@@ -180,9 +182,9 @@ def registers(args: argparse.Namespace) -> int:
     """Outliers and register neurons of an image set: registers.json and norms.parquet, each whole or not at all."""
     from .images import load_images
     from .inputs import expand_inputs
-    from .models import ModelSpec, load_model
+    from .sources.models import ModelSpec, load_model
     from .registers import OUTLIER_FACTOR
-    from .registers_run import REGISTERS_NAME, search_images, write_search
+    from .runs.registers_run import REGISTERS_NAME, search_images, write_search
 
     if args.batch_size < 1:
         raise VitvizError(f"--batch-size must be 1 or more, not {args.batch_size}.")
@@ -274,7 +276,7 @@ def _versions() -> dict:
 
 def _panel(image, maps: np.ndarray, titles: list[str], title: str, sinks: np.ndarray):
     """Maps over the image as on screen: robust per-map scale, sinks crossed, titles, colour bar."""
-    from .overlay import colour_bar, panel_png, render_maps
+    from .figures.overlay import colour_bar, panel_png, render_maps
 
     rendered = render_maps(image, maps, sinks=sinks, zoom=2)
     labels = [f"{t} · top {s.hi:.3g}" for t, s in zip(titles, rendered.scales)]
@@ -288,8 +290,8 @@ def write_image_report(arrays: dict[str, np.ndarray], images, names: list[str], 
     arrays: the batch's arrays (with attention); images, names: its model-input images and file
     names; first: the run-wide index of its first image (file names count over the run).
     """
-    from .maps import query_attention_map
-    from .tokens import attention_sinks
+    from .analyses.maps import query_attention_map
+    from .analyses.tokens import attention_sinks
 
     a = arrays
     for i, (name, im) in enumerate(zip(names, images)):
@@ -308,10 +310,10 @@ def write_image_report(arrays: dict[str, np.ndarray], images, names: list[str], 
 
 def write_run_report(arrays: dict[str, np.ndarray], path) -> None:
     """The run-wide PNGs: mean distance, filter PCA, position-embedding similarity."""
-    from . import report
-    from .colour import DIVERGING, ColourScale, colourise
-    from .distance import conv_receptive_field
-    from .filters import minmax_tiles
+    from .figures import report
+    from .figures.colour import DIVERGING, ColourScale, colourise
+    from .analyses.distance import conv_receptive_field
+    from .analyses.filters import minmax_tiles
 
     a = arrays
     report.distance_plot(a["mean_distance"], conv_receptive_field(len(a["mean_distance"]))).save(path("mean_distance.png"))
@@ -389,10 +391,10 @@ def analyze(args: argparse.Namespace) -> int:
         raise VitvizError("--cluster-layer needs --clusters K: the number of clusters to make.")
     check_writable(args.out)  # before any model work: a wrong --out costs nothing
 
-    from .analysis import AnalysisRun, AnalysisSettings, analyze_batch
+    from .runs.analysis import AnalysisRun, AnalysisSettings, analyze_batch
     from .budget import admit, admit_fitted
-    from .labels import read_labels
-    from .models import ModelSpec, load_model
+    from .sources.labels import read_labels
+    from .sources.models import ModelSpec, load_model
     from .settings import Settings
 
     spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
@@ -417,7 +419,7 @@ def analyze(args: argparse.Namespace) -> int:
         return analyze_windows(args, loaded, itertools.chain([first], batches), problems, attribution)
     edit, layout, register_info = None, None, None
     if args.registers is not None:
-        from .registers_run import load_register
+        from .runs.registers_run import load_register
 
         if args.faithfulness or args.cluster_layer is not None:
             raise VitvizError("--registers runs the analyses of one forward with the register; --faithfulness and "
@@ -478,7 +480,7 @@ def analyze(args: argparse.Namespace) -> int:
 
 def _top1(arrays: dict, i: int, loaded) -> dict:
     """settings.json's record of image ``i``'s top-1 class, named (``--labels``, the model's own or ImageNet's)."""
-    from .tokens import top_classes
+    from .analyses.tokens import top_classes
 
     if "logits" not in arrays:
         return {}
@@ -497,8 +499,8 @@ def _per_model(args: argparse.Namespace, option: str, models: list[str]) -> list
 
 def _stats_specs(args: argparse.Namespace) -> list:
     """One ModelSpec per --model, each with its --checkpoint and --labels."""
-    from .labels import read_labels
-    from .models import ModelSpec
+    from .sources.labels import read_labels
+    from .sources.models import ModelSpec
 
     models = args.model or ["bundled"]
     if len(set(models)) < len(models):
@@ -511,10 +513,10 @@ def _stats_specs(args: argparse.Namespace) -> list:
 def stats(args: argparse.Namespace) -> int:
     """Per-head statistics of every image for each model; finished batches are durable, tables whole."""
     from .inputs import expand_inputs
-    from .models import load_model
-    from .stats import STATISTICS
-    from .stats_run import default_workers, require_ray, run_local, run_ray
-    from .stats_store import STATS_NAME, StatsStore
+    from .sources.models import load_model
+    from .analyses.stats import STATISTICS
+    from .runs.stats_run import default_workers, require_ray, run_local, run_ray
+    from .runs.stats_store import STATS_NAME, StatsStore
 
     if args.batch_size < 1:
         raise VitvizError(f"--batch-size must be 1 or more, not {args.batch_size}.")
@@ -615,11 +617,11 @@ def stats(args: argparse.Namespace) -> int:
 def faithfulness(args: argparse.Namespace) -> int:
     """Every method's curves on every image; finished batches are durable, tables whole; a summary at the end."""
     from .faithfulness_protocols import CHEFER, CHEFER_TEXT, PROTOCOLS, REPLACEMENT_TEXT
-    from .faithfulness_run import (AUC_NAME, METHODS, SETTINGS_NAME, SUMMARY_NAME, FaithfulnessStore, RunSettings,
+    from .runs.faithfulness_run import (AUC_NAME, METHODS, SETTINGS_NAME, SUMMARY_NAME, FaithfulnessStore, RunSettings,
                                    parse_list, run_local, run_ray, same_run)
     from .faithfulness_stats import summarise, summary_lines
     from .inputs import expand_inputs
-    from .models import ModelSpec, load_model
+    from .sources.models import ModelSpec, load_model
 
     if args.batch_size < 1:
         raise VitvizError(f"--batch-size must be 1 or more, not {args.batch_size}.")
@@ -730,10 +732,10 @@ _STATS_COLUMN_DOCS = {
 
 def _read_json(path: Path) -> dict:
     """A previous run's JSON file, or {} when it is absent or damaged; one too large to be vitviz's is refused
-    unread (:func:`vitviz.declared.check_json_size`)."""
+    unread (:func:`vitviz.sources.declared.check_json_size`)."""
     import json
 
-    from .declared import check_json_size
+    from .sources.declared import check_json_size
 
     check_json_size(path)
     try:
@@ -755,8 +757,8 @@ def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list, a
     windows per block and head, and the ``attribution`` methods (with ``--target-class``) as :func:`analyze` writes
     them; written whole or not at all, as :func:`analyze` does."""
     from . import swin
-    from .analysis import AnalysisSettings, attribution_arrays, attribution_info
-    from .pipeline import forward
+    from .runs.analysis import AnalysisSettings, attribution_arrays, attribution_info
+    from .runs.pipeline import forward
 
     applies = {"attribution", "target_class"} if attribution else set()
     given = [f"--{name.replace('_', '-')}" for name, default in GLOBAL_ATTENTION_OPTIONS.items()
@@ -855,13 +857,13 @@ def _main(argv: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         from .heads.cli import COMMANDS as heads_commands
-        return ({"stats": stats, "registers": registers, "faithfulness": faithfulness} | heads_commands).get(
-            args.command, analyze)(args)
+        return ({"stats": stats, "registers": registers, "faithfulness": faithfulness,
+                 "features": features_cli.run} | heads_commands).get(args.command, analyze)(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        if args.command in ("stats", "faithfulness"):
+        if args.command in ("stats", "faithfulness", "features"):
             print(f"\ninterrupted while writing the tables: {args.out} keeps the previous ones and the finished "
                   "batches; run the same command again to go on.", file=sys.stderr)
             return 143 if isinstance(exc, Interrupted) else 130

@@ -165,7 +165,7 @@ def read_auc_table(source, name: str | None = None, limit_bytes: int | None = No
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .declared import check_parquet
+    from .sources.declared import check_parquet
     from .errors import VitvizError
     from .settings import Settings
 

@@ -191,10 +191,10 @@ def preprocess(images: list[Image.Image], data_config: dict) -> ModelInput:
 
     images: B RGB images -> ModelInput with tensor (B, 3, H, W).
     A transformers model's data config (with ``hf_processor``) runs its own image processor
-    (:func:`vitviz.hf.preprocess`).
+    (:func:`vitviz.sources.hf.preprocess`).
     """
     if "hf_processor" in data_config:
-        from . import hf
+        from .sources import hf
 
         return hf.preprocess(images, data_config)
     geometric, to_tensor = _split_transform(data_config)

@@ -35,7 +35,7 @@ from .errors import ImageError, VitvizError
 from .images import load_image, preprocess
 from .io.atomic import atomic_write_bytes
 from .layout import TokenLayout
-from .models import LoadedModel, ModelSpec, load_model
+from .sources.models import LoadedModel, ModelSpec, load_model
 from .types import ModelInput
 
 __all__ = ["Lens", "Trace", "PointNotKept", "open", "load_trace"]
@@ -57,7 +57,7 @@ class Lens:
     Build one with :func:`vitviz.open`. Read-only and shared safely between threads.
 
     Attributes:
-        loaded: the loaded model with its spec, layout, preprocessing and device (:class:`vitviz.models.LoadedModel`).
+        loaded: the loaded model with its spec, layout, preprocessing and device (:class:`vitviz.sources.models.LoadedModel`).
     """
 
     loaded: LoadedModel
@@ -261,7 +261,7 @@ def open(model: str = "bundled", *, checkpoint: str | None = None, device: str =
         device: ``"auto"`` (CUDA, else MPS, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"``.
         dtype: ``"float32"``, or ``"float16"`` / ``"bfloat16"`` on a GPU.
         img_size: input resolution in pixels (square); default the model's own.
-        labels: class names (:class:`vitviz.labels.ClassNames`), one per classifier output.
+        labels: class names (:class:`vitviz.sources.labels.ClassNames`), one per classifier output.
 
     Raises:
         ModelError: a model, file or setting that cannot be used (a sentence naming it and why).

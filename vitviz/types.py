@@ -113,7 +113,7 @@ class NativePosEmbed:
 class HFModelType:
     """How a transformers ``config.model_type`` is built: what readers call it, its class without a head,
     and the classifier classes accepted from ``config.architectures``. An adapter that reads the type lists
-    it in ``Adapter.hf_model_types``; :mod:`vitviz.hf` loads every listed type."""
+    it in ``Adapter.hf_model_types``; :mod:`vitviz.sources.hf` loads every listed type."""
 
     label: str
     base: str

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..hf import vision_config
+from ..sources.hf import vision_config
 from ..layout import TokenLayout
 from . import common
 from .base import Adapter, Hooks, point_name, run

@@ -9,7 +9,7 @@ the image to whole patches, and it shrinks the window to the grid (and drops the
 a stage's grid is no larger than the window. Patch merging is spelled out as transformers computes it (its norm
 through the run's rules, as the patch embedding's). Weights come
 from a ``save_pretrained`` folder or the hub (``hf:owner/name``); the image processor is the model's own
-(:func:`vitviz.hf.data_config`).
+(:func:`vitviz.sources.hf.data_config`).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Attention flow (Abnar & Zuidema 2020): max-flow from every patch to the readout, :mod:`vitviz.flow`."""
+"""Attention flow (Abnar & Zuidema 2020): max-flow from every patch to the readout, :mod:`vitviz.analyses.flow`."""
 import numpy as np
 
-from ..flow import attention_flow
+from ..analyses.flow import attention_flow
 from .base import Map, MapMethod, attention_of, register_method
 
 

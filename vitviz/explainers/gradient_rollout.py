@@ -1,9 +1,9 @@
-"""Gradient-weighted rollout (Chefer et al. 2021, generic): :func:`vitviz.rollout.class_gradient_rollout`."""
+"""Gradient-weighted rollout (Chefer et al. 2021, generic): :func:`vitviz.analyses.rollout.class_gradient_rollout`."""
 import numpy as np
 
 from ..attribution import ClassLogit
 from ..errors import VitvizError
-from ..rollout import class_gradient_rollout
+from ..analyses.rollout import class_gradient_rollout
 from .base import Map, MapMethod, register_method
 
 

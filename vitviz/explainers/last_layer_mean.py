@@ -2,7 +2,7 @@
 import numpy as np
 
 from ..perturbation import readout_query
-from ..maps import query_attention_map
+from ..analyses.maps import query_attention_map
 from .base import Map, MapMethod, attention_of, register_method
 
 

@@ -1,7 +1,7 @@
-"""Attention rollout (Abnar & Zuidema 2020): :func:`vitviz.rollout.rollout` of every image."""
+"""Attention rollout (Abnar & Zuidema 2020): :func:`vitviz.analyses.rollout.rollout` of every image."""
 import numpy as np
 
-from ..rollout import rollout
+from ..analyses.rollout import rollout
 from .base import Map, MapMethod, attention_of, register_method
 
 

@@ -1,0 +1,140 @@
+"""Figures of :mod:`vitviz.attribution`: signed relevance maps on a diverging scale centred on 0, and the
+conservation figure (how much of the target's value reaches the pixels)."""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from PIL import Image
+
+from ..attribution import LABELS, Attribution
+from .colour import DIVERGING, ROBUST_PERCENTILE, lookup_table, reference_stops
+from .core import image_data_uri
+
+SEQUENTIAL_MAP = "Inferno"
+
+
+def _signed(method: str) -> bool:
+    """The method's colour rule, from its registration (:mod:`vitviz.explainers`): signed maps diverging around 0."""
+    from ..explainers import registered
+
+    return registered()[method].signed
+
+
+def robust_limit(values: np.ndarray) -> float:
+    """The 99th percentile of |values| (one hot patch must not flatten the rest); never 0."""
+    limit = float(np.percentile(np.abs(values), ROBUST_PERCENTILE))
+    return limit if limit > 0 else float(np.abs(values).max()) or 1.0
+
+
+def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, pixels: bool = True,
+                target_text: str = "", with_input: bool = True, wrap: int | None = None,
+                plot_height: int = 265, *, cmap: str = SEQUENTIAL_MAP, style: str = "transparent where low",
+                opacity: float = 0.8, smooth: bool = False, columns: int = 3) -> go.Figure:
+    """The model input and one map per method for image ``index``, each drawn over the model input as the
+    attention maps are (:func:`vitviz.figures.overlay.render_maps`, the page's overlay ``style``, ``opacity`` and
+    ``smooth``): signed relevance (AttnLRP, CP-LRP, Gradient × Input) on the diverging map centred on 0 with
+    symmetric robust limits, LeGrad and Grad-CAM (non-negative) on the sequential ``cmap`` from 0. Each map has
+    its own colour bar (the methods' units differ); each tile carries an invisible heatmap of its values
+    (hover; ``z`` is the map with row 0 at the bottom, as plotly's heatmaps count).
+
+    Args:
+        with_input: False leaves the model input out (a map drawn beside another figure of the same image).
+        wrap: break the title's lines at this many characters (a figure narrower than the page).
+        plot_height: pixels of each row of maps, below the title.
+        columns: panels per row (the heads tiles' size at 1440 px with 3).
+    """
+    from .overlay import render_maps
+
+    first = 2 if with_input else 1
+    n = len(results) + first - 1
+    cols = min(columns, n)
+    rows = -(-n // cols)
+    titles = (["model input"] if with_input else []) + [
+        LABELS[r.method] + (" (pixels)" if pixels and r.pixels is not None else "") for r in results]
+    # Each colour bar's title runs up beside its bar (side "right"): above the bar, "0–1 (min-max)" ran into the next
+    # map; the gap between maps holds the bar, its ticks and that one line.
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.09,
+                        vertical_spacing=0.12 / rows)
+    W, H = image.size
+    if with_input:
+        fig.add_trace(go.Image(source=image_data_uri(image), hoverinfo="skip"), row=1, col=1)
+    notes = []
+    for i, r in enumerate(results):
+        at_pixels = pixels and r.pixels is not None
+        grid = r.pixels[index] if at_pixels else r.patches[index]
+        signed = _signed(r.method)
+        drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed)
+        scale, clipped = drawn.scales[0], len(drawn.clipped[0])
+        if clipped:
+            notes.append(f"{LABELS[r.method]}: {clipped} {'pixels' if at_pixels else 'patches'} "
+                         f"{'beyond ±' if signed else 'above '}{scale.hi:.3g} drawn at the end colour")
+        row, col = divmod(i + first - 1, cols)
+        row, col = row + 1, col + 1
+        axis = (row - 1) * cols + col
+        right = fig.layout[f"xaxis{axis if axis > 1 else ''}"].domain[1]
+        bottom, top = fig.layout[f"yaxis{axis if axis > 1 else ''}"].domain
+        unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else "ReLU(Σ w·A)"
+        gh, gw = grid.shape
+        fig.add_trace(go.Image(source=image_data_uri(drawn.tiles[0]), hoverinfo="skip"), row=row, col=col)
+        fig.add_trace(go.Heatmap(
+            z=grid[::-1], x0=W / gw / 2, dx=W / gw, y0=H - H / gh / 2, dy=-H / gh, opacity=0,
+            zmin=scale.lo, zmax=scale.hi, colorscale=reference_stops(drawn.cmap),
+            colorbar=dict(title=dict(text=unit, side="right", font=dict(size=11)), len=0.75 * (top - bottom),
+                          y=(top + bottom) / 2, thickness=10, x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
+            hovertemplate="row %{y:.0f}, col %{x:.0f}: %{z:.4g}<extra>" + LABELS[r.method] + "</extra>"),
+            row=row, col=col)
+    for axis in range(1, rows * cols + 1):
+        suffix = axis if axis > 1 else ""
+        fig.update_layout({f"xaxis{suffix}": dict(visible=False, range=[0, W], constrain="domain"),
+                           f"yaxis{suffix}": dict(visible=False, range=[H, 0], scaleanchor=f"x{suffix}",
+                                                  constrain="domain")})
+    meaning = ("signed maps: red raises the target, blue lowers it, 0 lets the photo through (limits ±99th "
+               "percentile of |value|)" if any(_signed(r.method) for r in results) else "")
+    title = f"Attribution of the {target_text}" if target_text else "Attribution"
+    lines = []
+    for text, small in [(title, False)] + [(t, True) for t in (meaning, "; ".join(notes)) if t]:
+        # <sup> text is about 0.7 of the title's size: its lines may be longer
+        parts = textwrap.wrap(text, int(wrap * 1.4) if small else wrap) if wrap else [text]
+        lines += [f"<sup>{part}</sup>" if small else part for part in parts]
+    # The title hangs from the top; the plot keeps its height under a longer one (about 22 px a line, and room for
+    # the maps' own titles).
+    top = max(135, 64 + 22 * len(lines))
+    fig.update_layout(title=dict(text="<br>".join(lines), y=1, yref="container", yanchor="top", pad=dict(t=24)),
+                      height=plot_height * rows + top, margin=dict(l=10, r=50, t=top, b=10), template="plotly_white")
+    return fig
+
+
+def conservation_figure(results: list[Attribution], index: int = 0, target_text: str = "") -> go.Figure:
+    """Per relevance method: the target's value beside the relevance the pixels receive (their sum). What
+    is missing went to the prefix tokens, the position embedding, biases and (AttnLRP) the softmax."""
+    methods = [r for r in results if r.pixels is not None]
+    names = [LABELS[r.method] for r in methods]
+    value = [float(r.target_value[index]) for r in methods]
+    at_pixels = [float(r.pixel_sum[index]) for r in methods]
+    share = [p / v if v else float("nan") for p, v in zip(at_pixels, value)]
+    fig = go.Figure([
+        go.Bar(name="target value", x=names, y=value, marker_color="rgb(120, 120, 120)",
+               hovertemplate="%{x}: target value %{y:.4g}<extra></extra>"),
+        go.Bar(name="relevance at the pixels", x=names, y=at_pixels, marker_color="rgb(178, 24, 43)",
+               text=[f"{s:.1%} of the value" for s in share], textposition="outside",
+               hovertemplate="%{x}: the pixels receive %{y:.4g}<extra></extra>"),
+    ])
+    fig.update_traces(width=0.25)
+    fig.update_layout(barmode="group", template="plotly_white", height=340, bargroupgap=0.1,
+                      title=dict(text="Conservation: how much of the target reaches the pixels"
+                                      + (f"<br><sup>target: {target_text}</sup>" if target_text else "")),
+                      yaxis_title="target units", margin=dict(l=10, r=10, t=80, b=10),
+                      legend=dict(orientation="h", y=-0.15))
+    return fig
+
+
+def relevance_overlay(image: Image.Image, grid: np.ndarray, limit: float | None = None) -> Image.Image:
+    """The model input blended with a signed patch or pixel map on the diverging scale (for downloads)."""
+    limit = limit or robust_limit(grid)
+    lut = lookup_table(DIVERGING)
+    idx = np.clip((grid / limit + 1) / 2 * 255, 0, 255).astype(np.uint8)
+    colours = Image.fromarray(lut[idx]).resize(image.size, Image.NEAREST)
+    return Image.blend(image.convert("RGB"), colours, 0.6)
