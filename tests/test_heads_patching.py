@@ -16,7 +16,7 @@ import torch
 import vitviz
 from vitviz.errors import VitvizError
 from vitviz.heads import patching as pt
-from vitviz.models import ModelSpec, load_model
+from vitviz.sources.models import ModelSpec, load_model
 
 from conftest import ASSETS
 

@@ -27,7 +27,7 @@ ALL = [(a, f) for a, f, _ in CASES] + [(a, f) for a, f in HF_CASES]
 
 @pytest.fixture(scope="module")
 def lenses(checkpoints, hf_folders, tmp_path_factory):  # noqa: F811
-    from vitviz.models import ModelSpec, load_model
+    from vitviz.sources.models import ModelSpec, load_model
 
     out = {}
     for _, family, _ in CASES:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from ..colour import reference_stops
+from ..figures.colour import reference_stops
 from ..layout import TokenLayout
 from .qk import HeadPicture, position_colours
 

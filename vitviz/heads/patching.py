@@ -267,7 +267,7 @@ def readout_maps(lens, x, edit=None, layer: int = -1) -> np.ndarray:
 
     The readout is the CLS query where the model has one, else the mean over patch queries (as on the heads page).
     """
-    from ..maps import layer_maps
+    from ..analyses.maps import layer_maps
 
     tensor = getattr(x, "tensor", x)[:1]
     trace = lens.trace(tensor, keep=[("attn", layer)], edit=edit)
