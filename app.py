@@ -26,6 +26,7 @@ PAGES = [
     st.Page("pages/10_attribution.py", title="Attribution"),
     st.Page("pages/11_registers.py", title="Registers & sinks"),
     st.Page("pages/12_features.py", title="Features (SAE)"),
+    st.Page("pages/13_queries_keys.py", title="Queries & keys"),
 ]
 page = st.navigation(PAGES)
 if first_visit(page.url_path):  # a sample picked in the first visit's explanation opens the heads page

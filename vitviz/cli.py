@@ -100,6 +100,8 @@ def _parser() -> argparse.ArgumentParser:
     _registers_parser(sub)
     features_cli.add_parser(sub)
     _faithfulness_parser(sub)
+    from .heads.cli import add_parsers as heads_parsers
+    heads_parsers(sub)
     return parser
 
 
@@ -820,7 +822,7 @@ def _on_sigterm(signum, frame):
 
 # Commands that write their --out folder: each holds it for one writer from before it computes anything
 # (vitviz.io.lock); a second run on the same folder is refused at once.
-WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers"}
+WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers", "qk", "heads"}
 
 
 def _folder_to_hold(argv: list[str]) -> tuple[str, Path] | None:
@@ -854,8 +856,9 @@ def _main(argv: list[str]) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return {"stats": stats, "registers": registers, "faithfulness": faithfulness,
-                "features": features_cli.run}.get(args.command, analyze)(args)
+        from .heads.cli import COMMANDS as heads_commands
+        return ({"stats": stats, "registers": registers, "faithfulness": faithfulness,
+                 "features": features_cli.run} | heads_commands).get(args.command, analyze)(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
