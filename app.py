@@ -9,6 +9,7 @@ with st.spinner("Starting vitviz: loading PyTorch, timm and Plotly (once per ser
         if "torch" not in sys.modules else st.empty():
     import ui.warmup  # noqa: F401  (before any session draws a figure: see its docstring)
     from ui.onboarding import first_visit
+    from ui.guard import guarded
 # Streamlit's default side padding costs the head grid ~90 px at 1440 px: tiles stay >= 220 px.
 st.markdown("<style>.block-container, [data-testid='stMainBlockContainer'] {padding: 2.5rem 1.5rem 2rem;}</style>",
             unsafe_allow_html=True)
@@ -24,9 +25,12 @@ PAGES = [
     st.Page("pages/9_compare.py", title="Compare models"),
     st.Page("pages/10_attribution.py", title="Attribution"),
     st.Page("pages/11_registers.py", title="Registers & sinks"),
-    st.Page("pages/12_probes.py", title="Probes"),
+    st.Page("pages/12_features.py", title="Features (SAE)"),
+    st.Page("pages/13_queries_keys.py", title="Queries & keys"),
+    st.Page("pages/14_probes.py", title="Probes"),
 ]
 page = st.navigation(PAGES)
 if first_visit(page.url_path):  # a sample picked in the first visit's explanation opens the heads page
     st.switch_page(next(p for p in PAGES if p.title == "Attention heads"))
-page.run()
+with guarded(f"the {page.title} page"):  # a failure shows a sentence; what was drawn stays
+    page.run()

@@ -1,13 +1,16 @@
 """Attribution: which pixels and patches made the model give its output (AttnLRP, CP-LRP, LeGrad, Grad-CAM)."""
 import streamlit as st
 
-from ui.attribution import attributions, keep_available, scale_caption, target_picker
+from ui.attribution import (attributions, keep_available, overlay_choices, scale_caption, target_picker,
+                            target_title)
 from ui.charts import file_stem, show_chart
+from ui.display import TILE_PX, display_controls
 from ui.downloads import download_row
 from ui.repair import repair_view
 from ui.state import setup, view_applies
 from vitviz.attribution import LABELS, PIXEL_METHODS, methods_for, why_not
 from vitviz.figures.attribution_figures import conservation_figure, maps_figure
+from vitviz.explainers import registered
 
 ctx = setup()
 if ctx is None:
@@ -50,7 +53,10 @@ except ValueError as exc:  # a family whose forward the rules cannot reach yet
     st.stop()
 target_text = results[0].target.text()
 stem = file_stem("attribution", ctx.image.name, "_".join(methods))
-show_chart(maps_figure(r.model_input, results, pixels=pixels, target_text=target_text), "attr_maps", stem)
+display = display_controls()
+show_chart(maps_figure(r.model_input, results, pixels=pixels, target_text=target_title(results[0].target),
+                       plot_height=TILE_PX + 40,
+                       **overlay_choices(display)), "attr_maps", stem)
 st.caption(scale_caption(target_text, methods))
 
 relevance = [res for res in results if res.pixels is not None]
@@ -79,4 +85,5 @@ def _repair_maps(side):
     return {LABELS[a.method]: a.patches[0] for a in attributions(ctx, kept, target_class, side)}
 
 
-repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)", signed=True)
+repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)",
+            value_name="relevance", signed=[LABELS[m] for m in methods if registered()[m].signed])

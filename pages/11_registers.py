@@ -5,6 +5,7 @@ import streamlit as st
 
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
+from ui.guard import guarded
 from ui.repair import NORMS_AXES, faithfulness_view, offer_register
 from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
 from ui.state import setup, view_applies
@@ -34,15 +35,16 @@ current = [im.sha256 for im in ctx.images].index(ctx.image.sha256)
 n_images = len(ctx.images)
 
 st.subheader(f"Token norms by layer · {n_images} image{'s' if n_images != 1 else ''} in the set")
-stem = file_stem("norms_by_layer", f"{n_images}images")
-show_chart(norm_by_layer(out), "registers_norms", stem)
 ratio = out.ratio.max(axis=0)
-st.caption(f"Rule: {outlier_rule(factor)}. Prefix tokens (CLS, trained registers, the test-time register) are "
-           "drawn apart from the patches and never count as outliers. Largest patch norm / median per layer, over "
-           f"the set: {' · '.join(f'{i + 1}: {v:.2f}' for i, v in enumerate(ratio))}.")
-download_row(stem, {"norms": out.norms, "median": out.median, "outlier_mask": out.mask},
-             {"images": [im.name for im in ctx.images], "rule": outlier_rule(factor), "model": loaded.card()["spec"],
-              "axes": "norms[image, layer - 1, token] (0-based arrays; tokens: prefix then patches in raster order)"})
+with guarded("the token norms by layer"):
+    stem = file_stem("norms_by_layer", f"{n_images}images")
+    show_chart(norm_by_layer(out), "registers_norms", stem)
+    st.caption(f"Rule: {outlier_rule(factor)}. Prefix tokens (CLS, trained registers, the test-time register) are "
+               "drawn apart from the patches and never count as outliers. Largest patch norm / median per layer, over "
+               f"the set: {' · '.join(f'{i + 1}: {v:.2f}' for i, v in enumerate(ratio))}.")
+    download_row(stem, {"norms": out.norms, "median": out.median, "outlier_mask": out.mask},
+                 {"images": [im.name for im in ctx.images], "rule": outlier_rule(factor), "model": loaded.card()["spec"],
+                  "axes": "norms[image, layer - 1, token] (0-based arrays; tokens: prefix then patches in raster order)"})
 
 if not out.any:
     st.info(f"**No outliers: nothing to repair.** No patch token's norm exceeds {factor:g}× the median in any layer "
@@ -62,38 +64,50 @@ else:
                f"({int(out.images_per_layer[emergence])} of {n_images} images have one there).")
 
     st.subheader("Register neurons")
-    st.caption(f"Search: {SEARCH_RULE}. Positions: the outliers of layer {detect + 1}; "
-               f"{search.images_with_outliers} of {n_images} images have some.")
-    k_show = min(8, len(search.neurons))
-    top = search.neurons[:k_show]
-    st.dataframe([{"rank": i + 1, "layer": n.layer + 1, "unit": n.index, "score (mean |activation|)": round(n.score, 3)}
-                  for i, n in enumerate(top)], hide_index=True)
-    acts = cached_neuron_maps(ctx.spec, ctx.image.sha256, ctx.image.image, top,
-                              tuple((n.layer, n.index) for n in top))
-    fig, caption = maps_figure(r.model_input, acts, [f"#{i + 1}: layer {n.layer + 1}, unit {n.index}"
-                                                     for i, n in enumerate(top)], layout,
-                               "Activation of the top register neurons on this image", value_name="activation",
-                               shared=False, columns=4, tile_px=220)
-    show_chart(fig, "registers_neurons", file_stem("register_neurons", ctx.image.name))
-    st.caption(f"{caption} Each neuron's hidden unit after the activation, in its own layer; this image's outliers "
-               f"(layer {detect + 1}): patches {patches.tolist()}.")
-
-    st.subheader("Test-time register: before and after")
-    c = st.columns(2)
-    k = c[0].slider("Neurons moved onto the register", 1, min(len(search.neurons), 50), min(10, len(search.neurons)),
-                    key="registers_k")
-    init = c[1].radio("The extra token starts as", ["zero", "mean"], horizontal=True, key="registers_init",
-                      help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
-    repaired = cached_register(ctx.spec, ctx.image.sha256, ctx.image.image,
-                               tuple((n.layer, n.index) for n in search.neurons[:k]), init)
-    offer_register(ctx.spec, [(n.layer, n.index) for n in search.neurons[:k]],
-                   f"the Registers page's search ({n_images} images, best {k})")
-    if isinstance(repaired, str):
+    if not search.neurons:
+        # Outliers somewhere, none in the detection layer: no position to score the neurons at.
+        layers = [i + 1 for i, n in enumerate(out.images_per_layer) if n]
+        repaired = (f"No image of the set has an outlier in layer {detect + 1}, the layer whose outliers are the "
+                    "positions the neurons are scored at, so no register neuron is ranked and there is no test-time "
+                    f"register to try. At {factor:g}× the median, outliers appear only in layer"
+                    f"{'s' if len(layers) > 1 else ''} {', '.join(map(str, layers))}: raise the threshold to keep "
+                    "only the tokens Darcet et al. call outliers (about 10×).")
         st.info(repaired)
     else:
-        _before_after = repaired
+        st.caption(f"Search: {SEARCH_RULE}. Positions: the outliers of layer {detect + 1}; "
+                   f"{search.images_with_outliers} of {n_images} images have some.")
+        k_show = min(8, len(search.neurons))
+        top = search.neurons[:k_show]
+        st.dataframe([{"rank": i + 1, "layer": n.layer + 1, "unit": n.index, "score (mean |activation|)": round(n.score, 3)}
+                      for i, n in enumerate(top)], hide_index=True)
+        with guarded("the register neurons' maps"):
+            acts = cached_neuron_maps(ctx.spec, ctx.image.sha256, ctx.image.image, top,
+                                      tuple((n.layer, n.index) for n in top))
+            fig, caption = maps_figure(r.model_input, acts, [f"#{i + 1}: layer {n.layer + 1}, unit {n.index}"
+                                                             for i, n in enumerate(top)], layout,
+                                       "Activation of the top register neurons on this image", value_name="activation",
+                                       shared=False, columns=4, tile_px=220)
+            show_chart(fig, "registers_neurons", file_stem("register_neurons", ctx.image.name))
+            st.caption(f"{caption} Each neuron's hidden unit after the activation, in its own layer; this image's outliers "
+                       f"(layer {detect + 1}): patches {patches.tolist()}.")
+
+        st.subheader("Test-time register: before and after")
+        c = st.columns(2)
+        k = c[0].slider("Neurons moved onto the register", 1, min(len(search.neurons), 50), min(10, len(search.neurons)),
+                        key="registers_k")
+        init = c[1].radio("The extra token starts as", ["zero", "mean"], horizontal=True, key="registers_init",
+                          help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
+        repaired = cached_register(ctx.spec, ctx.image.sha256, ctx.image.image,
+                                   tuple((n.layer, n.index) for n in search.neurons[:k]), init)
+        offer_register(ctx.spec, [(n.layer, n.index) for n in search.neurons[:k]],
+                       f"the Registers page's search ({n_images} images, best {k})")
+        if isinstance(repaired, str):
+            st.info(repaired)
+        else:
+            _before_after = repaired
 
 
+@guarded("the maps before and after the repair")
 def before_after(name: str, maps, key: str, marked, marked_what: str) -> None:
     """Last-layer heads and rollout before and after one repair, on shared scales, and the output change;
     ``marked``: the patches the repair acts on (crossed; they set no colour limit), ``marked_what`` what they are."""

@@ -9,10 +9,12 @@ from ui.charts import file_stem, show_chart
 from ui.display import Display, map_figure
 from ui.downloads import download_row
 from ui.explain import BLOCK, CLUSTER_SOURCES, FINAL, KEYS, cached_clusters
+from ui.guard import guarded
 from ui.state import view_applies, setup
 from vitviz.analyses.clusters import K_RANGE
 from vitviz.figures.explain_figures import cluster_figure
 from vitviz.figures.core import bars, patch_grid_image, rgb_image
+from vitviz.layout import PATCH_NUMBERING
 
 ctx = setup()
 if ctx is None:
@@ -21,14 +23,15 @@ r, layout = ctx.result, ctx.result.layout
 st.header(f"{ctx.image.name} as the model sees it")
 
 left, right = st.columns([3, 2])
-with left:
+with left, guarded("the image and its patch grid"):
     # Past 32 columns the indices no longer fit their patches (Swin's 56x56 grid of 4 px tokens): off by default.
-    indices = st.toggle("Token indices", layout.grid_size[1] <= 32)
+    indices = st.toggle("Patch numbers", layout.grid_size[1] <= 32)
     show_chart(patch_grid_image(r.model_input, layout, indices), "grid",
                file_stem("patch_grid", ctx.image.name))
     st.caption(f"{layout.grid_size[0]}x{layout.grid_size[1]} patches of {layout.patch_size[0]} px after resize and "
-               f"crop; token indices in raster order after the prefix tokens {list(layout.prefix_tokens) or 'none'}.")
-with right:
+               f"crop. {PATCH_NUMBERING} The prefix tokens {list(layout.prefix_tokens) or 'none'} come before the "
+               f"patches in the token sequence (token index = patch number + {layout.num_prefix_tokens}).")
+with right, guarded("the model card and classes"):
     card = ctx.loaded.card()
     st.subheader("Model")
     st.table({k: str(card[k]) for k in ("label", "library", "architecture", "weights_source", "layers", "heads",
@@ -51,14 +54,14 @@ patch_sinks = r.sinks.patch_sinks(layout, [layer])
 artifacts = np.asarray(r.artifacts, dtype=int) - layout.num_prefix_tokens
 plain = Display(cmap="Viridis", scale_mode="full range per map", style="heatmap", opacity=0.85)
 norm_col, sink_col = st.columns(2)
-with norm_col:
+with norm_col, guarded("the output-token norms"):
     _, fig = map_figure(r.model_input, norms, layout, plain, titles=[""], value_name="output norm",
                         title=f"Output-token norms, layer {layer + 1}", sinks=artifacts if layer == len(r.token_norms) - 1 else None,
                         tile_px=360)
     show_chart(fig, "norms", file_stem("token_norms", ctx.image.name, f"layer{layer + 1}"))
     st.caption("High-norm artifact tokens (last layer, over 10x the median patch norm; Darcet et al. 2023), "
                f"crossed: {[layout.token_name(int(t)) for t in r.artifacts] or 'none'}.")
-with sink_col:
+with sink_col, guarded("the attention received per token"):
     _, fig = map_figure(r.model_input, received, layout, replace(plain, cmap="Inferno", scale_mode="log"), titles=[""],
                         value_name="received ÷ uniform", title=f"Attention received per token, layer {layer + 1}",
                         sinks=patch_sinks, tile_px=360)
@@ -89,12 +92,12 @@ cluster_layer = layer_col.slider("Cluster layer", 1, L, L, key="cluster_layer", 
 cluster_head = head_col.selectbox("Cluster head", list(range(1, H + 1)), key="cluster_head",
                                   disabled=source != KEYS) - 1
 pca_col, cluster_col = st.columns(2)
-with pca_col:
+with pca_col, guarded("the feature PCA"):
     pca = cached_feature_pca(ctx.spec, ctx.image.sha256, r)
     show_chart(rgb_image(pca, scale=8), "pca", file_stem("feature_pca", ctx.image.name))
     st.caption("Patches with similar last-layer features get similar colours: they group into object parts.")
     download_row(file_stem("feature_pca", ctx.image.name), {"feature_pca_rgb": pca}, {"image": ctx.image.name, "model": card["spec"]})
-with cluster_col:
+with cluster_col, guarded("the token clusters"):
     try:
         clusters = cached_clusters(ctx.spec, ctx.image.sha256, ctx.image.image, r, source, cluster_layer,
                                    cluster_head, k)

@@ -9,11 +9,13 @@ from ui.charts import file_stem, show_chart
 from ui.display import Display, display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
 from ui.explorer import browser_draws, heads_explorer
+from ui.guard import guarded
 from ui.persist import saved_view, set_view
 from ui.repair import repair_view
 from ui import windows
 from ui.state import setup
 from vitviz.figures.colour import SCALE_MODES, SEQUENTIAL
+from vitviz.layout import PATCH_NUMBERING
 from vitviz.analyses.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
 from vitviz.figures.overlay import OVERLAY_STYLES
 
@@ -29,7 +31,7 @@ if ctx.loaded.attention_scope == "window":  # Swin: each head's window around a 
 r, layout = ctx.result, ctx.result.layout
 L, H = r.attention.shape[:2]
 if opened := st.session_state.pop("opened_from_distance", None):
-    set_view(layer=opened[0])  # the browser-drawn grid reads its layer from the URL
+    set_view(layer=opened[0], chead=opened[1])  # the browser-drawn grid reads its layer and Compare head from the URL
     st.success(f"Opened from the distance plot: layer {opened[0]}, head {opened[1]} (outlined in the grid and "
                "picked below under Compare layers).")
 
@@ -194,6 +196,7 @@ def _repair_section(layer: int, head: int) -> None:
 # Fragments: moving a slider here redraws this view (and the repair's before / after of the layer shown) only, not
 # the sidebar and its caches.
 @st.fragment
+@guarded("the heads grid")
 def server_view() -> None:
     """The server-drawn grid (VITVIZ_DRAW=server): every change is a rerun that draws new tiles."""
     _server_grid()
@@ -236,6 +239,7 @@ def _server_grid() -> None:
 
 
 @st.fragment
+@guarded("the heads grid")
 def browser_view() -> None:
     """The grid drawn in the browser: layer, query, patch and display changes repaint there; the server hears
     of the view afterwards (URL, session, downloads)."""
@@ -260,7 +264,7 @@ def _browser_grid(payload, saved: dict, patch: int | None) -> None:
 
 _SCORES_CAPTION = (f" H: entropy of the patch queries' attention over patches (nats; uniform = ln {layout.num_patches} = "
                    f"{np.log(layout.num_patches):.2f}). Focus: 1 − entropy / ln N of the readout's attention (0 uniform, "
-                   "1 one patch). px: mean attention distance of the head.")
+                   "1 one patch). px: mean attention distance of the head. " + PATCH_NUMBERING)
 
 if browser_draws():
     browser_view()
@@ -274,5 +278,5 @@ st.caption("Attention weights say where each head looks; attribution says which 
            "(AttnLRP by default: one forward and one backward, kept for this image, method and target).")
 if st.toggle("Show an attribution map of this image", key="heads_attr_on"):
     panel_col, _ = st.columns(2)
-    with panel_col:
+    with panel_col, guarded("the attribution map"):
         attribution_panel(ctx, "heads_attr")

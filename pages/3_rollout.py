@@ -8,6 +8,7 @@ from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download, patch_picker, render
 from ui.downloads import download_row
 from ui.explorer import browser_draws, rollout_explorer
+from ui.guard import guarded
 from ui.state import view_applies, setup
 from ui.progress import cached, with_progress
 from ui.repair import repair_view
@@ -89,7 +90,7 @@ beside = beside_col.radio("Beside rollout", [BESIDE_RAW, BESIDE_ATTRIBUTION], ho
                           help="Attribution (AttnLRP by default) is computed when chosen, as on the Attribution page, "
                                "and kept for this image, method and target.")
 left, right = st.columns(2)
-with left:
+with left, guarded("the rollout map"):
     shown = result.per_layer[depth - start][None]
     # Short titles: the figure is half the page wide; the caption names the patch's row and column.
     title = (f"Rollout, layers {start}–{depth} ({fusion} over heads" if query is None
@@ -119,9 +120,9 @@ with left:
                                                "readout": result.readout, "prefix_share": result.prefix_share},
                  panel_download(r.model_input, shown, display, [""], title, sinks=marked, query=query, columns=1,
                                 value_name="rollout mass"))
-with right:
+with right, guarded("the map beside rollout"):
     if beside == BESIDE_ATTRIBUTION:
-        attribution_panel(ctx, "rollout_attr", controls=beside_col)
+        attribution_panel(ctx, "rollout_attr", controls=beside_col, display=display)
     else:
         if query is None:
             raw_query = raw_name = "cls" if layout.has_class_token else "mean"
@@ -152,21 +153,22 @@ if not ctx.loaded.has_head:
     st.info("Gradient rollout needs a classifier head; this model has none. Pick a timm model with a head "
             "(e.g. vit_base_patch16_224.augreg2_in21k_ft_in1k) in the sidebar.")
 else:
-    top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
-    label = st.selectbox("Class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="target")
-    target = int(label.split(":")[0])
-    grad_map, _ = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, target)
-    grad_title = f"Gradient rollout for class {label}"
-    rendered_grad, fig_grad = map_figure(r.model_input, grad_map[None], layout, display, titles=[""], title=grad_title,
-                                         columns=1, value_name="relevance")
-    stem = file_stem("gradient_rollout", ctx.image.name, f"class{target}")
-    show_chart(fig_grad, "grad_fig", stem)
-    st.caption(rendered_grad.caption())
-    download_row(stem, {"gradient_rollout": grad_map},
-                 display.settings(rendered_grad) | {"image": ctx.image.name, "target_class": target,
-                                                    "model": ctx.loaded.card()["spec"]},
-                 panel_download(r.model_input, grad_map[None], display, [""], grad_title, columns=1,
-                                value_name="relevance"))
+    with guarded("gradient rollout"):
+        top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
+        label = st.selectbox("Class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="target")
+        target = int(label.split(":")[0])
+        grad_map, _ = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, target)
+        grad_title = f"Gradient rollout for class {label}"
+        rendered_grad, fig_grad = map_figure(r.model_input, grad_map[None], layout, display, titles=[""], title=grad_title,
+                                             columns=1, value_name="relevance")
+        stem = file_stem("gradient_rollout", ctx.image.name, f"class{target}")
+        show_chart(fig_grad, "grad_fig", stem)
+        st.caption(rendered_grad.caption())
+        download_row(stem, {"gradient_rollout": grad_map},
+                     display.settings(rendered_grad) | {"image": ctx.image.name, "target_class": target,
+                                                        "model": ctx.loaded.card()["spec"]},
+                     panel_download(r.model_input, grad_map[None], display, [""], grad_title, columns=1,
+                                    value_name="relevance"))
 
 st.subheader("Attention flow (Abnar & Zuidema 2020)")
 st.caption("The companion of rollout: the same per-layer graph (fusion, discard, 0.5 A + 0.5 I, layers and exclusions "

@@ -4,6 +4,8 @@ import streamlit as st
 from ui.cache import cached_image_result
 from ui.charts import file_stem, point_customdata, show_chart
 from ui.downloads import download_row
+from ui.guard import guarded
+from ui.persist import set_view
 from ui import windows
 from ui.state import setup
 from vitviz.analyses.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
@@ -37,18 +39,22 @@ stem = file_stem("mean_distance", names[0] if len(names) == 1 else f"{len(names)
 
 view = st.radio("View", ["depth plot", "layer × head heatmap"], horizontal=True, key="distance_view")
 if view == "depth plot":
-    event = show_chart(distance_scatter(distance, conv_receptive_field(L), spread, uniform, len(names)),
-                       "distance_plot", stem, on_select="rerun", selection_mode="points")
+    event = None
+    with guarded("the depth plot"):
+        event = show_chart(distance_scatter(distance, conv_receptive_field(L), spread, uniform, len(names)),
+                           "distance_plot", stem, on_select="rerun", selection_mode="points")
     points = event.selection.points if event and event.selection else []
     picked = point_customdata(points[0]) if points else []
     if len(picked) >= 2:
         layer, head = int(picked[0]), int(picked[1])
-        st.session_state["heads_layer"] = layer
+        st.session_state["heads_layer"] = layer  # the server-drawn grid's widgets
         st.session_state["compare_head"] = head
+        set_view(layer=layer, chead=head)  # the browser-drawn grid reads its view from the URL
         st.session_state["opened_from_distance"] = (layer, head)
         st.switch_page("pages/2_heads.py")
 else:
-    show_chart(layer_head_heatmap(distance, "mean attention distance", "pixels"), "distance_heatmap", stem)
+    with guarded("the layer x head heatmap"):
+        show_chart(layer_head_heatmap(distance, "mean attention distance", "pixels"), "distance_heatmap", stem)
 if view == "depth plot":
     st.caption(f"Click a dot to open that head on the Attention heads page. Convention: {CONVENTION}. Dotted line: a "
                f"head attending uniformly to every patch of this {r.layout.grid_size[0]}x{r.layout.grid_size[1]} grid "

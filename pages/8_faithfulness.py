@@ -17,7 +17,7 @@ from vitviz.attribution import default_target
 from vitviz.explainers import explain, names as explainer_names, registered
 from vitviz.lens import Lens
 from vitviz.perturbation import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
-                                 ordered, random_seed_maps, split_random_seeds, step_counts, to_rgb)
+                                 ordered, qualify_best, random_seed_maps, split_random_seeds, step_counts, to_rgb)
 from vitviz.perturbation import auc as auc_of
 from vitviz.faithfulness_protocols import (PROTOCOLS, REPLACEMENT_TEXT, REPLACEMENTS, protocol_curves, protocol_inputs,
                                            protocol_order, protocol_text, replacement_of)
@@ -236,7 +236,7 @@ signed = {n for n, m in registered().items() if m.signed}
 named = {m: method_label(m) + (f" ({ordering} order)" if m in signed else "") for m in result.methods}
 if band is not None:
     named["random"] = f"random (mean of {band.seeds} seeds)"
-table = pd.DataFrame(result.table()).assign(method=lambda t: t["method"].map(named), lerf_auc=lerf_auc,
+table = pd.DataFrame(result.table(band)).assign(method=lambda t: t["method"].map(named), lerf_auc=lerf_auc,
                                             lerf_minus_morf=lerf_auc - result.deletion_auc)
 if band is not None:
     table["vs chance: deletion"] = [band.compare("deletion", d) if m != "random" else
@@ -253,8 +253,16 @@ st.dataframe(table.rename(columns={"deletion_auc": "deletion AUC ↓", "insertio
                             ("deletion AUC ↓", "insertion AUC ↑", "insertion − deletion ↑", "LeRF AUC ↑",
                              "LeRF − MoRF (LXT) ↑")})
 reference = result.reference()
-st.caption(f"Score: {result.score}. Best on deletion: {method_label(reference['best']['deletion'])}; best on "
-           f"insertion: {method_label(reference['best']['insertion'])}; worst on deletion: "
+
+
+def _best(protocol: str) -> str:
+    """The best method on ``protocol``, with "(within chance)" when the random maps' band cannot tell it apart."""
+    name = reference["best"][protocol]
+    return method_label(name) + qualify_best(band, protocol, auc[name][0 if protocol == "deletion" else 1])
+
+
+st.caption(f"Score: {result.score}. Best on deletion: {_best('deletion')}; best on "
+           f"insertion: {_best('insertion')}; worst on deletion: "
            f"{method_label(reference['worst']['deletion'])}; worst on insertion: "
            f"{method_label(reference['worst']['insertion'])}. Removed patches become {REPLACEMENT_TEXT[replacement]}. "
            "LeRF removes the least relevant patches first (its AUC matches insertion's up to rounding); LeRF − MoRF "
@@ -306,8 +314,10 @@ floor = result.methods.index("random") if "random" in result.methods else None
 for m, name in enumerate(result.methods):
     left, right = st.columns([2, 3])
     with left:
+        # One colour rule per method on every page: relevance (signed) diverging around 0, the rest sequential.
         rendered, fig = map_figure(r.model_input, result.maps[m][None], layout, display, titles=[""],
-                                   title=method_label(name), columns=1, value_name=method_unit(name), tile_px=260)
+                                   title=method_label(name), columns=1, value_name=method_unit(name), tile_px=260,
+                                   signed=name in signed)
         map_stem = file_stem("faithfulness_map", ctx.image.name, name)
         show_chart(fig, f"faith_map_{name}", map_stem)
     with right:
@@ -322,4 +332,4 @@ for m, name in enumerate(result.methods):
                      display.settings(rendered) | {"method": name, "image": ctx.image.name,
                                                    "auc": {"deletion": d, "insertion": i}},
                      panel_download(r.model_input, result.maps[m][None], display, [""], method_label(name), columns=1,
-                                    value_name=method_unit(name)))
+                                    value_name=method_unit(name), signed=name in signed))

@@ -6,6 +6,7 @@ import streamlit as st
 from ui.cache import operator_settings, store
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
+from ui.guard import guarded
 from ui.state import setup, upload_too_large
 from vitviz.analyses.compare import (STATISTICS, StatsTableError, check_stats_table, combine, head_summary, layer_summary,
                             model_overview, read_stats_table, stats_path)
@@ -108,7 +109,8 @@ if (overview["images"] == 0).any():
     st.warning(f"No {statistic.label} for {', '.join(overview.index[overview['images'] == 0])} (e.g. CLS focus "
                "of a model without a CLS token).")
 stem = file_stem("compare", statistic.column, f"{len(models)}models")
-show_chart(depth_comparison(heads, layers, statistic, relative=relative), "compare_plot", stem)
+with guarded("the depth plot"):
+    show_chart(depth_comparison(heads, layers, statistic, relative=relative), "compare_plot", stem)
 st.caption(f"Each dot is one head's {statistic.label} averaged over a model's images; error bars: ± one standard "
            "deviation over those images; lines: the mean over heads per layer. Each model's dots are shifted "
            "slightly left or right of the layer so models do not hide each other. "

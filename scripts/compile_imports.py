@@ -18,13 +18,14 @@ RUNTIME = ["torch", "torchvision", "timm", "timm.models", "safetensors.torch", "
            "sklearn.decomposition", "sklearn.cluster", "scipy.sparse.csgraph", "plotly.graph_objects", "plotly.io",
            "pandas", "pyarrow.parquet", "streamlit", "streamlit.web.bootstrap", "streamlit.runtime.scriptrunner",
            "streamlit_image_coordinates", "transformers", "tqdm", "vitviz.cli", "vitviz.runs.pipeline",
-           "vitviz.attribution", "vitviz.runs.registers_run", "vitviz.faithfulness_protocols"]
+           "vitviz.attribution", "vitviz.runs.registers_run", "vitviz.faithfulness_protocols", "matplotlib.figure",
+           "matplotlib.backends.backend_svg", "matplotlib.backends.backend_pdf"]
 # transformers imports a family's modeling file when its class is first used: the families vitviz reads.
 HF_CLASSES = ["AutoConfig", "AutoImageProcessor", "ViTForImageClassification", "DeiTForImageClassificationWithTeacher",
               "Dinov2Model", "Dinov2WithRegistersModel", "CLIPVisionModel", "SiglipVisionModel",
               "BeitForImageClassification", "DINOv3ViTModel", "SwinForImageClassification",
               "Swinv2ForImageClassification"]
-DEV = ["pytest", "xdist", "playwright.sync_api", "psutil", "onnxruntime", "ray", "ray.data", "cv2", "matplotlib",
+DEV = ["pytest", "xdist", "playwright.sync_api", "psutil", "onnxruntime", "ray", "ray.data", "cv2",
        "ttach", "pytorch_grad_cam", "streamlit.testing.v1"]
 
 

@@ -35,7 +35,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$digest" ]; then
     if [ "$want_dev" = "--dev" ]; then
         # Test references for attribution: lxt (AttnLRP's code) and pytorch-grad-cam. Their declared
         # dependencies (bitsandbytes, open_clip, zennit, accelerate, ...) are not used by the tests; what
-        # their imported modules need (ttach, opencv-python-headless, matplotlib) is in requirements-dev.txt.
+        # their imported modules need (ttach, opencv-python-headless) is in requirements-dev.txt (matplotlib, a
+        # runtime dependency, in requirements.txt).
         "$venv/bin/pip" install --disable-pip-version-check --no-compile -q --no-deps lxt==2.1 grad-cam==1.5.7 2> >(grep -v "is ignored: it is neither a file" >&2)
     fi
     "$venv/bin/pip" install --disable-pip-version-check --no-compile -q --no-deps -e "$root" 2> >(grep -v "is ignored: it is neither a file" >&2)

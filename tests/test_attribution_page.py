@@ -56,9 +56,9 @@ def test_a_map_beside_another_figure_drops_the_input_and_wraps_its_title():
     res = A.Attribution("attnlrp", grid, None, np.array([3.0]), A.Projection(vector="forward_head(pre_logits=True)"))
     fig = maps_figure(Image.new("RGB", (32, 32)), [res], pixels=False, target_text=res.target.text(),
                       with_input=False, wrap=40)
-    assert [t.type for t in fig.data] == ["heatmap"]
-    np.testing.assert_array_equal(np.asarray(fig.data[0].z)[::-1], grid[0])
-    assert fig.data[0].zmin == pytest.approx(-3.94) and fig.data[0].zmax == pytest.approx(3.94)
+    assert [t.type for t in fig.data] == ["image", "heatmap"]  # the map over the model input, then its values
+    np.testing.assert_array_equal(np.asarray(fig.data[1].z)[::-1], grid[0])
+    assert fig.data[1].zmin == pytest.approx(-3.94) and fig.data[1].zmax == pytest.approx(3.94)
     lines = fig.layout.title.text.split("<br>")
     plain = [line.removeprefix("<sup>").removesuffix("</sup>") for line in lines]
     assert all(len(p) <= 40 for p, line in zip(plain, lines) if not line.startswith("<sup>"))
@@ -68,7 +68,7 @@ def test_a_map_beside_another_figure_drops_the_input_and_wraps_its_title():
     assert "red raises the target" in text and "1 patches beyond ±3.94 drawn at the end colour" in text
     # The Attribution page's figure is unchanged: the input first, the title on one line
     full = maps_figure(Image.new("RGB", (32, 32)), [res], pixels=False, target_text=res.target.text())
-    assert [t.type for t in full.data] == ["image", "heatmap"]
+    assert [t.type for t in full.data] == ["image", "image", "heatmap"]
     assert full.layout.title.text.split("<br>")[0] == "Attribution of the " + res.target.text()
 
 
@@ -173,3 +173,29 @@ def test_heads_page_shows_an_attribution_map_when_asked(bundled):
     at.selectbox(key="heads_attr_method").set_value("gradcam").run()
     assert not at.exception, [e.message for e in at.exception]
     _close(_z(_heatmaps(_chart(at, "heads_attr_fig"))[0]), A.gradcam(bundled.model, x).patches[0])
+
+
+def test_attribution_maps_are_drawn_over_the_model_input_with_the_display_choices():
+    """Each method's map is a tile over the model input, coloured as the attention maps are: AttnLRP (signed)
+    diverging, 0 letting the photo through under 'transparent where low'; LeGrad (non-negative) on the Display's
+    sequential map; a heatmap overlay at opacity 1 shows the colours alone. Three panels a row, each row
+    ``plot_height`` tall (the heads tiles' size on the page)."""
+    import io
+
+    from vitviz.figures.colour import lookup_table
+
+    def tile(fig, i):
+        source = [t for t in fig.data if t.type == "image"][i].source
+        return np.asarray(Image.open(io.BytesIO(base64.b64decode(source.split(",", 1)[1]))).convert("RGB"))
+
+    photo = Image.new("RGB", (32, 32), (90, 160, 40))
+    signed = A.Attribution("attnlrp", np.array([[[-2.0, 0.0], [1.0, 2.0]]]), None, np.array([1.0]), A.Projection())
+    legrad = A.Attribution("legrad", np.array([[[0.0, 0.5], [1.0, 1.0]]]), None, np.array([1.0]), A.Projection())
+    fig = maps_figure(photo, [signed, legrad], pixels=False, plot_height=270, cmap="Viridis")
+    assert len([t for t in fig.data if t.type == "image"]) == 3 and fig.layout.height == 270 + fig.layout.margin.t
+    low = tile(fig, 1)
+    assert tuple(low[4, 20]) == (90, 160, 40)  # AttnLRP's 0 (row 0, column 1): the photo itself
+    assert low[4, 4, 2] > low[4, 4, 0]  # -2: blue
+    heat = maps_figure(photo, [signed, legrad], pixels=False, style="heatmap", opacity=1.0, cmap="Viridis")
+    assert tuple(tile(heat, 1)[4, 20]) == tuple(lookup_table("RdBu_r")[128])  # 0 at the diverging centre
+    assert tuple(tile(heat, 2)[4, 4]) == tuple(lookup_table("Viridis")[0])  # LeGrad's 0 at the sequential bottom

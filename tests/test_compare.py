@@ -90,6 +90,9 @@ def test_a_stats_folder_is_read_by_its_path(tmp_path):
     (b"PK\x03\x04 a zip, not parquet", r"^notes\.parquet: not a Parquet file \(ArrowInvalid"),
     (parquet_bytes(stats_table("m", TWO).drop(columns=["head", "entropy"])),
      r"^notes\.parquet: not a vitviz stats table: it lacks the columns head, entropy"),
+    # No text column at all: pyarrow's dictionary reader used to raise a bare KeyError(b'image') first.
+    (parquet_bytes(pd.DataFrame({"a": [1, 2], "b": [0.5, 1.5]})),
+     r"^notes\.parquet: not a vitviz stats table: it lacks the columns image, model, layer, head, mean_distance, "),
     (parquet_bytes(stats_table("m", TWO).assign(layer=lambda t: t["layer"].astype(str))),
      r"^notes\.parquet: column layer holds .*, not integers"),
     (parquet_bytes(stats_table("m", TWO).assign(head=lambda t: t["head"] - 1)),

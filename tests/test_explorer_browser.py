@@ -257,14 +257,14 @@ def test_reload_restores_page_and_layer(browser_page):
 
 
 def test_heads_downloads_finish_and_rerun_nothing(browser_page, tmp_path):
-    """The heads grid's PNG and npz, each clicked twice: every file arrives, no spinner is left, and the explorer
-    is not rebuilt (a rerun with on_click="rerun" once re-ran the page behind each click)."""
+    """The heads grid's PNG, npz, SVG and PDF, each clicked twice: every file arrives (the SVG and PDF with the
+    panel's title as text), no spinner is left, and the explorer is not rebuilt (a rerun with on_click="rerun" once re-ran the page behind each click)."""
     pg, _, server = browser_page
     _open(pg, server, "/heads?intro=0&layer=10", unless=_heads_at(10))
     paints = pg.evaluate(VIEW_JS)["paints"]
     files = {}
     for _ in range(2):
-        for label in ["Image (png)", "Data (npz)"]:
+        for label in ["Image (png)", "Data (npz)", "Image (svg)", "Image (pdf)"]:
             button = pg.get_by_role("button", name=label).first
             button.scroll_into_view_if_needed()
             with pg.expect_download(timeout=60_000) as info:
@@ -274,6 +274,15 @@ def test_heads_downloads_finish_and_rerun_nothing(browser_page, tmp_path):
             files[label] = path
     assert files["Image (png)"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "layer10" in files["Image (png)"].name  # the files follow the browser's view
+    # For papers: the same panel with vector text (tests/test_vector_figures.py reads them the same way).
+    import xml.etree.ElementTree as ET
+
+    from test_vector_figures import _pdf_text
+
+    title = "Layer 10, every head, CLS query"
+    svg = ET.parse(files["Image (svg)"]).getroot()
+    assert title in ["".join(t.itertext()).strip() for t in svg.iter() if t.tag.endswith("text")]
+    assert title in _pdf_text(files["Image (pdf)"].read_bytes())
     with np.load(files["Data (npz)"]) as npz:
         assert npz["maps"].shape == (6, 16, 16) and (npz["maps"] >= 0).all() and (npz["maps"] <= 1).all()
     assert pg.locator('[data-testid="stDownloadButton"] [data-testid="stSpinner"]').count() == 0
@@ -502,3 +511,64 @@ def test_rollout_smoothed_in_the_browser_equals_the_export(browser_page):
     view = pg.evaluate(VIEW_JS)["view"]
     assert (view["depth"], view["patch"]) == (11, 105)  # a new payload keeps the view
     _assert_rollout_tile(pg, 11, 105, "rollout of patch 105, layers 1-11, smoothed", smooth=True)
+
+
+OUTLINED_JS = f"""() => [...{ROOT_JS}.querySelectorAll('.vv-outlined canvas.vv-tile')].map(c => Number(c.dataset.head))"""
+CHEAD_JS = f"""() => Number({ROOT_JS}.querySelector('select[data-key="chead"]').value)"""
+
+
+@pytest.mark.parametrize("compare_head_before", [None, 2])
+def test_a_distance_dot_opens_its_layer_outlines_its_head_and_sets_compare_layers(browser_page, compare_head_before):
+    """A click on a dot of the depth plot opens the heads page on that layer with that head's tile outlined and
+    picked under Compare layers, in a fresh view and in one whose Compare head was set before (its last report
+    must not win over the click)."""
+    from test_browser import POINT_JS
+
+    pg, _, server = browser_page
+    if compare_head_before:
+        _open(pg, server, f"/heads?intro=0&chead={compare_head_before}")
+        assert pg.evaluate(CHEAD_JS) == compare_head_before
+        assert pg.evaluate(OUTLINED_JS) == [compare_head_before]
+    HELD["dropped"] = True  # the next _open loads the link
+    pg.goto(f"{server}/distance?intro=0", timeout=300_000)
+    dots = pg.locator(".js-plotly-plot .scatterlayer .point")
+    dots.first.wait_for(state="visible")
+    pg.wait_for_function(IDLE_JS, arg=1500, polling=200, timeout=300_000)
+    dot = dots.nth(dots.count() // 2 + 3)  # a middle layer, not head 1 of layer 1 (the defaults)
+    layer, head = dot.evaluate(POINT_JS)[:2]
+    assert (layer, head) != (12, compare_head_before or 1)
+    dot.scroll_into_view_if_needed()
+    box = dot.bounding_box()
+    pg.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    pg.get_by_text(re.compile(r"Opened from the distance plot")).wait_for(timeout=120_000)
+    pg.wait_for_selector(READY, timeout=300_000)
+    pg.wait_for_function(IDLE_JS, arg=1500, polling=200, timeout=300_000)
+    shots = ROOT / "test-artifacts" / "walk"
+    shots.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(shots / f"heads_from_distance_dot{'_after_chead' if compare_head_before else ''}.png"))
+    view = pg.evaluate(VIEW_JS)["view"]
+    assert (view["layer"], view["chead"]) == (layer, head), (view, layer, head)
+    assert pg.evaluate(OUTLINED_JS) == [head]
+    assert pg.evaluate(CHEAD_JS) == head
+    HELD["dropped"] = True  # leave the next test a fresh load: this one's view is not the default
+
+
+NOTE_JS = f"""() => {ROOT_JS}.querySelector('.vv-controls .vv-small').textContent"""
+
+
+def test_the_browser_pickers_name_a_patch_as_every_page_does_and_rollout_reading_cls_selects_none(browser_page):
+    """The heads picker names patch 148 as the Overview grid labels it ("patch 148 (row 10, col 5)", 0-based raster
+    number, rows and columns from 1); the rollout page reading out CLS neither outlines nor calls selected the patch
+    clicked on the heads page, and calls it selected once it reads the clicked patch out."""
+    pg, _, server = browser_page
+    _open(pg, server, "/heads?intro=0&query=patch&patch=148")
+    assert pg.evaluate(NOTE_JS).endswith("Selected: patch 148 (row 10, col 5)")
+    shots = ROOT / "test-artifacts" / "walk"
+    shots.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(shots / "heads_patch148.png"))
+    _open(pg, server, "/rollout?intro=0&patch=148&readout=readout")
+    assert pg.evaluate(NOTE_JS) == "Click a patch to roll out its row. Read out now: CLS."
+    pg.screenshot(path=str(shots / "rollout_cls_with_patch148_kept.png"))
+    _open(pg, server, "/rollout?intro=0&patch=148&readout=patch")
+    assert pg.evaluate(NOTE_JS).endswith("Selected: patch 148 (row 10, col 5)")
+    HELD["dropped"] = True

@@ -374,6 +374,24 @@ def test_chance_band_says_when_a_method_cannot_be_told_from_chance():
     assert "better than chance on deletion" in text and "not distinguishable from chance on insertion" in text
 
 
+def test_a_best_method_within_chance_is_labelled_so_in_the_table():
+    """The AUC table's "best insertion" must agree with the chance verdict: a method inside the random band is
+    "best insertion (within chance)", one outside it plain "best deletion"; without a band nothing is added."""
+    from vitviz.perturbation import Faithfulness
+
+    band = ChanceBand(deletion=np.array([0.80, 0.84, 0.82, 0.86]), insertion=np.array([0.84, 0.85, 0.83, 0.84]))
+    fractions = np.array([0.0, 1.0])  # trapezoid over [0, 1]: AUC = mean of the two points
+    # attnlrp: deletion AUC 0.70 (better than chance), insertion AUC 0.845 (inside 0.84 ± 2 x 0.0082)
+    # rollout: deletion AUC 0.83 (chance), insertion AUC 0.80 (worse)
+    result = Faithfulness(methods=["attnlrp", "rollout"], maps=np.zeros((2, 2, 2)), fractions=fractions,
+                          counts=np.array([0, 4]), deletion=np.array([[0.7, 0.7], [0.83, 0.83]]),
+                          insertion=np.array([[0.845, 0.845], [0.8, 0.8]]), score="probability")
+    marks = {r["method"]: r["reference"] for r in result.table(band)}
+    assert marks == {"attnlrp": "best deletion, best insertion (within chance)",
+                     "rollout": "worst deletion, worst insertion"}
+    assert {r["method"]: r["reference"] for r in result.table()}["attnlrp"] == "best deletion, best insertion"
+
+
 def test_random_seed_maps_are_distinct_and_reproducible():
     maps = random_seed_maps((4, 5), first_seed=3, seeds=10)
     assert list(maps) == [f"random_seed_{s}" for s in range(3, 13)]

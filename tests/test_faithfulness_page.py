@@ -82,3 +82,34 @@ def test_this_image_states_the_chosen_replacement_and_its_table_downloads_rerun_
     buttons = [b.proto for b in at.get("download_button")]
     assert "Data (csv)" in [b.label for b in buttons]
     assert [b.label for b in buttons if not b.ignore_rerun] == []
+
+
+def _colour_bar(at, key: str) -> dict:
+    """The colour-bar marker of the chart whose id contains ``key``: its colour scale and limits."""
+    import json
+
+    chart = next(c for c in at.get("plotly_chart") if key in (c.proto.id or ""))
+    traces = json.loads(chart.proto.spec)["data"]
+    return next(t["marker"] for t in traces if t.get("marker", {}).get("showscale"))
+
+
+@pytest.mark.slow
+def test_each_methods_map_keeps_its_colour_rule_signed_diverging_and_legrad_sequential():
+    """AttnLRP (signed) was drawn Inferno from 0 here, its negative values invisible, while the heads and Attribution
+    pages draw it red/blue around 0: one colour rule per method. LeGrad (never negative) stays sequential."""
+    from streamlit.testing.v1 import AppTest
+
+    from test_app import APP
+    from vitviz.figures.colour import reference_stops
+
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.switch_page("pages/8_faithfulness.py").run()
+    at.multiselect(key="faith_methods").set_value(["attnlrp", "legrad"]).run()
+    at.number_input(key="faith_steps").set_value(3).run()
+    at.button(key="faith_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    signed = _colour_bar(at, "faith_map_attnlrp")
+    assert signed["colorscale"] == reference_stops("RdBu_r")
+    assert signed["cmin"] == pytest.approx(-signed["cmax"]) and signed["cmax"] > 0
+    legrad = _colour_bar(at, "faith_map_legrad")
+    assert legrad["colorscale"] == reference_stops("Inferno") and legrad["cmin"] == 0

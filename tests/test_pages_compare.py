@@ -75,12 +75,16 @@ def test_a_file_that_is_not_a_stats_table_gets_a_sentence_and_the_good_one_is_pl
     good = stats_table("vit_b", np.arange(8.0).reshape(1, 4, 2))
     at = _upload(page, [("notes.parquet", b"not parquet at all", "application/octet-stream"),
                         ("other.parquet", parquet_bytes(good.drop(columns=["entropy"])), "application/octet-stream"),
+                        ("ab.parquet", parquet_bytes(pd.DataFrame({"a": [1, 2], "b": [3.0, 4.0]})),
+                         "application/octet-stream"),
                         ("vit_b.parquet", parquet_bytes(good), "application/octet-stream"),
                         ("copy.parquet", parquet_bytes(good), "application/octet-stream")])
     errors = [e.value for e in at.error]
     assert any(i.value == "copy.parquet: the same file as vit_b.parquet; shown once." for i in at.info)
     assert any(e.startswith("notes.parquet: not a Parquet file") for e in errors), errors
     assert any(e.startswith("other.parquet: not a vitviz stats table: it lacks the column entropy") for e in errors)
+    assert any(e.startswith("ab.parquet: not a vitviz stats table: it lacks the columns image, model, layer, head")
+               for e in errors), errors
     assert list(_layer_means(_figure(at))) == ["vit_b"]
 
 

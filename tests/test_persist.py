@@ -61,3 +61,25 @@ def test_a_link_brings_back_the_resolution_and_names_the_model():
     assert (first.query_params["model"], first.query_params["res"]) == ("bundled", "280")
     reloaded = _session({"model": "bundled", "res": "280"})
     assert reloaded.sidebar.number_input(key="img_size").value == 280
+
+
+def test_a_rejected_upload_is_never_kept_and_each_upload_is_listed_once():
+    """A file that is not an image gets its sentence while the uploader holds it, and is not stored, not named in
+    the URL (so F5 cannot bring it back) and not listed; an upload the uploader lists is not listed again below it."""
+    from ui.persist import content_name
+
+    at = _session()
+    bad = ("bad.jpg", b"this is not a JPEG", "image/jpeg")
+    at.sidebar.file_uploader(key="uploads").set_value([bad, CHELSEA]).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [e.value for e in at.error if e.value.startswith("bad.jpg")], [e.value for e in at.error]
+    assert at.query_params["img"] == content_name(CHELSEA[1])
+    assert "bad.jpg" not in _images(at)
+    assert not [c.value for c in at.sidebar.caption if "chelsea.jpg ·" in c.value or "bad.jpg" in c.value]
+    at.switch_page("pages/4_distance.py").run()  # the uploader is empty here: the box lists chelsea, once
+    assert not [e.value for e in at.error if "bad.jpg" in e.value]
+    assert [c.value for c in at.sidebar.caption if "jpg ·" in c.value] == [
+        f":material/image: chelsea.jpg · {len(CHELSEA[1]) / 1e6:.1f} MB"]
+    reloaded = _session({"img": at.query_params["img"]})  # F5
+    assert not [e.value for e in reloaded.error if "bad.jpg" in e.value]
+    assert "bad.jpg" not in _images(reloaded) and "chelsea.jpg" in _images(reloaded)

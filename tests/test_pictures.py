@@ -216,3 +216,24 @@ def test_sinks_are_marked_on_their_own_tile_and_none_sets_a_limit():
     # A white cross runs through the sink's cell on its own tile only.
     assert tuple(first[7, 7]) == (255, 255, 255) and tuple(second[7, 7]) != (255, 255, 255)
     assert tuple(second[217, 217]) == (255, 255, 255) and tuple(first[217, 217]) != (255, 255, 255)
+
+
+def test_signed_maps_are_drawn_diverging_around_zero_whatever_colour_map_is_asked():
+    """A signed map (relevance) on the photo: its limits are ± the 99th percentile of |value|, 0 sits at the
+    diverging map's centre (transparent where low: the photo itself), the positive end is red, the negative blue
+    (RdBu_r), even when the page's Display asks for Inferno; clipping counts both ends."""
+    rng = np.random.default_rng(0)
+    grid = rng.uniform(-1.0, 1.0, (16, 16))
+    grid[0, 0], grid[0, 1], grid[5, 5] = 50.0, -50.0, 0.0
+    photo = Image.new("RGB", (224, 224), (90, 160, 40))
+    heat = render_maps(photo, grid[None], cmap="Inferno", style="heatmap", opacity=1.0, signed=True)
+    (scale,) = heat.scales
+    limit = np.percentile(np.abs(grid), 99)
+    assert (scale.lo, scale.hi, scale.signed, heat.cmap) == (pytest.approx(-limit), pytest.approx(limit), True, "RdBu_r")
+    lut, tile = lookup_table("RdBu_r"), np.asarray(heat.tiles[0])
+    assert tuple(tile[7, 7]) == tuple(lut[-1]) and tuple(tile[7, 14 + 7]) == tuple(lut[0])  # +50 red, -50 blue
+    assert tuple(tile[5 * 14 + 7, 5 * 14 + 7]) == tuple(lut[128])  # 0: the centre stop (rounded up at 127.5)
+    assert sorted(heat.clipped[0].tolist()) == sorted(np.flatnonzero(np.abs(grid.ravel()) > limit).tolist())
+    low = np.asarray(render_maps(photo, grid[None], style="transparent where low", opacity=1.0, signed=True).tiles[0])
+    assert tuple(low[5 * 14 + 7, 5 * 14 + 7]) == (90, 160, 40)  # 0 lets the photo through
+    assert colour_bar_ticks(scale)[2] == (0.5, "0")  # the bar's middle tick is 0

@@ -14,7 +14,7 @@ def test_probes_page_trains_every_layer_and_its_probe_becomes_the_head(bundled):
     at = AppTest.from_file(APP, default_timeout=600)
     at.session_state["kept_samples"] = ["astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg"]
     at.run()
-    at.switch_page("pages/12_probes.py").run()
+    at.switch_page("pages/14_probes.py").run()
     assert not at.exception
     boxes = [s for s in at.selectbox if s.key and s.key.startswith("probe_group_")]
     assert len(boxes) == 4 and [b.value for b in boxes] == ["group 1", "group 2", "group 1", "group 2"]

@@ -3,6 +3,7 @@ the core's maps of the repaired forward (computed here from the adapters' edit= 
 the choice holds across pages, and an edit given to :func:`vitviz.adapters.editing` reaches every run inside."""
 import base64
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -124,6 +125,19 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
     assert at.button(key="attribution_faithfulness_run")
     attr = _heatmaps(at, "attribution_repair_maps")
     assert len(attr) >= 2 and not np.allclose(attr[0], attr[1])
+    # One colour rule per method: AttnLRP (signed) red/blue around 0, LeGrad and Grad-CAM (never negative) sequential
+    # from 0 in their own figures (all three were drawn red/blue here).
+    from vitviz.figures.colour import reference_stops
+
+    def scales(key):
+        chart = next(c for c in at.get("plotly_chart") if re.search(key + r"(?!_\d)", c.proto.id or ""))
+        return [t.get("colorscale") or t["marker"]["colorscale"] for t in json.loads(chart.proto.spec)["data"]
+                if t.get("colorscale") or t.get("marker", {}).get("showscale")]
+
+    assert at.multiselect(key="attr_methods").value == ["attnlrp", "legrad", "gradcam"]
+    assert {str(c) for c in scales("attribution_repair_maps")} == {str(reference_stops("RdBu_r"))}
+    for key in ("attribution_repair_maps_1", "attribution_repair_maps_2"):  # LeGrad, Grad-CAM
+        assert scales(key) == [reference_stops("Inferno")]
 
 
 def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_with_the_repair(planted_checkpoint):
@@ -205,9 +219,48 @@ def test_attribution_page_after_map_is_the_attribution_of_the_repaired_forward(p
     plain = attribute(loaded.model, x, "attnlrp", target).patches[0]
     with editing(R.TestTimeRegister(((LAYER, NEURON),)).edit(layout)):
         repaired = attribute(loaded.model, x, "attnlrp", target).patches[0]
-    # The figure draws z = map[::-1] (row 0 at the bottom). Both sides are the same float64 computation on the
-    # same float32 model in two processes: 1e-6 of the map's largest |value| covers the summation order.
+    # The maps are drawn over the photo; each tile's hover heatmap carries the map as float32, row 0 at the top.
+    # Both sides are the same float64 computation on the same float32 model in two processes: 1e-6 of the map's
+    # largest |value| covers the summation order and float32's rounding (6e-8 relative).
     tol = 1e-6 * np.abs(plain).max()
-    np.testing.assert_allclose(before[::-1], plain, rtol=0, atol=tol)
-    np.testing.assert_allclose(after[::-1], repaired, rtol=0, atol=tol)
+    np.testing.assert_allclose(before, plain, rtol=0, atol=tol)
+    np.testing.assert_allclose(after, repaired, rtol=0, atol=tol)
     assert np.abs(repaired - plain).max() > 1000 * tol  # the register changes the map: equality above means something
+
+
+def _grey_with_a_white_square() -> bytes:
+    """A photo the bundled model puts patch norms above 2x the median on in layers 1-4 and in no later layer
+    (largest / median 3.9 in layer 1, 1.01 in layer 12): outliers, but none in the detection layer."""
+    import io
+
+    from PIL import Image
+
+    pixels = np.full((224, 224, 3), 128, np.uint8)
+    pixels[100:116, 100:116] = 255
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.mark.slow
+def test_registers_page_with_outliers_but_none_in_the_detection_layer_says_so_and_draws_the_rest(bundled):
+    """Two images, threshold 2.0: outliers emerge in layer 1 but no image has one in the last layer, so no neuron
+    is ranked. The page says why in a sentence (it raised IndexError in neuron_maps), offers no register, and still
+    draws sink masking below; the norm chart's x axis spans the layers and its line label sits right of layer 1."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.sidebar.file_uploader(key="uploads").set_value([("square.png", _grey_with_a_white_square(), "image/png")]).run()
+    at.switch_page("pages/11_registers.py").run()
+    at.slider(key="registers_factor").set_value(2.0).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+    assert any("Outliers emerge in layer 1 (1 of 2 images have one there)" in c.value for c in at.caption)
+    said = [i.value for i in at.info if i.value.startswith("No image of the set has an outlier in layer 12")]
+    assert said and "outliers appear only in layers 1, 2, 3, 4" in said[0], [i.value for i in at.info]
+    assert not any("Test-time register" in s.value for s in at.subheader)
+    assert any("Sink masking" in s.value for s in at.subheader)
+    spec = json.loads(next(c for c in at.get("plotly_chart") if "registers_norms" in (c.proto.id or "")).proto.spec)
+    assert spec["layout"]["xaxis"]["range"] == [0.5, 12.5]
+    label = next(a for a in spec["layout"]["annotations"] if a["text"].startswith("outliers emerge"))
+    assert label["text"] == "outliers emerge (layer 1)" and label["xanchor"] == "left"

@@ -7,10 +7,12 @@ import streamlit as st
 
 from ui.cache import cached_model, model_run
 from ui.charts import file_stem, show_chart
+from ui.display import display_in_use
 from ui.downloads import download_row
 from ui.progress import with_progress
 from vitviz.adapters import editing
-from vitviz.attribution import LABELS, PIXEL_METHODS, Attribution, attribute, default_target, methods_for, why_not
+from vitviz.attribution import LABELS, Attribution, Projection, attribute, default_target, methods_for, why_not
+from vitviz.explainers import registered
 from vitviz.figures.attribution_figures import maps_figure
 from vitviz.images import preprocess
 from vitviz.analyses.tokens import top_classes
@@ -61,19 +63,35 @@ def target_picker(ctx, container, key: str, say_headless: bool = True) -> int | 
     return int(label.split(":")[0])
 
 
+def target_title(target) -> str:
+    """The target in words, for figure titles; captions keep :meth:`vitviz.attribution.Target.text` (which names
+    the vector as the code does, e.g. ``forward_head(pre_logits=True)``)."""
+    if isinstance(target, Projection):
+        return "projection of the model's pooled output vector on its direction for this image"
+    return target.text()
+
+
 def scale_caption(target_text: str, methods: list[str]) -> str:
     """What the maps' colours mean, under every attribution figure."""
-    signed = [LABELS[m] for m in methods if m in PIXEL_METHODS]
-    unsigned = [LABELS[m] for m in methods if m not in PIXEL_METHODS]
-    return (f"Target: {target_text}. "
+    rule = registered()  # each method's colour rule (signed: diverging around 0)
+    signed = [LABELS[m] for m in methods if rule[m].signed]
+    unsigned = [LABELS[m] for m in methods if not rule[m].signed]
+    return (f"Target: {target_text}. Drawn over the model input with the Display box's overlay and opacity. "
             + (f"Signed maps ({', '.join(signed)}) use a diverging scale centred on 0 with symmetric limits at the "
-               "99th percentile of |relevance| (red raises the target, blue lowers it). " if signed else "")
-            + (f"{' and '.join(unsigned)} {'is' if len(unsigned) == 1 else 'are'} non-negative (Inferno from 0). "
-               if unsigned else "")
+               "99th percentile of |relevance| (red raises the target, blue lowers it, 0 lets the photo through). "
+               if signed else "")
+            + (f"{' and '.join(unsigned)} {'is' if len(unsigned) == 1 else 'are'} non-negative (the Display box's "
+               "colour map, from 0). " if unsigned else "")
             + ("Each map has its own scale: the methods' units differ." if len(methods) > 1 else ""))
 
 
-def attribution_panel(ctx, key: str, controls=None) -> None:
+def overlay_choices(display) -> dict:
+    """The Display's overlay choices as :func:`vitviz.figures.attribution_figures.maps_figure` takes them: attribution maps
+    are drawn over the photo as the attention maps are (the colour map only for the non-negative methods)."""
+    return {"cmap": display.cmap, "style": display.style, "opacity": display.opacity, "smooth": display.smooth}
+
+
+def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
     """One attribution method's patch map of the current image, through the same cached computation, target and
     figure as the Attribution page, for a page that shows it beside its own maps (rollout, heads). Refusals are
     the model's sentences.
@@ -82,6 +100,7 @@ def attribution_panel(ctx, key: str, controls=None) -> None:
         key: prefix of the widgets' keys.
         controls: the container of the method and target widgets (default: above the map); the map, its
             caption and downloads go where the call is made.
+        display: the page's :class:`ui.display.Display` (default: the choices last made on a map page).
     """
     model = ctx.loaded.model
     if why := why_not(model):
@@ -103,8 +122,10 @@ def attribution_panel(ctx, key: str, controls=None) -> None:
         return
     text = result.target.text()
     stem = file_stem("attribution", ctx.image.name, method)
-    show_chart(maps_figure(ctx.result.model_input, [result], pixels=False, target_text=text, with_input=False,
-                           wrap=56, plot_height=380), f"{key}_fig", stem)
+    display = display or display_in_use()
+    show_chart(maps_figure(ctx.result.model_input, [result], pixels=False, target_text=target_title(result.target),
+                           with_input=False,
+                           wrap=56, plot_height=380, **overlay_choices(display)), f"{key}_fig", stem)
     st.caption(scale_caption(text, [method]) + " Patch map (relevance summed over each patch's pixels for AttnLRP, "
                "CP-LRP and Gradient × Input); computed when chosen and kept for this image, method and target.")
     download_row(stem, {f"attribution_{method.replace('-', '_')}": result.patches},

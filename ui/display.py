@@ -17,6 +17,7 @@ from vitviz.figures.core import map_panel
 from vitviz.layout import TokenLayout
 from vitviz.figures.overlay import OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES, RenderedMaps, colour_bar, panel_png, render_maps
 from vitviz.figures.report import outline_patch
+from vitviz.figures.vector_figures import panel_vector
 
 CLICK_SCALE = 2  # the picker image is drawn at twice the model input, then fitted to the column
 
@@ -59,23 +60,45 @@ def display_controls(prefix: str = "") -> Display:
     return Display(cmap, scale_mode, style, opacity, smooth, exclude_sinks)
 
 
+def display_in_use() -> Display:
+    """The display choices as the session last made them on any map page (the Display box's keys, or the browser
+    explorer's view in the URL, which uses the same names), for a figure drawn without a box of its own."""
+    from ui.persist import saved_view
+
+    saved, state = saved_view(), st.session_state
+
+    def pick(key, allowed, default):
+        value = state.get(key, saved.get(key))
+        return value if value in allowed else default
+
+    try:
+        opacity = min(1.0, max(0.0, float(state.get("opacity", saved.get("opacity", 0.8)))))
+    except (TypeError, ValueError):
+        opacity = 0.8
+    return Display(cmap=pick("cmap", SEQUENTIAL, "Inferno"), scale_mode=pick("scale_mode", SCALE_MODES, SCALE_MODES[0]),
+                   style=pick("style", OVERLAY_STYLES, OVERLAY_STYLES[0]), opacity=opacity,
+                   smooth=bool(state.get("smooth", False)))
+
+
 def render(image: Image.Image, maps: np.ndarray, display: Display, *, masks=None, query=None, sinks=None, region=None,
-           zoom: int = 1) -> RenderedMaps:
-    """(k, gh, gw) maps drawn as the display says (the tiles, their colour scales, what was clipped)."""
+           zoom: int = 1, signed: bool = False) -> RenderedMaps:
+    """(k, gh, gw) maps drawn as the display says (the tiles, their colour scales, what was clipped); ``signed`` maps
+    (relevance) on the diverging map centred on 0 with the display's overlay, opacity and smoothing."""
     return render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
                        opacity=display.opacity, smooth=display.smooth, masks=masks, query=query, sinks=sinks,
-                       region=region, zoom=zoom)
+                       region=region, zoom=zoom, signed=signed)
 
 
 def map_figure(image: Image.Image, maps: np.ndarray, layout: TokenLayout, display: Display, *, titles: list[str],
                title: str = "", notes: list[str] | None = None, masks=None, query=None, sinks=None, columns: int = 3,
-               highlight: int | None = None, value_name: str = VALUE_NAME, tile_px: int | None = None, region=None):
-    """(rendered tiles, plotly figure) for (k, gh, gw) maps drawn as the display says."""
-    rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region)
+               highlight: int | None = None, value_name: str = VALUE_NAME, tile_px: int | None = None, region=None,
+               signed: bool = False):
+    """(rendered tiles, plotly figure) for (k, gh, gw) maps drawn as the display says (``signed``: see :func:`render`)."""
+    rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region, signed=signed)
     shown = maps if masks is None else np.where(masks, maps, np.nan)
     labels = [_label(t, s, rendered.shared, n) for t, s, n in
               zip(titles, rendered.scales, notes or [None] * len(titles))]
-    fig = map_panel(rendered.tiles, shown, rendered.scales, labels, layout, cmap=display.cmap, value_name=value_name,
+    fig = map_panel(rendered.tiles, shown, rendered.scales, labels, layout, cmap=rendered.cmap, value_name=value_name,
                     columns=columns, tile_px=tile_px or (TILE_PX if len(maps) > 1 else SINGLE_TILE_PX), title=title,
                     colour_bar=display.style != "DINO mask", highlight=_tile_of_head(titles, highlight))
     return rendered, fig
@@ -91,7 +114,9 @@ def tile_label(title: str, scale, shared: bool) -> str:
     """A tile's title with its own scale when the tiles do not share one (a flat map says so)."""
     if shared:
         return title
-    return f"{title} · flat" if scale.flat else f"{title} · top {10 ** scale.hi if scale.log else scale.hi:.3g}"
+    if scale.flat:
+        return f"{title} · flat"
+    return f"{title} · ±{scale.hi:.3g}" if scale.signed else f"{title} · top {10 ** scale.hi if scale.log else scale.hi:.3g}"
 
 
 def _label(title: str, scale, shared: bool, note: str | None) -> str:
@@ -99,18 +124,44 @@ def _label(title: str, scale, shared: bool, note: str | None) -> str:
     return f"{text}<br><span style='font-size:11px'>{note}</span>" if note else text
 
 
-def panel_download(image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str, *,
-                   masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME,
-                   region=None, notes: list[str] | None = None):
-    """A callable building the publication PNG of the same panel (tiles at ``zoom``x, titles, colour bar)."""
-    def build() -> Image.Image:
-        rendered = render(image, maps, display, masks=masks, query=query, sinks=sinks, region=region, zoom=zoom)
-        labels = [tile_label(t, s, rendered.shared) for t, s in zip(titles, rendered.scales)]
-        bar_title = value_name if rendered.shared else f"{value_name} / tile's top"
-        bar = colour_bar(rendered.scales[0], display.cmap, bar_title, rendered.tiles[0].height,
-                         relative=not rendered.shared) if display.style != "DINO mask" else Image.new("RGB", (1, 1), "white")
-        return panel_png(rendered.tiles, labels, title, bar, columns=min(columns, len(maps)), notes=notes)
-    return build
+class PanelImage:
+    """The publication files of one map panel, built when a download button is first clicked: ``image()`` the PNG
+    (tiles at ``zoom``x, titles, colour bar, as the screen), ``vector(fmt)`` an SVG or PDF with vector text
+    (:func:`vitviz.vector_figures.panel_vector`)."""
+
+    def __init__(self, image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str, *,
+                 masks=None, query=None, sinks=None, columns: int = 3, zoom: int = 2, value_name: str = VALUE_NAME,
+                 region=None, notes: list[str] | None = None, signed: bool = False):
+        self._draw = dict(masks=masks, query=query, sinks=sinks, region=region, signed=signed)
+        self._args = (image, maps, display)
+        self.titles, self.title, self.columns, self.zoom = titles, title, min(columns, len(maps)), zoom
+        self.value_name, self.notes, self.display = value_name, notes, display
+
+    def _rendered(self, zoom: int) -> RenderedMaps:
+        return render(*self._args, zoom=zoom, **self._draw)
+
+    def __call__(self) -> Image.Image:
+        """The PNG's image (a callable, as :func:`ui.downloads.download_row` takes it)."""
+        rendered = self._rendered(self.zoom)
+        labels = [tile_label(t, s, rendered.shared) for t, s in zip(self.titles, rendered.scales)]
+        bar_title = self.value_name if rendered.shared else f"{self.value_name} / tile's top"
+        bar = colour_bar(rendered.scales[0], rendered.cmap, bar_title, rendered.tiles[0].height,
+                         relative=not rendered.shared) if self.display.style != "DINO mask" else Image.new("RGB", (1, 1), "white")
+        return panel_png(rendered.tiles, labels, self.title, bar, columns=self.columns, notes=self.notes)
+
+    def vector(self, fmt: str) -> bytes:
+        """The panel as ``"svg"`` or ``"pdf"``: tiles at the model input's resolution, text as text."""
+        rendered = self._rendered(1)
+        labels = [tile_label(t, s, rendered.shared) for t, s in zip(self.titles, rendered.scales)]
+        return panel_vector(rendered.tiles, labels, self.title, rendered.scales[0], rendered.cmap,
+                            value_name=self.value_name, fmt=fmt, columns=self.columns, relative=not rendered.shared,
+                            colour_bar=self.display.style != "DINO mask")
+
+
+def panel_download(image: Image.Image, maps: np.ndarray, display: Display, titles: list[str], title: str,
+                   **kwargs) -> PanelImage:
+    """The publication files of the same panel (see :class:`PanelImage`; keyword arguments as its)."""
+    return PanelImage(image, maps, display, titles, title, **kwargs)
 
 
 def patch_picker(image: Image.Image, layout: TokenLayout, key: str, shown: int | None = None,

@@ -1,4 +1,5 @@
-"""Every figure gets a data download (npz or CSV) and its settings as JSON; images also as PNG."""
+"""Every figure gets a data download (npz or CSV) and its settings as JSON; images also as PNG, map panels also
+as SVG and PDF."""
 from __future__ import annotations
 
 import hashlib
@@ -71,7 +72,7 @@ def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settin
     (``on_click="ignore"``; the filters page's deferred npz, with its rerun of the page, once left a
     spinner that never ended).
     """
-    cols = st.columns(3)
+    cols = st.columns(5 if getattr(png, "vector", None) is not None else 3)
     if prepared and not isinstance(arrays, pd.DataFrame):
         image = png() if callable(png) else png
         cols[0].download_button("Data (npz)", _once(name, "npz", _digest(arrays), lambda: npz_bytes(arrays)),
@@ -95,3 +96,10 @@ def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settin
     if png is not None:
         cols[2].download_button("Image (png)", _memo(lambda: png_bytes(png() if callable(png) else png)), f"{name}.png",
                                 "image/png", key=f"png-{name}", on_click="ignore")
+    vector = getattr(png, "vector", None)  # a map panel (ui.display.PanelImage): also SVG and PDF with vector text
+    if vector is not None:
+        for col, fmt, mime in ((cols[3], "svg", "image/svg+xml"), (cols[4], "pdf", "application/pdf")):
+            col.download_button(f"Image ({fmt})", _memo(lambda fmt=fmt: vector(fmt)), f"{name}.{fmt}", mime,
+                                key=f"{fmt}-{name}", on_click="ignore",
+                                help="For papers: titles, tick labels and the colour bar as vector text; the maps "
+                                     "embedded at the model input's resolution.")

@@ -166,13 +166,16 @@ def remember_current(name: str) -> None:
         st.query_params[CURRENT_PARAM] = name
 
 
-def uploads_box(store: dict[str, bytes]) -> str | None:
-    """What is loaded, each with a × that removes it (the uploader's own × is empty after a page switch).
-    Returns the removed name, if any."""
+def uploads_box(store: dict[str, bytes], in_uploader: set[str] = frozenset()) -> str | None:
+    """What is loaded and not listed by the uploader itself (``in_uploader``: it is empty after a page switch or F5),
+    each with a × that removes it. Returns the removed name, if any."""
     removed = None
     for name, data in list(store.items()):
+        if name in in_uploader:
+            continue
         left, right = st.sidebar.columns([5, 1], vertical_alignment="center")
-        left.caption(f"📄 {name} · {len(data) / 1e6:.1f} MB")
+        # A Material icon (Streamlit's own font): the 📄 emoji was a missing glyph where no emoji font is installed.
+        left.caption(f":material/image: {name} · {len(data) / 1e6:.1f} MB")
         if right.button("×", key=f"remove_{content_name(data)}", help=f"Remove {name}"):
             store.pop(name)
             removed = name

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection
 
 import numpy as np
 import pandas as pd
@@ -20,7 +20,7 @@ from vitviz.images import preprocess
 from vitviz.runs.pipeline import forward_repaired
 from vitviz.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
 from vitviz.runs.registers_run import repair_faithfulness
-from vitviz.figures.registers_figures import maps_figure, norm_ratio_figure, output_change_table, signed_pairs_figure
+from vitviz.figures.registers_figures import maps_figure, norm_ratio_figure, output_change_table
 
 from .cache import ImageResult, _model_run, cached_model, image_result_of, store
 from .charts import file_stem, show_chart
@@ -127,7 +127,7 @@ def _repaired(ctx, repair: Repair) -> tuple[ImageResult, object]:
 
 
 def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]], *, what: str,
-                value_name: str = "attention", signed: bool = False) -> None:
+                value_name: str = "attention", signed: Collection[str] = ()) -> None:
     """The page's "Repair" choice and, when one is chosen, its maps before and after side by side.
 
     Args:
@@ -135,7 +135,8 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
         maps_of: one run -> {title: (gh, gw) map} with the page's current settings.
         what: what the maps are, for the title (e.g. "Rollout of the CLS, layers 1-12").
         value_name: the colour bar's unit.
-        signed: maps are signed (attribution): a diverging scale centred on 0.
+        signed: the titles of the maps that are signed (relevance): a diverging scale centred on 0; the others
+            (attention, LeGrad, Grad-CAM) a sequential one from 0, as on every other page.
     """
     st.divider()
     st.subheader("Repair: before and after")
@@ -152,17 +153,21 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
     after_maps = maps_of(Side(after, repair, repair.edit(ctx.loaded.model, layout, [ctx.result.sinks], device), repair))
     marked = ctx.result.sinks.patch_sinks(layout) if repair.kind == "sinks" else None
     stem = file_stem(key, "repair", repair.kind, ctx.image.name)
-    if signed:
-        fig, caption = signed_pairs_figure(before_maps, after_maps, repair.name, f"{what}: before and after {repair.name}")
-    else:
-        titles = [t for name in before_maps for t in (f"{name}: before", f"{name}: after")]
-        tiles = np.stack([m for name in before_maps for m in (before_maps[name], after_maps[name])])
-        fig, caption = maps_figure(ctx.result.model_input, tiles, titles, layout, f"{what}: before and after {repair.name}",
-                                   value_name=value_name, columns=2, tile_px=300, marked=marked)
-        caption += (" Before and after share one colour scale." + (" Crossed: the patch sinks the repair drops (they "
-                                                                    "set no colour limit)." if marked is not None else ""))
-    show_chart(fig, f"{key}_repair_maps", stem)
-    st.caption(caption)
+    title = f"{what}: before and after {repair.name}"
+    # Maps of one kind (attention) share one figure and one scale. Attribution maps differ in unit per method: each
+    # method's pair gets its own figure and scale, signed ones (relevance) diverging around 0, the others sequential
+    # from 0, as the method is drawn on every other page.
+    groups = [list(before_maps)] if not signed and len(before_maps) > 1 else [[name] for name in before_maps]
+    for i, names in enumerate(groups):
+        is_signed = names[0] in signed
+        titles = [t for name in names for t in (f"{name}: before", f"{name}: after")]
+        tiles = np.stack([m for name in names for m in (before_maps[name], after_maps[name])])
+        fig, caption = maps_figure(ctx.result.model_input, tiles, titles, layout,
+                                   title if len(groups) == 1 else f"{names[0]}: before and after {repair.name}",
+                                   value_name=value_name, columns=2, tile_px=300, marked=marked, signed=is_signed)
+        show_chart(fig, f"{key}_repair_maps" + (f"_{i}" if i else ""), stem)
+        st.caption(caption + " Before and after share one colour scale." + (
+            " Crossed: the patch sinks the repair drops (they set no colour limit)." if marked is not None else ""))
     show_chart(norm_ratio_figure(ctx.result.token_norms, layout, after.token_norms, after.layout, repair.name),
                f"{key}_repair_norms", file_stem(key, "repair_norms", repair.kind, ctx.image.name))
     st.markdown("**Output change** (this image, after vs before)")

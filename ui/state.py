@@ -118,10 +118,18 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
         if file_id in before:
             continue
         why = _upload_refusal(upload.name, upload.size, len(store))
+        data = upload.getvalue() if why is None else b""
+        if why is None:
+            # Decoded before it is kept: a file that is not an image is never stored, named in the URL or listed,
+            # and its sentence goes when the uploader lets go of it (its ×, a page switch, F5).
+            try:
+                _decode(upload.name, data)
+            except VitvizError as exc:
+                why = str(exc)
         if why:
             refused[file_id] = why
             continue
-        store[upload.name] = upload.getvalue()
+        store[upload.name] = data
         added.append(upload)
     for why in refused.values():
         st.error(why)
@@ -161,7 +169,8 @@ def _sidebar_images() -> tuple[list[LoadedImage], str | None]:
     newest = _sync_uploads(store)
     for gone in persist.keep_images(store):  # first: after F5 the list below then shows the images it brought back
         st.sidebar.warning(gone)
-    if persist.uploads_box(store):
+    # The uploader lists what it holds with its own ×; the box lists the rest (after a page switch or F5).
+    if persist.uploads_box(store, set(st.session_state.get("uploader_held", {}).values())):
         persist.keep_images(store)  # the URL names what is left
     st.session_state.setdefault("kept_samples", persist.linked_samples(SAMPLES) or SAMPLES[:1])
     samples = st.sidebar.multiselect("Sample photos (assets/)", SAMPLES, **_kept("samples", SAMPLES))

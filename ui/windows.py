@@ -24,6 +24,7 @@ from .cache import cached_image_result
 from .charts import file_stem, point_customdata, show_chart
 from .display import display_controls, map_figure, panel_download
 from .downloads import download_row
+from .guard import guarded
 from .state import Context
 
 CLICK_SCALE = 2
@@ -58,6 +59,7 @@ def _typed(g) -> None:
 
 
 @st.fragment
+@guarded("the window heads")
 def heads_view(ctx: Context) -> None:
     """Every head of one block: the clicked patch's attention over its window, placed on the image."""
     r = ctx.result

@@ -6,6 +6,7 @@ lens = vitviz.open("bundled")                          # any --model spelling
 x = lens.preprocess(["assets/chelsea.jpg"])            # x.tensor (B, 3, H, W), x.images
 trace = lens.trace(x, keep=("attn", "resid_post"))     # trace["attn", 11] (B, H, N, N); trace.stack("attn")
 m = vitviz.explain(lens, x, "attnlrp")                 # m.patches (B, gh, gw); vitviz.methods() lists them all
+sae = vitviz.SAE.fit(tokens, latents=1024, topk=16)    # sparse features (vitviz.features); vitviz.LatentTarget(sae, j)
 ```
 
 The public names are loaded on first use (``import vitviz`` itself imports no torch); nothing in this package
@@ -26,6 +27,7 @@ _PUBLIC = {
     "methods": "explainers", "explain": "explainers", "register_method": "explainers", "MapMethod": "explainers",
     "Map": "explainers",
     "faithfulness": "runs.faithfulness_run", "FaithfulnessTables": "runs.faithfulness_run",
+    "SAE": "features.sae", "LatentTarget": "features.splice", "load_sae": "features.public",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

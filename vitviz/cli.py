@@ -16,6 +16,7 @@ import numpy as np
 
 from . import __version__
 from .errors import VitvizError
+from .features import cli as features_cli
 from .io.lock import output_lock
 from .io.output import RunOutput, check_writable
 from .probes import cli as probes_cli
@@ -100,8 +101,11 @@ def _parser() -> argparse.ArgumentParser:
                          help="leave the raw attention (B, L, H, N, N) out of analysis.npz (every analysis still runs)")
     _stats_parser(sub)
     _registers_parser(sub)
+    features_cli.add_parser(sub)
     _faithfulness_parser(sub)
     probes_cli.add_parser(sub)
+    from .heads.cli import add_parsers as heads_parsers
+    heads_parsers(sub)
     return parser
 
 
@@ -826,7 +830,7 @@ def _on_sigterm(signum, frame):
 
 # Commands that write their --out folder: each holds it for one writer from before it computes anything
 # (vitviz.io.lock); a second run on the same folder is refused at once.
-WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers", "probe"}
+WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers", "qk", "heads", "probe"}
 
 
 def _folder_to_hold(argv: list[str]) -> tuple[str, Path] | None:
@@ -860,13 +864,15 @@ def _main(argv: list[str]) -> int:
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return {"stats": stats, "registers": registers, "faithfulness": faithfulness,
-                "probe": probes_cli.run}.get(args.command, analyze)(args)
+        from .heads.cli import COMMANDS as heads_commands
+        return ({"stats": stats, "registers": registers, "faithfulness": faithfulness,
+                 "features": features_cli.run, "probe": probes_cli.run} | heads_commands).get(args.command,
+                                                                                              analyze)(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as exc:
-        if args.command in ("stats", "faithfulness"):
+        if args.command in ("stats", "faithfulness", "features"):
             print(f"\ninterrupted while writing the tables: {args.out} keeps the previous ones and the finished "
                   "batches; run the same command again to go on.", file=sys.stderr)
             return 143 if isinstance(exc, Interrupted) else 130

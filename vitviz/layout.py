@@ -10,6 +10,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 
+# How a patch is named on every page (TokenLayout.token_name), said once where the app explains it.
+PATCH_NUMBERING = ("Patch numbers count from 0 in raster order, row by row (the index into the downloads' patch "
+                   "arrays and the link's patch=); rows and columns count from 1.")
+
+
 def patch_stride(patch_embed) -> tuple[int, int]:
     """Pixels of the model input per patch token: (sh, sw).
 

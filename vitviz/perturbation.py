@@ -207,14 +207,20 @@ class Faithfulness:
     def insertion_auc(self) -> np.ndarray:
         return auc(self.insertion, self.fractions)
 
-    def table(self) -> list[dict]:
-        """One row per method: AUCs, their difference, and which method is best/worst per metric."""
+    def table(self, chance: ChanceBand | None = None) -> list[dict]:
+        """One row per method: AUCs, their difference, and which method is best/worst per metric.
+
+        With ``chance`` (the random maps' band on this image), a "best" that :meth:`ChanceBand.compare` cannot tell
+        from chance (or finds worse) says so beside it: "best insertion (within chance)"."""
         d, i = self.deletion_auc, self.insertion_auc
         rows = []
         for m, name in enumerate(self.methods):
-            marks = [label for label, hit in (("best deletion", d[m] == d.min()), ("worst deletion", d[m] == d.max()),
-                                              ("best insertion", i[m] == i.max()), ("worst insertion", i[m] == i.min()))
-                     if hit]
+            marks = [label + qualify_best(chance, protocol, value) if label.startswith("best") else label
+                     for label, hit, protocol, value in (
+                         ("best deletion", d[m] == d.min(), "deletion", d[m]),
+                         ("worst deletion", d[m] == d.max(), "deletion", d[m]),
+                         ("best insertion", i[m] == i.max(), "insertion", i[m]),
+                         ("worst insertion", i[m] == i.min(), "insertion", i[m])) if hit]
             rows.append({"method": name, "deletion_auc": float(d[m]), "insertion_auc": float(i[m]),
                          "insertion_minus_deletion": float(i[m] - d[m]), "reference": ", ".join(marks)})
         return rows
@@ -383,6 +389,14 @@ class ChanceBand:
                  f"chance on {p}" for p, v in verdicts.items()]
         return (f"{name} is {' and '.join(parts)} (deletion {deletion_auc:.3f}, insertion {insertion_auc:.3f}; "
                 f"random maps {spread}, mean ± s.d. over {self.seeds} seeds; outside ± 2 s.d. counts).")
+
+
+def qualify_best(chance: ChanceBand | None, protocol: str, value: float) -> str:
+    """What follows "best" for a method whose AUC on ``protocol`` is ``value``: "" when it beats the random maps
+    (or there is no band to ask), " (within chance)" or " (worse than chance)" otherwise, so a best that cannot be
+    told from chance never reads as a finding."""
+    verdict = "better" if chance is None else chance.compare(protocol, value)
+    return {"better": "", "chance": " (within chance)", "worse": " (worse than chance)"}[verdict]
 
 
 def split_random_seeds(result: Faithfulness) -> tuple[list[int], ChanceBand | None]:

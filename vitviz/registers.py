@@ -568,7 +568,10 @@ def repair_maps(model, x: torch.Tensor, layout: TokenLayout, edit: dict, after_l
 
 @torch.inference_mode()
 def neuron_maps(model, x: torch.Tensor, layout: TokenLayout, neurons: list[RegisterNeuron]) -> np.ndarray:
-    """Each neuron's activation over the patches of one image (x: (1, 3, H, W)): (k, gh, gw)."""
+    """Each neuron's activation over the patches of one image (x: (1, 3, H, W)): (k, gh, gw); k = 0 (no forward)
+    for an empty list (a search whose detection layer had no outliers ranks no neuron)."""
+    if not neurons:
+        return np.zeros((0, *layout.grid_size))
     names = [point_name("mlp_hidden", layer) for layer in sorted({n.layer for n in neurons})]
     out = run(model, x, keep=names, stop_after=names[-1])
     return np.stack([layout.to_grid(to_host(out[point_name("mlp_hidden", n.layer)][0, layout.patch_slice, n.index]))

@@ -288,13 +288,19 @@ function picker(st, onPick) {
   return [st.picker, st.pickerNote];
 }
 
-function drawPicker(st, what) {
+// A patch as every page names it: its 0-based raster number, row and column from 1 (vitviz.layout.TokenLayout.token_name).
+const patchName = (p, gw) => `patch ${p} (row ${Math.floor(p / gw) + 1}, col ${p % gw + 1})`;
+
+// `readout`: what is read out instead of the selected patch (the rollout's CLS), or null when the patch is used:
+// then the patch is neither outlined nor called selected, though it stays the session's patch for the other pages.
+function drawPicker(st, what, readout = null) {
   const ctx = st.picker.getContext("2d"), [gh, gw] = st.header.grid;
   const img = new ImageData(new Uint8ClampedArray(st.base), st.W, st.H);
-  const p = st.view.patch;
+  const p = readout === null ? st.view.patch : null;
   if (p !== null) rect(img.data, st.W, st.H, [(p % gw) * st.W / gw, Math.floor(p / gw) * st.H / gh, (p % gw + 1) * st.W / gw - 1, (Math.floor(p / gw) + 1) * st.H / gh - 1], [0, 255, 0], 2);
   ctx.putImageData(img, 0, 0);
-  st.pickerNote.textContent = `Click a patch to ${what}. Selected: ${p === null ? "none" : `patch ${p} (row ${Math.floor(p / gw) + 1}, column ${p % gw + 1})`}`;
+  st.pickerNote.textContent = `Click a patch to ${what}. ` + (readout !== null ? `Read out now: ${readout}.`
+    : `Selected: ${p === null ? "none" : patchName(p, gw)}`);
 }
 
 function colourBar(st, scale, shared, d, valueName) {
@@ -340,7 +346,8 @@ function drawPanel(st, o) {
     canvas.getContext("2d").putImageData(img, 0, 0);
     const t = scales[i], title = o.titles[i];
     const label = shared ? title : t.flat ? `${title} · flat` : `${title} · top ${g3(t.log ? 10 ** t.hi : t.hi)}`;
-    tiles.push(el("figure", { class: "vv-cell" }, el("figcaption", {}, el("div", { textContent: label }),
+    // The outlined tile (the head picked under Compare layers) is drawn as the server's grid draws it: a green frame.
+    tiles.push(el("figure", { class: i === o.outline ? "vv-cell vv-outlined" : "vv-cell" }, el("figcaption", {}, el("div", { textContent: label }),
       el("div", { class: "vv-small", textContent: o.notes ? o.notes[i] : "" })), canvas));
   });
   o.grid.style.gridTemplateColumns = `repeat(${o.columns}, minmax(0, ${o.tilePx}px))`;
@@ -524,7 +531,8 @@ const heads = {
       drawPanel(st, { maps: shown, d: v, query, sinks: shown.map(() => (v.sinks ? header.sinks[l] : [])),
         masks: keep > 0 ? shown.map((m) => thresholdMask(m, keep)) : null,
         titles: order.map((h) => `head ${h + 1}`), notes: header.notes ? order.map((h) => header.notes[l][h]) : null,
-        data: order.map((h) => ({ head: h + 1 })), tileClass: "vv-tile", columns: H <= 9 ? 3 : 4, tilePx: TILE_PX,
+        data: order.map((h) => ({ head: h + 1 })), outline: order.indexOf(v.chead - 1),
+        tileClass: "vv-tile", columns: H <= 9 ? 3 : 4, tilePx: TILE_PX,
         valueName: "attention weight", ...st.grid });
     }
     if (parts === "grid") return;
@@ -589,7 +597,7 @@ const rolloutView = {
     st.inputs.readout.value = v.readout;
     st.inputs.depth.value = String(v.depth);
     st.outs.depth.textContent = `${v.depth} / ${header.end}`;
-    drawPicker(st, "roll out its row");
+    drawPicker(st, "roll out its row", v.readout === "patch" ? null : header.readout);
     if (v.readout === "patch" && v.patch === null) return clearPanel(st.grid, "Click a patch on the image at the left first.");
     const maps = this.maps(st, v);
     if (maps === null) {
@@ -641,10 +649,10 @@ export default function (component) {
   st.change = (delta) => {
     st.view = kind.adjust({ ...st.view, ...delta }, delta, header);
     writeUrl(st.view, kind.keys);
-    // Repaint what the change touches: the compare panels' keys leave the heads grid as it is, and the grid's
-    // own layer, mask and order leave the compare panels.
+    // Repaint what the change touches: the compare panels' count and layers leave the heads grid as it is (their
+    // head does not: the grid outlines it), and the grid's own layer, mask and order leave the compare panels.
     const only = (keys) => Object.keys(delta).every((k) => keys.includes(k));
-    kind.paint(st, only(COMPARE_KEYS) ? "compare" : only(GRID_KEYS) ? "grid" : "all");
+    kind.paint(st, only(["cn", "cl"]) ? "compare" : only(GRID_KEYS) ? "grid" : "all");
     st.painted();
     clearTimeout(timer);
     const needsServer = kind.maps(st, st.view) === null && st.view.patch !== null;

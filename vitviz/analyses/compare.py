@@ -97,9 +97,11 @@ def read_stats_table(source: bytes | str | Path, name: str | None = None, limit_
             metadata = check_parquet(opened, name, limit_bytes)
         except VitvizError as exc:
             raise StatsTableError(str(exc)) from exc
+        # The columns before the reader: pyarrow's read_dictionary names a column it cannot find with a bare
+        # KeyError (b'image'), not a sentence.
+        _check_columns(metadata.schema.to_arrow_schema().names, name)
         handle = pq.ParquetFile(opened, metadata=metadata,
                                 read_dictionary=[c for c, d in DTYPES.items() if d == "category"])
-        _check_columns(handle.schema_arrow.names, name)
         batches = list(handle.iter_batches(columns=list(COLUMNS)))  # row group by row group: no second copy
         table = (pa.Table.from_batches(batches) if batches else handle.read(columns=list(COLUMNS))).to_pandas()
     except (pa.ArrowException, OSError) as exc:

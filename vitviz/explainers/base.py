@@ -228,6 +228,8 @@ def repeat_target(bound: Target, index: int, n: int) -> Target:
         return replace(bound, classes=(bound.classes[index],) * n)
     if isinstance(bound, Projection):
         return Projection(bound.reference[index:index + 1].expand(n, -1), bound.vector)
+    if not getattr(bound, "binds_per_image", True):  # e.g. an SAE latent: nothing fixed per image
+        return bound
     raise MethodError(f"{type(bound).__name__} targets cannot be repeated over copies of an image yet.")
 
 

@@ -11,12 +11,16 @@ from PIL import Image
 
 from ..attribution import LABELS, Attribution
 from .colour import DIVERGING, ROBUST_PERCENTILE, lookup_table, reference_stops
+from .core import image_data_uri
 
 SEQUENTIAL_MAP = "Inferno"
 
 
 def _signed(method: str) -> bool:
-    return method not in ("legrad", "gradcam")
+    """The method's colour rule, from its registration (:mod:`vitviz.explainers`): signed maps diverging around 0."""
+    from ..explainers import registered
+
+    return registered()[method].signed
 
 
 def robust_limit(values: np.ndarray) -> float:
@@ -27,50 +31,68 @@ def robust_limit(values: np.ndarray) -> float:
 
 def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, pixels: bool = True,
                 target_text: str = "", with_input: bool = True, wrap: int | None = None,
-                plot_height: int = 265) -> go.Figure:
-    """The model input and one map per method for image ``index``: signed relevance (AttnLRP, CP-LRP,
-    Gradient × Input) on a diverging scale centred on 0 with symmetric robust limits, LeGrad and Grad-CAM
-    (non-negative) on Inferno from 0. Each map has its own colour bar (the methods' units differ).
+                plot_height: int = 265, *, cmap: str = SEQUENTIAL_MAP, style: str = "transparent where low",
+                opacity: float = 0.8, smooth: bool = False, columns: int = 3) -> go.Figure:
+    """The model input and one map per method for image ``index``, each drawn over the model input as the
+    attention maps are (:func:`vitviz.figures.overlay.render_maps`, the page's overlay ``style``, ``opacity`` and
+    ``smooth``): signed relevance (AttnLRP, CP-LRP, Gradient × Input) on the diverging map centred on 0 with
+    symmetric robust limits, LeGrad and Grad-CAM (non-negative) on the sequential ``cmap`` from 0. Each map has
+    its own colour bar (the methods' units differ); each tile carries an invisible heatmap of its values
+    (hover; ``z`` is the map with row 0 at the bottom, as plotly's heatmaps count).
 
     Args:
         with_input: False leaves the model input out (a map drawn beside another figure of the same image).
         wrap: break the title's lines at this many characters (a figure narrower than the page).
-        plot_height: pixels of the maps' area, below the title.
+        plot_height: pixels of each row of maps, below the title.
+        columns: panels per row (the heads tiles' size at 1440 px with 3).
     """
+    from .overlay import render_maps
+
     first = 2 if with_input else 1
     n = len(results) + first - 1
+    cols = min(columns, n)
+    rows = -(-n // cols)
     titles = (["model input"] if with_input else []) + [
         LABELS[r.method] + (" (pixels)" if pixels and r.pixels is not None else "") for r in results]
     # Each colour bar's title runs up beside its bar (side "right"): above the bar, "0–1 (min-max)" ran into the next
     # map; the gap between maps holds the bar, its ticks and that one line.
-    fig = make_subplots(rows=1, cols=n, subplot_titles=titles, horizontal_spacing=0.09)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.09,
+                        vertical_spacing=0.12 / rows)
+    W, H = image.size
     if with_input:
-        fig.add_trace(go.Image(z=np.asarray(image.convert("RGB"))), row=1, col=1)
+        fig.add_trace(go.Image(source=image_data_uri(image), hoverinfo="skip"), row=1, col=1)
     notes = []
     for i, r in enumerate(results):
         at_pixels = pixels and r.pixels is not None
         grid = r.pixels[index] if at_pixels else r.patches[index]
         signed = _signed(r.method)
-        limit = robust_limit(grid)
-        clipped = int((np.abs(grid) > limit).sum()) if signed else int((grid > limit).sum())
+        drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed)
+        scale, clipped = drawn.scales[0], len(drawn.clipped[0])
         if clipped:
             notes.append(f"{LABELS[r.method]}: {clipped} {'pixels' if at_pixels else 'patches'} "
-                         f"{'beyond ±' if signed else 'above '}{limit:.3g} drawn at the end colour")
-        col = i + first
-        right = fig.layout[f"xaxis{col if col > 1 else ''}"].domain[1]
+                         f"{'beyond ±' if signed else 'above '}{scale.hi:.3g} drawn at the end colour")
+        row, col = divmod(i + first - 1, cols)
+        row, col = row + 1, col + 1
+        axis = (row - 1) * cols + col
+        right = fig.layout[f"xaxis{axis if axis > 1 else ''}"].domain[1]
+        bottom, top = fig.layout[f"yaxis{axis if axis > 1 else ''}"].domain
         unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else "ReLU(Σ w·A)"
+        gh, gw = grid.shape
+        fig.add_trace(go.Image(source=image_data_uri(drawn.tiles[0]), hoverinfo="skip"), row=row, col=col)
         fig.add_trace(go.Heatmap(
-            z=grid[::-1], zmin=-limit if signed else 0.0, zmax=limit,
-            colorscale=reference_stops(DIVERGING) if signed else reference_stops(SEQUENTIAL_MAP),
-            colorbar=dict(title=dict(text=unit, side="right", font=dict(size=11)), len=0.75, thickness=10,
-                          x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
-            hovertemplate="row %{y}, col %{x}: %{z:.4g}<extra>" + LABELS[r.method] + "</extra>"),
-            row=1, col=col)
-        fig.update_yaxes(scaleanchor=f"x{col if col > 1 else ''}", row=1, col=col)
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False)
-    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False)
-    meaning = ("signed maps: red raises the target, blue lowers it, white is 0 (limits ±99th percentile of |value|)"
-               if any(_signed(r.method) for r in results) else "")
+            z=grid[::-1], x0=W / gw / 2, dx=W / gw, y0=H - H / gh / 2, dy=-H / gh, opacity=0,
+            zmin=scale.lo, zmax=scale.hi, colorscale=reference_stops(drawn.cmap),
+            colorbar=dict(title=dict(text=unit, side="right", font=dict(size=11)), len=0.75 * (top - bottom),
+                          y=(top + bottom) / 2, thickness=10, x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
+            hovertemplate="row %{y:.0f}, col %{x:.0f}: %{z:.4g}<extra>" + LABELS[r.method] + "</extra>"),
+            row=row, col=col)
+    for axis in range(1, rows * cols + 1):
+        suffix = axis if axis > 1 else ""
+        fig.update_layout({f"xaxis{suffix}": dict(visible=False, range=[0, W], constrain="domain"),
+                           f"yaxis{suffix}": dict(visible=False, range=[H, 0], scaleanchor=f"x{suffix}",
+                                                  constrain="domain")})
+    meaning = ("signed maps: red raises the target, blue lowers it, 0 lets the photo through (limits ±99th "
+               "percentile of |value|)" if any(_signed(r.method) for r in results) else "")
     title = f"Attribution of the {target_text}" if target_text else "Attribution"
     lines = []
     for text, small in [(title, False)] + [(t, True) for t in (meaning, "; ".join(notes)) if t]:
@@ -81,7 +103,7 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
     # the maps' own titles).
     top = max(135, 64 + 22 * len(lines))
     fig.update_layout(title=dict(text="<br>".join(lines), y=1, yref="container", yanchor="top", pad=dict(t=24)),
-                      height=plot_height + top, margin=dict(l=10, r=50, t=top, b=10), template="plotly_white")
+                      height=plot_height * rows + top, margin=dict(l=10, r=50, t=top, b=10), template="plotly_white")
     return fig
 
 

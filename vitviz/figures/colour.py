@@ -50,6 +50,7 @@ class ColourScale:
     Attributes:
         lo, hi: values at the bottom and the top colour (log10 of them when ``log``).
         log: colours follow log10 of the values.
+        signed: the scale of a signed map (relevance): symmetric about 0 (``lo == -hi``), clipped at both ends.
         rule: how lo/hi were chosen, in words, for captions and settings files.
     """
 
@@ -58,6 +59,7 @@ class ColourScale:
     log: bool = False
     rule: str = ""
     flat: bool = False
+    signed: bool = False  # a signed map's scale: lo = -hi, coloured on DIVERGING with 0 at its centre
 
     def normalise(self, values: np.ndarray) -> np.ndarray:
         """Values -> [0, 1] positions on the colour map (clipped at both ends; NaN stays NaN)."""
@@ -71,10 +73,42 @@ class ColourScale:
         """Cells whose colour is clipped at the top: (gh, gw) bool."""
         v = np.asarray(values, dtype=np.float64)
         top = 10.0 ** self.hi if self.log else self.hi
-        return v > top * (1 + 1e-9)
+        return (np.abs(v) if self.signed else v) > top * (1 + 1e-9)
+
+    def strength(self, values: np.ndarray) -> np.ndarray:
+        """[0, 1]: how far along the scale each value is from its "nothing" end, for opacity: the position for a
+        magnitude scale, the distance from the centre (0) for a signed one."""
+        position = self.normalise(values)
+        return np.abs(2 * position - 1) if self.signed else position
 
     def to_dict(self) -> dict:
-        return {"lo": self.lo, "hi": self.hi, "log10": self.log, "rule": self.rule, "flat": self.flat}
+        return {"lo": self.lo, "hi": self.hi, "log10": self.log, "rule": self.rule, "flat": self.flat,
+                "signed": self.signed}
+
+
+def signed_scales(maps: np.ndarray, mode: str = "robust per head", *, exclude: np.ndarray | None = None,
+                  percentile: float = ROBUST_PERCENTILE) -> list[ColourScale]:
+    """One symmetric scale per signed map (relevance: positive raises the target, negative lowers it), centred on 0.
+
+    Args:
+        maps: (k, gh, gw) signed maps.
+        mode: as :func:`colour_scale`: ``"shared across heads"`` one scale over all maps, ``"full range per map"``
+            each map's largest |value| (nothing clipped), otherwise (``"robust per head"``, ``"log"``, which has
+            no meaning for values of both signs) each map's ``percentile``-th percentile of |value|.
+        exclude: (gh, gw) bool, cells that never set a limit.
+    """
+    maps = np.asarray(maps, dtype=np.float64)
+    keep = np.ones(maps.shape[1:], dtype=bool) if exclude is None else ~np.asarray(exclude, dtype=bool)
+    if not keep.any():
+        keep[:] = True
+    magnitude = np.abs(np.where(np.isfinite(maps[:, keep]), maps[:, keep], np.nan))  # (k, cells)
+    top = 100.0 if mode == "full range per map" else percentile
+    what = "largest |value|" if top == 100 else f"{top:g}th percentile of |value|"
+    if mode == "shared across heads":
+        limit = _top(np.nanpercentile(magnitude, top))
+        return [ColourScale(-limit, limit, rule=f"centred on 0, ± the {what} of all maps, shared", signed=True)] * len(maps)
+    return [ColourScale(-(limit := _top(np.nanpercentile(m, top))), limit, signed=True,
+                        rule=f"centred on 0, ± each map's {what}") for m in magnitude]
 
 
 def colour_scale(maps: np.ndarray, mode: str = "robust per head", *, exclude: np.ndarray | None = None,

@@ -27,15 +27,16 @@ def image_data_uri(image: Image.Image, fmt: str = "PNG", quality: int = 90) -> s
 
 
 def _hover_trace(grid_map: np.ndarray, layout: TokenLayout, value_name: str) -> go.Heatmap:
-    """An invisible heatmap over the tile: hover names the token and its value; tests read ``z``."""
+    """An invisible heatmap over the tile: hover names the patch as every page does (its 0-based raster number, row
+    and column from 1: :meth:`vitviz.layout.TokenLayout.token_name`) and its value; tests read ``z``."""
     ph, pw = layout.patch_size
     rows, cols = np.indices(grid_map.shape)
-    token = rows * grid_map.shape[1] + cols + layout.num_prefix_tokens
+    patch = rows * grid_map.shape[1] + cols
     return go.Heatmap(
         z=np.asarray(grid_map, dtype=np.float32), x0=pw / 2, dx=pw, y0=ph / 2, dy=ph, opacity=0,
         showscale=False, name=value_name, hoverongaps=False,
-        customdata=np.stack([token, rows + 1, cols + 1], axis=-1),
-        hovertemplate="token %{customdata[0]} · patch row %{customdata[1]}, col %{customdata[2]}<br>"
+        customdata=np.stack([patch, rows + 1, cols + 1], axis=-1),
+        hovertemplate="patch %{customdata[0]} (row %{customdata[1]}, col %{customdata[2]})<br>"
                       + value_name + " %{z:.4g}<extra></extra>",
     )
 
@@ -110,7 +111,9 @@ def map_panel(tiles: list[Image.Image], maps: np.ndarray, scales: list[ColourSca
 
 
 def patch_grid_image(image: Image.Image, layout: TokenLayout, show_indices: bool = True) -> go.Figure:
-    """The model-input image with the patch grid and raster-order token indices (prefix tokens first)."""
+    """The model-input image with the patch grid, each patch labelled with its patch number: the 0-based raster
+    index over the patches alone (row by row), the number every page and download uses for a patch (the prefix
+    tokens come before the patches in the token sequence: token index = patch number + ``num_prefix_tokens``)."""
     gh, gw = layout.grid_size
     ph, pw = layout.patch_size
     fig = go.Figure(go.Image(source=image_data_uri(image)))
@@ -121,10 +124,11 @@ def patch_grid_image(image: Image.Image, layout: TokenLayout, show_indices: bool
                              showlegend=False))
     if show_indices:
         centres = layout.patch_centres()
-        tokens = np.arange(layout.num_patches) + layout.num_prefix_tokens
-        fig.add_trace(go.Scatter(x=centres[:, 1], y=centres[:, 0], mode="text", text=[str(t) for t in tokens],
+        patches = np.arange(layout.num_patches)
+        fig.add_trace(go.Scatter(x=centres[:, 1], y=centres[:, 0], mode="text", text=[str(p) for p in patches],
                                  textfont=dict(color="yellow", size=8), hoverinfo="text",
-                                 hovertext=[layout.token_name(int(t)) for t in tokens], showlegend=False))
+                                 hovertext=[layout.token_name(int(p) + layout.num_prefix_tokens) for p in patches],
+                                 showlegend=False))
     # showlegend off on the layout too: an unnamed trace once drew a stray "Aa trace 2" legend beside the image.
     fig.update_layout(showlegend=False, margin=dict(l=0, r=0, t=0, b=0), xaxis=dict(visible=False, range=[0, image.width]),
                       yaxis=dict(visible=False, scaleanchor="x", range=[image.height, 0]))

@@ -78,7 +78,8 @@ def render_overlay(image: Image.Image, grid_map: np.ndarray, scale: ColourScale,
         values = upsample(grid_map, size, smooth)
         colours = colourise(values, scale, cmap).astype(np.float64)
         # sqrt: mid values stay visible while the lowest fade out completely.
-        alpha = opacity * (np.sqrt(scale.normalise(values)) if style == "transparent where low" else np.ones_like(values))
+        # sqrt of the distance from the scale's "nothing" end: 0 for magnitudes, the centre for signed maps.
+        alpha = opacity * (np.sqrt(scale.strength(values)) if style == "transparent where low" else np.ones_like(values))
         alpha = np.where(inside, alpha, 0.0)[..., None]
         out = base * (1 - alpha) + colours * alpha
     tile = Image.fromarray(np.clip(out, 0, 255).round().astype(np.uint8))
@@ -174,6 +175,9 @@ def colour_bar(scale: ColourScale, cmap: str, title: str, height: int, *, relati
 
 def colour_bar_ticks(scale: ColourScale, relative: bool = False) -> list[tuple[float, str]]:
     """(position in [0, 1], label) ticks for a colour bar of ``scale``."""
+    if relative and scale.signed:  # each tile's own ±limit: -1 .. 1 of it
+        return [(p, f"{2 * p - 1:g}" + (" (and above)" if p == 1 else " (and below)" if p == 0 else ""))
+                for p in (0, .25, .5, .75, 1)]
     if relative:
         return [(p, f"{p:.2f}".rstrip("0").rstrip(".") + (" (and above)" if p == 1 else "")) for p in (0, .25, .5, .75, 1)]
     if scale.log:
@@ -219,7 +223,7 @@ class RenderedMaps:
     Attributes:
         tiles: k finished images of the model-input size (times ``zoom``).
         scales: k colour scales (the same object repeated when shared).
-        clipped: k arrays of patch indices above their scale's top (outlined in cyan).
+        clipped: k arrays of patch indices above their scale's top (beyond ± it for signed maps; outlined in cyan).
         excluded: patch indices that set no colour limit (query patch, attention sinks).
     """
 
@@ -227,6 +231,7 @@ class RenderedMaps:
     scales: list[ColourScale]
     clipped: list[np.ndarray]
     excluded: np.ndarray
+    cmap: str = "Inferno"  # the colour map the tiles were drawn with (DIVERGING for signed maps, whatever was asked)
 
     @property
     def shared(self) -> bool:
@@ -237,8 +242,9 @@ class RenderedMaps:
         what the excluded patches are)."""
         n = sum(len(c) for c in self.clipped)
         text = f"Colours: {self.scales[0].rule}"
-        text += f"; {n} patch{'es' if n != 1 else ''} above the top drawn in the top colour, outlined in cyan" if n else \
-            "; nothing clipped"
+        beyond = "beyond ± the limit drawn in the end colours" if self.scales[0].signed else \
+            "above the top drawn in the top colour"
+        text += f"; {n} patch{'es' if n != 1 else ''} {beyond}, outlined in cyan" if n else "; nothing clipped"
         if len(self.excluded):
             text += f"; patches {sorted(int(p) for p in self.excluded)} set no limit ({excluded_what})"
         flat = sum(s.flat for s in self.scales)
@@ -251,7 +257,7 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
                 style: str = "transparent where low", opacity: float = 0.8, smooth: bool = False,
                 masks: np.ndarray | None = None, query: int | None = None,
                 sinks: np.ndarray | list[np.ndarray] | None = None, region: np.ndarray | None = None,
-                zoom: int = 1) -> RenderedMaps:
+                zoom: int = 1, signed: bool = False) -> RenderedMaps:
     """Colour scales and tiles for maps meant to be compared (every head of a layer, layers side by side).
 
     maps: (k, gh, gw); masks: (k, gh, gw) bool or None; query: the query (or key) patch, which
@@ -259,9 +265,11 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
     kept out of the limits, one array for every tile or a list with one array per tile (e.g. the
     sinks of each tile's layer; their union sets no limit); region: (gh, gw) bool, the only cells
     the maps can be non-zero on (a Swin window): only they set limits (the zeros around a window
-    would pull a percentile to 0), and its border is drawn.
+    would pull a percentile to 0), and its border is drawn; signed: the maps are signed (relevance), drawn on the
+    diverging map centred on 0 whatever ``cmap`` says (:func:`vitviz.figures.colour.signed_scales`): one colour rule per
+    method on every page.
     """
-    from .colour import colour_scale
+    from .colour import DIVERGING, colour_scale, signed_scales
 
     k, gh, gw = maps.shape
     excluded = np.zeros(gh * gw, dtype=bool)
@@ -273,7 +281,8 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
     for tile_sinks in sinks:
         excluded[tile_sinks] = True
     outside = np.zeros((gh, gw), dtype=bool) if region is None else ~np.asarray(region, dtype=bool)
-    scales = colour_scale(maps, scale_mode, exclude=excluded.reshape(gh, gw) | outside)
+    scales = (signed_scales if signed else colour_scale)(maps, scale_mode, exclude=excluded.reshape(gh, gw) | outside)
+    cmap = DIVERGING if signed else cmap
     tiles, clipped = [], []
     for i in range(k):
         # A DINO mask draws no colours, so nothing is clipped there.
@@ -282,4 +291,4 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
         tiles.append(render_overlay(image, maps[i], scales[i], cmap=cmap, style=style, opacity=opacity,
                                     smooth=smooth, mask=None if masks is None else masks[i],
                                     marks=Marks(query=query, clipped=above, sinks=sinks[i], region=region), zoom=zoom))
-    return RenderedMaps(tiles=tiles, scales=scales, clipped=clipped, excluded=np.flatnonzero(excluded))
+    return RenderedMaps(tiles=tiles, scales=scales, clipped=clipped, excluded=np.flatnonzero(excluded), cmap=cmap)

@@ -61,12 +61,23 @@ def norm_by_layer(outliers: Outliers, title: str = "") -> go.Figure:
                                  hovertemplate=f"layer %{{x}}<br>{name} (max): %{{y:.3g}}<extra></extra>"))
     emergence = outliers.emergence_layer
     if emergence is not None:
+        # The label on the side of the line with room for it: left of an early line it ran over the y ticks.
         fig.add_vline(x=emergence + 1, line=dict(color="rgb(239, 85, 59)", width=1),
-                      annotation_text=f"outliers emerge (layer {emergence + 1})", annotation_position="top left")
+                      annotation_text=f"outliers emerge (layer {emergence + 1})",
+                      annotation_position="top right" if emergence + 1 <= (L + 1) / 2 else "top left")
     n = outliers.norms.shape[0]
+    shown = [t.y for t in fig.data if t.y is not None and len(t.y)]
+    values = np.concatenate([np.asarray(y, float) for y in shown])
+    values = values[np.isfinite(values) & (values > 0)]
+    decades = np.log10(values.max() / values.min()) if values.size else 0.0
     fig.update_layout(
         title=title or f"Token output norm by layer ({n} image{'s' if n != 1 else ''})",
-        xaxis=dict(title="layer (1-based)", dtick=1), yaxis=dict(title="L2 norm of the block's output", type="log"),
+        # A fixed range: autorange padded the markers and the line's label out to layers -1 and 12.
+        xaxis=dict(title="layer (1-based)", dtick=1, range=[0.5, L + 0.5]),
+        # Ticks at 1, 2, 5 per decade over a short range, at each decade over a long one: plotly's default on a
+        # log axis of less than a decade labels every minor tick (2, 3, ... 9) and the labels pile up.
+        yaxis=dict(title="L2 norm of the block's output", type="log", dtick="D2" if decades < 2 else 1,
+                   tickformat="~g"),
         height=420, margin=dict(l=60, r=20, t=50, b=50), legend=dict(font_size=11), plot_bgcolor="white",
         paper_bgcolor="white", font_color="black")
     fig.update_xaxes(gridcolor="rgb(230, 230, 230)")
@@ -76,17 +87,18 @@ def norm_by_layer(outliers: Outliers, title: str = "") -> go.Figure:
 
 def maps_figure(image: Image.Image, maps: np.ndarray, titles: list[str], layout: TokenLayout, title: str, *,
                 value_name: str, shared: bool = True, marked: np.ndarray | list | None = None,
-                columns: int = 4, tile_px: int = 240, marked_what: str = "attention sinks") -> tuple[go.Figure, str]:
+                columns: int = 4, tile_px: int = 240, marked_what: str = "attention sinks",
+                signed: bool = False) -> tuple[go.Figure, str]:
     """Maps over the model-input image in a row, on one colour scale when ``shared`` (maps meant to be
     compared: before and after), with ``marked`` patches crossed (``marked_what``: sinks or outliers; they set no
-    colour limit).
+    colour limit); ``signed`` maps (relevance) on the diverging map centred on 0, the others on Inferno from 0.
 
     maps: (k, gh, gw). Returns the figure and the caption saying how the colours were scaled."""
     grid = layout.grid_size
     zoom = max(1, round(tile_px / max(image.size)))
-    rendered = render_maps(image, maps.reshape(len(maps), *grid),
-                           scale_mode="shared across heads" if shared else "robust per head", sinks=marked, zoom=zoom)
-    fig = map_panel(rendered.tiles, maps, rendered.scales, titles, layout, cmap="Inferno", value_name=value_name,
+    rendered = render_maps(image, maps.reshape(len(maps), *grid), scale_mode="shared across heads" if shared else
+                           "robust per head", sinks=marked, zoom=zoom, signed=signed)
+    fig = map_panel(rendered.tiles, maps, rendered.scales, titles, layout, cmap=rendered.cmap, value_name=value_name,
                     columns=columns, tile_px=tile_px, title=title)
     return fig, rendered.caption(marked_what)
 
@@ -98,39 +110,6 @@ def output_change_table(change: OutputChange, names: list[str]) -> pd.DataFrame:
         table |= {"same top-1 class": change.top1_agrees, "top-1 logit change": change.top1_logit_change,
                   "largest |logit change|": change.max_logit_change}
     return pd.DataFrame(table)
-
-
-def signed_pairs_figure(before: dict[str, np.ndarray], after: dict[str, np.ndarray], repair: str, title: str) -> tuple[go.Figure, str]:
-    """Signed maps (gh, gw) before and after a repair, one row per name: each row on one diverging scale centred
-    on 0 (symmetric limits at the 99th percentile of |value| over both maps), so the two are compared directly."""
-    from .attribution_figures import robust_limit
-    from .colour import DIVERGING, reference_stops
-    from plotly.subplots import make_subplots
-
-    names = list(before)
-    fig = make_subplots(rows=len(names), cols=2, horizontal_spacing=0.08, vertical_spacing=0.08,
-                        subplot_titles=[t for n in names for t in (f"{n}: before", f"{n}: after ({repair})")])
-    limits = []
-    for row, name in enumerate(names, start=1):
-        limit = robust_limit(np.concatenate([before[name].ravel(), after[name].ravel()]))
-        limits.append(f"{name} ±{limit:.3g}")
-        for col, grid in ((1, before[name]), (2, after[name])):
-            fig.add_trace(go.Heatmap(z=grid[::-1], zmin=-limit, zmax=limit, colorscale=reference_stops(DIVERGING),
-                                     showscale=col == 2, colorbar=dict(
-                                         title=dict(text="relevance", side="top", font=dict(size=11)), thickness=10,
-                                         len=0.9 / len(names), y=1 - (row - 0.5) / len(names), tickfont=dict(size=10)),
-                                     hovertemplate=f"row %{{y}}, col %{{x}}: %{{z:.4g}}<extra>{name}</extra>"),
-                          row=row, col=col)
-            axis = 2 * (row - 1) + col  # plotly names the first subplot's axes "x", the others "x2", "x3", ...
-            fig.update_yaxes(scaleanchor="x" if axis == 1 else f"x{axis}", row=row, col=col)
-    fig.update_xaxes(showticklabels=False, showgrid=False, zeroline=False, ticks="")
-    fig.update_yaxes(showticklabels=False, showgrid=False, zeroline=False, ticks="")
-    fig.update_layout(title=title, height=60 + 300 * len(names), margin=dict(l=10, r=10, t=70, b=10),
-                      paper_bgcolor="white", plot_bgcolor="white", font_color="black")
-    caption = ("Red raises the target, blue lowers it, white is 0; before and after share one scale per row "
-               f"(±99th percentile of |relevance| over both): {', '.join(limits)}; values beyond it are drawn at the "
-               "end colour.")
-    return fig, caption
 
 
 def norm_ratio_figure(before: np.ndarray, layout_before: TokenLayout, after: np.ndarray, layout_after: TokenLayout,

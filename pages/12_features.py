@@ -1,0 +1,104 @@
+"""Features: a sparse autoencoder's latents on the current image and across the image set."""
+import streamlit as st
+
+from ui.charts import file_stem, show_chart
+from ui.features import checked_point, codes_of, deletion_of, drivers_of, sae_at
+from ui.state import setup
+from vitviz.errors import VitvizError
+from vitviz.features.figures import (activation_histogram, deletion_figure, image_latents_figure,
+                                     latent_patches_figure, latent_scores_figure)
+from vitviz.images import preprocess
+
+ctx = setup()
+if ctx is None:
+    st.stop()
+st.header(f"Features · {ctx.image.name}")
+st.caption("A sparse autoencoder (SAE) splits one layer's patch tokens into many latents, few active per token "
+           "(TopK, Gao et al. 2024). Train one on your images with `python -m vitviz features train INPUT... --layer L "
+           "--latents K --topk k --out DIR`, or give a saev checkpoint or a ViT-Prisma folder. Latents are numbered "
+           "from 0, as in the files; patches (row, column) from 1.")
+path = st.text_input("SAE (a features train folder, a ViT-Prisma folder or a saev file)", key="features_sae",
+                     placeholder="runs/sae")
+if not path:
+    st.info("Give an SAE above to see its latents on the current image and across the image set.")
+    st.stop()
+try:
+    sae = sae_at(path.strip())
+    point = checked_point(ctx, sae)
+except VitvizError as exc:
+    st.error(str(exc))
+    st.stop()
+trained_on = (sae.info.get("model") or {}).get("name")
+if trained_on and trained_on != ctx.spec.name:
+    st.warning(f"This SAE was trained on {trained_on!r}; the sidebar's model is {ctx.spec.name!r}. The widths match, "
+               "but its latents mean what they meant on its own model only.")
+metrics = sae.info.get("metrics") or {}
+st.caption(f"{sae.latents} latents, k = {sae.topk or 'ReLU (no top k)'}, reading {sae.info.get('point_kind')} of "
+           f"layer {sae.info.get('layer')}"
+           + (f"; training: explained variance {metrics['explained_variance']:.3f}, L0 {metrics['l0']:.1f}, "
+              f"dead {metrics['dead_fraction']:.1%}" if "explained_variance" in metrics else "") + ".")
+
+codes = codes_of(ctx, sae, path.strip(), point)
+index = [im.name for im in ctx.images].index(ctx.image.name)
+layout = ctx.result.layout
+
+st.subheader("Top latents of this image")
+c1, c2 = st.columns([1, 1])
+by = c1.radio("Rank latents by", ["max", "sum"], horizontal=True, key="features_by",
+              help="max: the strongest patch; sum: the activation summed over the patches (how much of the image).")
+n = c2.slider("Latents shown", 4, 16, 8, step=4, key="features_n")
+top = codes.top_latents(index, n, by)
+if not len(top):
+    st.info("No latent fires on this image's patches.")
+    st.stop()
+maps = codes.image_maps(index)[top]
+show_chart(image_latents_figure(ctx.result.model_input, maps, [int(j) for j in top], layout),
+           "features_image", file_stem("features", ctx.image.name, by))
+
+with st.expander("Which latents fire at one patch"):
+    gh, gw = layout.grid_size
+    r1, r2 = st.columns(2)
+    row = r1.number_input("Patch row (1 = top)", 1, gh, (gh + 1) // 2, key="features_row")
+    col = r2.number_input("Patch column (1 = left)", 1, gw, (gw + 1) // 2, key="features_col")
+    firing = codes.patch_latents(index, (int(row) - 1) * gw + int(col) - 1)
+    if firing:
+        st.dataframe({"latent": [j for j, _ in firing], "activation (SAE units)": [round(v, 4) for _, v in firing]},
+                     hide_index=True)
+    else:
+        st.caption("No latent fires at this patch.")
+
+st.subheader("Which latents drive the output")
+if st.toggle("Compute: one backward pass through the SAE spliced in", key="features_drivers"):
+    fa = drivers_of(ctx, sae, path.strip())
+    show_chart(latent_scores_figure(fa.scores[0], fa.target.text()), "features_drivers_fig",
+               file_stem("features_drivers", ctx.image.name))
+    st.caption(f"Score of a latent = its activation × the gradient of {fa.target.text()} with respect to it, summed "
+               "over the patches, with the SAE spliced in at its point and its reconstruction error kept as a constant "
+               "(the output is exactly the model's own).")
+
+st.subheader("Concept deletion over the image set")
+d1, d2, d3 = st.columns([2, 1, 1])
+steps = d2.number_input("Latents zeroed, up to", 1, 32, 6, key="features_del_steps")
+seeds = d3.number_input("Random seeds", 1, 10, 3, key="features_del_seeds")
+if d1.toggle("Compute: zero the top latents one more at a time", key="features_deletion"):
+    d = deletion_of(ctx, sae, path.strip(), int(steps), int(seeds))
+    show_chart(deletion_figure(d.curves, d.target_text), "features_deletion_fig",
+               file_stem("features_deletion", len(ctx.images)))
+    st.caption(d.sentence + f" Per image the latents are ranked by their score above; random latents are drawn from "
+               f"those active on the image; the interval is a percentile bootstrap over the {len(ctx.images)} images "
+               "(10,000 resamples).")
+
+st.subheader("One latent across the image set")
+latent = int(st.selectbox("Latent", [int(j) for j in top], key="features_latent",
+                          help="This image's top latents; its strongest patches over every image in the sidebar's set."))
+rows = codes.top_patches(latent, n=8)
+by_name = {im.name: im for im in ctx.images}
+names = [ctx.images[i].name for i, _, _ in rows]
+inputs = preprocess([by_name[nm].image for nm in names], ctx.loaded.data_config).images
+latent_maps = codes.latent_maps(latent)[[i for i, _, _ in rows]]
+show_chart(latent_patches_figure(inputs, latent_maps, [p for _, p, _ in rows], [a for _, _, a in rows], names, latent,
+                                 layout), "features_latent_patches", file_stem("features_latent", latent))
+tokens = codes.values.shape[0] * codes.values.shape[1]
+show_chart(activation_histogram(codes.activations(latent), latent, codes.frequency(latent), tokens),
+           "features_histogram", file_stem("features_histogram", latent))
+st.caption(f"Over the {len(ctx.images)} images of the sidebar's set ({tokens} patch tokens).")

@@ -1,0 +1,77 @@
+"""The Features page's cached steps: the SAE read once per file version, the image set's latent codes once per
+(model, SAE, images)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from vitviz.errors import VitvizError
+from vitviz.features.browse import Codes, encode_images
+from vitviz.features.public import check_width, load_sae
+from vitviz.features.sae import SAE
+from vitviz.lens import Lens
+
+from .cache import _model_run, store
+
+
+def _version(path: str) -> float:
+    p = Path(path)
+    files = [p / "sae.safetensors", p / "sae.json"] if p.is_dir() else [p]
+    return max((f.stat().st_mtime for f in files if f.exists()), default=0.0)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _sae(path: str, version: float) -> SAE:
+    return load_sae(path)
+
+
+def sae_at(path: str) -> SAE:
+    """The SAE in ``path`` (a features-train folder, a ViT-Prisma folder or a saev file), read once per version.
+
+    Raises:
+        VitvizError: nothing readable there (the sentence says what was looked for)."""
+    if not Path(path).exists():
+        raise VitvizError(f"{path}: no such file or folder.")
+    return _sae(path, _version(path))
+
+
+def checked_point(ctx, sae: SAE) -> str:
+    """The SAE's point on the sidebar's model, its width checked (a sentence when it does not fit)."""
+    kind, layer = sae.info.get("point_kind"), sae.info.get("layer")
+    if not kind or not layer:
+        raise VitvizError("this SAE does not say which point and layer it reads (sae.json: point_kind, layer).")
+    check_width(sae, Lens(ctx.loaded), kind, int(layer))
+    return f"blocks.{int(layer) - 1}.{kind}"
+
+
+def codes_of(ctx, sae: SAE, path: str, point: str) -> Codes:
+    """Latent codes of the sidebar's image set (shared between sessions, computed once)."""
+    key = ("features", ctx.spec, path, _version(path), ctx.framing, tuple(im.sha256 for im in ctx.images))
+    images = [im.image for im in ctx.images]
+    return store().get_or_compute(key, _model_run(f"Encoding {len(images)} images with the SAE ...",
+                                                  lambda: encode_images(Lens(ctx.loaded), sae, images, point)))
+
+
+def drivers_of(ctx, sae: SAE, path: str):
+    """Feature attribution of the current image's default target (top-1 logit, or the pooled vector's projection)."""
+    from vitviz.features.splice import feature_attribution
+
+    lens = Lens(ctx.loaded)
+    key = ("features-drivers", ctx.spec, path, _version(path), ctx.image.sha256)
+    return store().get_or_compute(key, _model_run("One backward pass through the spliced SAE ...", lambda: (
+        feature_attribution(lens, lens.preprocess([ctx.image.image]), sae))))
+
+
+def deletion_of(ctx, sae: SAE, path: str, steps: int, seeds: int):
+    """Concept deletion over the sidebar's image set (shared between sessions, computed once per settings)."""
+    from vitviz.features.deletion import concept_deletion
+
+    lens = Lens(ctx.loaded)
+    key = ("features-deletion", ctx.spec, path, _version(path), ctx.framing, tuple(im.sha256 for im in ctx.images),
+           steps, seeds)
+    images = [im.image for im in ctx.images]
+    return store().get_or_compute(key, _model_run(
+        f"Concept deletion on {len(images)} images ({(steps + 1) * (seeds + 1)} forwards of the set) ...",
+        lambda: concept_deletion(lens, lens.preprocess(images), sae, steps=steps, random_seeds=seeds,
+                                 names=[im.name for im in ctx.images])))

@@ -1,0 +1,42 @@
+"""Features, not only maps: sparse autoencoders (SAEs) on a layer's tokens — trained on your own images, loaded from
+the public formats, spliced into the forward, explained and browsed.
+
+```python
+import vitviz
+from vitviz.features import SAE, LatentTarget
+sae = SAE.fit(tokens, latents=1024, topk=16, seed=0)       # tokens (n, D): an array or an iterable of batches
+z = sae.encode(tokens)                                     # (n, K), at most k non-zero per row
+sae.decoder                                                # (K, D) unit-norm directions
+sae.save("runs/sae")                                       # sae.safetensors + sae.json; SAE.load("runs/sae")
+```
+
+- :mod:`.sae`: the TopK SAE (Gao et al. 2024), its trainer (auxiliary-k loss for dead latents, resumable) and
+  metrics (normalised MSE, explained variance, L0, dead fraction).
+- :mod:`.train`, :mod:`.data`, :mod:`.cli`: ``python -m vitviz features train`` (a layer's tokens streamed through
+  ``lens.trace``) and ``features top``; :mod:`.top`: top patches per latent, one image's top latents.
+- :mod:`.public`: saev's and ViT-Prisma's files (``load_sae``), read without running code from them.
+- :mod:`.splice`: the SAE spliced in at its point (``Splice``, output unchanged bit for bit with the error term),
+  ``feature_attribution`` (latent activation x gradient of a target) and ``LatentTarget`` (which pixels made a
+  latent fire, through any map method: ``vitviz.explain(lens, x, "attnlrp", target=LatentTarget(sae, 12))``).
+- :mod:`.deletion`: concept deletion (zero the top latents by score, one more at a time, against random latents,
+  with bootstrap intervals over images); :mod:`.browse`, :mod:`.figures`: what the Features page shows.
+"""
+from __future__ import annotations
+
+import importlib
+
+# public name -> the module of this package that defines it (loaded on first use: the CLI parses without torch)
+_PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae", "load_sae": "public",
+           "load_saev": "public", "load_prisma": "public", "Splice": "splice", "LatentTarget": "splice",
+           "feature_attribution": "splice", "concept_deletion": "deletion"}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value

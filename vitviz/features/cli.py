@@ -1,0 +1,121 @@
+"""``python -m vitviz features train|top``: the command line of :mod:`vitviz.features` (hooked into vitviz.cli)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import VitvizError
+
+_INPUTS = ("image files, folders (searched recursively) or .txt / .parquet lists of paths, as for stats")
+
+
+def add_parser(sub) -> None:
+    """The ``features`` command and its subcommands, on vitviz.cli's subparsers."""
+    features = sub.add_parser("features", help="sparse autoencoders (SAEs) on a layer's tokens: train, top patches",
+                              description="Sparse autoencoders on one layer's tokens of your images.")
+    cmds = features.add_subparsers(dest="features_command", required=True)
+
+    train = cmds.add_parser(
+        "train", help="train a TopK SAE on one layer's patch tokens (streamed, resumable)",
+        description="Stream the images through the model (each forward stopped at the point), train a TopK SAE "
+                    "(Gao et al. 2024; auxiliary-k loss for dead latents) on the patch tokens and write "
+                    "DIR/sae.safetensors and DIR/sae.json. DIR/checkpoint.pt holds the training state after every "
+                    "batch of images: the same command continues a run that was stopped.")
+    train.add_argument("inputs", nargs="+", metavar="INPUT", help=_INPUTS)
+    _model_args(train)
+    train.add_argument("--point", default="resid_post",
+                       help="the point read in the block (default resid_post): resid_pre, ln1, attn_out, resid_mid, "
+                            "ln2, mlp_hidden, mlp_out, resid_post")
+    train.add_argument("--layer", type=int, required=True, metavar="L", help="block, 1-based")
+    train.add_argument("--latents", type=int, required=True, metavar="K", help="latents (dictionary size)")
+    train.add_argument("--topk", type=int, required=True, metavar="k", help="latents active per token")
+    train.add_argument("--epochs", type=int, default=1, help="passes over the images (default 1)")
+    train.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward (default 8)")
+    train.add_argument("--batch-tokens", type=int, default=1024, metavar="T",
+                       help="tokens per SAE step (default 1024)")
+    train.add_argument("--prefix", action="store_true", help="train on the prefix tokens (CLS, registers) too")
+    train.add_argument("--seed", type=int, default=0, help="initialisation and token order (default 0)")
+    train.add_argument("--lr", type=float, help="Adam's learning rate (default 2e-4 / sqrt(K / 16384))")
+    train.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (reused to resume)")
+
+    top = cmds.add_parser(
+        "top", help="the top-activating patches of every latent over an image set (Parquet)",
+        description="Encode every patch token of the images with the SAE in DIR and write DIR/top.parquet: for "
+                    "each latent its top-n (image, patch, activation) rows; patch is the 0-based index in raster "
+                    "order (row * grid width + column).")
+    top.add_argument("sae", type=Path, metavar="DIR", help="a folder written by features train")
+    top.add_argument("inputs", nargs="+", metavar="INPUT", help=_INPUTS)
+    top.add_argument("--top", type=int, default=16, metavar="N", help="rows per latent (default 16)")
+    top.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward (default 8)")
+    top.add_argument("--out", type=Path, metavar="FILE", help="the Parquet file (default DIR/top.parquet)")
+    top.add_argument("--sheets", metavar="J,J,...",
+                     help="latents (0-based) to draw as contact sheets: latent_J.png beside the Parquet file")
+    top.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+
+
+def _model_args(p) -> None:
+    p.add_argument("--model", default="bundled", help="as for analyze (default bundled)")
+    p.add_argument("--checkpoint", metavar="PATH", help="local weights for --model's architecture")
+    p.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``features train`` or ``features top``; user mistakes raise VitvizError (vitviz.cli prints it)."""
+    from ..inputs import expand_inputs
+    from ..io.lock import output_lock
+    from ..io.output import check_writable
+
+    files, problems = expand_inputs(args.inputs)
+    for p in problems:
+        print(f"skipped {p}", file=sys.stderr)
+    if not files:
+        print("error: no image could be read.", file=sys.stderr)
+        return 1
+    if args.features_command == "train":
+        check_writable(args.out)
+        with output_lock(args.out, "features train"):
+            return _train(args, files)
+    out = args.out or args.sae / "top.parquet"
+    with output_lock(out.parent, "features top"):
+        return _top(args, files, out)
+
+
+def _train(args, files) -> int:
+    import vitviz
+
+    from .train import TrainSettings, train
+
+    settings = TrainSettings(point=args.point, layer=args.layer, latents=args.latents, topk=args.topk, seed=args.seed,
+                             epochs=args.epochs, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
+                             prefix=args.prefix, lr=args.lr)
+    settings.check()
+    lens = vitviz.open(args.model, checkpoint=args.checkpoint, img_size=args.img_size, device=args.device)
+    sae = train(lens, files, settings, args.out, progress=True)
+    m = sae.info["metrics"]
+    print(f"wrote {args.out / 'sae.safetensors'} and sae.json: {sae.latents} latents, k = {sae.topk}; last epoch: "
+          f"explained variance {m['explained_variance']:.3f}, L0 {m['l0']:.1f}, dead {m['dead_fraction']:.1%}",
+          file=sys.stderr)
+    return 0
+
+
+def _top(args, files, out: Path) -> int:
+    from .sae import SAE
+    from .top import latent_sheet, open_for, top_table, write_png, write_top
+
+    if args.top < 1:
+        raise VitvizError(f"--top must be 1 or more, not {args.top}.")
+    try:
+        sheets = [int(j) for j in args.sheets.split(",")] if args.sheets else []
+    except ValueError:
+        raise VitvizError(f"--sheets {args.sheets!r}: give latent numbers separated by commas, e.g. 3,17.") from None
+    sae = SAE.load(args.sae)
+    lens = open_for(sae, args.device)
+    table = top_table(sae, files, n=args.top, batch_size=args.batch_size, lens=lens)
+    write_top(table, out)
+    for j in sheets:
+        path = write_png(latent_sheet(table, j, sae, lens, files), out.parent / f"latent_{j}.png")
+        print(f"wrote {path}", file=sys.stderr)
+    print(f"wrote {out}: {len(table)} rows ({table['latent'].nunique()} latents that fired)", file=sys.stderr)
+    return 0
