@@ -23,6 +23,7 @@ from test_adapters_swin import (hf_swin_reference, hf_swinv2_reference, load_hf_
 from test_families import _images, _load, checkpoints  # noqa: F401  (the saved timm EVA/BEiT/rotary models)
 from test_adapters_hf import HF_EXAMPLES  # the transformers families' examples (save_pretrained folders)
 from test_torchvision_vit import load_tiny as load_torchvision, torchvision_reference
+from test_probe_head import load_probed, probe_reference
 
 
 def _timm_reference(model, x, zero_head: tuple[int, int] | None = None):
@@ -55,11 +56,12 @@ EXAMPLES = {"timm-vit": [(f, _timm_reference) for f in (*TIMM_FAMILIES, *RELPOS_
             "timm-swin": [("swin", timm_swin_reference)],
             "hf-swin": [("hf_swin", hf_swin_reference)],
             "hf-swinv2": [("hf_swinv2", hf_swinv2_reference)],
-            "torchvision-vit": [("torchvision", torchvision_reference)]}
+            "torchvision-vit": [("torchvision", torchvision_reference)],
+            "probe-head": [("probe_head", probe_reference)]}
 LOADERS = {"swin": load_timm_swin, **{name: relpos_loader(name) for name in RELPOS_VARIANTS},
            "hf_swin": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72),
            "hf_swinv2": lambda tmp_path_factory: load_hf_swin(tmp_path_factory, 72, version="swinv2"),
-           "torchvision": load_torchvision}
+           "torchvision": load_torchvision, "probe_head": load_probed}
 CASES = [(name, family, ref) for name, cases in EXAMPLES.items() for family, ref in cases]
 
 

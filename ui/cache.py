@@ -81,11 +81,15 @@ def _model_run(message: str, compute):
 def cached_model(spec: ModelSpec):
     if spec.labels is not None:  # names change no weight: one cached model for every set of names
         return with_labels(cached_model(replace(spec, labels=None)), spec.labels)
+    if spec.head is not None:  # the probe wraps the cached backbone, nothing copied (vitviz.probes.head)
+        from vitviz.probes.head import attach_head
+
+        return attach_head(cached_model(replace(spec, head=None)), spec.head)
     return store().get_or_compute(("model", spec), _spinning("Loading the model ...", lambda: load_model(spec)))
 
 
 def model_is_cached(spec: ModelSpec) -> bool:
-    return ("model", replace(spec, labels=None)) in store()
+    return ("model", replace(spec, labels=None, head=None)) in store()
 
 
 @dataclass

@@ -242,9 +242,10 @@ def _sidebar_spec() -> ModelSpec:
     dtypes = [d for d in ("float32", "float16", "bfloat16") if limits.dtypes is None or d in limits.dtypes]
     dtype = sb.selectbox("Precision", dtypes, **_kept("dtype", dtypes)) \
         if len(devices) > 2 and len(dtypes) > 1 else "float32"
+    head = _head()
     if parse_model_name(name).kind == "transformers":
         sb.caption("Input resolution: the model's own image processor's.")
-        return ModelSpec(name=name, device=device, dtype=dtype)
+        return ModelSpec(name=name, device=device, dtype=dtype, head=head)
     # No widget maximum below what the server checks: a size too large gets the server's sentence with the
     # largest size that fits, not a widget tooltip.
     size = sb.number_input("Input resolution (px, 0 = the model's own)", 0, RESOLUTION_INPUT_MAX,
@@ -253,7 +254,36 @@ def _sidebar_spec() -> ModelSpec:
                                 f"budget (over {megabytes(limits.attention_limit_bytes)}) are refused with the "
                                 "largest size that fits.")
     return ModelSpec(name=name, checkpoint=checkpoint, img_size=int(size) or None, device=device, dtype=dtype,
-                     labels=labels)
+                     labels=labels, head=head)
+
+
+PROBE_HEAD = "probe_head"  # session key: the probe.safetensors the Probes page trained, when chosen as the head
+
+
+def _head() -> str | None:
+    """The probe file that becomes the model's classifier (the Head box): an upload, else the one the Probes page
+    trained and the user chose; None: the model's own head. Uploads are kept on disk under their content hash
+    (a few kB): the model cache keys the headed model by that path."""
+    sb = st.sidebar
+    upload = sb.file_uploader("Head (probe.safetensors, optional)", type=["safetensors"], key="head_upload",
+                              help="A linear probe from the Probes page or `python -m vitviz probe`: the model gains "
+                                   "its classes (top-k, gradient rollout, class targets for attribution, Chefer's "
+                                   "protocols) and ends at the probe's layer. A probe of another model is refused.")
+    if upload is not None:
+        if too_large := upload_too_large(f"Head {upload.name}", upload.size):
+            sb.error(too_large)
+            return None
+        digest = hashlib.sha256(upload.getbuffer()).hexdigest()[:32]
+        path = Path(tempfile.gettempdir()) / f"vitviz-head-{digest}" / "probe.safetensors"
+        if not path.is_file():
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            path.write_bytes(upload.getbuffer())
+        return str(path)
+    trained = st.session_state.get(PROBE_HEAD)
+    if trained:
+        if sb.checkbox("Use the probe trained on the Probes page as the head", value=True, key="use_trained_head"):
+            return trained
+    return None
 
 
 CLASS_NAMES_BOX = "the Class names box"

@@ -19,6 +19,7 @@ from .errors import VitvizError
 from .features import cli as features_cli
 from .io.lock import output_lock
 from .io.output import RunOutput, check_writable
+from .probes import cli as probes_cli
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -45,6 +46,8 @@ def _parser() -> argparse.ArgumentParser:
                               "the number of classes, pooling and resolution are read from its tensor shapes")
     analyze.add_argument("--labels", type=Path, metavar="FILE",
                          help="class names of the model's head: one per line in class-index order, or a JSON list")
+    analyze.add_argument("--head", type=Path, metavar="FILE", help="a probe.safetensors from `python -m vitviz probe`: the "
+                         "model gains the probe's classes (logits, top-1, class targets) and ends at its layer")
     analyze.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
     analyze.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
     analyze.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
@@ -100,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     _registers_parser(sub)
     features_cli.add_parser(sub)
     _faithfulness_parser(sub)
+    probes_cli.add_parser(sub)
     from .heads.cli import add_parsers as heads_parsers
     heads_parsers(sub)
     return parser
@@ -142,6 +146,8 @@ def _faithfulness_parser(sub) -> None:
                        help="class scored and explained (models with a head; default each image's top-1)")
     faith.add_argument("--model", default="bundled", help="as for analyze")
     faith.add_argument("--checkpoint", type=Path, metavar="PATH", help="local weights for --model's architecture")
+    faith.add_argument("--head", type=Path, metavar="FILE", help="a probe.safetensors (`python -m vitviz probe`) as the "
+                       "model's classifier: class targets, gradient rollout and Chefer's protocols on its classes")
     faith.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
     faith.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
     faith.add_argument("--batch-size", type=int, default=4, metavar="B", help="images per batch (one part file each)")
@@ -399,7 +405,8 @@ def analyze(args: argparse.Namespace) -> int:
 
     spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
                      img_size=args.img_size, device=args.device, dtype=args.dtype,
-                     labels=read_labels(args.labels) if args.labels else None)
+                     labels=read_labels(args.labels) if args.labels else None,
+                     head=str(args.head) if args.head else None)
     # The app's check, before the model runs: one batch's attention must fit half the machine
     # (or half of VITVIZ_CACHE_MB); the streamed run holds nothing bigger.
     limits, batch = Settings.from_env(memory_share=1.0), min(args.batch_size, len(args.images))
@@ -628,7 +635,7 @@ def faithfulness(args: argparse.Namespace) -> int:
     if args.address and args.engine != "ray":
         raise VitvizError("--address is for --engine ray: the Ray cluster to run on.")
     spec = ModelSpec(name=args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None,
-                     img_size=args.img_size, device=args.device)
+                     img_size=args.img_size, device=args.device, head=str(args.head) if args.head else None)
     check_writable(args.out)
     files, problems = expand_inputs(args.inputs)
     skipped = {p.name: p.reason for p in problems}
@@ -647,7 +654,8 @@ def faithfulness(args: argparse.Namespace) -> int:
     settings = RunSettings(model=args.model, methods=tuple(methods), protocols=tuple(protocols),
                            replacement=args.replacement, ordering=args.ordering, steps=args.steps,
                            random_seeds=args.random_seeds, first_seed=args.first_seed,
-                           target_class=args.target_class, checkpoint=spec.checkpoint, img_size=args.img_size)
+                           target_class=args.target_class, checkpoint=spec.checkpoint, img_size=args.img_size,
+                           head=spec.head)
     settings.check()
     previous = _read_json(args.out / SETTINGS_NAME)
     if why := same_run(previous, settings):
@@ -822,7 +830,7 @@ def _on_sigterm(signum, frame):
 
 # Commands that write their --out folder: each holds it for one writer from before it computes anything
 # (vitviz.io.lock); a second run on the same folder is refused at once.
-WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers", "qk", "heads"}
+WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers", "qk", "heads", "probe"}
 
 
 def _folder_to_hold(argv: list[str]) -> tuple[str, Path] | None:
@@ -858,7 +866,8 @@ def _main(argv: list[str]) -> int:
     try:
         from .heads.cli import COMMANDS as heads_commands
         return ({"stats": stats, "registers": registers, "faithfulness": faithfulness,
-                 "features": features_cli.run} | heads_commands).get(args.command, analyze)(args)
+                 "features": features_cli.run, "probe": probes_cli.run} | heads_commands).get(args.command,
+                                                                                              analyze)(args)
     except VitvizError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

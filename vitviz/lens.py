@@ -250,7 +250,7 @@ def _as_rgb(item, index: int) -> Image.Image:
 
 
 def open(model: str = "bundled", *, checkpoint: str | None = None, device: str = "auto", dtype: str = "float32",
-         img_size: int | None = None, labels=None) -> Lens:
+         img_size: int | None = None, labels=None, head: str | Path | None = None) -> Lens:
     """Open a model: load it once, on its device, in eval mode, with its adapter and preprocessing resolved.
 
     Args:
@@ -262,12 +262,14 @@ def open(model: str = "bundled", *, checkpoint: str | None = None, device: str =
         dtype: ``"float32"``, or ``"float16"`` / ``"bfloat16"`` on a GPU.
         img_size: input resolution in pixels (square); default the model's own.
         labels: class names (:class:`vitviz.sources.labels.ClassNames`), one per classifier output.
+        head: a probe file (``probe.safetensors``, :mod:`vitviz.probes`) that becomes the classifier: the model is then
+            the backbone up to the probe's layer and the probe, with the probe's classes.
 
     Raises:
         ModelError: a model, file or setting that cannot be used (a sentence naming it and why).
     """
     return Lens(load_model(ModelSpec(name=model, checkpoint=checkpoint, img_size=img_size, device=device,
-                                     dtype=dtype, labels=labels)))
+                                     dtype=dtype, labels=labels, head=None if head is None else str(head))))
 
 
 class Trace(Mapping):

@@ -17,7 +17,7 @@ _BY_TYPE: dict[type, Adapter] = {}
 _LOCK = threading.Lock()
 # The family modules, in the order they are asked to claim a model.
 FAMILY_MODULES = ("timm_vit", "timm_relpos", "timm_swin", "hf_vit", "hf_dinov2", "hf_clip", "hf_beit", "hf_dinov3",
-                  "hf_swin", "hf_swinv2", "tv_vit")
+                  "hf_swin", "hf_swinv2", "tv_vit", "probe_head")
 _loaded = False
 
 

@@ -71,6 +71,7 @@ class RunSettings:
     target_class: int | None = None
     checkpoint: str | None = None
     img_size: int | None = None
+    head: str | None = None  # a probe file giving the model its classes (vitviz.probes)
 
     def check(self) -> None:
         if self.replacement not in REPLACEMENTS:
@@ -329,7 +330,7 @@ def faithfulness(lens, x, methods: list[str] | tuple[str, ...] = ("attnlrp", "ro
     run = RunSettings(model=lens.spec.name, methods=tuple(parse_list(",".join(methods), METHODS,
                                                                      "methods")),
                       protocols=tuple(protocols), checkpoint=lens.spec.checkpoint, img_size=lens.spec.img_size,
-                      **settings)
+                      head=lens.spec.head, **settings)
     run.check()
     names = names or [f"image{i}" for i in range(len(tensor))]
     curves, aucs = image_tables(lens.loaded, tensor, names, run)

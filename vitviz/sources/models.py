@@ -41,6 +41,8 @@ class ModelSpec:
         dtype: ``"float32"``, or ``"float16"`` / ``"bfloat16"`` on a GPU.
         labels: names of the classifier's outputs (``--labels FILE``, :mod:`vitviz.sources.labels`); None: the
             model's own (transformers ``id2label``, ImageNet by count) or "class i".
+        head: a probe file (``probe.safetensors`` from ``python -m vitviz probe``) that becomes the model's
+            classifier (:func:`vitviz.probes.head.attach_head`); None: the model's own head, if any.
     """
 
     name: str = BUNDLED
@@ -49,6 +51,7 @@ class ModelSpec:
     device: str = "auto"
     dtype: str = "float32"
     labels: ClassNames | None = None
+    head: str | None = None
 
 
 @dataclass
@@ -422,6 +425,10 @@ def load_model(spec: ModelSpec = ModelSpec()) -> LoadedModel:
     """
     if spec.labels is not None:
         return with_labels(load_model(replace(spec, labels=None)), spec.labels)
+    if spec.head is not None:
+        from ..probes.head import attach_head
+
+        return attach_head(load_model(replace(spec, head=None)), spec.head)
     from .declared import check_weights
 
     check_weights(spec.name, img_size=spec.img_size)  # what the files declare, before anything is built

@@ -1,0 +1,76 @@
+"""``python -m vitviz probe INPUT... (--labels FILE | --folders) [--layer L] [--pooling P] --out DIR``."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ..errors import VitvizError
+
+POOLINGS = ("cls", "mean", "cls+mean")  # vitviz.probes.features.POOLINGS, without importing torch for --help
+
+
+def add_parser(sub) -> None:
+    probe = sub.add_parser(
+        "probe",
+        help="train a linear probe on every layer for labelled images; write the best (or --layer's) as a head",
+        description="Score a logistic-regression probe on every layer (nested stratified cross-validation: accuracy, "
+                    "its 95%% Wilson interval, the majority-class chance level) and write DIR/probe.safetensors "
+                    "(weight (K, D), bias (K,): logits = pooled @ weight.T + bias) and DIR/probe.json (model, layer, "
+                    "pooling, classes in the head's order, accuracy per layer, chance, sklearn version, image "
+                    "hashes). Give it to analyze --head or vitviz.open(head=...).")
+    probe.add_argument("inputs", nargs="*", type=Path, metavar="INPUT",
+                       help="with --folders: folders of class folders (root/<class>/*.jpg); with --labels: optional, "
+                            "the folder the label file's relative paths start from (default the label file's folder)")
+    source = probe.add_mutually_exclusive_group(required=True)
+    source.add_argument("--labels", type=Path, metavar="FILE",
+                        help="a CSV (header path,label) or Parquet file (columns path, label): one image per row")
+    source.add_argument("--folders", action="store_true", help="each INPUT holds one folder of images per class")
+    probe.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
+    probe.add_argument("--layer", type=int, metavar="L",
+                       help="the head's layer, 1-based (default: the most accurate; every layer is scored anyway)")
+    probe.add_argument("--pooling", default="cls", choices=list(POOLINGS),
+                       help="cls: the pooled vector as the model pools it, through the final norm (default); mean: "
+                            "the mean of the normed patch tokens; cls+mean: both concatenated (DINOv2's linear eval)")
+    probe.add_argument("--model", default="bundled", help="as for analyze (default: the bundled DINOv2 ViT-S/14)")
+    probe.add_argument("--checkpoint", type=Path, metavar="PATH", help="local weights for --model's architecture")
+    probe.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
+    probe.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+    probe.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    probe.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward pass")
+    probe.add_argument("--seed", type=int, default=0, help="the cross-validation folds' shuffling")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..lens import open as open_model
+    from ..io.output import check_writable
+    from .data import from_folders, from_label_file
+    from .probe import fit
+
+    if args.folders and not args.inputs:
+        raise VitvizError("--folders needs at least one INPUT folder of class folders (root/<class>/*.jpg).")
+    if args.labels is not None and len(args.inputs) > 1:
+        raise VitvizError("with --labels, give at most one INPUT: the folder the label file's paths start from.")
+    images = from_folders(args.inputs) if args.folders else from_label_file(
+        args.labels, args.inputs[0] if args.inputs else None)
+    check_writable(args.out)
+    lens = open_model(args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None, img_size=args.img_size,
+                      device=args.device, dtype=args.dtype)
+    if args.layer is not None and not 1 <= args.layer <= lens.num_layers:
+        raise VitvizError(f"--layer {args.layer} is not a layer of {lens.label}: its layers are 1 to {lens.num_layers}.")
+    n = len(images.paths)
+    print(f"{n} images in {len(images.classes)} classes ({', '.join(images.classes)}); {lens.label}, "
+          f"{lens.num_layers} layers, {args.pooling} pooling", file=sys.stderr)
+    start = time.perf_counter()
+    result = fit(lens, images, pooling=args.pooling, layer=args.layer, batch_size=args.batch_size, seed=args.seed,
+                 progress=lambda done: print(f"\rfeatures {done}/{n}", end="", file=sys.stderr))
+    print(f"\rfeatures and probes of {lens.num_layers} layers in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print("layer  accuracy  95% interval")
+    for s in result.layers:
+        mark = "  <- head" if s.layer == result.layer else ""
+        print(f"{s.layer:5d}  {s.accuracy:8.3f}  {s.low:.3f}-{s.high:.3f}{mark}")
+    print(f"chance (largest class): {result.chance:.3f}")
+    path = result.save(args.out)
+    print(f"wrote {path} and {path.parent / 'probe.json'}")
+    return 0
