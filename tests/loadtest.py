@@ -142,7 +142,9 @@ async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int) -
         start = time.monotonic()
         await page.goto(url, timeout=timeout_ms)
         await page.get_by_role("link", name=PAGE, exact=True).click()
-        upload = page.locator('[data-testid="stFileUploaderDropzoneInput"]').first
+        # the images' uploader by its label: the sidebar also holds the Head box's uploader (probe.safetensors), above it
+        upload = page.locator('[data-testid="stFileUploader"]', has_text="Upload images").locator(
+            '[data-testid="stFileUploaderDropzoneInput"]')
         await upload.wait_for(state="attached")
         await upload.set_input_files({"name": name, "mimeType": "image/png", "buffer": data})
         await page.wait_for_function(READY_JS, arg=name, polling=250, timeout=timeout_ms)

@@ -118,7 +118,8 @@ def page(server):
         pg.wait_for_selector('[data-testid="stFileUploaderDropzoneInput"]', state="attached", timeout=180_000)
         _wait_idle(pg)
         FIRST_VISIT["nav"] = pg.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
-        pg.set_input_files('[data-testid="stFileUploaderDropzoneInput"] >> nth=0', str(ASSETS / "coffee.jpg"))
+        pg.locator('[data-testid="stFileUploader"]', has_text="Upload images").locator(  # not the Head box's uploader
+            '[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(ASSETS / "coffee.jpg"))
         _wait_idle(pg)
         yield pg
         browser.close()

@@ -300,7 +300,7 @@ def test_an_upload_survives_f5_and_the_uploaders_own_x_removes_it(browser_page, 
     up.goto(f"{server}/heads?intro=0")
     up.wait_for_selector(READY, timeout=300_000)
     heading = lambda name: up.get_by_role("heading", name=f"Attention heads · {name}")  # noqa: E731
-    uploader = up.locator('[data-testid="stFileUploader"]').first
+    uploader = up.locator('[data-testid="stFileUploader"]', has_text="Upload images")  # not the Head box's uploader
     uploader.locator('input[type="file"]').set_input_files(photo)
     heading("my_cat.jpg").wait_for()
     assert "img=" in up.url
