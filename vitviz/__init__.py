@@ -15,6 +15,7 @@ imports Streamlit.
 from __future__ import annotations
 
 import importlib
+import sys
 
 __version__ = "0.1.0"
 
@@ -33,13 +34,24 @@ _PUBLIC = {
 __all__ = sorted(_PUBLIC) + ["__version__"]
 
 
-def __getattr__(name: str):
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vitviz' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+def lazy_attributes(package: str, public: dict[str, str]):
+    """A module ``__getattr__`` for ``package`` whose public names load on first use (PEP 562).
+
+    Args:
+        package: the package's ``__name__``.
+        public: public name -> the submodule defining it, relative to ``package``.
+    """
+    def __getattr__(name: str):
+        module = public.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        setattr(sys.modules[package], name, value)
+        return value
+    return __getattr__
+
+
+__getattr__ = lazy_attributes(__name__, _PUBLIC)
 
 
 def __dir__() -> list[str]:

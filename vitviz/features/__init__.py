@@ -23,7 +23,7 @@ sae.save("runs/sae")                                       # sae.safetensors + s
 """
 from __future__ import annotations
 
-import importlib
+from .. import lazy_attributes
 
 # public name -> the module of this package that defines it (loaded on first use: the CLI parses without torch)
 _PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae", "load_sae": "public",
@@ -31,12 +31,4 @@ _PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae",
            "feature_attribution": "splice", "concept_deletion": "deletion"}
 
 __all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str):
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _PUBLIC)

@@ -20,7 +20,7 @@ headed = vitviz.open("bundled", head="probe/probe.safetensors")   # the model wi
 """
 from __future__ import annotations
 
-import importlib
+from .. import lazy_attributes
 
 # public name -> the module that defines it (loaded on first use: the CLI's parser imports this package)
 _PUBLIC = {"LabelError": "data", "LabelledImages": "data", "from_folders": "data", "from_label_file": "data",
@@ -28,12 +28,4 @@ _PUBLIC = {"LabelError": "data", "LabelledImages": "data", "from_folders": "data
            "fit": "probe", "attach_head": "head", "read_probe": "head"}
 
 __all__ = sorted(_PUBLIC)
-
-
-def __getattr__(name: str):
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'vitviz.probes' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _PUBLIC)
