@@ -49,8 +49,8 @@ def build(name, size, **kwargs):
 def full_analysis(model, x):
     """What ``analyze`` and the app compute for every image of a batch, where the model ran."""
     out = capture(model, x)
-    distance = mean_attention_distance(out.attention, out.layout)
-    for a, d in zip(out.attention, distance):
+    distance = mean_attention_distance(out.stack("attn"), out.layout)
+    for a, d in zip(out.stack("attn"), distance):
         attention_sinks(a, out.layout)
         rollout(a, out.layout)
         head_scores(a, out.layout, d)
@@ -158,7 +158,7 @@ def main() -> None:
             print(f"1. {label} @224, batch {batch}: plain {med['plain']:.3f} s, full analysis {med['full']:.3f} s: "
                   f"ratio {med['full'] / med['plain']:.2f}", flush=True)
     model = build("vit_small_patch14_dinov2", 224)
-    attention, layout = capture(model, torch.randn(1, 3, 224, 224)).attention[0].numpy(), TokenLayout.from_model(model)
+    attention, layout = capture(model, torch.randn(1, 3, 224, 224)).stack("attn")[0].numpy(), TokenLayout.from_model(model)
     med = interleaved({"chain": lambda: rollout(attention, layout), "matrix": lambda: rollout_reference(attention, layout)},
                       2 * args.repeats)
     print(f"   rollout alone (N = {layout.num_tokens}, 12 layers, per-layer maps): chain {med['chain'] * 1e3:.1f} ms vs "

@@ -157,7 +157,7 @@ def payload_bytes() -> dict:
     for size in (None, 518):
         loaded = load_model(ModelSpec(img_size=size))
         fwd = forward(loaded, [load_image(ROOT / "assets" / "astronaut.jpg").image])
-        attention, layout = fwd.capture.attention[0], fwd.layout
+        attention, layout = fwd.trace.stack("attn")[0], fwd.layout
         image: Image.Image = fwd.batch.images[0]
         L = attention.shape[0]
         payload = explorer_payload(attention, layout, image, sinks=[fwd.sinks[0].patch_sinks(layout, [l]) for l in range(L)],

@@ -68,7 +68,7 @@ def payload_bytes() -> dict:
     out = {}
     for size in (None, 518):
         fwd = forward(load_model(ModelSpec(img_size=size)), [load_image(ROOT / "assets" / "astronaut.jpg").image])
-        attention, layout, image = fwd.capture.attention[0], fwd.layout, fwd.batch.images[0]
+        attention, layout, image = fwd.trace.stack("attn")[0], fwd.layout, fwd.batch.images[0]
         L = attention.shape[0]
         heads = explorer_payload(attention, layout, image, sinks=[fwd.sinks[0].patch_sinks(layout, [l]) for l in range(L)],
                                  selected=0)

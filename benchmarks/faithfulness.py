@@ -38,7 +38,7 @@ def main(with_auc: bool) -> None:
     model, layout = loaded.model, loaded.layout
     x = preprocess([load_image(ROOT / "assets" / "astronaut.jpg").image], loaded.data_config).tensor
     out = capture(model, x)
-    attention = out.attention[0].numpy()
+    attention = out.stack("attn")[0].numpy()
     t = time.perf_counter()
     flow = attention_flow(attention, layout)
     flow_s = time.perf_counter() - t
@@ -72,7 +72,7 @@ def main(with_auc: bool) -> None:
             torch.manual_seed(0)
             vit = timm.create_model(loader, pretrained=False).eval()
             o = capture(vit, torch.randn(1, 3, 224, 224))
-            a, lay = o.attention[0].numpy(), o.layout
+            a, lay = o.stack("attn")[0].numpy(), o.layout
         for label, start in (("all 12 layers", 0), ("last 4 layers", a.shape[0] - 4)):
             t = time.perf_counter()
             f = attention_flow(a, lay, start=start)
@@ -84,7 +84,7 @@ def main(with_auc: bool) -> None:
         rows = {}
         for name in SAMPLES:
             xi = preprocess([load_image(ROOT / "assets" / name).image], loaded.data_config).tensor
-            ai = capture(model, xi).attention[0].numpy()
+            ai = capture(model, xi).stack("attn")[0].numpy()
             mi = attention_maps(ai, layout, rollout_map=rollout(ai, layout).map,
                                 flow_map=attention_flow(ai, layout).map)
             r = perturbation_curves(model, xi[0], mi, layout)

@@ -13,7 +13,7 @@ from vitviz.analyses.tokens import attention_sinks
 from vitviz.analyses.rollout import rollout
 def full(model, x):
     out = capture(model, x)
-    a = out.attention.numpy()
+    a = out.stack("attn").numpy()
     d = mean_attention_distance(a, out.layout)
     for ai, di in zip(a, d):
         attention_sinks(ai, out.layout); rollout(ai, out.layout); head_scores(ai, out.layout, di)

@@ -52,7 +52,7 @@ def outliers_and_sinks(size: int, device: str) -> None:
     if size != 224:
         return
     cap = capture(loaded.model, x)
-    sinks = [attention_sinks(a, cap.layout) for a in cap.attention]
+    sinks = [attention_sinks(a, cap.layout) for a in cap.stack("attn")]
     per_layer = np.sum([[int((s >= cap.layout.num_prefix_tokens).sum()) for s in k.sinks] for k in sinks], axis=0)
     print(f"patch sinks per layer (summed over the {len(PHOTOS)} photos): {' '.join(map(str, per_layer))}")
     change = R.compare_outputs(loaded.model, x, R.mask_keys(R.sink_mask(sinks, cap.layout, x.device)))

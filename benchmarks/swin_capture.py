@@ -4,7 +4,7 @@ Prints, per batch size, the fastest of several interleaved runs (see hf_hybrid_c
   default  the model's own forward as timm builds it (WindowAttention.fused_attn is timm's
            "experimental" switch, off by default: the unfused softmax path),
   sdpa     the same model with fused attention switched on (a copy): the fastest timm can do,
-  capture  vitviz.swin.capture (the adapter's spelled-out forward; every block's window probabilities kept),
+  capture  vitviz.capture.capture (the adapter's spelled-out forward; every block's window probabilities kept),
   +dist    capture and the mean attention distance within windows of every block (the page's cost),
 and the ratios capture/default and capture/sdpa in the same run. Random weights.
 Usage:
@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hf_hybrid_capture import fastest_seconds  # noqa: E402
 from vitviz import swin  # noqa: E402
+from vitviz.capture import capture  # noqa: E402
 
 
 def main() -> None:
@@ -44,14 +45,14 @@ def main() -> None:
           f"{'capture/default':>16s} {'capture/sdpa':>13s}")
 
     def with_distance(x):
-        out = swin.capture(model, x)
-        return [swin.mean_window_attention_distance(a, g) for a, g in zip(out.attention, out.geometry)]
+        out = capture(model, x)
+        return [swin.mean_window_attention_distance(a, g) for a, g in zip(out.each("attn"), out.geometry)]
 
     with torch.inference_mode():
         for b in ((1,) if args.quick else (1, 8)):
             x = torch.randn(b, 3, *size)
             t = fastest_seconds({"default": lambda: model(x), "sdpa": lambda: fused(x),
-                                 "capture": lambda: swin.capture(model, x), "dist": lambda: with_distance(x)}, repeats)
+                                 "capture": lambda: capture(model, x), "dist": lambda: with_distance(x)}, repeats)
             print(f"{b:2d} {t['default']:10.3f} {t['sdpa']:8.3f} {t['capture']:10.3f} {t['dist']:8.3f} "
                   f"{t['capture'] / t['default']:15.2f}x {t['capture'] / t['sdpa']:12.2f}x")
 

@@ -380,14 +380,14 @@ def test_hf_swin_threads_with_different_edits_get_their_own_results(hf_swin):
 
 
 def test_hf_swin_budget_counts_the_window_attention_it_captures(hf_swin):
-    from vitviz import swin
+    from vitviz.capture import capture
     from vitviz.budget import architecture
 
     for size, loaded in hf_swin.items():
         arch = architecture(loaded.spec.name)
         assert arch is not None and arch.default_size == size
-        out = swin.capture(loaded.model, _hf_images(loaded, 1))
-        assert arch.attention_bytes(size) == sum(a.numel() * 4 for a in out.attention)
+        out = capture(loaded.model, _hf_images(loaded, 1))
+        assert arch.attention_bytes(size) == sum(a.numel() * 4 for a in out.each("attn"))
 
 
 def test_hf_swin_views_say_why_not_and_the_card_names_the_family(hf_swin):
@@ -411,6 +411,7 @@ def test_analyze_runs_end_to_end_for_a_hf_swin_folder(hf_swin, tmp_path):
     import json
 
     from vitviz import swin
+    from vitviz.capture import capture
     from vitviz.cli import main
 
     from conftest import ASSETS
@@ -418,11 +419,11 @@ def test_analyze_runs_end_to_end_for_a_hf_swin_folder(hf_swin, tmp_path):
     loaded = hf_swin[72]
     assert main(["analyze", str(ASSETS / "chelsea.jpg"), "--out", str(tmp_path), "--model", loaded.spec.name]) == 0
     data = np.load(tmp_path / "analysis.npz")
-    out = swin.capture(loaded.model, _hf_images(loaded, 1))
+    out = capture(loaded.model, _hf_images(loaded, 1))
     np.testing.assert_allclose(data["logits"][0], out.logits[0].numpy(), rtol=1e-5, atol=1e-6)
     assert data["window_distance"].shape == (1, 4, 4) and np.isnan(data["window_distance"][:, :2, 2:]).all()
     np.testing.assert_allclose(data["window_distance"][0, 1, :2],
-                               swin.mean_window_attention_distance(out.attention[1], out.geometry[1])[0], rtol=1e-6)
+                               swin.mean_window_attention_distance(out.each("attn")[1], out.geometry[1])[0], rtol=1e-6)
     settings = json.loads((tmp_path / "settings.json").read_text())
     assert settings["model"]["family"] == "Swin"
     assert [g["padded_size"] for g in settings["window_geometry"]] == [[20, 20], [20, 20], [12, 12], [12, 12]]
@@ -493,7 +494,7 @@ def test_hf_swinv2_zeroing_one_head_of_a_shifted_block_matches_transformers(hf_s
 
 
 def test_analyze_and_the_budget_work_for_a_hf_swinv2_folder(hf_swinv2, tmp_path):
-    from vitviz import swin
+    from vitviz.capture import capture
     from vitviz.budget import architecture
     from vitviz.cli import main
 
@@ -504,6 +505,6 @@ def test_analyze_and_the_budget_work_for_a_hf_swinv2_folder(hf_swinv2, tmp_path)
     assert loaded.card()["family"] == "Swin V2" and "Swin V2, transformers" in loaded.why_not("overview")
     assert main(["analyze", str(ASSETS / "chelsea.jpg"), "--out", str(tmp_path), "--model", loaded.spec.name]) == 0
     data = np.load(tmp_path / "analysis.npz")
-    out = swin.capture(loaded.model, _hf_images(loaded, 1))
+    out = capture(loaded.model, _hf_images(loaded, 1))
     np.testing.assert_allclose(data["logits"][0], out.logits[0].numpy(), rtol=1e-5, atol=1e-6)
-    assert architecture(loaded.spec.name).attention_bytes(72) == sum(a.numel() * 4 for a in out.attention)
+    assert architecture(loaded.spec.name).attention_bytes(72) == sum(a.numel() * 4 for a in out.each("attn"))

@@ -117,7 +117,7 @@ def test_attention_gradients_match_finite_differences_layer_by_layer():
                 up = _logit_with_attention_delta(model, x, 7, layer, head, q, k, eps)
                 down = _logit_with_attention_delta(model, x, 7, layer, head, q, k, -eps)
                 assert grads[layer, head, q, k] == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8)
-    assert np.allclose(attention, capture(model, x).attention[0].double().numpy())
+    assert np.allclose(attention, capture(model, x).stack("attn")[0].double().numpy())
 
 
 def test_gradient_rollout_hand_example():
@@ -156,7 +156,7 @@ def test_streamed_distance_over_32_images_equals_mean_of_single_images():
     seen = []
     streamed = stream_mean_attention_distance(model, images.split(8), capture(model, images[:1]).layout,
                                               progress=seen.append)
-    singles = np.concatenate([mean_attention_distance(capture(model, images[i:i + 1]).attention.numpy(),
+    singles = np.concatenate([mean_attention_distance(capture(model, images[i:i + 1]).stack("attn").numpy(),
                                                       capture(model, images[:1]).layout) for i in range(32)])
     assert seen == [8, 16, 24, 32]
     assert streamed.per_image.shape == (32, 2, 4)

@@ -63,7 +63,7 @@ def cat_on_flat_background(bundled):
 
 def test_last_layer_cls_attention_of_most_heads_is_on_the_object(bundled, cat_on_flat_background):
     out, on_object = cat_on_flat_background
-    attention = out.attention[0].numpy()
+    attention = out.stack("attn")[0].numpy()
     assert 0.1 < on_object.mean() < 0.3  # the object is a minority of the image
     heads_on_object = 0
     for head in range(attention.shape[1]):
@@ -74,9 +74,9 @@ def test_last_layer_cls_attention_of_most_heads_is_on_the_object(bundled, cat_on
 
 def test_real_rollout_and_distance_are_well_formed(bundled, cat_on_flat_background):
     out, _ = cat_on_flat_background
-    attention = out.attention[0].numpy()
+    attention = out.stack("attn")[0].numpy()
     result = rollout(attention, bundled.layout, discard=0.5)
     assert result.per_layer.shape == (12, 16, 16)
     assert result.map.sum() + result.prefix_share["cls"] == pytest.approx(1.0)
-    distance = mean_attention_distance(out.attention.numpy(), bundled.layout)[0]
+    distance = mean_attention_distance(out.stack("attn").numpy(), bundled.layout)[0]
     assert distance.shape == (12, 6) and distance.min() > 0 and distance.max() < 224 * np.sqrt(2)

@@ -51,7 +51,7 @@ def _page(page, uploads=None):
 def _core_attention(bundled, name):
     batch = preprocess([load_image(ASSETS / name).image], bundled.data_config)
     out = capture(bundled.model, batch.tensor)
-    return out.attention[0].numpy(), out.layout
+    return out.stack("attn")[0].numpy(), out.layout
 
 
 def test_heads_page_map_equals_the_core_function(bundled):

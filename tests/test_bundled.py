@@ -35,16 +35,16 @@ def onnx_outputs(bundled, sample_images):
 def test_bundled_features_equal_onnx_final_layernorm(bundled, onnx_outputs):
     batch, _, onnx_features = onnx_outputs
     out = capture(bundled.model, batch.tensor)
-    rel = np.abs(out.features.numpy() - onnx_features).max() / np.abs(onnx_features).max()
+    rel = np.abs(out["final_norm"].numpy() - onnx_features).max() / np.abs(onnx_features).max()
     assert rel < 1e-5
 
 
 def test_bundled_attention_equals_onnx_softmax_every_layer(bundled, onnx_outputs):
     batch, onnx_attention, _ = onnx_outputs
     out = capture(bundled.model, batch.tensor)
-    assert onnx_attention.shape == tuple(out.attention.shape) == (2, 12, 6, 257, 257)
+    assert onnx_attention.shape == tuple(out.stack("attn").shape) == (2, 12, 6, 257, 257)
     for layer in range(12):
-        assert np.abs(out.attention[:, layer].numpy() - onnx_attention[:, layer]).max() < 1e-4, layer
+        assert np.abs(out.stack("attn")[:, layer].numpy() - onnx_attention[:, layer]).max() < 1e-4, layer
 
 
 def test_timm_default_resampling_would_not_match(bundled, onnx_outputs):
@@ -60,7 +60,7 @@ def test_timm_default_resampling_would_not_match(bundled, onnx_outputs):
     with torch.no_grad():
         other.pos_embed.copy_(drifted)
     out = capture(other, batch.tensor)
-    rel = np.abs(out.features.numpy() - onnx_features).max() / np.abs(onnx_features).max()
+    rel = np.abs(out["final_norm"].numpy() - onnx_features).max() / np.abs(onnx_features).max()
     assert rel > 1e-3
     assert torch.equal(model.pos_embed, original)
 

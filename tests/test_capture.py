@@ -30,16 +30,16 @@ def test_capture_reproduces_fused_forward(family):
     def rel(a, b):
         return float((a - b).abs().max() / b.abs().max())
 
-    assert rel(out.features, features) < 1e-5
+    assert rel(out["final_norm"], features) < 1e-5
     if model.num_classes:
         assert rel(out.logits, logits) < 1e-5
     else:
         assert out.logits is None
     layout = out.layout
-    B, L, H, N, N2 = out.attention.shape
+    B, L, H, N, N2 = out.stack("attn").shape
     assert (B, L, H) == (3, len(model.blocks), model.blocks[0].attn.num_heads)
     assert N == N2 == layout.num_tokens == features.shape[1]
-    assert torch.allclose(out.attention.sum(-1), torch.ones(B, L, H, N), atol=1e-5)
+    assert torch.allclose(out.stack("attn").sum(-1), torch.ones(B, L, H, N), atol=1e-5)
 
 
 def test_capture_attention_equals_unfused_softmax_hook():
@@ -56,7 +56,7 @@ def test_capture_attention_equals_unfused_softmax_hook():
     with torch.inference_mode():
         reference(x)
     out = capture(model, x)
-    assert torch.allclose(out.attention, torch.stack(seen, dim=1), atol=1e-6)
+    assert torch.allclose(out.stack("attn"), torch.stack(seen, dim=1), atol=1e-6)
     # The shared model was not touched: still fused, no hooks left behind.
     assert all(blk.attn.fused_attn for blk in model.blocks)
     assert not any(blk.attn.attn_drop._forward_hooks for blk in model.blocks)
@@ -108,10 +108,10 @@ def test_capture_is_thread_safe_and_matches_serial_bit_for_bit():
     for t in threads:
         t.join()
     for got, want in zip(results, serial):
-        assert torch.equal(got.attention, want.attention)
-        assert torch.equal(got.features, want.features)
+        assert torch.equal(got.stack("attn"), want.stack("attn"))
+        assert torch.equal(got["final_norm"], want["final_norm"])
     # Different images gave different attention: the comparison above is not vacuous.
-    assert not torch.equal(serial[0].attention, serial[1].attention)
+    assert not torch.equal(serial[0].stack("attn"), serial[1].stack("attn"))
 
 
 def test_unsupported_model_is_named_in_the_error():
@@ -135,6 +135,6 @@ def test_capture_on_gpu_matches_cpu():
     x = _images(model)
     cpu = capture(model, x)
     gpu = capture(model.to("cuda"), x)
-    assert gpu.attention.is_cuda and gpu.token_norms.is_cuda  # left where the model ran (issue 10)
-    assert torch.allclose(gpu.attention.cpu(), cpu.attention, atol=1e-4)
-    assert torch.allclose(gpu.features, cpu.features, rtol=1e-3, atol=1e-3)
+    assert gpu.stack("attn").is_cuda and gpu.stack("resid_post.norm").is_cuda  # left where the model ran (issue 10)
+    assert torch.allclose(gpu.stack("attn").cpu(), cpu.stack("attn"), atol=1e-4)
+    assert torch.allclose(gpu["final_norm"], cpu["final_norm"], rtol=1e-3, atol=1e-3)

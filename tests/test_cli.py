@@ -39,7 +39,7 @@ def test_cli_analyze_writes_npz_and_settings(tmp_path, bundled, capsys):
     expected = preprocess([load_image(p).image for p in (images[0], images[2])], bundled.data_config).tensor
     np.testing.assert_array_equal(data["input"], expected.numpy())
     again = capture(bundled.model, torch.from_numpy(data["input"]))
-    np.testing.assert_allclose(data["attention"], again.attention.numpy(), atol=1e-6)
+    np.testing.assert_allclose(data["attention"], again.stack("attn").numpy(), atol=1e-6)
 
     # The exported analyses are the core functions applied to the exported attention.
     for i in range(2):

@@ -101,7 +101,7 @@ def test_anatomy_softmax_and_weighted_values_match_the_model(family, spec):
     d = qkv.head_dim
     for q in (query, 0):
         a = attention_anatomy(qkv, head, q)
-        np.testing.assert_allclose(softmax(a.scaled), out.attention[0, layer, head, q].numpy(), atol=1e-6)
+        np.testing.assert_allclose(softmax(a.scaled), out.stack("attn")[0, layer, head, q].numpy(), atol=1e-6)
         np.testing.assert_allclose(a.scaled, a.scores * a.scale)
         assert a.scale == pytest.approx(d ** -0.5)
         np.testing.assert_allclose(a.contributions.sum(0), seen["x"][0, q, head * d:(head + 1) * d].numpy(),
@@ -133,8 +133,8 @@ def test_block_output_of_last_layer_is_what_capture_normalises():
     tokens = block_output(model, images, len(model.blocks) - 1)
     with torch.inference_mode():
         final = model.norm(tokens)
-    np.testing.assert_allclose(final.numpy(), out.features.numpy(), atol=1e-5)
-    np.testing.assert_allclose(tokens.norm(dim=-1).numpy(), out.token_norms[:, -1].numpy(), rtol=1e-5)
+    np.testing.assert_allclose(final.numpy(), out["final_norm"].numpy(), atol=1e-5)
+    np.testing.assert_allclose(tokens.norm(dim=-1).numpy(), out.stack("resid_post.norm")[:, -1].numpy(), rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -189,7 +189,7 @@ def test_overview_clusters_view_shows_the_core_labels(bundled):
     at = _page(None)
     z = _heatmaps(at, "clusters")[0]
     batch = preprocess([load_image(ASSETS / "astronaut.jpg").image], bundled.data_config)
-    features = capture(bundled.model, batch.tensor).features[0, 1:].numpy()
+    features = capture(bundled.model, batch.tensor)["final_norm"][0, 1:].numpy()
     np.testing.assert_array_equal(z - 1, token_clusters(features, (16, 16), 4).labels)
     at.slider(key="cluster_k").set_value(6).run()
     at.selectbox(key="cluster_source").set_value("keys of one head").run()

@@ -113,12 +113,12 @@ def test_capture_keeps_attention_on_the_models_device_and_results_come_back_as_n
     transfers = HostTransfers(monkeypatch)
     out = capture(model, x)
     B, L, H, N = 2, 2, 4, out.layout.num_tokens
-    assert out.attention.shape == (B, L, H, N, N) and out.attention.device == x.device
+    assert out.stack("attn").shape == (B, L, H, N, N) and out.stack("attn").device == x.device
     assert transfers.attention(N, H * N * N) == []  # no layer of attention went through a host copy
     monkeypatch.undo()
-    scores = head_scores(out.attention[0], out.layout)
+    scores = head_scores(out.stack("attn")[0], out.layout)
     assert all(isinstance(v, np.ndarray) and v.shape == (L, H) for v in scores.values())
-    entropy, focus, *_ = _scores_np(out.attention[0].double().numpy(), out.layout)
+    entropy, focus, *_ = _scores_np(out.stack("attn")[0].double().numpy(), out.layout)
     np.testing.assert_allclose(scores["entropy"], entropy, rtol=0, atol=entropy_float32_atol(out.layout.num_patches))
     np.testing.assert_allclose(scores["cls_focus"], focus, rtol=1e-6, atol=1e-9)
 
@@ -149,7 +149,7 @@ def test_analysis_on_the_gpu_stays_there_and_equals_the_cpu(bundled, sample_imag
     on_cpu = analyze_batch(bundled, images, AnalysisSettings())
     gpu = dataclasses.replace(bundled, model=copy.deepcopy(bundled.model).to("cuda"), device=torch.device("cuda"))
     out = capture(gpu.model, preprocess(images, gpu.data_config).tensor)
-    assert out.attention.is_cuda
+    assert out.stack("attn").is_cuda
     transfers = HostTransfers(monkeypatch)
     on_gpu = analyze_batch(gpu, images, AnalysisSettings(), keep_attention=False)
     L, H, N = 12, 6, bundled.layout.num_tokens

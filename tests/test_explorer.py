@@ -18,7 +18,7 @@ def _attention(family="dinov2_reg"):
     size = model.patch_embed.img_size
     torch.manual_seed(1)
     out = capture(model, torch.randn(1, 3, *size))
-    return out.attention[0].numpy(), out.layout
+    return out.stack("attn")[0].numpy(), out.layout
 
 
 def _close_as_float16(got, want):

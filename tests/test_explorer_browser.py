@@ -89,7 +89,7 @@ def _forward():
     from vitviz.runs.pipeline import forward
 
     fwd = forward(load_model(ModelSpec()), [load_image(ASSETS / IMAGE).image])
-    return fwd.capture.attention[0].numpy(), fwd.layout, fwd
+    return fwd.trace.stack("attn")[0].numpy(), fwd.layout, fwd
 
 
 def _open(pg, server: str, link: str, unless: dict | None = None) -> None:

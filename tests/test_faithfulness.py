@@ -129,7 +129,7 @@ def test_curves_equal_an_independent_recomputation_of_the_protocol(family):
     torch.manual_seed(1)
     image = torch.randn(3, 64, 64)
     out = capture(model, image[None])
-    attention, layout = out.attention[0].numpy(), out.layout
+    attention, layout = out.stack("attn")[0].numpy(), out.layout
     maps = attention_maps(attention, layout, rollout_map=rollout(attention, layout).map)
     fractions = np.array([0, 0.1, 0.25, 0.5, 0.8, 1.0])
     result = perturbation_curves(model, image, maps, layout, fractions=fractions, batch_size=3)
@@ -208,7 +208,7 @@ def test_attention_flow_with_a_layer_range_uses_only_those_layers():
     from vitviz.capture import capture
 
     out = capture(model, torch.randn(1, 3, 64, 64))
-    attention, layout = out.attention[0].numpy(), out.layout
+    attention, layout = out.stack("attn")[0].numpy(), out.layout
     calls = []
     full = attention_flow(attention, layout, progress=lambda done, total: calls.append((done, total)))
     last = attention_flow(attention, layout, start=1)
@@ -296,7 +296,7 @@ def test_faithfulness_page_shows_the_cores_curves_and_aucs(bundled):
 
     image = preprocess([load_image(ASSETS / "astronaut.jpg").image], bundled.data_config).tensor
     out = capture(bundled.model, image)
-    attention, layout = out.attention[0].numpy(), out.layout
+    attention, layout = out.stack("attn")[0].numpy(), out.layout
     maps = attention_maps(attention, layout, rollout_map=rollout(attention, layout, start=2).map)
     # The random floor is the mean of 10 seeded maps' curves (seeds 0-9).
     expected = perturbation_curves(bundled.model, image[0], {m: maps[m] for m in ("rollout", "last_layer_head_2")}
@@ -334,7 +334,7 @@ def test_rollout_page_shows_attention_flow_equal_to_the_core(bundled):
     assert not at.exception, [e.message for e in at.exception]
     image = preprocess([load_image(ASSETS / "astronaut.jpg").image], bundled.data_config).tensor
     out = capture(bundled.model, image)
-    expected = attention_flow(out.attention[0].numpy(), out.layout, start=10, end=12)
+    expected = attention_flow(out.stack("attn")[0].numpy(), out.layout, start=10, end=12)
     np.testing.assert_allclose(_heatmaps(at, "flow_fig")[0], expected.map, atol=1e-6)
     assert (expected.map > 0).all() and expected.error_bound.max() < 1e-4
 

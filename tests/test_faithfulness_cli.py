@@ -46,7 +46,7 @@ def test_cli_tables_equal_the_core_on_each_image(tmp_path, tiny_checkpoint):
     x = preprocess([load_image(images[1]).image], loaded.data_config).tensor
     out_capture = capture(loaded.model, x)
     maps = {"attnlrp": ordered(attribute(loaded.model, x, "attnlrp", default_target(loaded.model)).patches[0], "signed"),
-            "rollout": rollout(out_capture.attention[0].numpy(), out_capture.layout).map} | \
+            "rollout": rollout(out_capture.stack("attn")[0].numpy(), out_capture.layout).map} | \
         random_seed_maps(out_capture.layout.grid_size, 0, 3)
     core = protocol_curves(loaded.model, x[0], maps, out_capture.layout,
                            protocols=("morf", "lerf", "insertion", "positive", "negative"),

@@ -111,16 +111,16 @@ def test_capture_equals_the_fused_forward_and_timms_unfused_attention(family, ch
     with torch.no_grad():
         fused = model.forward_features(x)  # the default fused attention
         logits = model(x)
-    assert _rel(out.features, fused) < 1e-5
+    assert _rel(out["final_norm"], fused) < 1e-5
     if loaded.has_head:
         assert _rel(out.logits, logits) < 1e-5
-    assert torch.allclose(out.attention, timm_unfused_attention(model, x), rtol=0, atol=1e-6)
-    assert torch.allclose(out.attention.sum(-1), torch.ones(()), atol=1e-5)
+    assert torch.allclose(out.stack("attn"), timm_unfused_attention(model, x), rtol=0, atol=1e-6)
+    assert torch.allclose(out.stack("attn").sum(-1), torch.ones(()), atol=1e-5)
     _, _, prefix, grid, stride, pool = FAMILIES[family]
     assert out.layout.prefix_tokens == prefix
     assert out.layout.grid_size == grid and out.layout.patch_size == stride
     assert out.layout.global_pool == pool
-    assert out.attention.shape[-1] == len(prefix) + grid[0] * grid[1]
+    assert out.stack("attn").shape[-1] == len(prefix) + grid[0] * grid[1]
 
 
 def test_position_terms_are_in_the_attention(checkpoints):
@@ -148,7 +148,7 @@ def test_position_terms_are_in_the_attention(checkpoints):
 def test_anatomy_rebuilds_the_captured_rows_with_rope_and_relative_bias(family, checkpoints):
     loaded = _load(family, checkpoints)
     model, x = loaded.model, _images(loaded, 1)
-    attention = capture(model, x).attention[0].double().numpy()
+    attention = capture(model, x).stack("attn")[0].double().numpy()
     layer = len(model.blocks) - 1
     qkv = layer_qkv(model, x, layer)
     # The heads' output (Σ w v) as timm's fused forward hands it on: to the output norm (EVA) or the projection.
@@ -214,8 +214,8 @@ def test_threads_sharing_one_rope_and_one_beit_model_match_serial_bit_for_bit(ch
         serial = [capture(loaded.model, x) for x in inputs]
         results = capture_in_threads(loaded.model, inputs)
         for s, r in zip(serial, results):
-            assert torch.equal(s.attention, r.attention) and torch.equal(s.features, r.features)
-        assert not torch.equal(serial[0].attention, serial[1].attention)
+            assert torch.equal(s.stack("attn"), r.stack("attn")) and torch.equal(s["final_norm"], r["final_norm"])
+        assert not torch.equal(serial[0].stack("attn"), serial[1].stack("attn"))
 
 
 def test_a_block_vitviz_does_not_read_gets_the_sentence_naming_model_and_block():

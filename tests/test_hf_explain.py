@@ -52,7 +52,7 @@ def test_hf_anatomy_rebuilds_the_captured_attention_and_the_heads_context(family
     folder = hf_folders[family]
     loaded = load_model(ModelSpec(name=folder))
     x = preprocess([chelsea], loaded.data_config).tensor
-    attention = capture(loaded.model, x).attention[0].double().numpy()  # (L, H, N, N)
+    attention = capture(loaded.model, x).stack("attn")[0].double().numpy()  # (L, H, N, N)
     contexts = _contexts(_own_model(family, folder), x)
     L, H, N, _ = attention.shape
     for layer in range(L):

@@ -102,9 +102,9 @@ def test_hf_capture_equals_the_models_own_forward_and_eager_attention(family, hf
         assert loaded.num_classes == logits.shape[-1]
     else:
         assert out.logits is None and not loaded.has_head
-    assert _rel(out.features, base.last_hidden_state) < 1e-5
-    assert torch.equal(out.attention, torch.stack(ref.attentions, 1))
-    assert torch.allclose(out.attention.sum(-1), torch.ones(()), atol=1e-5)
+    assert _rel(out["final_norm"], base.last_hidden_state) < 1e-5
+    assert torch.equal(out.stack("attn"), torch.stack(ref.attentions, 1))
+    assert torch.allclose(out.stack("attn").sum(-1), torch.ones(()), atol=1e-5)
 
     prefix = HF_FAMILIES[family][5]
     config = default.config
@@ -112,7 +112,7 @@ def test_hf_capture_equals_the_models_own_forward_and_eager_attention(family, hf
     assert layout.prefix_tokens == prefix
     assert layout.patch_size == (config.patch_size, config.patch_size)
     assert layout.grid_size == (config.image_size // config.patch_size,) * 2
-    assert out.attention.shape == (2, 3, 4, layout.num_tokens, layout.num_tokens)
+    assert out.stack("attn").shape == (2, 3, 4, layout.num_tokens, layout.num_tokens)
     assert batch.tensor.shape[-2:] == (config.image_size, config.image_size)
 
 
@@ -129,7 +129,7 @@ def test_vit_attention_is_softmax_of_scaled_queries_and_keys(hf_folders, chelsea
         q = layer.attention.q_proj(tokens).view(B, N, 4, 16).transpose(1, 2)
         k = layer.attention.k_proj(tokens).view(B, N, 4, 16).transpose(1, 2)
         probs = (q @ k.transpose(-1, -2) / 4.0).softmax(-1)
-    assert torch.allclose(out.attention[:, 0], probs, atol=1e-6)
+    assert torch.allclose(out.stack("attn")[:, 0], probs, atol=1e-6)
 
 
 def test_hf_preprocessing_keeps_the_exact_model_input_image(hf_folders, chelsea):
@@ -171,7 +171,7 @@ def test_threads_sharing_one_hf_model_match_serial_bit_for_bit(hf_folders, chels
     serial = [capture(loaded.model, x) for x in inputs]
     results = capture_in_threads(loaded.model, inputs)
     for s, r in zip(serial, results):
-        assert torch.equal(s.attention, r.attention) and torch.equal(s.logits, r.logits)
+        assert torch.equal(s.stack("attn"), r.stack("attn")) and torch.equal(s.logits, r.logits)
     assert loaded.model.config._attn_implementation == "eager"
 
 
@@ -222,7 +222,7 @@ def test_gradient_rollout_reads_an_hf_models_head(hf_folders, chelsea):
     out = capture(loaded.model, x)
     attention, grads, target = attention_gradients(loaded.model, x)
     assert target == int(out.logits[0].argmax())
-    assert np.allclose(attention, out.attention[0].double().numpy(), atol=1e-6)
+    assert np.allclose(attention, out.stack("attn")[0].double().numpy(), atol=1e-6)
     assert grads.shape == attention.shape and np.abs(grads).max() > 0
 
 
@@ -253,8 +253,8 @@ def test_hybrid_checkpoint_capture_equals_timm_with_the_stems_stride(hybrid_chec
     with torch.no_grad():
         own = loaded.model(x)  # timm's default fused attention
     assert _rel(out.logits, own) < 1e-5
-    assert torch.allclose(out.attention, timm_unfused_attention(loaded.model, x), atol=1e-6)
-    assert torch.allclose(out.attention.sum(-1), torch.ones(()), atol=1e-5)
+    assert torch.allclose(out.stack("attn"), timm_unfused_attention(loaded.model, x), atol=1e-6)
+    assert torch.allclose(out.stack("attn").sum(-1), torch.ones(()), atol=1e-5)
     # 224 px: the stem reduces 4x to 56x56, 8x8 patches of that give 7x7 tokens 32 px apart.
     assert out.layout.grid_size == (7, 7)
     assert out.layout.patch_size == (32, 32)
@@ -267,7 +267,7 @@ def test_hybrid_attention_anatomy_reproduces_the_captured_rows(hybrid_checkpoint
 
     loaded = load_model(ModelSpec(name=HYBRID, checkpoint=str(hybrid_checkpoint)))
     x = preprocess([chelsea], loaded.data_config).tensor
-    attention = capture(loaded.model, x).attention[0].double().numpy()
+    attention = capture(loaded.model, x).stack("attn")[0].double().numpy()
     for layer in (0, len(loaded.model.blocks) - 1):
         qkv = layer_qkv(loaded.model, x, layer)
         for head, query in ((0, 0), (1, 17)):  # the CLS row and a patch row
@@ -339,7 +339,7 @@ def test_app_loads_an_hf_folder_from_the_sidebar_and_the_heads_page_shows_its_ma
     out = capture(loaded.model, preprocess([load_image(ASSETS / "astronaut.jpg").image], loaded.data_config).tensor)
     maps = _heatmaps(at, "heads_grid")
     assert len(maps) == 4 and maps[0].shape == (5, 5)
-    np.testing.assert_allclose(maps[3], query_attention_map(out.attention[0].numpy(), out.layout, 1, 3, "cls"),
+    np.testing.assert_allclose(maps[3], query_attention_map(out.stack("attn")[0].numpy(), out.layout, 1, 3, "cls"),
                                atol=1e-6)
     # A folder without a config: a sentence, and the folder's model stays.
     at.sidebar.text_input(key="hf_name").input("/nonexistent/vitviz-model").run()

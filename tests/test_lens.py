@@ -71,6 +71,48 @@ def test_trace_indexes_by_name_and_by_kind_and_layer_and_stacks(lens, x):
     torch.testing.assert_close(trace.logits, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_kind_kept_at_every_layer_is_one_stack_whose_slices_are_the_layers(lens, x):
+    trace = lens.trace(x, keep="attn")
+    stacked = trace.stack("attn")
+    assert stacked.data_ptr() == trace["attn", 0].data_ptr() and trace.stack("attn") is stacked  # no copy
+    assert trace.nbytes == stacked.numel() * 4  # the layers are views of the stack: counted once
+    # The graph-keeping path keeps layer by layer and stacks on demand: the same numbers, bit for bit.
+    separate = lens.trace(x, keep="attn", grad=True)
+    torch.testing.assert_close(separate.stack("attn").detach(), stacked, rtol=0, atol=0)
+    for layer in range(12):
+        assert torch.equal(trace["attn", layer], separate["attn", layer].detach())
+
+
+def test_norm_keeps_only_the_points_norm(lens, x):
+    trace = lens.trace(x, keep=("resid_post.norm", ("ln1.norm", 2), "pooled.norm"))
+    full = lens.trace(x, keep=("resid_post", ("ln1", 2), "pooled"))
+    assert sorted(trace) == sorted(["blocks.2.ln1.norm", "pooled.norm"] + [f"blocks.{i}.resid_post.norm" for i in range(12)])
+    assert trace.stack("resid_post.norm").shape == (2, 12, 18)
+    for layer in range(12):
+        torch.testing.assert_close(trace["resid_post.norm", layer], full["resid_post", layer].norm(dim=-1), rtol=0, atol=0)
+    torch.testing.assert_close(trace["ln1.norm", 2], full["ln1", 2].norm(dim=-1), rtol=0, atol=0)
+    torch.testing.assert_close(trace["pooled.norm"], full.pooled.norm(dim=-1), rtol=0, atol=0)
+    both = lens.trace(x, keep=("resid_post", "resid_post.norm"))  # one point read twice: both kept
+    torch.testing.assert_close(both["resid_post.norm", 4], both["resid_post", 4].norm(dim=-1), rtol=0, atol=0)
+
+
+def test_a_trace_sliced_to_one_image_drops_the_batch_axis(lens, x):
+    trace = lens.trace(x, keep=("attn", "resid_post.norm", "logits", ("q", 3)))
+    one = trace.image(1)
+    assert not one.batched and trace[1].keys() == one.keys() and sorted(one) == sorted(trace)
+    torch.testing.assert_close(one.stack("attn"), trace.stack("attn")[1], rtol=0, atol=0)
+    assert one.stack("attn").shape == (12, 3, 18, 18) and one["q", 3].shape == (3, 18, 64)
+    assert one.stack("attn").data_ptr() == one["attn", 5].data_ptr() - 5 * 3 * 18 * 18 * 4  # still one stack
+    torch.testing.assert_close(one.logits, trace.logits[1], rtol=0, atol=0)
+    torch.testing.assert_close(one.stack("resid_post.norm"), trace.stack("resid_post.norm")[1], rtol=0, atol=0)
+    assert one.inputs.images == x.images[1:] and torch.equal(one.inputs.tensor, x.tensor[1:])
+    assert trace.image(-1).inputs.images == x.images[1:] and torch.equal(trace[-1]["attn", 0], trace["attn", 0][1])
+    with pytest.raises(VitvizError, match="already one image"):
+        one.image(0)
+    moved = trace.to("cpu")
+    assert moved.stack("attn").data_ptr() == moved["attn", 0].data_ptr()
+
+
 def test_trace_keeps_only_what_was_asked_and_says_what_it_kept(lens, x):
     trace = lens.trace(x, keep=[("attn", 2), "blocks.4.q"])
     assert sorted(trace) == ["blocks.2.attn", "blocks.4.q"] and trace["q", 4].shape == (2, 3, 18, 64)

@@ -51,7 +51,7 @@ def test_checkpoint_round_trip_at_another_resolution(tmp_path, source_model, suf
     assert larger.model.pos_embed.shape == (1, 1 + 18 * 18, 384)
     assert "local file" in larger.weights_source
     out = capture(larger.model, torch.randn(2, 3, 288, 288))
-    assert out.attention.shape == (2, 2, 6, 325, 325)
+    assert out.stack("attn").shape == (2, 2, 6, 325, 325)
 
 
 class _RunsCode:

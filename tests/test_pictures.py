@@ -164,7 +164,7 @@ def test_heads_grid_top_colour_is_each_maps_99th_percentile(bundled):
     tops = [float(a["text"].split("top ")[1].split("<")[0]) for a in spec["layout"]["annotations"] if "top " in a["text"]]
     batch = preprocess([load_image(Path(APP).parent / "assets" / "astronaut.jpg").image], bundled.data_config)
     out = capture(bundled.model, batch.tensor)
-    attention, layout = out.attention[0].numpy(), out.layout
+    attention, layout = out.stack("attn")[0].numpy(), out.layout
     maps = layer_maps(attention, layout, attention.shape[0] - 1, "cls")
     sinks = attention_sinks(attention, layout).patch_sinks(layout, [attention.shape[0] - 1])
     keep = np.ones(layout.num_patches, bool)

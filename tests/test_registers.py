@@ -359,7 +359,7 @@ def test_registers_page_repairs_the_planted_model(planted_checkpoint):
     register = R.TestTimeRegister(((LAYER, NEURON),))
     layout = TokenLayout.from_model(model)
     after = capture(model, x, edit=register.edit(layout), layout=register.layout(layout))
-    expected = rollout(after.attention[0].numpy(), register.layout(layout)).map
+    expected = rollout(after.stack("attn")[0].numpy(), register.layout(layout)).map
 
     def z(t):
         v = t["z"]

@@ -69,7 +69,7 @@ def test_trained_register_repair_drops_the_register_keys_in_every_layer():
     repair = R.Repair("trained")
     assert repair.why_not(model, layout) is None
     assert R.Repair("trained").why_not(tiny_vit(), TokenLayout.from_model(tiny_vit())) is not None
-    a = capture(model, torch.randn(1, 3, 64, 64), edit=repair.edit(model, layout), layout=layout).attention[0]
+    a = capture(model, torch.randn(1, 3, 64, 64), edit=repair.edit(model, layout), layout=layout).stack("attn")[0]
     regs = [i for i, n in enumerate(layout.prefix_tokens) if n.startswith("reg")]
     assert len(regs) == 4
     assert float(a[..., regs].abs().max()) == 0
@@ -102,7 +102,7 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
     sinks = forward(bundled, [pil]).sinks
     mask = R.sink_mask(sinks, layout)
     assert mask.any(), "the bundled model has patch sinks on the sample photos"
-    after = capture(bundled.model, x, edit=R.mask_keys(mask), layout=layout).attention[0].numpy()
+    after = capture(bundled.model, x, edit=R.mask_keys(mask), layout=layout).stack("attn")[0].numpy()
     L = after.shape[0]
 
     heads = _heatmaps(at, "heads_repair_maps")
@@ -165,7 +165,7 @@ def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_w
         logits = run(loaded.model, x, keep=("logits",))["logits"][0]
         repaired = run(loaded.model, x, keep=("logits",), edit=register.edit(layout))["logits"][0]
     target = int(logits.argmax())
-    plain_rollout = rollout(capture(loaded.model, x).attention[0].numpy(), layout).map
+    plain_rollout = rollout(capture(loaded.model, x).stack("attn")[0].numpy(), layout).map
     expected = perturbation_curves(loaded.model, x[0], {"rollout": plain_rollout} | random_seed_maps(layout.grid_size,
                                                                                                      seeds=3),
                                    layout, target=target)

@@ -499,7 +499,7 @@ def test_the_run_over_the_limit_waits_and_every_run_gives_the_serial_result():
         t.join(30)
     assert waits == [(2, 2)] and peak[0] == 2 and limiter.running == 0
     for got, want in zip(results, serial):
-        assert torch.equal(got.attention, want.attention) and torch.equal(got.features, want.features)
+        assert torch.equal(got.stack("attn"), want.stack("attn")) and torch.equal(got["final_norm"], want["final_norm"])
 
 
 def test_a_run_inside_a_run_uses_its_own_slot():

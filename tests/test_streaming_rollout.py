@@ -49,9 +49,9 @@ def test_rollout_chain_equals_matrix_products_on_random_attention(prefix, grid, 
 def test_rollout_chain_equals_matrix_products_on_the_bundled_model(bundled, sample_images):
     batch = preprocess([sample_images[0].image], bundled.data_config)
     out = capture(bundled.model, batch.tensor)
-    attention, layout = out.attention[0].numpy(), out.layout
+    attention, layout = out.stack("attn")[0].numpy(), out.layout
     sinks = attention_sinks(attention, layout).patch_sinks(layout) + layout.num_prefix_tokens
-    artifacts = artifact_tokens(out.token_norms[0, -1].numpy(), layout)
+    artifacts = artifact_tokens(out.stack("resid_post.norm")[0, -1].numpy(), layout)
     assert len(sinks)  # this model has sinks, so the exclusion below changes the result
     for fusion, discard, (start, end), exclude in itertools.product(
             ("mean", "max", "min"), (0.0, 0.5, 0.9), [(0, None), (2, 12), (5, 6), (0, 11)],
@@ -183,12 +183,12 @@ def test_streamed_analyze_equals_an_in_memory_computation(tmp_path, tiny_checkpo
     # Not streamed: every image in one forward, every analysis on the whole attention.
     whole = capture(loaded.model, preprocess(pil, loaded.data_config).tensor)
     np.testing.assert_array_equal(data["input"], preprocess(pil, loaded.data_config).tensor.numpy())
-    np.testing.assert_allclose(data["attention"], whole.attention.numpy(), atol=1e-6)
+    np.testing.assert_allclose(data["attention"], whole.stack("attn").numpy(), atol=1e-6)
     np.testing.assert_allclose(data["logits"], whole.logits.numpy(), atol=1e-5)
     for i in range(5):
-        expected = rollout_reference(whole.attention[i].numpy(), whole.layout, discard=0.3, start=1)
+        expected = rollout_reference(whole.stack("attn")[i].numpy(), whole.layout, discard=0.3, start=1)
         np.testing.assert_allclose(data["rollout_per_layer"][i], expected.per_layer, atol=1e-6)
-    distance = mean_attention_distance(whole.attention.numpy(), whole.layout)
+    distance = mean_attention_distance(whole.stack("attn").numpy(), whole.layout)
     np.testing.assert_allclose(data["mean_distance_per_image"], distance, rtol=1e-5)
     np.testing.assert_allclose(data["mean_distance"], distance.mean(0), rtol=1e-5)
     # The app's in-memory path gives the same arrays as the stream.

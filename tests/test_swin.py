@@ -16,6 +16,7 @@ from PIL import Image
 from timm.models.swin_transformer import _create_swin_transformer
 
 from vitviz import swin
+from vitviz.capture import capture
 from vitviz.images import load_image, preprocess
 from vitviz.sources.models import ModelSpec, load_model
 
@@ -69,7 +70,7 @@ def test_window_capture_equals_timm_forward_and_its_softmax(swin_checkpoint, che
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint), img_size=img_size))
     assert loaded.attention_scope == "window"
     x = preprocess([chelsea, chelsea.transpose(0)], loaded.data_config).tensor
-    out = swin.capture(loaded.model, x)
+    out = capture(loaded.model, x)
     fused = copy.deepcopy(loaded.model)
     for stage in fused.layers:
         for blk in stage.blocks:
@@ -79,8 +80,8 @@ def test_window_capture_equals_timm_forward_and_its_softmax(swin_checkpoint, che
     assert float((out.logits - own).norm() / own.norm()) < 1e-5
     assert float((out.logits - sdpa).norm() / sdpa.norm()) < 1e-5
     reference = _timm_softmax(loaded.model, x)
-    assert len(out.attention) == len(reference) == 4
-    for probs, ref, g in zip(out.attention, reference, out.geometry):
+    assert len(out.each("attn")) == len(reference) == 4
+    for probs, ref, g in zip(out.each("attn"), reference, out.geometry):
         torch.testing.assert_close(probs.reshape(ref.shape), ref, rtol=0, atol=1e-6)
         assert torch.allclose(probs.sum(-1), torch.ones(()), atol=1e-5)
         assert probs.shape == (2, g.num_windows, (2, 4)[g.stage], 16, 16)
@@ -90,11 +91,11 @@ def test_dynamic_size_swin_builds_its_masks_per_input_as_timm_does():
     torch.manual_seed(1)
     model = timm.create_model(TINY_SWIN, pretrained=False, dynamic_img_size=True).eval()
     x = torch.randn(1, 3, 80, 96)  # not the 64 px it was built for: masks come from get_attn_mask(x)
-    out = swin.capture(model, x)
+    out = capture(model, x)
     with torch.no_grad():
         own = model(x)
     assert float((out.logits - own).norm() / own.norm()) < 1e-5
-    for probs, ref in zip(out.attention, _timm_softmax(model, x)):
+    for probs, ref in zip(out.each("attn"), _timm_softmax(model, x)):
         torch.testing.assert_close(probs.reshape(ref.shape), ref, rtol=0, atol=1e-6)
     assert [g.grid_size for g in out.geometry] == [(20, 24), (20, 24), (10, 12), (10, 12)]
     assert out.geometry[1].allowed is not None and not out.geometry[1].allowed.all()
@@ -105,16 +106,16 @@ def test_threads_sharing_one_swin_model_match_serial_bit_for_bit(swin_checkpoint
 
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint)))
     inputs = [preprocess([chelsea.rotate(90 * i)], loaded.data_config).tensor for i in range(4)]
-    serial = [swin.capture(loaded.model, x).attention for x in inputs]
+    serial = [capture(loaded.model, x).each("attn") for x in inputs]
     with ThreadPoolExecutor(4) as pool:
-        threaded = list(pool.map(lambda x: swin.capture(loaded.model, x).attention, inputs * 2))
+        threaded = list(pool.map(lambda x: capture(loaded.model, x).each("attn"), inputs * 2))
     for got, want in zip(threaded, serial * 2):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_geometry_strides_shifts_and_padding_follow_the_stages(swin_checkpoint):
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint), img_size=72))
-    out = swin.capture(loaded.model, torch.zeros(1, 3, 72, 72))
+    out = capture(loaded.model, torch.zeros(1, 3, 72, 72))
     described = [(g.stage, g.block, g.grid_size, g.window_size, g.shift, g.stride, g.padded_size) for g in out.geometry]
     assert described == [(0, 0, (18, 18), (4, 4), (0, 0), (4, 4), (20, 20)),
                          (0, 1, (18, 18), (4, 4), (2, 2), (4, 4), (20, 20)),
@@ -137,8 +138,8 @@ def test_every_token_sits_in_exactly_one_window_slot_at_its_rolled_place():
 
 def test_masked_cross_region_keys_get_no_weight_in_shifted_windows(swin_checkpoint, chelsea):
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint)))
-    out = swin.capture(loaded.model, preprocess([chelsea], loaded.data_config).tensor)
-    g, probs = out.geometry[1], out.attention[1][0].numpy()  # block 2: shifted 4x4 windows on 16x16
+    out = capture(loaded.model, preprocess([chelsea], loaded.data_config).tensor)
+    g, probs = out.geometry[1], out.each("attn")[1][0].numpy()  # block 2: shifted 4x4 windows on 16x16
     assert g.shifted and g.allowed is not None and not g.allowed.all()
     hidden = ~g.allowed[:, None]  # (nW, 1, T, T) over heads
     assert np.broadcast_to(hidden, probs.shape).any()
@@ -155,8 +156,8 @@ def test_masked_cross_region_keys_get_no_weight_in_shifted_windows(swin_checkpoi
 
 def test_patch_map_is_its_row_placed_back_on_the_grid(swin_checkpoint, chelsea):
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint)))
-    out = swin.capture(loaded.model, preprocess([chelsea], loaded.data_config).tensor)
-    g, probs = out.geometry[0], out.attention[0][0].numpy()  # regular windows: (5, 6) is in window (1, 1)
+    out = capture(loaded.model, preprocess([chelsea], loaded.data_config).tensor)
+    g, probs = out.geometry[0], out.each("attn")[0][0].numpy()  # regular windows: (5, 6) is in window (1, 1)
     maps = swin.window_attention_for_patch(probs, g, 5, 6)
     w, t = g.slot_of(5, 6)
     assert (w, t) == (1 * 4 + 1, 1 * 4 + 2)
@@ -239,8 +240,8 @@ def test_memory_budget_counts_the_window_attention_swin_captures(img_size):
 
     arch = architecture(TINY_SWIN)
     model = timm.create_model(TINY_SWIN, pretrained=False, img_size=img_size).eval()
-    out = swin.capture(model, torch.zeros(1, 3, img_size, img_size))
-    assert arch.attention_bytes(img_size) == sum(a.numel() * 4 for a in out.attention)  # padding included
+    out = capture(model, torch.zeros(1, 3, img_size, img_size))
+    assert arch.attention_bytes(img_size) == sum(a.numel() * 4 for a in out.each("attn"))  # padding included
     check_resolution(TINY_SWIN, img_size, arch.attention_bytes(img_size))
     with pytest.raises(ModelError, match=rf"Input resolution {img_size} px: .*\(4 blocks of window attention in 2 "
                                          r"stages.*the largest size that fits is \d+ px"):
@@ -266,9 +267,9 @@ def test_cli_writes_window_distances_per_block(swin_checkpoint, tmp_path):
     assert np.isnan(data["window_distance"][:, :2, 2:]).all()  # stage 1 has 2 heads, stage 2 four
     loaded = load_model(ModelSpec(name=TINY_SWIN, checkpoint=str(swin_checkpoint)))
     x = preprocess([load_image(ASSETS / "coffee.jpg").image], loaded.data_config).tensor
-    out = swin.capture(loaded.model, x)
+    out = capture(loaded.model, x)
     np.testing.assert_allclose(data["window_distance"][0, 3], swin.mean_window_attention_distance(
-        out.attention[3], out.geometry[3])[0], rtol=1e-6)
+        out.each("attn")[3], out.geometry[3])[0], rtol=1e-6)
     np.testing.assert_allclose(data["logits"][0], out.logits[0].numpy(), rtol=1e-5)
     settings = json.loads((tmp_path / "settings.json").read_text())
     assert settings["model"]["family"] == "SwinTransformer"

@@ -8,23 +8,20 @@ read cached values. A slider move never runs the model again while its result fi
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import streamlit as st
 from PIL import Image
 
-from vitviz import swin
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
-from vitviz.runs.pipeline import WindowForward, forward
+from vitviz.runs.pipeline import Forward, forward
 from vitviz.images import preprocess
-from vitviz.layout import TokenLayout
 from vitviz.sources.models import ModelSpec, load_model, with_labels
 from vitviz.analyses.posembed import patch_position_embeddings, position_embedding_similarity
 from vitviz.analyses.rollout import class_gradient_rollout, rollout
 from vitviz.settings import Settings
-from vitviz.tensors import to_host
-from vitviz.analyses.tokens import AttentionSinks, feature_pca_rgb, top_classes
+from vitviz.analyses.tokens import feature_pca_rgb, top_classes
 
 from .memo import ByteLRU
 from .runs import RunLimiter
@@ -92,67 +89,20 @@ def model_is_cached(spec: ModelSpec) -> bool:
     return ("model", replace(spec, labels=None, head=None)) in store()
 
 
-@dataclass
-class ImageResult:
-    """One image through the model: everything the pages draw from."""
-
-    attention: np.ndarray        # (L, H, N, N)
-    token_norms: np.ndarray      # (L, N)
-    features: np.ndarray         # (N, D)
-    logits: np.ndarray | None    # (C,)
-    model_input: Image.Image     # after resize/crop
-    layout: TokenLayout
-    artifacts: np.ndarray        # token indices, last layer >10x median norm
-    distance: np.ndarray         # (L, H) mean attention distance, pixels
-    head_scores: dict            # name -> (L, H): entropy, cls_focus, distance (for ranking heads)
-    sinks: AttentionSinks        # tokens receiving a disproportionate share of attention, per layer
-
-
 # Shared, not copied: st.cache_data would unpickle a copy of the attention (19 MB for the
 # bundled model, ~500 MB for ViT-L/16 @384) on every rerun. Pages only read it.
-def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> ImageResult | WindowImageResult:
+def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> Forward:
+    """One image through the model, on the host: its trace and per-image analyses (:class:`vitviz.runs.pipeline.Forward`,
+    sliced to the image), everything the pages draw from."""
     return store().get_or_compute(("image", spec, sha256),
                                   _model_run("Running the model ...", lambda: _image_result(spec, _image)))
 
 
-@dataclass
-class WindowImageResult:
-    """One image through a window-attention model (Swin): what the window views draw from."""
-
-    attention: list[np.ndarray]       # per block (nW, H, T, T)
-    geometry: list[swin.WindowGeometry]  # per block: stage, grid, window, shift, stride
-    logits: np.ndarray | None         # (C,)
-    model_input: Image.Image          # after resize/crop
-    layout: TokenLayout               # the input's patch grid (stage 1)
-    distance: list[np.ndarray]        # per block (H,) mean attention distance within windows, pixels
-    uniform_distance: np.ndarray      # (blocks,) the same for uniform attention over each query's window
+def _image_result(spec: ModelSpec, _image: Image.Image) -> Forward:
+    return forward(cached_model(spec), [_image]).image(0)
 
 
-def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageResult | WindowImageResult:
-    fwd = forward(cached_model(spec), [_image])
-    out = fwd.capture
-    logits = None if out.logits is None else out.logits[0].numpy()
-    if isinstance(fwd, WindowForward):
-        return WindowImageResult(
-            attention=[a[0].numpy() for a in out.attention], geometry=out.geometry, logits=logits,
-            model_input=fwd.batch.images[0], layout=fwd.layout, distance=[d[0] for d in fwd.distance],
-            uniform_distance=fwd.uniform_distance)
-    return image_result_of(fwd)
-
-
-def image_result_of(fwd) -> ImageResult:
-    """The first image of a global-attention :class:`vitviz.runs.pipeline.GlobalForward` as the pages read it."""
-    out, logits = fwd.capture, None if fwd.capture.logits is None else fwd.capture.logits[0].numpy()
-    # The scores were reduced layer by layer where the model ran (vitviz.runs.pipeline); the pages draw from the host copy.
-    return ImageResult(
-        attention=to_host(out.attention[0]), token_norms=fwd.token_norms[0], features=out.features[0].numpy(),
-        logits=logits, model_input=fwd.batch.images[0], layout=fwd.layout, artifacts=fwd.artifacts[0],
-        distance=fwd.distance[0], head_scores=fwd.head_scores(0),
-        sinks=fwd.sinks[0],
-    )
-
-
-def cached_rollout(spec: ModelSpec, sha256: str, _result: ImageResult, settings: AnalysisSettings,
+def cached_rollout(spec: ModelSpec, sha256: str, _result: Forward, settings: AnalysisSettings,
                    query: int | None = None):
     """Rollout of the readout, or of patch ``query`` (raster order, 0-based) when one was clicked."""
     def compute():
@@ -173,12 +123,12 @@ def cached_gradient_rollout(spec: ModelSpec, sha256: str, _image: Image.Image, t
                                   _model_run("Computing gradients ...", compute))
 
 
-def cached_feature_pca(spec: ModelSpec, sha256: str, _result: ImageResult) -> np.ndarray:
+def cached_feature_pca(spec: ModelSpec, sha256: str, _result: Forward) -> np.ndarray:
     return store().get_or_compute(("feature_pca", spec, sha256),
                                   lambda: feature_pca_rgb(_result.features, _result.layout))
 
 
-def cached_top_classes(spec: ModelSpec, sha256: str, _result: ImageResult, k: int = 5):
+def cached_top_classes(spec: ModelSpec, sha256: str, _result: Forward, k: int = 5):
     return store().get_or_compute(("top_classes", spec, sha256, k),
                                   lambda: top_classes(_result.logits, k, cached_model(spec).class_labels))
 

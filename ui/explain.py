@@ -12,9 +12,10 @@ from PIL import Image
 from vitviz.analyses.anatomy import LayerQKV, block_output, layer_qkv
 from vitviz.analyses.clusters import TokenClusters, token_clusters
 from vitviz.images import preprocess
+from vitviz.runs.pipeline import Forward
 from vitviz.sources.models import ModelSpec
 
-from .cache import ImageResult, _model_run, _spinning, cached_model, store
+from .cache import _model_run, _spinning, cached_model, store
 
 FINAL, BLOCK, KEYS = "final features", "output of a block", "keys of one head"
 CLUSTER_SOURCES = (FINAL, BLOCK, KEYS)
@@ -42,7 +43,7 @@ def cached_block_output(spec: ModelSpec, sha256: str, _image: Image.Image, layer
     return store().get_or_compute(("block_output", spec, sha256, layer), _model_run("Running the blocks ...", compute))
 
 
-def cached_clusters(spec: ModelSpec, sha256: str, _image: Image.Image, _result: ImageResult, source: str,
+def cached_clusters(spec: ModelSpec, sha256: str, _image: Image.Image, _result: Forward, source: str,
                     layer: int, head: int, k: int) -> TokenClusters:
     """k-means of the patch tokens: ``source`` in CLUSTER_SOURCES; layer/head 0-based (ignored where unused)."""
     def compute():

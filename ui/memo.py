@@ -21,6 +21,8 @@ import pandas as pd
 import torch
 from PIL import Image
 
+from vitviz.trace import Trace
+
 
 def nbytes(obj: Any, _seen: set[int] | None = None) -> int:
     """Memory an object holds in arrays, tensors, images and models (shared parts counted once)."""
@@ -36,6 +38,8 @@ def nbytes(obj: Any, _seen: set[int] | None = None) -> int:
         return sum(nbytes(t, seen) for t in [*obj.parameters(), *obj.buffers()])
     if isinstance(obj, Image.Image):
         return obj.width * obj.height * len(obj.getbands()) * (4 if obj.mode in ("I", "F") else 1)
+    if isinstance(obj, Trace):  # a stack and its layer slices share memory: counted once
+        return obj.nbytes + nbytes(obj.inputs, seen)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return sum(nbytes(getattr(obj, f.name), seen) for f in dataclasses.fields(obj))
     if isinstance(obj, dict):

@@ -8,9 +8,10 @@ from vitviz.images import preprocess
 from vitviz.sources.models import ModelSpec
 from vitviz.registers import (RepairMaps, Search, TestTimeRegister, mask_keys, neuron_maps, repair_maps, sink_mask,
                               why_no_register)
+from vitviz.runs.pipeline import Forward
 from vitviz.runs.registers_run import search_images
 
-from .cache import ImageResult, _model_run, cached_model, store
+from .cache import _model_run, cached_model, store
 
 
 def cached_search(spec: ModelSpec, shas: tuple[str, ...], _images: list, factor: float) -> Search:
@@ -26,7 +27,7 @@ def _input(spec: ModelSpec, image):
     return loaded, preprocess([image], loaded.data_config).tensor.to(param.device, param.dtype)
 
 
-def cached_sink_masking(spec: ModelSpec, sha256: str, _image, _result: ImageResult) -> RepairMaps:
+def cached_sink_masking(spec: ModelSpec, sha256: str, _image, _result: Forward) -> RepairMaps:
     """The current image with its patch sinks (per layer) dropped as keys, rows renormalised.
 
     ``_image``: the image as loaded (the model's own preprocessing runs again, as for ``_result``)."""

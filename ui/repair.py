@@ -17,12 +17,12 @@ import pandas as pd
 import streamlit as st
 
 from vitviz.images import preprocess
-from vitviz.runs.pipeline import forward_repaired
+from vitviz.runs.pipeline import Forward, forward_repaired
 from vitviz.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
 from vitviz.runs.registers_run import repair_faithfulness
 from vitviz.figures.registers_figures import maps_figure, norm_ratio_figure, output_change_table
 
-from .cache import ImageResult, _model_run, cached_model, image_result_of, store
+from .cache import _model_run, cached_model, store
 from .charts import file_stem, show_chart
 from .downloads import download_row
 
@@ -39,7 +39,7 @@ class Side:
     (None before), for pages whose maps need a model run of their own (attribution); ``compared``: the repair
     chosen (the same on both sides)."""
 
-    result: ImageResult
+    result: Forward
     repair: Repair
     edit: dict | None
     compared: Repair
@@ -112,11 +112,11 @@ def _register(ctx) -> TestTimeRegister | None:
     return TestTimeRegister(held[0], init)
 
 
-def _repaired(ctx, repair: Repair) -> tuple[ImageResult, object]:
+def _repaired(ctx, repair: Repair) -> tuple[Forward, object]:
     """The current image's result with ``repair`` run in the forward, and the output change (cached per repair)."""
     def compute():
         loaded = cached_model(ctx.spec)
-        after = image_result_of(forward_repaired(loaded, [ctx.image.image], repair, [ctx.result.sinks]))
+        after = forward_repaired(loaded, [ctx.image.image], repair, [ctx.result.sinks]).image(0)
         param = next(loaded.model.parameters())
         x = preprocess([ctx.image.image], loaded.data_config).tensor.to(param.device, param.dtype)
         edit = repair.edit(loaded.model, loaded.layout, [ctx.result.sinks], param.device)

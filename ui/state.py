@@ -23,12 +23,13 @@ from vitviz.budget import admit, admit_fitted
 from vitviz.errors import ImageError, VitvizError
 from vitviz.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
 from vitviz.sources.labels import ClassNames, parse_labels
+from vitviz.runs.pipeline import Forward
 from vitviz.sources.models import BUNDLED, LoadedModel, ModelSpec, search_models
 from vitviz.settings import SUGGESTED_MODELS, megabytes
 from vitviz.sources.names import HF_PREFIX, TORCHVISION_PREFIX, parse_model_name
 
 from . import persist
-from .cache import ImageResult, cached_image_result, cached_model, model_is_cached, operator_settings, store
+from .cache import cached_image_result, cached_model, model_is_cached, operator_settings, store
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SAMPLES = sorted(p.name for p in ASSETS.glob("*.jpg"))
@@ -52,7 +53,7 @@ class Context:
     spec: ModelSpec
     loaded: LoadedModel
     image: LoadedImage
-    result: ImageResult
+    result: Forward
     images: list[LoadedImage]
     framing: str = "crop"
 

@@ -5,7 +5,8 @@ probabilities never exist as a tensor and hooks on ``attn_drop`` see nothing. Fl
 ``blk.attn.fused_attn`` would mutate a model that every session shares. Instead each family's
 adapter (:mod:`vitviz.adapters`) runs the model's own submodules in a forward that spells attention
 out, with named activation points: no hooks, no state, nothing written to the model, so any number
-of threads can capture from one model at once. This module reads the points every analysis needs.
+of threads can capture from one model at once. This module reads the points every analysis needs, as a
+:class:`vitviz.trace.Trace` (the one record of a forward).
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from typing import Callable
 
 import torch
 
-from .adapters import adapter_for, compose_edits, run
-from .types import Capture, to_model_input
+from .adapters import adapter_for, run
+from .trace import Trace, trace_model
+from .types import ModelInput, to_model_input
 
-__all__ = ["Capture", "attention_and_logits", "capture", "for_each_layer", "num_classes", "to_model_input"]
+__all__ = ["attention_and_logits", "capture", "for_each_layer", "num_classes", "to_model_input"]
 
 
 def for_each_layer(model, x: torch.Tensor, fn: Callable[[int, torch.Tensor, torch.Tensor], None]) -> None:
@@ -48,46 +50,24 @@ def attention_and_logits(model, x: torch.Tensor, edit=None) -> tuple[list[torch.
     return layers, out["logits"]
 
 
-@torch.inference_mode()
-def capture(model, images: torch.Tensor, edit=None, layout=None) -> Capture:
-    """Attention of every layer and head, the final features and the logits, in one pass.
+def capture(model, images: torch.Tensor | ModelInput, edit=None, layout=None) -> Trace:
+    """The trace every per-image analysis reads, in one forward (:func:`vitviz.trace.trace_model`).
 
     Args:
         model: a model an adapter reads (:mod:`vitviz.adapters`), in eval mode.
-        images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
-        edit: the adapters' ``edit=`` applied in the same forward, before capture reads a point (a repair,
+        images: (B, 3, H, W) normalised model input, or the :class:`ModelInput` of :func:`vitviz.images.preprocess`.
+        edit: the adapters' ``edit=`` applied in the same forward, before a point is read (a repair,
             :mod:`vitviz.registers`).
         layout: the token layout the edited forward runs (an extra token: one more prefix token);
             default the model's own.
 
     Returns:
-        Capture with attention (B, L, H, N, N) and token norms on the model's device, features
-        (B, N, D) and logits on the CPU, all float32.
+        Trace on the model's device. Global attention: ``attn`` of every layer in one (B, L, H, N, N) float32 stack
+        (``trace.stack("attn")``), the token norms ``resid_post.norm`` (B, N) per layer, ``final_norm`` (B, N, D)
+        and ``logits`` (B, C) for a model with a head. Window attention (Swin): ``attn`` per block (B, nW, H, T, T),
+        ``final_norm`` (B, gh, gw, D), ``logits``, and ``trace.geometry``.
     """
     adapter = adapter_for(model)
-    x = to_model_input(model, images)
-    layout = layout or adapter.layout(model, tuple(images.shape[-2:]))
-    B, L, N = x.shape[0], adapter.num_layers(model), layout.num_tokens
-    # Written in place layer by layer: no list of per-layer copies stacked at the end.
-    attention = torch.empty(B, L, adapter.num_heads(model), N, N, dtype=torch.float32, device=x.device)
-    norms = torch.empty(B, L, N, dtype=torch.float32, device=x.device)
-
-    def keep_attention(value, point):
-        attention[:, point.layer] = value
-        return value
-
-    def keep_norm(value, point):
-        norms[:, point.layer] = value.float().norm(dim=-1)
-        return value
-
-    keep = ("final_norm", "logits") if adapter.num_classes(model) > 0 else ("final_norm",)
-    out = run(model, x, keep=keep, edit=compose_edits(edit, {"blocks.*.attn": keep_attention,
-                                                            "blocks.*.resid_post": keep_norm}))
-    logits = out.get("logits")
-    return Capture(
-        attention=attention,
-        features=out["final_norm"].float().cpu(),
-        logits=None if logits is None else logits.float().cpu(),
-        token_norms=norms,
-        layout=layout,
-    )
+    keep = ["blocks.*.attn", "final_norm"] + (["blocks.*.resid_post.norm"] if adapter.scope == "global" else [])
+    keep += ["logits"] if adapter.num_classes(model) > 0 else []
+    return trace_model(model, images, keep, edit=edit, layout=layout, adapter=adapter)

@@ -781,13 +781,13 @@ def analyze_windows(args: argparse.Namespace, loaded, batches, problems: list, a
         try:
             for done, batch in batches:
                 fwd = forward(loaded, [im.image for im in batch])
-                out, geometry = fwd.capture, fwd.capture.geometry
-                arrays = {"input": fwd.batch.tensor.numpy(), "features": out.features.numpy(),
+                geometry = fwd.geometry
+                arrays = {"input": fwd.batch.tensor.numpy(), "features": fwd.features,
                           "window_distance": swin.heads_padded(fwd.distance)}
-                if out.logits is not None:
-                    arrays["logits"] = out.logits.numpy()
+                if fwd.logits is not None:
+                    arrays["logits"] = fwd.logits
                 if not args.no_attention:
-                    arrays |= {f"window_attention_{g.index}": a.numpy() for a, g in zip(out.attention, geometry)}
+                    arrays |= {f"window_attention_{g.index}": a for a, g in zip(fwd.attention, geometry)}
                 if attribution:
                     batch_facts: dict = {}
                     attribution_arrays(loaded, fwd.batch.tensor, settings, arrays, batch_facts)

@@ -559,10 +559,11 @@ def repair_maps(model, x: torch.Tensor, layout: TokenLayout, edit: dict, after_l
 
     after_layout = after_layout or layout
     before, after = capture(model, x, layout=layout), capture(model, x, edit=edit, layout=after_layout)
-    a0, a1 = to_host(before.attention[0]), to_host(after.attention[0])
+    a0, a1 = to_host(before.stack("attn")[0]), to_host(after.stack("attn")[0])
     h0, r0 = _readout_maps(a0, layout)
     h1, r1 = _readout_maps(a1, after_layout)
-    return RepairMaps(h0, h1, r0, r1, to_host(before.token_norms[0]), to_host(after.token_norms[0]), layout,
+    return RepairMaps(h0, h1, r0, r1, to_host(before.stack("resid_post.norm")[0]),
+                      to_host(after.stack("resid_post.norm")[0]), layout,
                       after_layout, compare_outputs(model, x, edit))
 
 

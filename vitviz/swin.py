@@ -7,69 +7,25 @@ halves the grid, so a token of stage s stands for ``patch_size * 2**s`` pixels o
 CLS token and no (N, N) attention over the whole image: the ViT views built on that do not apply, and
 this module gives their window analogues. The forward itself is the family's adapter's
 (:mod:`vitviz.adapters.timm_swin`, ``hf_swin``, ``hf_swinv2``), run with the named points of
-:mod:`vitviz.adapters.base`; the windows' geometry is :class:`vitviz.adapters.windows.WindowGeometry`.
+:mod:`vitviz.adapters.base` and read as a :class:`vitviz.trace.Trace` (:func:`vitviz.capture.capture`: ``attn``
+per block, (B, nW, H, T, T), and ``trace.geometry``); the windows' geometry is
+:class:`vitviz.adapters.windows.WindowGeometry`.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .adapters.windows import WindowGeometry
-from .layout import TokenLayout
 
-__all__ = ["DISTANCE_CONVENTION", "WindowCapture", "WindowGeometry", "block_labels", "bounding_box", "capture",
-           "heads_padded", "mean_window_attention_distance", "query_scope", "uniform_window_distance",
-           "window_attention_for_patch"]
+__all__ = ["DISTANCE_CONVENTION", "WindowGeometry", "block_labels", "bounding_box", "heads_padded",
+           "mean_window_attention_distance", "query_scope", "uniform_window_distance", "window_attention_for_patch"]
 
 DISTANCE_CONVENTION = ("each query patch's attention over the keys of its window, Σ_k a(q,k)·‖p_q − p_k‖ with p the "
                        "tokens' true centres on the image (tokens that the shifted windows' cyclic roll wrapped "
                        "around the edge are where they are on the image, not where the roll put them), in pixels "
                        "of the model input at the stage's stride; padding tokens (grids not divisible by the "
                        "window) dropped as queries and keys and each row renormalised; averaged over the queries")
-
-
-@dataclass
-class WindowCapture:
-    """What one forward pass of a Swin model saw.
-
-    Attributes:
-        attention: one (B, nW, H, T, T) float32 tensor per block (all stages in order), the softmax
-            probabilities of each window with relative position bias and shift mask; rows sum to 1.
-        geometry: one :class:`WindowGeometry` per block.
-        features: (B, gh, gw, D) float32, the final-norm features of the last stage (``forward_features``).
-        logits: (B, C) float32, or None without a classifier head.
-        layout: the patch grid of the input (stage 1's grid, patch-size stride).
-    """
-
-    attention: list[torch.Tensor]
-    geometry: list[WindowGeometry]
-    features: torch.Tensor
-    logits: torch.Tensor | None
-    layout: TokenLayout
-
-
-@torch.inference_mode()
-def capture(model, images: torch.Tensor) -> WindowCapture:
-    """Window attention of every block and head, the final features and the logits, in one pass of the model's
-    adapter (the ``blocks.i.attn``, ``final_norm`` and ``logits`` points).
-
-    images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
-    """
-    from .adapters import adapter_for, run
-    from .types import to_model_input
-
-    adapter = adapter_for(model)
-    x = to_model_input(model, images)
-    input_hw = tuple(x.shape[-2:])
-    geometry = adapter.geometry(model, input_hw)
-    has_head = adapter.num_classes(model) > 0
-    out = run(model, x, keep=("blocks.*.attn", "final_norm") + (("logits",) if has_head else ()))
-    return WindowCapture(attention=[out[f"blocks.{g.index}.attn"].float().cpu() for g in geometry],
-                         geometry=geometry, features=out["final_norm"].float().cpu(),
-                         logits=out["logits"].float().cpu() if has_head else None,
-                         layout=adapter.layout(model, input_hw))
 
 
 def window_attention_for_patch(attention: np.ndarray, geometry: WindowGeometry, row: int, col: int) -> np.ndarray:

@@ -1,7 +1,8 @@
-"""Shared types that know no model family: what a forward saw and what a model reads.
+"""Shared types that know no model family: what a model reads and what fixes its attention's size.
 
 Family modules (:mod:`vitviz.adapters`) and analyses both import these; this module imports
-nothing of vitviz but the token layout, so no import circle runs through it.
+nothing of vitviz, so no import circle runs through it. What a forward saw is a
+:class:`vitviz.trace.Trace`.
 """
 from __future__ import annotations
 
@@ -11,28 +12,6 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
-from .layout import TokenLayout
-
-
-@dataclass
-class Capture:
-    """What one forward pass saw.
-
-    Attributes:
-        attention: (B, L, H, N, N) float32 on the model's device (a GPU's attention stays there:
-            the analyses read it in place; move it to the host only to keep it); rows (last axis) sum to 1.
-        features: (B, N, D) float32 on the CPU, the final-norm token features (``forward_features``).
-        logits: (B, C) float32 on the CPU, or None when the model has no classifier head.
-        token_norms: (B, L, N) float32 on the model's device, the L2 norm of every token's output
-            after each block (before the final norm).
-        layout: the token layout of the sequence of length N.
-    """
-
-    attention: torch.Tensor
-    features: torch.Tensor
-    logits: torch.Tensor | None
-    token_norms: torch.Tensor
-    layout: TokenLayout
 
 
 @dataclass

@@ -36,7 +36,8 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from ..capture import Capture, capture
+from ..capture import capture
+from ..trace import Trace
 from .distance import mean_attention_distance_conventions
 from ..images import preprocess
 from ..layout import TokenLayout
@@ -126,10 +127,11 @@ def batch_tables(loaded, inputs: torch.Tensor, names: list[str], model: str) -> 
     return capture_tables(capture(loaded.model, inputs), names, model)
 
 
-def capture_tables(out: Capture, names: list[str], model: str) -> StatsTables:
+def capture_tables(out: Trace, names: list[str], model: str) -> StatsTables:
     """The rows of one captured batch of images named ``names`` (``model`` fills the model column)."""
-    return StatsTables(stats=statistics_table(out.attention, out.layout, names, model),
-                       sinks=sinks_table(out.attention, out.layout, names, model))
+    attention = out.stack("attn")
+    return StatsTables(stats=statistics_table(attention, out.layout, names, model),
+                       sinks=sinks_table(attention, out.layout, names, model))
 
 
 def table_for_images(loaded, images: list[Image.Image], names: list[str], batch_size: int = 8,

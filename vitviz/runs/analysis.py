@@ -140,15 +140,15 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     and the gradient rollout, and the token layout it makes (:mod:`vitviz.registers`).
     """
     fwd = forward(loaded, images, edit=edit, layout=layout)
-    batch, out, layout = fwd.batch, fwd.capture, fwd.layout
-    attention, norms = out.attention, fwd.token_norms
-    arrays = {"input": batch.tensor.numpy(), "features": out.features.numpy(), "token_norms": norms}
+    batch, layout = fwd.batch, fwd.layout
+    attention = fwd.trace.stack("attn")
+    arrays = {"input": batch.tensor.numpy(), "features": fwd.features, "token_norms": fwd.token_norms}
     if keep_attention:
         arrays["attention"] = to_host(attention)
     facts: dict[str, list] = {}
     run_facts: dict = {}
-    if out.logits is not None:
-        arrays["logits"] = out.logits.numpy()
+    if fwd.logits is not None:
+        arrays["logits"] = fwd.logits
     if settings.clusters is not None:
         arrays["clusters"], facts["inertia_per_image"] = batch_clusters(
             loaded.model, batch.tensor, arrays["features"], layout, settings.clusters, settings.cluster_layer,

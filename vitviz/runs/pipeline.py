@@ -8,103 +8,128 @@ on the family: global attention gives (L, H, N, N) per image; window attention (
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from PIL import Image
 
-from ..capture import capture
 from ..analyses.distance import mean_attention_distance
+from ..analyses.maps import cls_focus, head_entropy
+from ..analyses.tokens import AttentionSinks, artifact_tokens, attention_sinks
+from ..capture import capture
 from ..images import preprocess
 from ..layout import TokenLayout
-from ..analyses.maps import cls_focus, head_entropy
 from ..tensors import to_host
-from ..analyses.tokens import AttentionSinks, artifact_tokens, attention_sinks
-from ..types import Capture, ModelInput
+from ..trace import Trace
+from ..types import ModelInput
 
 
 @dataclass
-class GlobalForward:
-    """b images through a model whose tokens attend to every token.
+class Forward:
+    """A forward (:class:`vitviz.trace.Trace`) and the per-image analyses every consumer reads.
+
+    For a batch each analysis has a leading image axis (b); after :meth:`image` it is one image's, with the trace
+    on the host and without its batch axis, as the app's pages keep it.
 
     Attributes:
-        batch: the model input (normalised tensor, exact model-input images).
-        capture: attention (b, L, H, N, N) and token norms on the model's device; features, logits on the host.
-        token_norms: (b, L, N) on the host.
-        artifacts: per image, the high-norm token indices of the last layer (>10x the median).
-        sinks: per image, the tokens receiving a disproportionate share of attention, per layer.
-        distance: (b, L, H) mean attention distance in pixels.
-        entropy: (b, L, H) mean entropy of the patch queries over patch keys (:func:`vitviz.analyses.maps.head_entropy`).
-        cls_focus: (b, L, H) the readout's concentration (:func:`vitviz.analyses.maps.cls_focus`).
+        trace: global attention: ``attn`` of every layer (one stack, on the model's device), ``resid_post.norm``,
+            ``final_norm`` and ``logits`` (models with a head); window attention (Swin): ``attn`` per block in window
+            shapes, ``final_norm``, ``logits``, and the windows' geometry.
+        artifacts: per image, the high-norm token indices of the last layer (>10x the median); global only.
+        sinks: per image, the tokens receiving a disproportionate share of attention, per layer; global only.
+        distance: global: (b, L, H) mean attention distance in pixels; window: per block (b, H) within windows.
+        uniform_distance: window only: (blocks,) the distance of uniform attention over each query's window.
     """
 
-    batch: ModelInput
-    capture: Capture
-    token_norms: np.ndarray
-    artifacts: list[np.ndarray]
-    sinks: list[AttentionSinks]
-    distance: np.ndarray
-    entropy: np.ndarray
-    cls_focus: np.ndarray
+    trace: Trace
+    artifacts: list[np.ndarray] | np.ndarray | None = None
+    sinks: list[AttentionSinks] | AttentionSinks | None = None
+    distance: np.ndarray | list[np.ndarray] | None = None
+    uniform_distance: np.ndarray | None = field(default=None)
 
+    def image(self, i: int) -> Forward:
+        """Image ``i`` alone, on the host: the trace sliced (:meth:`vitviz.trace.Trace.image`) and each analysis."""
+        window = self.trace.geometry is not None
+        return Forward(trace=self.trace.image(i).to("cpu"),
+                       artifacts=None if window else self.artifacts[i], sinks=None if window else self.sinks[i],
+                       distance=[d[i] for d in self.distance] if window else self.distance[i],
+                       uniform_distance=self.uniform_distance)
+
+    # --- what the pages read of one image (numpy on the host) ----------------------------------
     @property
     def layout(self) -> TokenLayout:
-        return self.capture.layout
-
-    def head_scores(self, i: int) -> dict[str, np.ndarray]:
-        """Image ``i``'s per-head scores for ranking (as :func:`vitviz.analyses.maps.head_scores`), each (L, H)."""
-        return {"entropy": self.entropy[i], "cls_focus": self.cls_focus[i], "distance": self.distance[i]}
-
-
-@dataclass
-class WindowForward:
-    """b images through a window-attention model (Swin).
-
-    Attributes:
-        batch: the model input.
-        capture: :class:`vitviz.swin.WindowCapture` (per block (b, nW, H, T, T) and its geometry).
-        distance: per block (b, H) mean attention distance within windows, pixels.
-        uniform_distance: (blocks,) the same for uniform attention over each query's window.
-    """
-
-    batch: ModelInput
-    capture: object
-    distance: list[np.ndarray]
-    uniform_distance: np.ndarray
+        return self.trace.layout
 
     @property
-    def layout(self) -> TokenLayout:
-        return self.capture.layout
+    def batch(self) -> ModelInput:
+        """The model input (normalised tensor, exact model-input images)."""
+        return self.trace.inputs
+
+    @property
+    def model_input(self) -> Image.Image:
+        """The (first) image as the model saw it, after resize and crop."""
+        return self.trace.inputs.images[0]
+
+    @property
+    def geometry(self) -> list | None:
+        """Window models: one :class:`vitviz.adapters.windows.WindowGeometry` per block."""
+        return self.trace.geometry
+
+    @property
+    def attention(self) -> np.ndarray | list[np.ndarray]:
+        """Global: (L, H, N, N) ((b, L, H, N, N) for a batch); window: per block (nW, H, T, T); float32 on the host."""
+        if self.trace.geometry is not None:
+            return [to_host(a) for a in self.trace.each("attn")]
+        return to_host(self.trace.stack("attn"))
+
+    @property
+    def token_norms(self) -> np.ndarray:
+        """(L, N) ((b, L, N)) the L2 norm of every token leaving each block, float32 on the host."""
+        return to_host(self.trace.stack("resid_post.norm"))
+
+    @property
+    def features(self) -> np.ndarray:
+        """(N, D) ((b, N, D)) the final-norm features, float32 on the host."""
+        return to_host(self.trace["final_norm"].float())
+
+    @property
+    def logits(self) -> np.ndarray | None:
+        """(C,) ((b, C)) float32 on the host, or None without a classifier head."""
+        return None if self.trace.logits is None else to_host(self.trace.logits.float())
+
+    @cached_property
+    def head_scores(self) -> dict[str, np.ndarray]:
+        """One image's per-head scores for ranking (:func:`vitviz.analyses.maps.head_scores`), each (L, H): computed
+        on first read (the heads page), not for every forward (``analyze`` never reads them)."""
+        attention = self.trace.stack("attn")
+        return {"entropy": head_entropy(attention, self.layout), "cls_focus": cls_focus(attention, self.layout),
+                "distance": self.distance}
 
 
-def forward(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | None = None) -> GlobalForward | WindowForward:
+def forward(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | None = None) -> Forward:
     """Preprocess ``images`` with the model's own rules and run them through it once (one batch).
 
     ``edit``, ``layout``: a repair run in the same forward (global attention only) and the token layout it
     makes (:mod:`vitviz.registers`); default the model as it is."""
     batch = preprocess(images, loaded.data_config)
-    if loaded.attention_scope == "window":
+    trace = capture(loaded.model, batch, edit=edit, layout=layout)
+    if trace.geometry is not None:
         from .. import swin
 
-        out = swin.capture(loaded.model, batch.tensor)
-        return WindowForward(batch=batch, capture=out,
-                             distance=[swin.mean_window_attention_distance(a, g)
-                                       for a, g in zip(out.attention, out.geometry)],
-                             uniform_distance=np.array([swin.uniform_window_distance(g) for g in out.geometry]))
-    # The analyses read the whole (b, L, H, N, N) array after the forward, where the model ran. Reducing each
+        return Forward(trace, distance=[swin.mean_window_attention_distance(to_host(a), g)
+                                        for a, g in zip(trace.each("attn"), trace.geometry)],
+                       uniform_distance=np.array([swin.uniform_window_distance(g) for g in trace.geometry]))
+    # The analyses read the whole (b, L, H, N, N) stack after the forward, where the model ran. Reducing each
     # layer inside the forward instead was measured slower on the CPU (benchmarks/README.md, issue 18).
-    out = capture(loaded.model, batch.tensor, edit=edit, layout=layout)
-    layout = out.layout
-    norms = to_host(out.token_norms)
-    return GlobalForward(batch=batch, capture=out, token_norms=norms,
-                         artifacts=[artifact_tokens(n[-1], layout) for n in norms],
-                         sinks=[attention_sinks(a, layout) for a in out.attention],
-                         distance=mean_attention_distance(out.attention, layout),
-                         entropy=np.stack([head_entropy(a, layout) for a in out.attention]),
-                         cls_focus=np.stack([cls_focus(a, layout) for a in out.attention]))
+    attention, layout = trace.stack("attn"), trace.layout
+    norms = to_host(trace.stack("resid_post.norm"))
+    return Forward(trace, artifacts=[artifact_tokens(n[-1], layout) for n in norms],
+                   sinks=[attention_sinks(a, layout) for a in attention],
+                   distance=mean_attention_distance(attention, layout))
 
 
-def forward_repaired(loaded, images: list[Image.Image], repair, sinks: list[AttentionSinks] | None = None) -> GlobalForward:
+def forward_repaired(loaded, images: list[Image.Image], repair, sinks: list[AttentionSinks] | None = None) -> Forward:
     """``images`` through the model with ``repair`` (:class:`vitviz.registers.Repair`) run in the forward; the
     result's layout is the repaired one (the test-time register is one more prefix token).
 

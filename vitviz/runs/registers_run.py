@@ -174,8 +174,8 @@ def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("roll
     param = next(model.parameters())
     x = x.to(param.device, param.dtype)
     edit = repair.edit(model, layout, sinks, param.device)
-    if target is None and before.capture.logits is not None:
-        target = int(before.capture.logits[0].argmax())
+    if target is None and before.logits is not None:
+        target = int(before.logits[0].argmax())
     lens = Lens(loaded)
     use = [m for m in methods if m == "rollout" or (get_method(m).why_not(lens) is None and not (
         repair.kind == "register" and m in ("legrad", "gradcam")))]
@@ -184,7 +184,7 @@ def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("roll
         out = {}
         for m in use:
             if m == "rollout":
-                out[m] = rollout(to_host(fwd.capture.attention[0]), fwd.layout).map
+                out[m] = rollout(to_host(fwd.trace.stack("attn")[0]), fwd.layout).map
             else:
                 with editing(side_edit):
                     out[m] = explain(lens, x, m, default_target(model, target)).patches[0]

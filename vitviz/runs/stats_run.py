@@ -20,7 +20,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..capture import Capture, capture
+from ..capture import capture
+from ..trace import Trace
 from ..errors import VitvizError
 from ..images import load_image, preprocess
 from ..inputs import ImageFile
@@ -81,13 +82,13 @@ def _quiet_worker(_):
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def _capture(loaded, items) -> tuple[list, Capture | None]:
-    """The forward of a batch's good files: (items, Capture or None when every file was bad)."""
+def _capture(loaded, items) -> tuple[list, Trace | None]:
+    """The forward of a batch's good files: (items, its Trace or None when every file was bad)."""
     good = [tensor for _, tensor, _, _ in items if tensor is not None]
     return items, capture(loaded.model, torch.stack(good)) if good else None
 
 
-def _tables(items, out: Capture | None, model: str) -> FileBatch:
+def _tables(items, out: Trace | None, model: str) -> FileBatch:
     """A captured batch reduced to rows; its attention is dropped on return."""
     names = [name for name, tensor, _, _ in items if tensor is not None]
     return FileBatch(files=len(items), tables=None if out is None else capture_tables(out, names, model),
