@@ -16,7 +16,7 @@ from PIL import Image
 
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
 from vitviz.runs.pipeline import Forward, forward
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.sources.models import ModelSpec, load_model, with_labels
 from vitviz.analyses.posembed import patch_position_embeddings, position_embedding_similarity
 from vitviz.analyses.rollout import class_gradient_rollout, rollout

@@ -55,9 +55,10 @@ def capture(model, images: torch.Tensor | ModelInput, edit=None, layout=None) ->
 
     Args:
         model: a model an adapter reads (:mod:`vitviz.adapters`), in eval mode.
-        images: (B, 3, H, W) normalised model input, or the :class:`ModelInput` of :func:`vitviz.images.preprocess`.
+        images: (B, 3, H, W) normalised model input, or the :class:`ModelInput` of
+            :func:`vitviz.sources.preprocess.preprocess`.
         edit: the adapters' ``edit=`` applied in the same forward, before a point is read (a repair,
-            :mod:`vitviz.registers`).
+            :mod:`vitviz.analyses.registers`).
         layout: the token layout the edited forward runs (an extra token: one more prefix token);
             default the model's own.
 

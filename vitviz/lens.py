@@ -29,7 +29,8 @@ from PIL import Image
 
 from .adapters import BLOCK_POINTS, MODEL_POINTS, Adapter, Rules, point_name
 from .errors import ImageError, VitvizError
-from .images import load_image, preprocess
+from .io.images import load_image
+from .sources.preprocess import preprocess
 from .layout import TokenLayout
 from .sources.models import LoadedModel, ModelSpec, load_model
 from .trace import NORM, PointNotKept, Trace, check_kind, layer_index, load_trace, trace_model
