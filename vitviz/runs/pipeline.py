@@ -112,8 +112,11 @@ def forward(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | 
 
     ``edit``, ``layout``: a repair run in the same forward (global attention only) and the token layout it
     makes (:mod:`vitviz.analyses.registers`); default the model as it is."""
-    batch = preprocess(images, loaded.data_config)
-    trace = capture(loaded.model, batch, edit=edit, layout=layout)
+    return read(capture(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout))
+
+
+def read(trace: Trace) -> Forward:
+    """The per-image analyses of a batch's trace (the points :func:`vitviz.capture.capture` keeps), where it was run."""
     if trace.geometry is not None:
         from .. import swin
 
