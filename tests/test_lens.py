@@ -184,6 +184,53 @@ def test_an_edit_through_the_trace_changes_the_forward_and_not_the_model(lens, x
     torch.testing.assert_close(lens.trace(x, keep="logits").logits, before, rtol=0, atol=0)
 
 
+@pytest.fixture(scope="module")
+def analyze_folder(weights, tmp_path_factory):
+    from vitviz.cli import main
+
+    out = tmp_path_factory.mktemp("analyze")
+    assert main(["analyze", *map(str, IMAGES), "--out", str(out), "--model", NAME, "--checkpoint",
+                 str(weights[0]), "--img-size", "64"]) == 0
+    return out
+
+
+def _files(folder):
+    with np.load(folder / "analysis.npz") as data:
+        arrays = {k: data[k] for k in data.files}
+    return arrays, json.loads((folder / "settings.json").read_text())
+
+
+@pytest.mark.parametrize("keep", [("attn", "resid_post.norm", "final_norm", "logits", "pooled"),
+                                  ("attn", "pooled")])  # the second: the rest from one more forward
+def test_save_writes_what_analyze_writes_and_load_reads_either(lens, analyze_folder, keep, tmp_path):
+    trace = lens.trace(lens.preprocess(IMAGES), keep=keep)
+    assert vitviz.save(trace, tmp_path / "t") == tmp_path / "t"
+    (cli_arrays, cli_settings), (arrays, settings) = _files(analyze_folder), _files(tmp_path / "t")
+    assert sorted(arrays) == sorted(cli_arrays) and "gradient_rollout" in arrays and "posembed_similarity" in arrays
+    for name in cli_arrays:
+        assert np.array_equal(arrays[name], cli_arrays[name]), name  # equal, not close
+    assert settings.pop("run_id") != cli_settings.pop("run_id")  # each run its own id; everything else the same
+    assert settings == cli_settings and settings["images"][0]["name"] == "rocket.jpg"
+    for folder in (analyze_folder, tmp_path / "t"):
+        back = vitviz.load(folder)
+        assert back.stack("attn").data_ptr() == back["attn", 0].data_ptr() and back.layout == trace.layout
+        torch.testing.assert_close(back.stack("attn"), trace.stack("attn"), rtol=0, atol=0)
+        np.testing.assert_array_equal(back.stack("resid_post.norm").numpy(), cli_arrays["token_norms"])
+        np.testing.assert_array_equal(back["final_norm"].numpy(), cli_arrays["features"])
+        np.testing.assert_array_equal(back.inputs.tensor.numpy(), cli_arrays["input"])
+        np.testing.assert_array_equal(back.saved["arrays"]["rollout"], cli_arrays["rollout"])
+        assert back.saved["settings"]["analysis"] == cli_settings["analysis"]
+    torch.testing.assert_close(vitviz.load(tmp_path / "t").pooled, trace.pooled, rtol=0, atol=0)  # from trace.npz
+
+
+def test_save_refuses_an_edited_trace_that_lacks_what_analyze_reads(lens, x, tmp_path):
+    edited = lens.trace(x, keep="attn", edit={"blocks.3.z": lambda v, p: v * 0})
+    with pytest.raises(VitvizError, match="ran with edit= and lacks what analyze reads"):
+        vitviz.save(edited, tmp_path)
+    with pytest.raises(VitvizError, match="neither analyze's analysis.npz nor a trace.npz"):
+        vitviz.load(tmp_path)
+
+
 def test_save_and_load_give_the_same_arrays_and_the_users_file_mode(lens, x, tmp_path):
     trace = lens.trace(x, keep=("attn", "pooled", "logits"))
     old = os.umask(0o027)

@@ -21,7 +21,8 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _PUBLIC = {
-    "open": "lens", "Lens": "lens", "Trace": "lens", "load_trace": "lens", "PointNotKept": "lens",
+    "open": "lens", "Lens": "lens", "Trace": "trace", "load_trace": "trace", "PointNotKept": "trace",
+    "save": "runs.analyze", "load": "runs.analyze",
     "ModelSpec": "sources.models", "TokenLayout": "layout",
     "VitvizError": "errors", "ModelError": "errors", "ImageError": "errors",
     "ClassLogit": "explainers.attribution", "Projection": "explainers.attribution", "Target": "explainers.attribution",

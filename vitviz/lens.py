@@ -19,7 +19,8 @@ results. A Trace keeps exactly the points asked for (no N x N copy nobody asked 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -29,7 +30,7 @@ from PIL import Image
 
 from .adapters import BLOCK_POINTS, MODEL_POINTS, Adapter, Rules, point_name
 from .errors import ImageError, VitvizError
-from .io.images import load_image
+from .io.images import LoadedImage, load_image
 from .sources.preprocess import preprocess
 from .layout import TokenLayout
 from .sources.models import LoadedModel, ModelSpec, load_model
@@ -138,7 +139,8 @@ class Lens:
         """
         if isinstance(images, (str, Path, Image.Image, np.ndarray)):
             images = [images]
-        return preprocess([_as_rgb(item, i) for i, item in enumerate(images)], self.loaded.data_config)
+        sources = [_as_rgb(item, i) for i, item in enumerate(images)]
+        return replace(preprocess([s.image for s in sources], self.loaded.data_config), sources=sources)
 
     # --- a forward -----------------------------------------------------------------------------
     def trace(self, x, keep: str | Iterable = ("attn",), edit: Mapping[str, Callable] | None = None,
@@ -170,8 +172,10 @@ class Lens:
         inputs = x if isinstance(x, ModelInput) else (
             ModelInput(tensor=x, images=[]) if isinstance(x, torch.Tensor) else self.preprocess(x))
         stop = None if stop_after is None else self._names([stop_after])[0]
-        return trace_model(self.model, inputs, keep=self._names(keep), edit=edit, stop_after=stop, grad=grad,
-                           rules=rules, layout=self.layout_for(inputs), adapter=self.adapter)
+        trace = trace_model(self.model, inputs, keep=self._names(keep), edit=edit, stop_after=stop, grad=grad,
+                            rules=rules, layout=self.layout_for(inputs), adapter=self.adapter)
+        trace.lens = self
+        return trace
 
     def _names(self, keep: str | Iterable) -> list[str]:
         """``keep=`` as the adapters' names and patterns, checked against this model's points."""
@@ -202,9 +206,16 @@ class Lens:
         return names
 
 
-def _as_rgb(item, index: int) -> Image.Image:
+def _as_rgb(item, index: int) -> LoadedImage:
+    """One item of :meth:`Lens.preprocess` decoded; an image given in memory is named ``image <index + 1>`` and its
+    SHA-256 is that of its RGB pixels (marked ``:pixels``; a file's is of its bytes)."""
     if isinstance(item, (str, Path)):
-        return load_image(item).image
+        return load_image(item)
+    image = _as_rgb_image(item, index)
+    return LoadedImage(f"image {index + 1}", image, hashlib.sha256(image.tobytes()).hexdigest() + ":pixels")
+
+
+def _as_rgb_image(item, index: int) -> Image.Image:
     if isinstance(item, Image.Image):
         return item.convert("RGB")
     if isinstance(item, np.ndarray):

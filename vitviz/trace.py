@@ -60,11 +60,16 @@ class Trace(Mapping):
         inputs: the model input (normalised tensor and exact model-input images) the forward ran on, or None.
         geometry: window models: one :class:`vitviz.adapters.windows.WindowGeometry` per block; else None.
         batched: whether the values have a leading batch axis (False after :meth:`image`).
+        edited: whether the forward ran with an ``edit=`` (its values are not the model's own).
+        lens: the :class:`vitviz.Lens` that ran it (:meth:`vitviz.Lens.trace`), or None; :func:`vitviz.save` needs it.
+        saved: read back from a folder (:func:`vitviz.load`): the folder's other arrays by name (rollout,
+            mean_distance, ...) and its settings.json, as ``{"arrays": ..., "settings": ...}``; else None.
     """
 
     def __init__(self, points: dict[str, torch.Tensor], layout: TokenLayout, num_layers: int,
                  inputs: ModelInput | None = None, geometry: list | None = None,
-                 stacked: dict[str, torch.Tensor] | None = None, batched: bool = True):
+                 stacked: dict[str, torch.Tensor] | None = None, batched: bool = True, edited: bool = False,
+                 lens=None, saved: dict | None = None):
         self._points = dict(points)
         self._stacked = dict(stacked or {})  # kind -> (B, L, ...) whose layer slices are the points
         self.layout = layout
@@ -72,6 +77,9 @@ class Trace(Mapping):
         self.inputs = inputs
         self.geometry = geometry
         self.batched = batched
+        self.edited = edited
+        self.lens = lens
+        self.saved = saved
 
     # --- Mapping -------------------------------------------------------------------------------
     def __getitem__(self, key):
@@ -154,7 +162,7 @@ class Trace(Mapping):
                 points[name] = stacked[kind][:, layer] if batched else stacked[kind][layer]
             else:
                 points[name] = fn(value)
-        fields = {"inputs": self.inputs, "geometry": self.geometry} | changes
+        fields = {"inputs": self.inputs, "geometry": self.geometry, "edited": self.edited, "lens": self.lens} | changes
         return Trace(points, self.layout, self.num_layers, stacked=stacked, batched=batched, **fields)
 
     def image(self, i: int) -> "Trace":
@@ -163,8 +171,9 @@ class Trace(Mapping):
         if not self.batched:
             raise VitvizError("this trace is already one image's; image() slices a batch.")
         one = slice(i, i + 1 or None)
-        inputs = None if self.inputs is None else ModelInput(tensor=self.inputs.tensor[one],
-                                                             images=self.inputs.images[one])
+        inputs = None if self.inputs is None else ModelInput(
+            tensor=self.inputs.tensor[one], images=self.inputs.images[one],
+            sources=None if self.inputs.sources is None else self.inputs.sources[one])
         return self._map(lambda v: v[i], batched=False, inputs=inputs)
 
     def to(self, device: str | torch.device) -> "Trace":
@@ -289,7 +298,8 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iter
     stacked = {c.kind: c.stacked() for c in collectors.values() if c.stacked() is not None}
     input_hw = tuple(tensor.shape[-2:])
     return Trace(kept, layout=layout or adapter.layout(model, input_hw), num_layers=L, inputs=inputs,
-                 geometry=adapter.geometry(model, input_hw) if adapter.scope == "window" else None, stacked=stacked)
+                 geometry=adapter.geometry(model, input_hw) if adapter.scope == "window" else None, stacked=stacked,
+                 edited=edit is not None)
 
 
 def load_trace(folder: str | Path) -> Trace:

@@ -21,10 +21,13 @@ class ModelInput:
     Attributes:
         tensor: (B, 3, H, W) float32, normalised with the model's mean/std.
         images: the exact model-input images (after resize and crop), RGB, H x W: overlays go on these.
+        sources: what each image was before preprocessing, when known (:class:`vitviz.io.images.LoadedImage`: the
+            name, the file's SHA-256 and notes on its decoding), as settings.json records it; None otherwise.
     """
 
     tensor: torch.Tensor
     images: list[Image.Image]
+    sources: list | None = None
 
 
 def to_model_input(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:

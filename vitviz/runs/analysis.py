@@ -10,7 +10,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .pipeline import forward
+from .pipeline import read
+from ..capture import capture
+from ..sources.preprocess import preprocess
+from ..trace import Trace
 from ..analyses.clusters import batch_clusters
 from ..analyses.distance import CONVENTION as DISTANCE_CONVENTION
 from ..perturbation.curves import attention_maps, default_fractions, perturbation_curves
@@ -139,7 +142,16 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     (flow and faithfulness copy one image's at a time). ``edit``, ``layout``: a repair run in the forward
     and the gradient rollout, and the token layout it makes (:mod:`vitviz.analyses.registers`).
     """
-    fwd = forward(loaded, images, edit=edit, layout=layout)
+    trace = capture(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout)
+    return analyze_trace(loaded, trace, settings, keep_attention, edit)
+
+
+def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings, keep_attention: bool = True,
+                  edit=None) -> BatchAnalysis:
+    """Every per-image analysis of a batch's trace (the points :func:`vitviz.capture.capture` keeps, with its
+    ``inputs``), as :func:`analyze_batch` runs them; ``edit``: the edit the trace's forward ran (a repair), which
+    the analyses that run the model again (gradient rollout) run too."""
+    fwd = read(trace)
     batch, layout = fwd.batch, fwd.layout
     attention = fwd.trace.stack("attn")
     arrays = {"input": batch.tensor.numpy(), "features": fwd.features, "token_norms": fwd.token_norms}
@@ -167,7 +179,7 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     run_facts["rollout"] = {"layers": list(rollouts[0].layers), "readout": rollouts[0].readout}
     if loaded.has_head:
         maps, targets = [], []
-        for i in range(len(images)):
+        for i in range(len(batch.tensor)):
             grad_map, target = class_gradient_rollout(loaded.model, batch.tensor[i:i + 1], layout, settings.target_class,
                                                       edit=edit)
             maps.append(grad_map)

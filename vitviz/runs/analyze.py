@@ -37,7 +37,7 @@ def image_record(im, arrays: dict, i: int, loaded) -> dict:
 
 def write_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]], settings, *, keep_attention: bool = True,
                    report: bool = False, edit=None, layout=None, register_info: dict | None = None,
-                   skipped: list[dict] = (), progress: Callable[[int], None] | None = None) -> Written:
+                   skipped: list[dict] = (), progress: Callable[[int], None] | None = None, trace=None) -> Written:
     """Analyse each batch of :class:`~vitviz.io.images.LoadedImage` (``(files done, images)`` pairs) with
     :func:`vitviz.runs.analysis.analyze_batch` and write DIR/analysis.npz and DIR/settings.json.
 
@@ -46,16 +46,18 @@ def write_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]], setti
         keep_attention: write the raw attention (B, L, H, N, N) (every analysis runs either way).
         report: also write PNGs of each image's rollout and last layer's heads, and the run's figures.
         edit, layout: a test-time register's edit of the forward and its token layout (:mod:`vitviz.runs.registers_run`).
+        trace: the one batch's forward already run (:func:`save`): analysed instead of running the model again.
     """
     from ..figures.analysis_report import write_image_report, write_run_report
-    from .analysis import AnalysisRun, analyze_batch
+    from .analysis import AnalysisRun, analyze_batch, analyze_trace
 
     run, written = AnalysisRun(loaded, settings), Written()
     with RunOutput(out) as output:
         for done, batch in batches:
             try:
-                part = analyze_batch(loaded, [im.image for im in batch], settings,
-                                     keep_attention=keep_attention or report, edit=edit, layout=layout)
+                part = analyze_batch(loaded, [im.image for im in batch], settings, keep_attention=keep_attention or report,
+                                     edit=edit, layout=layout) if trace is None else analyze_trace(
+                    loaded, trace, settings, keep_attention=keep_attention or report, edit=edit)
             except ValueError as exc:  # parameter out of range, e.g. a layer past the model's depth
                 raise VitvizError(f"Invalid analysis setting: {exc}") from exc
             run.add(part)
@@ -130,3 +132,124 @@ def write_window_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]]
                 "window_uniform_distance": "(blocks,) the same for uniform attention over each query's window"},
         })
     return written
+
+
+# --- a Trace as analyze's files, and back ------------------------------------------------------------
+
+TRACE_POINTS = {"attention": "attn", "token_norms": "resid_post.norm"}  # analysis.npz array -> the trace's kind
+MODEL_ARRAYS = {"features": "final_norm", "logits": "logits"}  # analysis.npz array -> the trace's model-level point
+
+
+def save(trace, folder: str | Path, settings=None, lens=None) -> Path:
+    """Write ``python -m vitviz analyze``'s DIR/analysis.npz and DIR/settings.json for the images of ``trace``.
+
+    The analyses are analyze's (``settings``, default its defaults), read from the trace's points; the arrays equal
+    the command's for the same images in one batch (it runs at most ``--batch-size`` 8 at a time). Points the
+    trace does not keep are taken from one more forward of its input (a trace run with ``edit=`` must keep them:
+    attn, resid_post.norm, final_norm and logits). Kept points analysis.npz has no place for (``q``, ``pooled``,
+    ...) go to DIR/trace.npz and DIR/trace.json. Read the folder back with :func:`load`.
+
+    Args:
+        trace: a batch's :class:`vitviz.Trace` from :meth:`vitviz.Lens.trace` (or with ``lens`` given).
+        folder: the output folder (created; files written whole or not at all).
+        settings: :class:`vitviz.runs.analysis.AnalysisSettings` (rollout fusion, flow, ...).
+        lens: the :class:`vitviz.Lens` whose model ran the trace; default ``trace.lens``.
+
+    Raises:
+        VitvizError: a trace without its model, input or batch axis, or an edited one missing points.
+    """
+    from ..capture import capture
+    from ..io.lock import output_lock
+    from .analysis import AnalysisSettings
+
+    lens = lens or trace.lens
+    if lens is None or trace.inputs is None or not trace.batched:
+        raise VitvizError("vitviz.save needs a batch's trace from Lens.trace (its model and input); this one "
+                          + ("has no Lens: pass lens=." if lens is None else
+                             "has no input." if trace.inputs is None else "is one image's: save the batch's trace."))
+    analysed = trace
+    if not _has_analysis_points(trace, lens):
+        if trace.edited:
+            raise VitvizError("this trace ran with edit= and lacks what analyze reads: keep 'attn', "
+                              "'resid_post.norm', 'final_norm'" + (" and 'logits'" if lens.has_head else "") + ".")
+        analysed = capture(lens.model, trace.inputs, layout=trace.layout)
+    inputs = trace.inputs
+    sources = inputs.sources or [_Unnamed(f"image {i + 1}") for i in range(len(inputs.tensor))]
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    with output_lock(folder, "save"):
+        write_analysis(folder, lens.loaded, [(len(sources), sources)], settings or AnalysisSettings(),
+                       trace=analysed)
+        extra = {name: value for name, value in trace.items() if not _in_analysis(name)}
+        if extra:
+            type(trace)(extra, trace.layout, trace.num_layers).save(folder)
+    return folder
+
+
+@dataclass
+class _Unnamed:
+    """settings.json's record of an image given as a tensor: a name, no file behind it."""
+
+    name: str
+    sha256: str | None = None
+    notes: list = field(default_factory=list)
+
+
+def _in_analysis(name: str) -> bool:
+    kind = name.split(".", 2)[2] if name.startswith("blocks.") else None
+    return kind in TRACE_POINTS.values() or name in MODEL_ARRAYS.values()
+
+
+def _has_analysis_points(trace, lens) -> bool:
+    every = range(trace.num_layers)
+    return (all(trace.layers(kind) == list(every) for kind in TRACE_POINTS.values()) and "final_norm" in trace
+            and (trace.logits is not None or not lens.has_head))
+
+
+def load(folder: str | Path):
+    """A :class:`vitviz.Trace` read from a folder that ``python -m vitviz analyze`` or :func:`save` wrote (or one
+    :meth:`vitviz.Trace.save` wrote: trace.npz alone). Arrays are read without pickle.
+
+    analysis.npz's ``attention`` becomes the ``attn`` points (one stack), ``token_norms`` ``resid_post.norm``,
+    ``features`` ``final_norm``, ``logits`` ``logits`` and ``input`` the trace's input; trace.npz adds its points;
+    the folder's other arrays (rollout, mean_distance, ...) and settings.json are in ``trace.saved``.
+
+    Raises:
+        VitvizError: the folder holds neither, its files do not agree, or it is a window model's (not read yet).
+    """
+    import json
+
+    import numpy as np
+    import torch
+
+    from ..layout import TokenLayout
+    from ..trace import TRACE_ARRAYS, Trace, load_trace
+    from ..types import ModelInput
+
+    folder = Path(folder)
+    if not (folder / "analysis.npz").exists():
+        if (folder / TRACE_ARRAYS).exists():
+            return load_trace(folder)
+        raise VitvizError(f"{folder}: neither analyze's analysis.npz nor a trace.npz is there.")
+    try:
+        settings = json.loads((folder / "settings.json").read_text())
+        with np.load(folder / "analysis.npz", allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+        layout = TokenLayout.from_dict(settings["analysis"]["token_layout"])
+    except (OSError, KeyError, ValueError) as exc:
+        raise VitvizError(f"{folder}: not a folder analyze wrote ({type(exc).__name__}: {exc}).") from exc
+    if "window_geometry" in settings:
+        raise VitvizError(f"{folder}: a window model's analysis (Swin); reading it back as a trace is not supported yet.")
+    points, stacked = {}, {}
+    for array, kind in TRACE_POINTS.items():
+        if array in arrays:
+            stacked[kind] = torch.from_numpy(arrays.pop(array))
+            points |= {f"blocks.{i}.{kind}": stacked[kind][:, i] for i in range(stacked[kind].shape[1])}
+    points |= {point: torch.from_numpy(arrays.pop(array)) for array, point in MODEL_ARRAYS.items() if array in arrays}
+    num_layers = stacked["resid_post.norm"].shape[1]  # token_norms (B, L, N): written with or without --no-attention
+    extra = load_trace(folder) if (folder / TRACE_ARRAYS).exists() else {}
+    points |= dict(extra)
+    inputs = ModelInput(tensor=torch.from_numpy(arrays.pop("input")), images=[])
+    return Trace(points, layout, num_layers, inputs=inputs, stacked=stacked,
+                 saved={"arrays": arrays, "settings": settings})
+
