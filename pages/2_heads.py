@@ -157,7 +157,7 @@ def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | N
                                                                     display, mode)
     rendered_cmp, fig_cmp = map_figure(r.model_input, compare, layout, display, titles=titles, title=title,
                                        columns=panels, **drawn)
-    show_chart(fig_cmp, "compare_grid", stem)
+    show_chart(fig_cmp, "compare_grid", stem, vector=False)
     st.caption(rendered_cmp.caption())
     downloads(rendered_cmp)
 
@@ -232,7 +232,7 @@ def _server_grid() -> None:
         rendered, fig = map_figure(r.model_input, maps[order], layout, display, titles=titles, notes=notes, title=title,
                                    masks=masks, query=patch if by_patch else None, sinks=sinks,
                                    columns=3 if H <= 9 else 4, highlight=_compare_head())
-        show_chart(fig, "heads_grid", file_stem("heads", ctx.image.name, f"layer{layer + 1}", str(query)))
+        show_chart(fig, "heads_grid", file_stem("heads", ctx.image.name, f"layer{layer + 1}", str(query)), vector=False)
         st.caption(rendered.caption() + _SCORES_CAPTION)
         _downloads(v, rendered)
     _compare_section(v.query, v.mode, v.what, by_patch, patch, display)
