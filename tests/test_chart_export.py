@@ -62,3 +62,19 @@ def test_without_a_browser_the_export_says_what_to_install(monkeypatch):
     monkeypatch.setattr(chart_export, "browser_path", lambda: None)
     with pytest.raises(ChartExportError, match="Chrome or Chromium.*apt-get install chromium.*BROWSER_PATH"):
         chart_file(_chart(), "svg")
+
+
+@pytest.mark.slow
+@needs_browser
+def test_the_filter_grid_exports_with_its_title_and_labels_as_text_and_tiles_as_one_image():
+    from vitviz.figures.core import tile_grid_figure
+
+    tiles = np.random.default_rng(0).random((9, 14, 14, 3))
+    fig = tile_grid_figure(tiles, [f"PC{i + 1} · {9 - i}.0%" for i in range(9)],
+                           "First 9 principal components of the 384 patch filters (14×14 RGB)", columns=7, tile_px=126)
+    data = chart_file(fig, "svg")
+    texts = _svg_texts(data)
+    assert "First 9 principal components of the 384 patch filters (14×14 RGB)" in texts
+    assert "PC1 · 9.0%" in texts and "PC9 · 1.0%" in texts  # the last row's label too
+    root = ET.fromstring(data)
+    assert len([e for e in root.iter() if e.tag.endswith("image")]) == 1
