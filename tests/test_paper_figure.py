@@ -95,3 +95,32 @@ def test_the_svg_and_pdf_hold_title_labels_and_ticks_as_text():
     assert TITLE in text and "layer 2" in text and top_tick in text, text
     png = Image.open(io.BytesIO(fig.file("png")))
     assert png.width > 1000  # 200 dpi
+
+
+def _attention(layers=3, heads=2, grid=(3, 3), seed=0):
+    """(L, H, N, N) softmax rows over CLS + a 3 x 3 grid, and its layout (patch 8 px: a 24 x 24 image)."""
+    from vitviz.layout import TokenLayout
+
+    rng = np.random.default_rng(seed)
+    n = 1 + grid[0] * grid[1]
+    logits = rng.normal(size=(layers, heads, n, n)) * np.arange(1, layers + 1)[:, None, None, None]
+    attention = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    layout = TokenLayout(("cls",), grid, (8, 8), "token", 1)
+    return attention, layout
+
+
+def test_heads_groups_are_the_heads_pages_maps_one_row_per_layer():
+    from vitviz.analyses.maps import layer_maps
+    from vitviz.figures.paper_figure import heads_groups
+
+    attention, layout = _attention()
+    (group,) = heads_groups(attention, layout, [0, 2], "cls")
+    assert group.name == "layers 1 and 3" and [r.label for r in group.rows] == ["layer 1", "layer 3"]
+    assert group.rows[0].titles == ["head 1", "head 2"]
+    np.testing.assert_array_equal(group.rows[1].maps, layer_maps(attention, layout, 2, "cls"))
+    per_layer = heads_groups(attention, layout, [0, 2], "cls", one_scale=False)
+    assert [g.name for g in per_layer] == ["layer 1", "layer 3"]
+    fig = paper_figure(Image.new("RGB", (24, 24)), [group], title="t")
+    # CLS row over the patches, numpy by hand: attention[l, h, 0, 1:]
+    by_hand = np.stack([attention[l, h, 0, 1:] for l in (0, 2) for h in range(2)])
+    assert fig.bars[0].mappable.norm.vmax == pytest.approx(np.percentile(by_hand, 99), rel=1e-12)

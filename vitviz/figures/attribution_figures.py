@@ -138,3 +138,24 @@ def relevance_overlay(image: Image.Image, grid: np.ndarray, limit: float | None 
     idx = np.clip((grid / limit + 1) / 2 * 255, 0, 255).astype(np.uint8)
     colours = Image.fromarray(lut[idx]).resize(image.size, Image.NEAREST)
     return Image.blend(image.convert("RGB"), colours, 0.6)
+
+
+def attribution_groups(results: list[Attribution], index: int = 0) -> list:
+    """The methods' patch maps of image ``index`` as :class:`vitviz.figures.paper_figure.MapGroup` s, side by side:
+    the signed relevance methods (AttnLRP, CP-LRP, Gradient x Input: the target's value spread over the patches, the
+    same unit) in one group on one symmetric scale; each non-negative method (LeGrad, Grad-CAM, units of their own)
+    a group of its own on the sequential map from 0."""
+    from .paper_figure import MapGroup, MapRow
+
+    signed = [r for r in results if _signed(r.method)]
+    groups = []
+    if signed:
+        names = [LABELS[r.method] for r in signed]
+        groups.append(MapGroup(" and ".join(names) if len(names) <= 2 else ", ".join(names),
+                               [MapRow("", np.stack([r.patches[index] for r in signed]), names)],
+                               "relevance (target units)", signed=True))
+    for r in results:
+        if not _signed(r.method):
+            unit = "0–1 (min-max)" if r.method == "legrad" else "ReLU(Σ w·A)"
+            groups.append(MapGroup(LABELS[r.method], [MapRow("", r.patches[index][None], [LABELS[r.method]])], unit))
+    return groups

@@ -105,7 +105,7 @@ def _scale_sentence(group: MapGroup, scale: ColourScale, clipped: int = 0) -> st
 
 def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arrange: str = "down",
                  cmap: str = "Inferno", style: str = "transparent where low", opacity: float = 0.8,
-                 smooth: bool = False, query: int | None = None) -> PaperFigure:
+                 smooth: bool = False, query: int | None = None, with_input: bool = False) -> PaperFigure:
     """Compose groups of map rows over ``image`` into one figure (see the module docstring).
 
     Args:
@@ -116,6 +116,7 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
         arrange: ``"down"`` (groups stacked) or ``"across"`` (groups side by side).
         cmap, style, opacity, smooth: as the pages' Display box.
         query: the query patch (0-based raster), outlined and kept out of the limits.
+        with_input: ``arrange="across"``: the model input alone as the first column ("model input", no bar).
 
     Returns:
         The :class:`PaperFigure`.
@@ -143,6 +144,10 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
     title_band, tile_title, label_w, gap = 0.42, 0.2, 0.3, 0.06
     has_labels = any(r.label for g in groups for r in g.rows)
     left = 0.08 + (label_w if has_labels else 0.0)
+    with_input = with_input and arrange == "across"
+    input_x = left
+    if with_input:
+        left += tile_w + 0.2
     if arrange == "down":
         columns = max(len(r.maps) for g in groups for r in g.rows)
         n_rows = sum(len(g.rows) for g in groups)
@@ -155,6 +160,7 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
         columns = sum(max(len(r.maps) for r in g.rows) for g in groups)
         n_rows = len(groups[0].rows)
         width = left + columns * (tile_w + gap) + (len(groups) - 1) * 0.2 + 0.1
+
         grid_h = n_rows * (tile_h + tile_title)
         bar_band = 0.75
     note_lines = _wrap([_scale_sentence(g, s, _clipped(r)) for g, s, r in zip(groups, scales, rendered)], width)
@@ -169,6 +175,13 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
         return fig.add_axes((x / width, 1 - (y_top + hh) / height, ww / width, hh / height))
 
     bars = []
+    if with_input:
+        for ri in range(n_rows):
+            ax = axes_at(input_x, title_band + ri * (tile_h + tile_title) + tile_title, tile_w, tile_h)
+            ax.imshow(np.asarray(image.convert("RGB")), interpolation="nearest")
+            ax.set_axis_off()
+            if ri == 0:
+                ax.set_title("model input", fontsize=8, pad=2)
     y = title_band
     x_group = left
     tile_index = [0] * len(groups)
@@ -230,3 +243,30 @@ def _wrap(sentences: list[str], width_inches: float) -> list[str]:
 
     chars = max(40, int((width_inches - 0.2) / 0.055))
     return [line for s in sentences for line in textwrap.wrap(s, chars)]
+
+
+def heads_groups(attention: np.ndarray, layout, layers: list[int], query: str | int = "cls",
+                 direction: str = "query", *, sinks=None, one_scale: bool = True,
+                 value_name: str = "attention weight") -> list[MapGroup]:
+    """Every head of ``layers`` as rows (one per layer, heads across) for :func:`paper_figure`.
+
+    Args:
+        attention: (L, H, N, N) one image's attention probabilities.
+        layout: its token layout.
+        layers: 0-based layer indices, one row each (labelled 1-based, "layer 12").
+        query, direction: as :func:`vitviz.analyses.maps.layer_maps`.
+        sinks: the image's :class:`vitviz.analyses.tokens.AttentionSinks` (each row's layer's sink patches crossed
+            and kept out of the limits), or None.
+        one_scale: True: all layers in one group (one scale, one bar); False: a group per layer.
+    """
+    from ..analyses.maps import layer_maps
+
+    heads = attention.shape[1]
+    rows = [MapRow(f"layer {l + 1}", layer_maps(attention, layout, l, query, direction),
+                   [f"head {h + 1}" for h in range(heads)],
+                   None if sinks is None else sinks.patch_sinks(layout, [l])) for l in layers]
+    if one_scale:
+        names = [str(l + 1) for l in layers]
+        name = f"layer {names[0]}" if len(names) == 1 else f"layers {', '.join(names[:-1])} and {names[-1]}"
+        return [MapGroup(name, rows, value_name)]
+    return [MapGroup(row.label, [row], value_name) for row in rows]
