@@ -151,7 +151,7 @@ def _paper_section(v: HeadsView) -> None:
                                 opacity=v.display.opacity, smooth=v.display.smooth,
                                 query=v.query if v.by_patch else None)
 
-        st.caption(f"Rows: layers {', '.join(str(l + 1) for l in layers)} (1-based); columns: heads 1–{H} in head "
+        st.caption(f"Rows: layer{'s' if len(layers) > 1 else ''} {', '.join(str(l + 1) for l in layers)} (1-based); columns: heads 1–{H} in head "
                    f"order; {'one colour scale and one bar for all rows' if one_scale else 'one colour scale and bar per layer'}"
                    f", stated under the figure. The Display box's colour map, overlay and opacity"
                    + (" (the DINO mask is drawn as its map here)" if v.display.style == "DINO mask" else "") + ".")
