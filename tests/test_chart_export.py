@@ -48,9 +48,9 @@ def test_a_chart_exports_as_svg_and_pdf_with_its_title_and_ticks_as_text():
     assert TITLE in text and "network depth (layer)" in text and "mean attention distance (pixels)" in text, text
     fonts = reader.pages[0]["/Resources"]["/Font"]
     assert len(fonts) >= 1  # text drawn with embedded fonts, not outlines
-    # The page is the chart's size: 900 x 460 CSS px at 96 per inch = 675 x 345 pt.
+    # The page is the chart's size: 1090 (the default, the page's main column) x 460 CSS px at 96 per inch, in pt.
     box = reader.pages[0].mediabox
-    assert abs(float(box.width) - 900 * 72 / 96) < 2 and abs(float(box.height) - 460 * 72 / 96) < 2
+    assert abs(float(box.width) - 1090 * 72 / 96) < 2 and abs(float(box.height) - 460 * 72 / 96) < 2
 
 
 def test_an_unknown_format_is_refused():

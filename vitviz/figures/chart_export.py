@@ -13,7 +13,9 @@ from __future__ import annotations
 from ..errors import VitvizError
 
 FORMATS = ("svg", "pdf")
-DEFAULT_WIDTH, DEFAULT_HEIGHT = 900, 520  # px (1 px = 1/96 in in the PDF): a figure about 9.4 in wide
+# px (1 px = 1/96 in in the PDF): a chart without its own width is as wide as the page's main column at 1440 px,
+# so its titles and legends break where they do on the screen.
+DEFAULT_WIDTH, DEFAULT_HEIGHT = 1090, 520
 TIMEOUT_S = 120
 
 

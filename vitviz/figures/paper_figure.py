@@ -165,10 +165,12 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
         bar_band = 0.75
     note_lines = _wrap([_scale_sentence(g, s, _clipped(r)) for g, s, r in zip(groups, scales, rendered)], width)
     note_h = 0.16 * len(note_lines) + 0.1
+    title_lines = _wrap([title], width, 0.085)  # 11 pt
+    title_band += 0.19 * (len(title_lines) - 1)
     height = title_band + grid_h + bar_band + note_h
 
     fig = Figure(figsize=(width, height))
-    fig.text(0.08 / width, 1 - 0.12 / height, title, ha="left", va="top", fontsize=11)
+    fig.text(0.08 / width, 1 - 0.12 / height, "\n".join(title_lines), ha="left", va="top", fontsize=11)
 
     def axes_at(x: float, y_top: float, ww: float, hh: float):
         """An axes at x inches from the left, its top y_top inches from the top."""
@@ -226,7 +228,11 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
             ticks = [ticks[0], ticks[len(ticks) // 2], ticks[-1]]
         bar.set_ticks([scale.lo + p * (scale.hi - scale.lo) for p, _ in ticks], labels=[t for _, t in ticks])
         bar.ax.tick_params(labelsize=7)
-        bar.set_label(f"{label}\n{g.name}" if arrange == "down" else f"{label} · {g.name}", fontsize=8)
+        if arrange == "down":
+            bar.set_label(f"{label}\n{g.name}", fontsize=8)
+        else:  # under its own columns: wrapped to their width, the group's name only when the tiles do not say it
+            named = label if {t for r in g.rows for t in r.titles} == {g.name} else f"{label} · {g.name}"
+            bar.set_label("\n".join(_wrap([named], block_w, 0.052)), fontsize=7)
         bars.append(bar)
     fig.text(0.08 / width, (note_h - 0.06) / height, "\n".join(note_lines), ha="left", va="top", fontsize=7,
              color="#333333")
@@ -237,11 +243,11 @@ def _clipped(rendered: RenderedMaps) -> int:
     return int(sum(len(c) for c in rendered.clipped))
 
 
-def _wrap(sentences: list[str], width_inches: float) -> list[str]:
-    """The scale note in lines that fit the figure's width at 7 pt (about 0.055 in a character)."""
+def _wrap(sentences: list[str], width_inches: float, char_inches: float = 0.055) -> list[str]:
+    """Text in lines that fit ``width_inches`` (a character about ``char_inches`` wide: 0.055 at 7 pt)."""
     import textwrap
 
-    chars = max(40, int((width_inches - 0.2) / 0.055))
+    chars = max(12, int((width_inches - 0.2) / char_inches))
     return [line for s in sentences for line in textwrap.wrap(s, chars)]
 
 
