@@ -78,3 +78,23 @@ def test_the_filter_grid_exports_with_its_title_and_labels_as_text_and_tiles_as_
     assert "PC1 · 9.0%" in texts and "PC9 · 1.0%" in texts  # the last row's label too
     root = ET.fromstring(data)
     assert len([e for e in root.iter() if e.tag.endswith("image")]) == 1
+
+
+@pytest.mark.slow
+@needs_browser
+def test_the_pdf_page_is_the_chart_with_no_print_margin():
+    """kaleido prints with 0.1 in margins inside a page the chart's size: everything moved 0.1 in (7.2 pt) right and
+    down and the bottom and right edges were cut (the distance plot lost its x-axis title). A word at the chart's
+    left edge must start at x ~ 0 of the page."""
+    import plotly.graph_objects as go
+    from pypdf import PdfReader
+
+    fig = go.Figure()
+    fig.add_annotation(text="LEFTEDGE", x=0, y=0.5, xref="paper", yref="paper", xanchor="left", showarrow=False,
+                       borderpad=0, font=dict(size=20))
+    fig.update_layout(width=400, height=300, margin=dict(l=0, r=0, t=0, b=0), xaxis=dict(visible=False),
+                      yaxis=dict(visible=False))
+    page = PdfReader(io.BytesIO(chart_file(fig, "pdf"))).pages[0]
+    xs = []
+    page.extract_text(visitor_text=lambda text, cm, tm, *_: xs.append(cm[4] + tm[4] * cm[0]) if "LEFT" in text else None)
+    assert xs and min(xs) < 3.0, xs  # pt; the 0.1 in margin put it at 7.2 pt or more

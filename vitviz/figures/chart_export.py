@@ -45,6 +45,21 @@ def unavailable_reason() -> str | None:
     return None
 
 
+def _page():
+    """kaleido's page with CSS page margins of 0: its print-to-PDF asks for 0.1 in margins inside a page the size of
+    the chart, which shifted the chart by 0.1 in and cut off its bottom and right edge (an axis title); the page's
+    own CSS wins (Chrome's preferCSSPageSize). MathJax (a CDN script) off: no network."""
+    from kaleido import PageGenerator
+
+    class Page(PageGenerator):
+        header = PageGenerator.header.replace(
+            '<style id="head-style"></style>', '<style>@page { margin: 0; }</style><style id="head-style"></style>'
+        ).replace("<title>Kaleido-fier</title>", "<title>vitviz chart</title>")  # the PDF's Title
+
+    assert Page.header != PageGenerator.header, "kaleido's page header changed: check the PDF margins"
+    return Page(mathjax=False)
+
+
 def chart_file(fig, fmt: str, *, width: int | None = None, height: int | None = None) -> bytes:
     """One Plotly figure as an SVG or PDF file with vector text.
 
@@ -72,7 +87,7 @@ def chart_file(fig, fmt: str, *, width: int | None = None, height: int | None = 
     height = int(height or layout.get("height") or DEFAULT_HEIGHT)
     try:
         data = kaleido.calc_fig_sync(spec, opts=dict(format=fmt, width=width, height=height, scale=1),
-                                     kopts=dict(mathjax=False, timeout=TIMEOUT_S))
+                                     kopts=dict(page_generator=_page(), timeout=TIMEOUT_S))
     except Exception as exc:  # the browser did not start or did not answer: a setup problem, said as one
         raise ChartExportError(f"Plotly's export could not draw the chart as {fmt.upper()} in the browser at "
                                f"{browser_path()} ({type(exc).__name__}: {exc}).") from exc
