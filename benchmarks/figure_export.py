@@ -22,7 +22,7 @@ from vitviz.analyses.distance import conv_receptive_field  # noqa: E402
 from vitviz.figures.chart_export import chart_file  # noqa: E402
 from vitviz.figures.core import distance_scatter, tile_grid_figure  # noqa: E402
 from vitviz.figures.paper_figure import MapGroup, MapRow, paper_figure  # noqa: E402
-from vitviz.figures.report_vector import distance_file  # noqa: E402
+from vitviz.figures.analysis_report import distance_file  # noqa: E402
 
 REPEATS = 3
 
