@@ -36,7 +36,7 @@ def test_methods_figure_puts_signed_methods_on_one_symmetric_scale():
               "attribution_gradient": 3 * rng.normal(size=(2, 4, 4)), "attribution_legrad": rng.random((2, 4, 4))}
     fig = methods_figure(Image.new("RGB", (32, 32)), arrays, 1, "cat.jpg")
     names = [g.name for g in fig.groups]
-    assert names[0] == "rollout" and names[-1] == "LeGrad" and len(names) == 3
+    assert names[0] == "attention rollout" and names[-1] == "LeGrad" and len(names) == 3
     signed = fig.groups[1]
     assert signed.signed and signed.rows[0].titles == [LABELS["attnlrp"], LABELS["gradient"]]
     limit = np.percentile(np.abs(np.stack([arrays["attribution_attnlrp"][1], arrays["attribution_gradient"][1]])), 99)

@@ -57,7 +57,8 @@ def methods_figure(image: Image.Image, arrays: dict[str, np.ndarray], i: int, na
     known = {m.replace("-", "_"): m for m in registered()}
     attribution = {known[k[len("attribution_"):]]: arrays[k][i] for k in arrays
                    if k.startswith("attribution_") and k[len("attribution_"):] in known}
-    groups = [MapGroup("rollout", [MapRow("", arrays["rollout"][i][None], ["attention rollout"])], "rollout mass")]
+    groups = [MapGroup("attention rollout", [MapRow("", arrays["rollout"][i][None], ["attention rollout"])],
+                       "rollout mass")]
     if "gradient_rollout" in arrays:
         groups.append(MapGroup("gradient rollout", [MapRow("", arrays["gradient_rollout"][i][None],
                                                            ["gradient rollout"])], "relevance"))
