@@ -160,7 +160,6 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
         columns = sum(max(len(r.maps) for r in g.rows) for g in groups)
         n_rows = len(groups[0].rows)
         width = left + columns * (tile_w + gap) + (len(groups) - 1) * 0.2 + 0.1
-
         grid_h = n_rows * (tile_h + tile_title)
         bar_band = 0.75
     note_lines = _wrap([_scale_sentence(g, s, _clipped(r)) for g, s, r in zip(groups, scales, rendered)], width)
