@@ -98,7 +98,7 @@ def _scale_sentence(group: MapGroup, scale: ColourScale, clipped: int = 0) -> st
     else:
         limits = f"±{scale.hi:.3g}" if scale.signed else f"{scale.lo:.3g} to {scale.hi:.3g}"
     maps = "its map" if n == 1 else f"its {n} maps"
-    rule = scale.rule.replace(" of all maps, shared", " of its values") if n == 1 else scale.rule
+    rule = scale.rule.replace(" of all maps, shared", "" if scale.signed else " of its values") if n == 1 else scale.rule
     beyond = (f"; {clipped} patch{'es' if clipped > 1 else ''} beyond the limit{'s' if scale.signed else ''} "
               "drawn in the end colour and outlined in cyan") if clipped else ""
     return f"{group.name}: one colour scale for {maps}, {limits} ({rule}){beyond}."
