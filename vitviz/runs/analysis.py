@@ -4,7 +4,7 @@ The CLI writes its result to ``analysis.npz``; the app and the benchmarks call t
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -67,19 +67,28 @@ class AnalysisSettings:
 
 @dataclass
 class Analysis:
-    """Attributes:
-        arrays: named as in the README: input, attention, features, logits, token_norms, rollout,
-            rollout_per_layer, mean_distance, mean_distance_per_image, filter_pca,
-            filter_pca_explained, posembed_similarity, gradient_rollout (those that apply).
-        info: JSON-able facts for settings.json: parameters, conventions, artifact tokens, notes.
+    """The arrays and facts ``analyze`` writes, for one batch (:func:`analyze_batch`) or a whole run
+    (:func:`analyze_images`); what the forward saw is its :class:`vitviz.trace.Trace`, not this.
+
+    Attributes:
+        arrays: named as in the README, leading axis the images where per image: input, attention (unless left
+            out), features, token_norms, logits, clusters, rollout, rollout_per_layer, mean_distance_per_image,
+            gradient_rollout, attention_flow, deletion, insertion; for a run also mean_distance, filter_pca,
+            filter_pca_explained, posembed_similarity (those that apply).
         input_images: the model-input images (after resize and crop), for overlays.
         layout: the token layout of the captured sequence.
+        facts: a batch's per-image JSON facts, each a list of length b, gathered by :class:`AnalysisRun`.
+        run_facts: a batch's facts that are the same for every batch of a run (rollout layers, flow scale, ...).
+        info: a run's JSON-able facts for settings.json (parameters, conventions, artifact tokens, notes); None for
+            a batch.
     """
 
     arrays: dict[str, np.ndarray]
-    info: dict
     input_images: list[Image.Image]
     layout: TokenLayout
+    facts: dict[str, list] = field(default_factory=dict)
+    run_facts: dict = field(default_factory=dict)
+    info: dict | None = None
 
 
 def excluded_tokens(settings: AnalysisSettings, artifacts: np.ndarray, sinks: AttentionSinks,
@@ -110,30 +119,8 @@ def analyze_images(loaded: LoadedModel, images: list[Image.Image],
                     layout=run.layout)
 
 
-@dataclass
-class BatchAnalysis:
-    """Every per-image analysis of one batch (what :func:`analyze_batch` returns).
-
-    Attributes:
-        arrays: per-image arrays on the host, leading axis b: input, attention (unless left out), features,
-            token_norms, logits,
-            clusters, rollout, rollout_per_layer, mean_distance_per_image, gradient_rollout,
-            attention_flow, deletion, insertion (those that apply).
-        facts: per-image JSON facts, each a list of length b, gathered by :class:`AnalysisRun`.
-        run_facts: facts that are the same for every batch of a run (rollout layers, flow scale, ...).
-        input_images: the b model-input images.
-        layout: the token layout.
-    """
-
-    arrays: dict[str, np.ndarray]
-    facts: dict[str, list]
-    run_facts: dict
-    input_images: list[Image.Image]
-    layout: TokenLayout
-
-
 def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: AnalysisSettings,
-                  keep_attention: bool = True, edit=None, layout: TokenLayout | None = None) -> BatchAnalysis:
+                  keep_attention: bool = True, edit=None, layout: TokenLayout | None = None) -> Analysis:
     """One forward for b images (b <= settings.batch_size) and every per-image analysis of it.
 
     Nothing is kept across batches, so a run's memory does not grow with its image count. The
@@ -147,7 +134,7 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
 
 
 def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings, keep_attention: bool = True,
-                  edit=None) -> BatchAnalysis:
+                  edit=None) -> Analysis:
     """Every per-image analysis of a batch's trace (the points :func:`vitviz.capture.capture` keeps, with its
     ``inputs``), as :func:`analyze_batch` runs them; ``edit``: the edit the trace's forward ran (a repair), which
     the analyses that run the model again (gradient rollout) run too."""
@@ -206,7 +193,7 @@ def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings,
                          for m, d, s in zip(r.methods, r.deletion_auc, r.insertion_auc)} for r in results]
         facts["reference"] = [r.reference() for r in results]
         run_facts["faithfulness"] = {"methods": results[0].methods, "patches_per_step": results[0].counts.tolist()}
-    return BatchAnalysis(arrays=arrays, facts=facts, run_facts=run_facts, input_images=batch.images, layout=layout)
+    return Analysis(arrays=arrays, facts=facts, run_facts=run_facts, input_images=batch.images, layout=layout)
 
 
 def _written_settings(settings: AnalysisSettings) -> dict:
@@ -284,7 +271,7 @@ class AnalysisRun:
         self.mean_distance: list[np.ndarray] = []
         self.layout: TokenLayout | None = None
 
-    def add(self, batch: BatchAnalysis) -> None:
+    def add(self, batch: Analysis) -> None:
         """Keep the small per-image facts of one batch (never its arrays, but the (L, H) mean distances)."""
         self.layout = batch.layout
         self.run_facts = batch.run_facts
