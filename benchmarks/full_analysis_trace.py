@@ -7,6 +7,8 @@ trees before the Trace also every head's entropy and CLS focus) and each image's
 and the model's own fused forward. Each tree runs in its own process, rounds alternate between the trees so that load
 drift hits both alike, and each round's ratio is full / plain of the same process (interleaved, median of
 ``--repeats``). One torch thread (``OMP_NUM_THREADS=1``): on a shared 2-core machine two threads wait on each other.
+Both the process's CPU time and wall time are reported: on a machine other sessions load, wall time measures the
+queue for the cores as much as the work, the CPU time of a one-thread process the work.
 
     git archive main vitviz | tar -x -C /tmp/trace_before      # the tree before
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/full_analysis_trace.py --before /tmp/trace_before --rounds 3
@@ -51,15 +53,18 @@ def child(repeats: int) -> None:
         fwd = full()
         return fwd.image(0).head_scores if hasattr(fwd, "image") else fwd.head_scores(0)
 
-    times = {"plain": [], "full": [], "full + one image's head scores": []}
+    names = ("plain", "full", "full + one image's head scores")
+    wall, cpu = {n: [] for n in names}, {n: [] for n in names}
     with torch.inference_mode():
         plain(), full()
         for _ in range(repeats):
-            for name, fn in zip(times, (plain, full, scores)):
-                start = time.perf_counter()
+            for name, fn in zip(names, (plain, full, scores)):
+                start, start_cpu = time.perf_counter(), time.process_time()
                 fn()
-                times[name].append(time.perf_counter() - start)
-    print(json.dumps({name: statistics.median(t) for name, t in times.items()}))
+                cpu[name].append(time.process_time() - start_cpu)
+                wall[name].append(time.perf_counter() - start)
+    print(json.dumps({"wall": {n: statistics.median(t) for n, t in wall.items()},
+                      "cpu": {n: statistics.median(t) for n, t in cpu.items()}}))
 
 
 def main() -> None:
@@ -81,15 +86,14 @@ def main() -> None:
                                   str(args.repeats)], env=env, capture_output=True, text=True, check=True)
             row = json.loads(out.stdout.strip().splitlines()[-1])
             results[name].append(row)
-            print(name, {k: round(v, 3) for k, v in row.items()},
-                  f"ratio {row['full'] / row['plain']:.3f}", flush=True)
-    for name, rows in results.items():
-        ratio = statistics.median(r["full"] / r["plain"] for r in rows)
-        scores = statistics.median(r["full + one image's head scores"] / r["plain"] for r in rows)
-        plain = statistics.median(r["plain"] for r in rows)
-        print(f"{name}: plain {plain:.3f} s, full / plain {ratio:.3f} (with one image's head scores {scores:.3f}), "
-              f"{len(rows)} rounds")
-
+            print(name, json.dumps(row), flush=True)
+    for clock in ("cpu", "wall"):
+        for name, rows in results.items():
+            ratio = statistics.median(r[clock]["full"] / r[clock]["plain"] for r in rows)
+            scores = statistics.median(r[clock]["full + one image's head scores"] / r[clock]["plain"] for r in rows)
+            plain = statistics.median(r[clock]["plain"] for r in rows)
+            print(f"{clock} time, {name}: plain {plain:.3f} s, full / plain {ratio:.3f} (with one image's head "
+                  f"scores {scores:.3f}), median of {len(rows)} rounds")
 
 if __name__ == "__main__":
     main()
