@@ -215,6 +215,8 @@ def test_save_writes_what_analyze_writes_and_load_reads_either(lens, analyze_fol
         back = vitviz.load(folder)
         assert back.stack("attn").data_ptr() == back["attn", 0].data_ptr() and back.layout == trace.layout
         torch.testing.assert_close(back.stack("attn"), trace.stack("attn"), rtol=0, atol=0)
+        for layer in (0, 5, 11):
+            torch.testing.assert_close(back["attn", layer], trace["attn", layer], rtol=0, atol=0)
         np.testing.assert_array_equal(back.stack("resid_post.norm").numpy(), cli_arrays["token_norms"])
         np.testing.assert_array_equal(back["final_norm"].numpy(), cli_arrays["features"])
         np.testing.assert_array_equal(back.inputs.tensor.numpy(), cli_arrays["input"])
