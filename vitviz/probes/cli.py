@@ -1,4 +1,4 @@
-"""``python -m vitviz probe INPUT... (--labels FILE | --folders) [--layer L] [--pooling P] --out DIR``."""
+"""``python -m vitviz probe INPUT... (--labels FILE | --folders | --patch-masks DIR) [--layer L] [--pooling P] --out DIR``."""
 from __future__ import annotations
 
 import argparse
@@ -27,6 +27,12 @@ def add_parser(sub) -> None:
     source.add_argument("--labels", type=Path, metavar="FILE",
                         help="a CSV (header path,label) or Parquet file (columns path, label): one image per row")
     source.add_argument("--folders", action="store_true", help="each INPUT holds one folder of images per class")
+    source.add_argument("--patch-masks", type=Path, metavar="DIR",
+                        help="a painted concept: INPUTs are images (or folders of them); DIR/<image stem>.png marks "
+                             "the concept's patches white (the image's size or one pixel per patch), optional "
+                             "DIR/<stem>.not.png marks not-concept patches; an image without a mask is only mapped. "
+                             "Writes a patch probe of every layer (probe.safetensors weight (L, D), bias (L,)), "
+                             "probe.json and concept_maps.npz (probability (n, L, gh, gw))")
     probe.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
     probe.add_argument("--layer", type=int, metavar="L",
                        help="the head's layer, 1-based (default: the most accurate; every layer is scored anyway)")
@@ -43,6 +49,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.patch_masks is not None:
+        return run_concept(args)
     from ..lens import open as open_model
     from ..io.output import check_writable
     from .data import from_folders, from_label_file
@@ -73,4 +81,39 @@ def run(args: argparse.Namespace) -> int:
     print(f"chance (largest class): {result.chance:.3f}")
     path = result.save(args.out)
     print(f"wrote {path} and {path.parent / 'probe.json'}")
+    return 0
+
+
+def run_concept(args: argparse.Namespace) -> int:
+    """``probe INPUT... --patch-masks DIR --out OUT``: patch probes of every layer from mask PNGs."""
+    from ..io.output import check_writable
+    from ..lens import open as open_model
+    from .concepts import HOLDOUT, LABEL_RULE, fit_concept
+    from .masks import painted_from_masks
+
+    if not args.inputs:
+        raise VitvizError("--patch-masks needs the images as INPUTs (files, or folders of them).")
+    if args.layer is not None:
+        raise VitvizError("--layer picks an image probe's head layer; with --patch-masks every layer's patch probe is "
+                          "written (row l-1 of weight is layer l's).")
+    check_writable(args.out)
+    lens = open_model(args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None, img_size=args.img_size,
+                      device=args.device, dtype=args.dtype)
+    painted = painted_from_masks(lens, args.inputs, args.patch_masks)
+    n = len(painted.images)
+    start = time.perf_counter()
+    concept = fit_concept(lens, painted, batch_size=args.batch_size, seed=args.seed,
+                          progress=lambda done: print(f"\rtokens {done}/{n}", end="", file=sys.stderr))
+    print(f"\rtokens and patch probes of {lens.num_layers} layers in {time.perf_counter() - start:.1f} s",
+          file=sys.stderr)
+    for im in concept.images:
+        print(f"{im['name']}: {im['concept']} concept, {im['not_concept']} not-concept, {im['left_out']} left out",
+              file=sys.stderr)
+    print(f"labels: {LABEL_RULE}; hold-out: {HOLDOUT[concept.holdout]}", file=sys.stderr)
+    print("layer  balanced accuracy  accuracy")
+    for s in concept.layers:
+        print(f"{s.layer:5d}  {s.balanced_accuracy:17.3f}  {s.accuracy:8.3f}")
+    print(f"chance: balanced 0.500, plain {concept.chance:.3f} (the larger class)")
+    path = concept.save(args.out)
+    print(f"wrote {path}, {path.parent / 'probe.json'} and {path.parent / 'concept_maps.npz'}")
     return 0
