@@ -1,0 +1,57 @@
+"""The painted-concepts page: patches painted on an image, a probe per layer, probability maps of every image on one
+0-1 scale; then the Attribution page explains the concept."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_app import _decode
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+EYES = [r * 16 + c for r in range(5, 8) for c in range(3, 7)] + [r * 16 + c for r in range(6, 9) for c in range(11, 15)]
+
+
+@pytest.mark.slow
+def test_a_painted_concept_is_probed_on_every_layer_mapped_on_every_image_and_explained(bundled):
+    from streamlit.testing.v1 import AppTest
+
+    from vitviz.images import load_image
+
+    at = AppTest.from_file(APP, default_timeout=600)
+    at.session_state["kept_samples"] = ["astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg"]
+    at.run()
+    at.switch_page("pages/15_concepts.py").run()
+    assert not at.exception
+    assert any("Paint some patches" in i.value for i in at.info)
+    sha = load_image(ROOT / "assets" / "chelsea.jpg", "chelsea.jpg").sha256
+    at.session_state["concept_paint"] = {(sha, 16, 16): {"concept": set(EYES), "not": set()}}  # what clicks paint
+    at.run()
+    assert any("chelsea.jpg: 24 concept, 0 not concept" in m.value for m in at.markdown)
+    next(b for b in at.button if "Fit the concept" in b.label).click().run()
+    assert not at.exception and not at.error
+    charts = {c.proto.id: json.loads(c.proto.spec) for c in at.get("plotly_chart")}
+    accuracy = next(v for k, v in charts.items() if "concept_accuracy" in k)
+    assert accuracy["data"][0]["x"] == list(range(1, 13)) and accuracy["data"][2]["y"] == [50, 50]
+    assert all(0 <= y <= 100 for y in accuracy["data"][0]["y"])
+    maps = next(v for k, v in charts.items() if "concept_maps" in k)
+    bar = next(t for t in maps["data"] if t.get("marker", {}).get("showscale"))
+    assert bar["marker"]["colorbar"]["title"]["text"] == "probability (0-1)"
+    assert (bar["marker"]["cmin"], bar["marker"]["cmax"]) == (0.0, 1.0)
+    hovers = [t for t in maps["data"] if t["type"] == "heatmap"]
+    assert len(hovers) == 4  # every image of the session
+    concept = at.session_state["concept_fitted"][1]
+    layer = at.slider(key="concept_layer").value
+    for tile, image in zip(hovers, [0, 1, 2, 3]):  # the current image (the first sample) first, then the others
+        np.testing.assert_allclose(_decode(tile["z"]), concept.probability[image, layer - 1], rtol=1e-6)
+
+    at.switch_page("pages/10_attribution.py").run()
+    assert not at.exception
+    at.radio(key="attr_concept_what").set_value("the painted concept").run()
+    assert not at.exception and not at.error
+    methods = at.multiselect(key="attr_methods")
+    assert "LeGrad" not in methods.options and "AttnLRP" in methods.options
+    captions = " ".join(c.value for c in at.caption)
+    assert "LeGrad scores the model's output through its head" in captions
+    assert "painted concept's logit at layer" in captions

@@ -1,0 +1,116 @@
+"""Painted concepts in the app: the patches painted per image (session state), the click-to-paint picker, the fitted
+concept probe kept for the session (the Concepts page fits it, the Attribution page explains it)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import streamlit as st
+from streamlit_image_coordinates import streamlit_image_coordinates
+
+from vitviz.probes.concepts import PaintedImages, fit_concept
+from vitviz.probes.figures import painted_image
+
+from .cache import model_run
+from .display import CLICK_SCALE
+
+PAINT = "concept_paint"  # {(image sha256, gh, gw): {"concept": set, "not": set}} of raster patch indices (0-based)
+FITTED = "concept_fitted"  # (key, ConceptProbe) of the last fit
+BRUSHES = {"concept": "concept", "not concept": "not"}
+
+
+def painting(image_sha: str, grid: tuple[int, int]) -> dict:
+    """The patches painted on one image for one grid: ``{"concept": set, "not": set}`` (created empty)."""
+    return st.session_state.setdefault(PAINT, {}).setdefault((image_sha, *grid), {"concept": set(), "not": set()})
+
+
+def paint_picker(image, image_sha: str, layout, brush: str, key: str) -> None:
+    """The model-input ``image`` at column width with its painted patches; a click toggles the patch under it in
+    ``brush`` (``"concept"`` or ``"not"``) and takes it out of the other."""
+    grid = tuple(layout.grid_size)
+    paint = painting(image_sha, grid)
+    click = streamlit_image_coordinates(painted_image(image, paint["concept"], paint["not"], grid, CLICK_SCALE),
+                                        key=f"{key}_{image_sha[:12]}", image_format="JPEG", jpeg_quality=85,
+                                        width="stretch")
+    last = f"{key}_last"
+    if click and click.get("unix_time") != st.session_state.get(last):
+        st.session_state[last] = click.get("unix_time")
+        patch = layout.patch_at(click["x"], click["y"], click["width"] / image.width)
+        other = "not" if brush == "concept" else "concept"
+        paint[brush].symmetric_difference_update({patch})
+        paint[other].discard(patch)
+        st.rerun()
+
+
+def painted_set(images, grid: tuple[int, int]) -> tuple[PaintedImages, tuple]:
+    """The session's images with their paintings (:class:`PaintedImages`, masks (gh, gw) bool or None) and a key of
+    what was painted."""
+    import numpy as np
+
+    concept, not_concept, key = [], [], []
+    for im in images:
+        paint = painting(im.sha256, grid)
+        masks = []
+        for kind in ("concept", "not"):
+            if paint[kind]:
+                m = np.zeros(grid[0] * grid[1], bool)
+                m[sorted(paint[kind])] = True
+                masks.append(m.reshape(grid))
+            else:
+                masks.append(None)
+        concept.append(masks[0])
+        not_concept.append(masks[1])
+        key.append((im.sha256, tuple(sorted(paint["concept"])), tuple(sorted(paint["not"]))))
+    return PaintedImages.of(list(images), concept, not_concept, names=[im.name for im in images]), tuple(key)
+
+
+def fit(ctx, backbone, painted: PaintedImages, key: tuple, progress):
+    """Fit the concept probes of every layer on the sidebar's backbone and keep them for the session."""
+    from vitviz.lens import Lens
+
+    with model_run():
+        result = fit_concept(Lens(backbone), painted, progress=progress)
+    st.session_state[FITTED] = (("concept", backbone_spec(ctx), key), result)
+    return result
+
+
+def backbone_spec(ctx):
+    """The sidebar's model without a probe head: concepts are probed on the backbone."""
+    return replace(ctx.spec, head=None)
+
+
+def fitted(ctx, key: tuple | None = None):
+    """The session's fitted concept probe for the sidebar's backbone (and, with ``key``, for exactly these
+    paintings), or None."""
+    kept = st.session_state.get(FITTED)
+    if kept is None:
+        return None
+    (_, spec, painted), result = kept
+    if spec != backbone_spec(ctx) or (key is not None and painted != key):
+        return None
+    return result
+
+
+def concept_target_picker(ctx, container, key: str):
+    """On the Attribution page: when a concept has been painted and fitted for the sidebar's backbone, a choice
+    between the model's own target and the concept's logit at a layer; returns the
+    :class:`vitviz.probes.concepts.ConceptTarget`, or None for the model's own target."""
+    from vitviz.probes.concepts import ConceptTarget
+
+    concept = fitted(ctx)
+    if concept is None:
+        return None
+    with container:
+        if st.radio("Explain", ["the model's output", "the painted concept"], key=f"{key}_what",
+                    horizontal=True) == "the painted concept":
+            top = min(concept.num_layers, ctx.loaded.adapter.num_layers(ctx.loaded.model))  # a probe head ends early
+            default = min(concept.readable_from(0.9) or top, top)
+            layer = st.slider("Concept's layer (1-based)", 1, top, default, key=f"{key}_layer",
+                              help="The patch probe of this layer; its logit summed over the patches is explained.")
+            return ConceptTarget(concept, layer)
+    return None
+
+
+def concept_refusals(concept, loaded, methods: list[str]) -> dict[str, str]:
+    """Method -> the sentence saying why it cannot explain ``concept`` on ``loaded``'s model, for ``methods``."""
+    depth = loaded.adapter.num_layers(loaded.model)
+    return {m: why for m in methods if (why := concept.why_not(m, depth))}
