@@ -25,20 +25,22 @@ def painting(image_sha: str, grid: tuple[int, int]) -> dict:
 
 def paint_picker(image, image_sha: str, layout, brush: str, key: str) -> None:
     """The model-input ``image`` at column width with its painted patches; a click toggles the patch under it in
-    ``brush`` (``"concept"`` or ``"not"``) and takes it out of the other."""
+    ``brush`` (``"concept"`` or ``"not"``) and takes it out of the other.
+
+    The click is read from the widget's state before the picture is drawn, so the run the click starts draws the
+    new painting (no second run: clicks made in quick succession are each applied once)."""
     grid = tuple(layout.grid_size)
     paint = painting(image_sha, grid)
-    click = streamlit_image_coordinates(painted_image(image, paint["concept"], paint["not"], grid, CLICK_SCALE),
-                                        key=f"{key}_{image_sha[:12]}", image_format="JPEG", jpeg_quality=85,
-                                        width="stretch")
-    last = f"{key}_last"
+    widget, last = f"{key}_{image_sha[:12]}", f"{key}_last"
+    click = st.session_state.get(widget)
     if click and click.get("unix_time") != st.session_state.get(last):
         st.session_state[last] = click.get("unix_time")
         patch = layout.patch_at(click["x"], click["y"], click["width"] / image.width)
         other = "not" if brush == "concept" else "concept"
         paint[brush].symmetric_difference_update({patch})
         paint[other].discard(patch)
-        st.rerun()
+    streamlit_image_coordinates(painted_image(image, paint["concept"], paint["not"], grid, CLICK_SCALE), key=widget,
+                                image_format="JPEG", jpeg_quality=85, width="stretch")
 
 
 def painted_set(images, grid: tuple[int, int]) -> tuple[PaintedImages, tuple]:
