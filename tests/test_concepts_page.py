@@ -17,7 +17,7 @@ EYES = [r * 16 + c for r in range(5, 8) for c in range(3, 7)] + [r * 16 + c for 
 def test_a_painted_concept_is_probed_on_every_layer_mapped_on_every_image_and_explained(bundled):
     from streamlit.testing.v1 import AppTest
 
-    from vitviz.images import load_image
+    from vitviz.io.images import load_image
 
     at = AppTest.from_file(APP, default_timeout=600)
     at.session_state["kept_samples"] = ["astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg"]

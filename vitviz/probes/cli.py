@@ -14,15 +14,18 @@ POOLINGS = ("cls", "mean", "cls+mean")  # vitviz.probes.features.POOLINGS, witho
 def add_parser(sub) -> None:
     probe = sub.add_parser(
         "probe",
-        help="train a linear probe on every layer for labelled images; write the best (or --layer's) as a head",
+        help="train a linear probe on every layer for labelled images (write the best, or --layer's, as a head) or "
+             "for patches painted as a concept (--patch-masks)",
         description="Score a logistic-regression probe on every layer (nested stratified cross-validation: accuracy, "
                     "its 95%% Wilson interval, the majority-class chance level) and write DIR/probe.safetensors "
                     "(weight (K, D), bias (K,): logits = pooled @ weight.T + bias) and DIR/probe.json (model, layer, "
                     "pooling, classes in the head's order, accuracy per layer, chance, sklearn version, image "
-                    "hashes). Give it to analyze --head or vitviz.open(head=...).")
+                    "hashes). Give it to analyze --head or vitviz.open(head=...). With --patch-masks: a probe on the "
+                    "patch tokens of every layer for a painted concept (README: Concepts painted on the image).")
     probe.add_argument("inputs", nargs="*", type=Path, metavar="INPUT",
                        help="with --folders: folders of class folders (root/<class>/*.jpg); with --labels: optional, "
-                            "the folder the label file's relative paths start from (default the label file's folder)")
+                            "the folder the label file's relative paths start from (default the label file's folder); "
+                            "with --patch-masks: images, or folders of them")
     source = probe.add_mutually_exclusive_group(required=True)
     source.add_argument("--labels", type=Path, metavar="FILE",
                         help="a CSV (header path,label) or Parquet file (columns path, label): one image per row")

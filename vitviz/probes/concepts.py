@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..attribution import Target
+from ..explainers.attribution import Target
 from ..errors import VitvizError
 
 C = 0.1
@@ -75,7 +75,7 @@ class PaintedImages:
     """Images with painted patches, in a fixed order.
 
     Attributes:
-        images: what :meth:`vitviz.Lens.preprocess` takes (paths, PIL images) or :class:`vitviz.images.LoadedImage`.
+        images: what :meth:`vitviz.Lens.preprocess` takes (paths, PIL images) or :class:`vitviz.io.images.LoadedImage`.
         names: how messages and probe.json name each image.
         concept, not_concept: per image (gh, gw) bool on the model's patch grid, or None (nothing of that kind).
     """
@@ -289,7 +289,7 @@ def patch_tokens(lens, painted: PaintedImages, batch_size: int = 8, progress=Non
     SHA-256 (of the file, or of the decoded pixels for an image given as PIL)."""
     import hashlib
 
-    from ..images import LoadedImage, load_image
+    from ..io.images import LoadedImage, load_image
     from ..errors import ImageError
 
     if lens.scope != "global":

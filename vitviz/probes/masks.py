@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..inputs import IMAGE_SUFFIXES
+from ..io.inputs import IMAGE_SUFFIXES
 from .concepts import ConceptError, PaintedImages
 
 NOT_SUFFIX = ".not"
@@ -86,7 +86,7 @@ def painted_from_masks(lens, inputs: list[str | Path], folder: str | Path) -> Pa
         ConceptError: a missing folder, a mask for an image that is not among the inputs, a mask of the wrong size,
             or no mask at all (each sentence names the file).
     """
-    from ..images import load_image
+    from ..io.images import load_image
     from ..errors import ImageError
 
     folder = Path(folder)
