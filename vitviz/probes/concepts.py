@@ -2,8 +2,8 @@
 (and optionally "not concept") on one or more images.
 
 ```python
-painted = PaintedImages.of(lens, ["assets/chelsea.jpg", "assets/coffee.jpg"],
-                           concept=[face_mask, None])            # (gh, gw) bool per image; None: map only
+painted = PaintedImages.of(["assets/chelsea.jpg", "assets/coffee.jpg"],
+                           concept=[eyes, None])                 # (gh, gw) bool per image; None: map only
 concept = fit_concept(lens, painted)
 concept.table               # [{"layer": 1, "balanced_accuracy": ..., "accuracy": ..., ...}, ...] layers 1-based
 concept.probability         # (n, L, gh, gw): the probe's probability on every patch of every image, per layer
@@ -21,7 +21,7 @@ them, prefix tokens dropped): ``StandardScaler`` then ``LogisticRegression`` (L2
 tokens, classes weighted by their inverse frequency so that a small concept is not outvoted). Its accuracy is
 out-of-fold (:data:`HOLDOUT`): with two or more painted images, whole images are held out (``GroupKFold`` over
 images, at most 5 folds); with one, its patches are held out in 2x2 blocks (``GroupKFold`` over the blocks, 5 folds,
-shuffled) so that a patch is not predicted from its neighbour. The score shown is the balanced accuracy (the mean
+shuffled) so that a patch's closest neighbours are held out with it. The score shown is the balanced accuracy (the mean
 of the concept and not-concept recalls: chance is 0.5 whatever the share of concept patches); plain accuracy and its
 chance (the larger class's share) are kept beside it. The maps come from the probe fitted on all painted patches:
 on the painted images they are the training data's fit, on the others a prediction.
