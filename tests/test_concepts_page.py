@@ -54,4 +54,9 @@ def test_a_painted_concept_is_probed_on_every_layer_mapped_on_every_image_and_ex
     assert "LeGrad" not in methods.options and "AttnLRP" in methods.options
     captions = " ".join(c.value for c in at.caption)
     assert "LeGrad scores the model's output through its head" in captions
-    assert "painted concept's logit at layer" in captions
+    assert "painted concept's logit at layer" in captions and "summed over the patches" in captions
+    at.session_state["patch"] = 100  # a patch picked on another page
+    at.run()
+    at.radio(key="attr_concept_where").set_value("at the selected patch").run()
+    assert not at.exception and not at.error
+    assert "at patch 100" in " ".join(c.value for c in at.caption)

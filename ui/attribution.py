@@ -29,7 +29,7 @@ def attributions(ctx, methods: list[str], target_class: int | None, side=None, c
     ``concept`` (a :class:`vitviz.probes.concepts.ConceptTarget`), that painted concept is explained instead."""
     repair = None if side is None or side.edit is None else side.repair
     what = target_class if concept is None else (
-        "concept", concept.layer, hashlib.sha256(concept.probe.weight.tobytes()).hexdigest())
+        "concept", concept.layer, concept.patch, hashlib.sha256(concept.probe.weight.tobytes()).hexdigest())
     key = ("attribution", ctx.spec, ctx.image.sha256, tuple(methods), what) + ((repair,) if repair else ())
 
     def compute(progress):

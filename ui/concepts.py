@@ -107,8 +107,14 @@ def concept_target_picker(ctx, container, key: str):
             top = min(concept.num_layers, ctx.loaded.adapter.num_layers(ctx.loaded.model))  # a probe head ends early
             default = min(concept.readable_from(0.9) or top, top)
             layer = st.slider("Concept's layer (1-based)", 1, top, default, key=f"{key}_layer",
-                              help="The patch probe of this layer; its logit summed over the patches is explained.")
-            return ConceptTarget(concept, layer)
+                              help="The patch probe of this layer; its logit is explained.")
+            patch = st.session_state.get("patch")  # the patch picked on any page (0-based raster index)
+            where = st.radio("Where", ["summed over the patches", "at the selected patch"], key=f"{key}_where",
+                             horizontal=True, disabled=patch is None,
+                             help="The selected patch is the one clicked on the heads, rollout or anatomy page"
+                                  + ("" if patch is None else f" (now patch {patch})") + ".")
+            at_patch = where == "at the selected patch" and patch is not None
+            return ConceptTarget(concept, layer, patch=int(patch) if at_patch else None)
     return None
 
 
