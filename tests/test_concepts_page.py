@@ -60,3 +60,35 @@ def test_a_painted_concept_is_probed_on_every_layer_mapped_on_every_image_and_ex
     at.radio(key="attr_concept_where").set_value("at the selected patch").run()
     assert not at.exception and not at.error
     assert "at patch 100" in " ".join(c.value for c in at.caption)
+
+
+@pytest.mark.slow
+def test_a_click_toggles_one_patch_once_and_is_not_replayed_when_another_image_was_painted_between(bundled):
+    from streamlit.testing.v1 import AppTest
+
+    from vitviz.io.images import load_image
+
+    at = AppTest.from_file(APP, default_timeout=600)
+    at.session_state["kept_samples"] = ["chelsea.jpg", "rocket.jpg"]
+    at.run()
+    at.switch_page("pages/15_concepts.py").run()
+    sha = {n: load_image(ROOT / "assets" / n, n).sha256 for n in ("chelsea.jpg", "rocket.jpg")}
+
+    def click(name, row, col, when):  # what the picker sends: a point on the 448 px picture (2x the 224 px input)
+        at.selectbox(key="concept_image").set_value(name)
+        at.session_state[f"concept_click_{sha[name][:12]}"] = {"x": col * 28 + 5, "y": row * 28 + 5, "width": 448,
+                                                                "height": 448, "unix_time": when}
+        at.run()
+        assert not at.exception
+
+    def painted(name):
+        return at.session_state["concept_paint"][(sha[name], 16, 16)]["concept"]
+
+    click("chelsea.jpg", 2, 15, 1)
+    assert painted("chelsea.jpg") == {2 * 16 + 15}
+    click("rocket.jpg", 15, 0, 2)
+    assert painted("rocket.jpg") == {15 * 16}
+    at.selectbox(key="concept_image").set_value("chelsea.jpg").run()  # back: chelsea's last click is not applied again
+    assert painted("chelsea.jpg") == {2 * 16 + 15}
+    click("chelsea.jpg", 2, 15, 3)  # a second click on the same patch takes it out
+    assert painted("chelsea.jpg") == set()

@@ -31,7 +31,8 @@ def paint_picker(image, image_sha: str, layout, brush: str, key: str) -> None:
     new painting (no second run: clicks made in quick succession are each applied once)."""
     grid = tuple(layout.grid_size)
     paint = painting(image_sha, grid)
-    widget, last = f"{key}_{image_sha[:12]}", f"{key}_last"
+    widget = f"{key}_{image_sha[:12]}"
+    last = f"{widget}_last"  # per image: another image's picker keeps its last click, which must not be replayed
     click = st.session_state.get(widget)
     if click and click.get("unix_time") != st.session_state.get(last):
         st.session_state[last] = click.get("unix_time")
