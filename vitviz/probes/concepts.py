@@ -209,7 +209,7 @@ class ConceptProbe:
                                         "(prefix tokens dropped): logit = token @ weight[l-1] + bias[l-1], "
                                         "probability = sigmoid(logit); standardisation folded in; classes weighted "
                                         "by inverse frequency"},
-                "labels": LABEL_RULE, "holdout": HOLDOUT[self.holdout],
+                "labels": LABEL_RULE, "holdout": HOLDOUT[self.holdout], "holdout_kind": self.holdout,
                 "score": "balanced_accuracy: mean of the concept and not-concept recalls over the painted patches, "
                          "out-of-fold (chance 0.5); accuracy: share right (chance: the larger class's share)",
                 "chance": {"balanced_accuracy": 0.5, "accuracy": self.chance},
@@ -273,11 +273,15 @@ def read_concept(path: str | Path) -> ConceptProbe:
     if info.get("kind") != KIND:
         raise ConceptError(f"{path.name} is not a patch (concept) probe: it was written by `probe` without "
                            "--patch-masks.")
-    layout = info["token_layout"]
-    scores = [ConceptScore(r["layer"], r["balanced_accuracy"], r["accuracy"], r["folds"]) for r in info["layers"]]
-    return ConceptProbe(info["model"], int(layout["num_prefix_tokens"]), tuple(layout["grid_size"]), scores, weight,
-                        bias, next(k for k, v in HOLDOUT.items() if v == info["holdout"]), info["images"],
-                        chance=info["chance"]["accuracy"], C=info["probe"]["C"])
+    try:
+        layout = info["token_layout"]
+        scores = [ConceptScore(r["layer"], r["balanced_accuracy"], r["accuracy"], r["folds"]) for r in info["layers"]]
+        return ConceptProbe(info["model"], int(layout["num_prefix_tokens"]), tuple(layout["grid_size"]), scores,
+                            weight, bias, info["holdout_kind"], info["images"], chance=info["chance"]["accuracy"],
+                            C=info["probe"]["C"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConceptError(f"{path.name}: its description lacks {exc} (write it again with probe --patch-masks).") \
+            from None
 
 
 # ---------------------------------------------------------------------------------------------
