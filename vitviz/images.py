@@ -43,12 +43,15 @@ class LoadedImage:
         sha256: hash of the file bytes (keys caches, recorded in settings.json); ``":pad"`` is
             appended once :func:`frame_image` padded the image, so crop and pad results never mix.
         notes: sentences about conversions, e.g. transparency composited, first frame used.
+        content_box: (left, top, right, bottom) pixels of ``image`` that hold the photo once
+            :func:`frame_image` padded it (the rest is padding); None: all of it is the photo.
     """
 
     name: str
     image: Image.Image
     sha256: str
     notes: list[str] = field(default_factory=list)
+    content_box: tuple[int, int, int, int] | None = None
 
 
 def _to_rgb(im: Image.Image, background: tuple[int, int, int], notes: list[str]) -> Image.Image:
@@ -284,10 +287,18 @@ def pad_to_square(image: Image.Image, fill: tuple[int, int, int] = (0, 0, 0)) ->
         scale = MAX_PAD_SIDE / max(w, h)
         w, h = max(1, round(w * scale)), max(1, round(h * scale))
         image = image.resize((w, h), Image.Resampling.BICUBIC, reducing_gap=3.0)
-    side = max(w, h)
-    canvas = Image.new("RGB", (side, side), tuple(int(c) for c in fill))
-    canvas.paste(image, ((side - w) // 2, (side - h) // 2))
+    canvas = Image.new("RGB", (max(w, h),) * 2, tuple(int(c) for c in fill))
+    canvas.paste(image, _pad_box((w, h))[:2])
     return canvas
+
+
+def _pad_box(size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of a W x H image centred on its padded square (as :func:`pad_to_square` places
+    it, after any scaling to :data:`MAX_PAD_SIDE`)."""
+    w, h = size
+    side = max(w, h)
+    left, top = (side - w) // 2, (side - h) // 2
+    return left, top, left + w, top + h
 
 
 def mean_colour(data_config: dict) -> tuple[int, int, int]:
@@ -313,4 +324,30 @@ def frame_image(loaded: LoadedImage, framing: str, fill: tuple[int, int, int] = 
     scaled = f" (scaled to a {padded.width} px side first)" if padded.width < max(w, h) else ""
     note = (f"padded from {w}x{h} to {padded.width}x{padded.height} with RGB{tuple(fill)}{scaled} "
             "so the model sees all of it")
-    return dataclasses.replace(loaded, image=padded, sha256=f"{loaded.sha256}:pad", notes=[*loaded.notes, note])
+    shrink = padded.width / max(w, h)
+    box = _pad_box((max(1, round(w * shrink)), max(1, round(h * shrink))) if shrink < 1 else (w, h))
+    return dataclasses.replace(loaded, image=padded, sha256=f"{loaded.sha256}:pad", notes=[*loaded.notes, note],
+                               content_box=box)
+
+
+def padding_patches(loaded: LoadedImage, data_config: dict, grid_size: tuple[int, int]) -> np.ndarray:
+    """(gh, gw) bool: the patches of the model input that hold padding only, not one pixel of the photo.
+
+    The padded square's photo box is drawn white on black and put through the model's own preprocessing
+    (:func:`preprocess`: its resize and crop); a patch is padding when every one of its pixels stays black. A patch
+    that resampling gave a trace of the photo's edge counts as photo. Row-major, as the patch grid; all False when
+    ``loaded`` was not padded.
+
+    Args:
+        loaded: an image after :func:`frame_image` (its ``content_box``).
+        data_config: the model's preprocessing (timm data config, or a transformers image processor's).
+        grid_size: (gh, gw) patches of the model input.
+    """
+    gh, gw = grid_size
+    if loaded.content_box is None:
+        return np.zeros((gh, gw), dtype=bool)
+    marker = Image.new("RGB", loaded.image.size, (0, 0, 0))
+    marker.paste((255, 255, 255), loaded.content_box)
+    seen = np.asarray(preprocess([marker], data_config).images[0].convert("L"))
+    ph, pw = seen.shape[0] // gh, seen.shape[1] // gw
+    return seen[:gh * ph, :gw * pw].reshape(gh, ph, gw, pw).max(axis=(1, 3)) == 0
