@@ -16,7 +16,7 @@ from ui.memo import ByteLRU
 # URL key -> (session key of the same choice on the server-drawn pages, or None).
 VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "patch", "keep": "keep",
                "order": "ranking", "cmap": "cmap", "scale": "scale_mode", "style": "style", "opacity": "opacity",
-               "sinks": "exclude_sinks",
+               "sinks": "exclude_sinks", "clip": "outline_clipped", "pad": "exclude_padding",
                # the heads page's Compare layers (head 1-based, panel count, the panels' layers "1,12")
                "chead": "compare_head", "cn": "compare_n", "cl": None,
                # the rollout page (depth 1-based; readout "readout" or "patch")
