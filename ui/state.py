@@ -249,6 +249,8 @@ def _sidebar_spec() -> ModelSpec:
                 checkpoint = path
     if choice == HUGGING_FACE:
         name = _hugging_face_name(shown, limits.shared)
+        if name == shown.name:  # nothing typed yet: the model shown, with its checkpoint and names, stays
+            checkpoint, labels = shown.checkpoint, shown.labels
     devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else []) + \
               (["mps"] if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else [])
     devices = [d for d in devices if limits.devices is None or d in limits.devices] or ["cpu"]
