@@ -228,7 +228,7 @@ def _sidebar_spec() -> ModelSpec:
         local = weights_on_disk(options)
         # Nothing loads until a model is picked: the query is a search, not a name.
         picked = sb.selectbox("timm model", options, index=None, placeholder="pick a model",
-                              format_func=lambda n: f"{n}{ON_DISK}" if n in local else n,
+                              format_func=lambda n: f"{ON_DISK}{n}" if n in local else n,
                               **_kept("timm_name", options))
         sb.caption(_offline_caption(len(local), len(options)))
         upload = sb.file_uploader("Local checkpoint (optional)", key=_ckpt_key(),
@@ -342,18 +342,20 @@ def _hugging_face_name(shown: ModelSpec, shared: bool) -> str:
     return typed if local else HF_PREFIX + typed
 
 
-ON_DISK = " · on this machine"  # the timm list's mark for weights already in the local cache
+ON_DISK = "✓ "  # the timm list's mark for weights already in the local cache (first: long names are cut at the end)
 
 
 def _offline_caption(local: int, listed: int) -> str:
     """What the marks in the timm list mean, and how many of the listed names load without the internet."""
     if not listed:
         return ""
-    which = (f"{local} of the {listed} listed {'has its' if local == 1 else 'have their'} weights on this machine "
-             f"(marked “{ON_DISK.strip(' ·')}”: the local Hugging Face or torch hub cache), so "
-             f"{'it loads' if local == 1 else 'they load'} offline" if local else
-             f"None of the {listed} listed has its weights on this machine (the local Hugging Face or torch hub cache)")
-    return which + "; the others need the internet, or a local checkpoint below."
+    if not local:
+        return (f"None of the {listed} listed has its weights on this machine (the local Hugging Face or torch hub "
+                "cache): each needs the internet, or a local checkpoint below.")
+    return (f"{local} of the {listed} listed {'has its' if local == 1 else 'have their'} weights on this machine "
+            f"(marked {ON_DISK.strip()}: the local Hugging Face or torch hub cache), so "
+            f"{'it loads' if local == 1 else 'they load'} offline; the others need the internet, or a local "
+            "checkpoint below.")
 
 
 def _allowed(options: list[str], query: str) -> list[str]:
