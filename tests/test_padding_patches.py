@@ -3,7 +3,8 @@ pages can mark them and keep them out of colour scales and rollout as they do si
 import numpy as np
 from PIL import Image
 
-from vitviz.images import LoadedImage, frame_image, padding_patches
+from vitviz.io.images import LoadedImage, frame_image
+from vitviz.sources.preprocess import padding_patches
 
 # A ViT-B/16-style preprocessing: resize the short side to floor(224 / 0.875) = 256, centre crop 224.
 CONFIG = {"input_size": (3, 224, 224), "interpolation": "bicubic", "crop_pct": 0.875, "crop_mode": "center",

@@ -105,7 +105,8 @@ def test_heads_settings_carry_the_colour_scales_clipped_patches_model_and_image_
 def test_padding_patches_are_kept_out_of_rollout_and_its_colour_scale(downloads):
     """chelsea.jpg (451 x 300) padded to a square: its padding patches receive no rollout mass when kept out (an
     excluded token's column is zeroed in every layer, so no path reaches it), and they set no colour limit."""
-    from vitviz.images import frame_image, load_image, mean_colour, padding_patches
+    from vitviz.io.images import frame_image, load_image, mean_colour
+    from vitviz.sources.preprocess import padding_patches
     from vitviz.sources.models import ModelSpec, load_model
 
     loaded = load_model(ModelSpec())

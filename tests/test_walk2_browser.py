@@ -100,7 +100,8 @@ def test_the_cyan_outlines_switch_off_and_stay_off_after_f5(server, browser):
 
 def test_padding_patches_are_hatched_and_set_no_limit_on_the_heads_page(server, browser):
     from conftest import ASSETS
-    from vitviz.images import frame_image, load_image, mean_colour, padding_patches
+    from vitviz.io.images import frame_image, load_image, mean_colour
+    from vitviz.sources.preprocess import padding_patches
     from vitviz.sources.models import ModelSpec, load_model
 
     loaded = load_model(ModelSpec())

@@ -20,10 +20,10 @@ import numpy as np
 import streamlit as st
 import torch
 
-from vitviz.budget import admit, admit_fitted
+from vitviz.sources.budget import admit, admit_fitted
 from vitviz.errors import ImageError, VitvizError
-from vitviz.images import (LoadedImage, frame_image, load_image, mean_colour, model_view, padding_patches,
-                           visible_share)
+from vitviz.io.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
+from vitviz.sources.preprocess import padding_patches
 from vitviz.sources.labels import ClassNames, parse_labels
 from vitviz.sources.models import BUNDLED, LoadedModel, ModelSpec, search_models, weights_on_disk
 from vitviz.settings import SUGGESTED_MODELS, megabytes
@@ -48,7 +48,7 @@ FULL_VIEW = 0.99
 class Context:
     """What a page needs: the model, the current image and its captured result.
 
-    ``image`` and ``images`` are framed for the model (see :func:`vitviz.images.frame_image`):
+    ``image`` and ``images`` are framed for the model (see :func:`vitviz.io.images.frame_image`):
     with ``framing == "pad"`` their pixels are the padded square and their ``sha256`` keys say so, and
     ``padding`` lists the current image's patches that hold padding only (0-based raster order).
     """

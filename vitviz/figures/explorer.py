@@ -130,7 +130,7 @@ def explorer_payload(attention, layout: TokenLayout, image: Image.Image, *, sink
         notes: (L, H) strings under each head's title (entropy, focus, distance), or None.
         scores: ranking name -> ((L, H) scores, whether higher ranks first), as :func:`vitviz.analyses.maps.rank_heads`.
         selected: the selected patch; its row and column are sent when not every row fits the budget.
-        padding: patches holding padding only (raster indices, :func:`vitviz.images.padding_patches`): the browser
+        padding: patches holding padding only (raster indices, :func:`vitviz.sources.preprocess.padding_patches`): the browser
             hatches them and keeps them out of the scale while its Display box says so.
         patch_rows_budget: bytes allowed for every patch's row of every layer and head (float16).
 

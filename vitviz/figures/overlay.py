@@ -281,7 +281,7 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
     the maps can be non-zero on (a Swin window): only they set limits (the zeros around a window
     would pull a percentile to 0), and its border is drawn; signed: the maps are signed (relevance), drawn on the
     diverging map centred on 0 whatever ``cmap`` says (:func:`vitviz.figures.colour.signed_scales`): one colour rule per
-    method on every page; padding: patch indices that hold no photo (:func:`vitviz.images.padding_patches`), hatched
+    method on every page; padding: patch indices that hold no photo (:func:`vitviz.sources.preprocess.padding_patches`), hatched
     and kept out of the limits like sinks; outline_clipped: False leaves the cyan outlines of clipped patches off (the
     caption still counts them).
     """
