@@ -494,7 +494,6 @@ def _load(spec: ModelSpec) -> tuple[ModelSpec, LoadedModel]:
             st.session_state[LOAD_FAILURE] = (str(exc), spec, previous, _model_boxes())
             st.rerun()
         st.error(str(exc))
-        previous = st.session_state.get("good_spec", ModelSpec())
         if previous != spec:
             st.info(_still_showing(previous))
         try:
