@@ -1,6 +1,6 @@
 """Engines of ``python -m vitviz stats``: the same per-batch reduction fed by a DataLoader or by Ray Data.
 
-Both decode files with :func:`vitviz.images.load_image` (so the same rules and messages as
+Both decode files with :func:`vitviz.io.images.load_image` (so the same rules and messages as
 ``analyze``), preprocess with the model's own data config, run each batch through
 :func:`vitviz.capture.capture` and reduce it with :func:`vitviz.analyses.stats.capture_tables`; the caller
 writes each finished batch (:class:`FileBatch`).
@@ -22,8 +22,9 @@ import torch
 
 from ..capture import Capture, capture
 from ..errors import VitvizError
-from ..images import load_image, preprocess
-from ..inputs import ImageFile
+from ..io.images import load_image
+from ..sources.preprocess import preprocess
+from ..io.inputs import ImageFile
 from ..analyses.stats import SINK_COLUMNS, STATS_COLUMNS, StatsTables, capture_tables, typed_table
 
 
