@@ -75,7 +75,7 @@ def readout_directions(lens, reference: torch.Tensor, chunk: int = 64) -> torch.
         (C, D) float64 on the CPU, row c = ∂ logit_c / ∂δ.
     """
     from ..adapters import Hooks
-    from ..attribution import AttnLRP
+    from ..explainers.attribution import AttnLRP
 
     model, adapter, layout = lens.model, lens.adapter, lens.layout
     param = next(model.parameters())
