@@ -61,7 +61,7 @@ gh, gw = layout.grid_size
 clicked = st.session_state.get("patch")  # shared with the other pages that pick patches
 # before any click: the strongest patch of the image's top latent
 patch = int(maps[0].argmax()) if clicked is None or clicked >= gh * gw else int(clicked)
-pick, listed = st.columns([2, 3])
+pick, listed = st.columns([1, 2])
 with pick:
     patch_picker(ctx.result.model_input, layout, "features_patch_click", shown=patch)
 firing = codes.patch_latents(index, patch)
@@ -80,7 +80,7 @@ with listed:
         for cell, (j, v) in zip(st.columns(3), firing[row:row + 3]):
             cell.button(f"latent {j} · {v:.3g}", key=f"features_open_{j}", on_click=_open, args=(j,),
                         width="stretch", help=f"activation {v:.4g} (SAE units) at this patch")
-    st.caption("Click the image to pick another patch (outlined in green); activations in the SAE's units.")
+    st.caption("Click the image to pick another patch (the outlined one is shown); activations in the SAE's units.")
 
 st.subheader("One latent across the image set")
 choices = list(dict.fromkeys([int(j) for j in top] + [j for j, _ in firing]))
