@@ -1,7 +1,7 @@
 """SAE quality on held-out photos (issue 31): explained variance and L0 against K and k, on the training tokens and on
 a photo the SAE never saw, side by side. Report, not tuning.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/features_heldout.py [--folds rocket,chelsea] [--json out.json]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/features_heldout.py [--folds rocket,chelsea,astronaut,coffee] [--json out.json]
 
 Images: the four photos in assets/ (astronaut, chelsea, coffee, rocket) and 22 views of each: the whole photo, five
 crops of 75 % of its side and five of 50 % (the four corners and the centre), each also mirrored left-right; every
@@ -112,7 +112,7 @@ def main(folds: list[str], latents=(256, 1024, 4096), topks=(8, 32)) -> list[dic
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--folds", default="rocket,chelsea", help="photos held out, one fold each (stems)")
+    parser.add_argument("--folds", default="rocket,chelsea,astronaut,coffee", help="photos held out, one fold each (stems)")
     parser.add_argument("--json", type=Path, help="write the rows here too")
     args = parser.parse_args()
     result = main(args.folds.split(","))
