@@ -53,7 +53,7 @@ def test_a_painted_concept_is_probed_on_every_layer_mapped_on_every_image_and_ex
     methods = at.multiselect(key="attr_methods")
     assert "LeGrad" not in methods.options and "AttnLRP" in methods.options
     captions = " ".join(c.value for c in at.caption)
-    assert "LeGrad scores the model's output through its head" in captions
+    assert "LeGrad cannot explain painted concept's logit at layer" in captions
     assert "painted concept's logit at layer" in captions and "summed over the patches" in captions
     at.session_state["patch"] = 100  # a patch picked on another page
     at.run()

@@ -120,6 +120,10 @@ def concept_target_picker(ctx, container, key: str):
 
 
 def concept_refusals(concept, loaded, methods: list[str]) -> dict[str, str]:
-    """Method -> the sentence saying why it cannot explain ``concept`` on ``loaded``'s model, for ``methods``."""
-    depth = loaded.adapter.num_layers(loaded.model)
-    return {m: why for m in methods if (why := concept.why_not(m, depth))}
+    """Method -> the registry's sentence saying why it cannot explain ``concept`` on ``loaded``'s model (LeGrad;
+    Grad-CAM before the last layer), for ``methods``."""
+    from vitviz.explainers import registered
+    from vitviz.lens import Lens
+
+    lens, found = Lens(loaded), registered()
+    return {m: why for m in methods if (why := found[m].why_not_target(lens, concept))}

@@ -464,18 +464,6 @@ class ConceptTarget(Target):
         logits = self.probe.logits(points[self.point], int(self.layer))  # (B, P)
         return logits.sum(1) if self.patch is None else logits[:, int(self.patch)]
 
-    def why_not(self, method: str, num_layers: int) -> str | None:
-        """One sentence saying why ``method`` (a registry name) cannot explain this concept on a model of
-        ``num_layers`` blocks, or None (the same refusals :meth:`__call__` raises, known before running)."""
-        output_only = {"legrad": "LeGrad", "gradient_rollout": "Gradient rollout"}
-        if method in output_only:
-            return (f"{output_only[method]} scores the model's output through its head, not the tokens of layer "
-                    f"{self.layer}.")
-        if method == "gradcam" and int(self.layer) < num_layers:
-            return (f"Grad-CAM reads the last block (layer {num_layers}), after the concept's layer {self.layer}: choose "
-                    f"layer {num_layers} to use it.")
-        return None
-
     def describe(self) -> dict:
         return {"kind": "concept", "layer": int(self.layer), "layer_base": 1, "patch": self.patch,
                 "point": self.point, "definition": "the patch probe's logit (token @ weight + bias) "
