@@ -35,7 +35,8 @@ with left:
     on = c1.selectbox("Paint on", names, index=names.index(ctx.image.name) if ctx.image.name in names else 0,
                       key="concept_image", help="The sidebar's images (samples and uploads); paint on one or more.")
     brush = BRUSHES[c2.radio("Brush", list(BRUSHES), key="concept_brush", horizontal=True,
-                             help="A click toggles the patch under it: concept (orange) or not concept (blue).")]
+                             help="A click toggles the patch under it; a drag paints the rectangle it spans. Orange: concept, blue: not "
+                                  "concept.")]
     i = names.index(on)
     paint_picker(inputs[i], ctx.images[i].sha256, layout, brush, "concept_click")
     paint = painting(ctx.images[i].sha256, grid)
@@ -49,7 +50,8 @@ with left:
             p["concept"].clear(), p["not"].clear()
         st.rerun()
 with right:
-    st.markdown("**Painted** (click a patch on the left; orange = concept, blue = not concept)")
+    st.markdown("**Painted** (on the left: click a patch to toggle it, drag to paint a rectangle; orange = concept, "
+                "blue = not concept)")
     counts = []
     for im in ctx.images:
         p = painting(im.sha256, grid)
@@ -71,7 +73,7 @@ if run:
         st.error(str(exc))
 concept = fitted(ctx, key)
 if concept is None:
-    st.info("Paint some patches of a concept (a click toggles one) and press the button: the model runs once per image "
+    st.info("Paint some patches of a concept (a click toggles one, a drag paints a rectangle) and press the button: the model runs once per image "
             "and a probe is fitted on every layer's patch tokens." + (
                 " The paintings changed since the last fit." if fitted(ctx) is not None else ""))
     st.stop()

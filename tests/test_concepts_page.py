@@ -63,7 +63,7 @@ def test_a_painted_concept_is_probed_on_every_layer_mapped_on_every_image_and_ex
 
 
 @pytest.mark.slow
-def test_a_click_toggles_one_patch_once_and_is_not_replayed_when_another_image_was_painted_between(bundled):
+def test_a_click_toggles_a_patch_a_drag_paints_a_rectangle_and_no_gesture_is_replayed_after_another_image(bundled):
     from streamlit.testing.v1 import AppTest
 
     from vitviz.io.images import load_image
@@ -74,10 +74,12 @@ def test_a_click_toggles_one_patch_once_and_is_not_replayed_when_another_image_w
     at.switch_page("pages/15_concepts.py").run()
     sha = {n: load_image(ROOT / "assets" / n, n).sha256 for n in ("chelsea.jpg", "rocket.jpg")}
 
-    def click(name, row, col, when):  # what the picker sends: a point on the 448 px picture (2x the 224 px input)
+    def click(name, row, col, when, to=None):  # what the picker sends: mouse down and up on the 448 px picture
+        row2, col2 = to or (row, col)              # (2x the 224 px input, 28 px a patch)
         at.selectbox(key="concept_image").set_value(name)
-        at.session_state[f"concept_click_{sha[name][:12]}"] = {"x": col * 28 + 5, "y": row * 28 + 5, "width": 448,
-                                                                "height": 448, "unix_time": when}
+        at.session_state[f"concept_click_{sha[name][:12]}"] = {
+            "x1": col * 28 + 5, "y1": row * 28 + 5, "x2": col2 * 28 + 20, "y2": row2 * 28 + 20, "width": 448,
+            "height": 448, "unix_time": when}
         at.run()
         assert not at.exception
 
@@ -92,3 +94,9 @@ def test_a_click_toggles_one_patch_once_and_is_not_replayed_when_another_image_w
     assert painted("chelsea.jpg") == {2 * 16 + 15}
     click("chelsea.jpg", 2, 15, 3)  # a second click on the same patch takes it out
     assert painted("chelsea.jpg") == set()
+    click("chelsea.jpg", 5, 3, 4, to=(7, 6))  # a drag paints the rectangle it spans: rows 5-7 x columns 3-6
+    assert painted("chelsea.jpg") == {r * 16 + c for r in range(5, 8) for c in range(3, 7)}
+    at.radio(key="concept_brush").set_value("not concept")
+    click("chelsea.jpg", 7, 6, 5, to=(7, 5))  # over two painted patches with the other brush: they change sides
+    assert painted("chelsea.jpg") == {r * 16 + c for r in range(5, 8) for c in range(3, 7)} - {117, 118}
+    assert at.session_state["concept_paint"][(sha["chelsea.jpg"], 16, 16)]["not"] == {117, 118}

@@ -7,7 +7,7 @@ from dataclasses import replace
 import streamlit as st
 from streamlit_image_coordinates import streamlit_image_coordinates
 
-from vitviz.probes.concepts import PaintedImages, fit_concept
+from vitviz.probes.concepts import PaintedImages, fit_concept, patch_rectangle
 from vitviz.probes.figures import painted_image
 
 from .cache import model_run
@@ -24,24 +24,31 @@ def painting(image_sha: str, grid: tuple[int, int]) -> dict:
 
 
 def paint_picker(image, image_sha: str, layout, brush: str, key: str) -> None:
-    """The model-input ``image`` at column width with its painted patches; a click toggles the patch under it in
-    ``brush`` (``"concept"`` or ``"not"``) and takes it out of the other.
+    """The model-input ``image`` at column width with its painted patches. A click toggles the patch under it in
+    ``brush`` (``"concept"`` or ``"not"``); a drag paints every patch of the rectangle it spans with ``brush``. A
+    painted patch leaves the other brush's set.
 
-    The click is read from the widget's state before the picture is drawn, so the run the click starts draws the
-    new painting (no second run: clicks made in quick succession are each applied once)."""
+    The gesture is read from the widget's state before the picture is drawn, so the run it starts draws the new
+    painting (one run per gesture). The widget keeps only its last gesture: two made while a run is still going
+    count as one (hence the rectangle: one gesture for many patches)."""
     grid = tuple(layout.grid_size)
     paint = painting(image_sha, grid)
     widget = f"{key}_{image_sha[:12]}"
-    last = f"{widget}_last"  # per image: another image's picker keeps its last click, which must not be replayed
-    click = st.session_state.get(widget)
-    if click and click.get("unix_time") != st.session_state.get(last):
-        st.session_state[last] = click.get("unix_time")
-        patch = layout.patch_at(click["x"], click["y"], click["width"] / image.width)
+    last = f"{widget}_last"  # per image: another image's picker keeps its last gesture, which must not be replayed
+    gesture = st.session_state.get(widget)
+    if gesture and gesture.get("unix_time") != st.session_state.get(last):
+        st.session_state[last] = gesture.get("unix_time")
+        scale = gesture["width"] / image.width
+        start, end = (layout.patch_at(gesture[f"x{i}"], gesture[f"y{i}"], scale) for i in (1, 2))
+        patches = set(patch_rectangle(start, end, grid))
         other = "not" if brush == "concept" else "concept"
-        paint[brush].symmetric_difference_update({patch})
-        paint[other].discard(patch)
+        if len(patches) == 1:
+            paint[brush].symmetric_difference_update(patches)
+        else:
+            paint[brush].update(patches)
+        paint[other].difference_update(patches)
     streamlit_image_coordinates(painted_image(image, paint["concept"], paint["not"], grid, CLICK_SCALE), key=widget,
-                                image_format="JPEG", jpeg_quality=85, width="stretch")
+                                image_format="JPEG", jpeg_quality=85, width="stretch", click_and_drag=True)
 
 
 def painted_set(images, grid: tuple[int, int]) -> tuple[PaintedImages, tuple]:

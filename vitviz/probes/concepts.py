@@ -70,6 +70,13 @@ def patch_labels(concept: np.ndarray | None, not_concept: np.ndarray | None, num
     return np.where(c, 1, np.where(n, 0, -1)).astype(np.int8)
 
 
+def patch_rectangle(a: int, b: int, grid_size: tuple[int, int]) -> list[int]:
+    """The raster indices (0-based) of the patches in the rectangle with corners at patches ``a`` and ``b``."""
+    gw = grid_size[1]
+    (r0, c0), (r1, c1) = divmod(int(a), gw), divmod(int(b), gw)
+    return [r * gw + c for r in range(min(r0, r1), max(r0, r1) + 1) for c in range(min(c0, c1), max(c0, c1) + 1)]
+
+
 @dataclass(frozen=True)
 class PaintedImages:
     """Images with painted patches, in a fixed order.
