@@ -67,7 +67,7 @@ class TokenWork:
 
 
 def token_batches(lens, files: Sequence, point: str, layer: int, batch_size: int, prefix: bool = False,
-                  start: int = 0, engine=None) -> Iterator[TokenBatch]:
+                  start: int = 0, engine=None, skip: Sequence[int] = ()) -> Iterator[TokenBatch]:
     """Tokens of ``files`` at ``point`` of 1-based ``layer``, ``batch_size`` files per forward, from batch ``start``.
 
     Each forward stops right after the point (later blocks are not computed) and runs under inference mode.
@@ -76,13 +76,14 @@ def token_batches(lens, files: Sequence, point: str, layer: int, batch_size: int
         files: :class:`vitviz.inputs.ImageFile` (``.path``, ``.name``) or paths.
         prefix: include the prefix tokens (CLS, registers) as well as the patches.
         start: the first batch to compute (earlier ones are skipped without decoding: resuming).
+        skip: other batches (0-based) not to compute.
         engine: where the forwards run (:class:`vitviz.runs.engines.Engine`; default this process). On Ray the
             tokens come back to this process on the CPU.
     """
     from ..runs.engines import Engine, run_batches
 
     work = TokenWork(check_point(lens, point, layer), prefix)
-    for batch in run_batches(work, lens, files, batch_size, engine or Engine(), skip=range(start)):
+    for batch in run_batches(work, lens, files, batch_size, engine or Engine(), skip=[*range(start), *skip]):
         tokens = torch.zeros(0, 0, 0) if batch.value is None else batch.value
         yield TokenBatch(batch.index, batch.names, tokens, batch.problems())
 
