@@ -46,7 +46,6 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..lens import open as open_model
-    from ..io.lock import output_lock
     from ..io.output import check_writable
     from .collect import collect_features, remove_parts
     from .data import from_folders, from_label_file
@@ -69,11 +68,10 @@ def run(args: argparse.Namespace) -> int:
           f"{lens.num_layers} layers, {args.pooling} pooling", file=sys.stderr)
     start = time.perf_counter()
     progress = lambda done: print(f"\rfeatures {done}/{n}", end="", file=sys.stderr)  # noqa: E731
-    with output_lock(args.out, "probe"):
-        features = collect_features(lens, images, args.pooling, args.batch_size, engine, args.out, progress)
-        result = fit(lens, images, pooling=args.pooling, layer=args.layer, seed=args.seed, features=features)
-        path = result.save(args.out)
-        remove_parts(args.out)
+    features = collect_features(lens, images, args.pooling, args.batch_size, engine, args.out, progress)
+    result = fit(lens, images, pooling=args.pooling, layer=args.layer, seed=args.seed, features=features)
+    path = result.save(args.out)
+    remove_parts(args.out)  # the files hold everything now
     print(f"\rfeatures and probes of {lens.num_layers} layers in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print("layer  accuracy  95% interval")
     for s in result.layers:
