@@ -149,7 +149,7 @@ def payload_bytes() -> dict:
     from PIL import Image
 
     from vitviz.figures.explorer import explorer_payload
-    from vitviz.images import load_image
+    from vitviz.io.images import load_image
     from vitviz.sources.models import ModelSpec, load_model
     from vitviz.runs.pipeline import forward
 

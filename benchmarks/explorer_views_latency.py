@@ -61,7 +61,7 @@ def payload_bytes() -> dict:
     """Bytes per image of the bundled model at 224 and 518 px: the heads payload (heads and compare layers) and
     the rollout payload (CLS readout, all 12 layers, default settings)."""
     from vitviz.figures.explorer import explorer_payload, rollout_payload
-    from vitviz.images import load_image
+    from vitviz.io.images import load_image
     from vitviz.sources.models import ModelSpec, load_model
     from vitviz.runs.pipeline import forward
 

@@ -23,9 +23,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from vitviz.capture import capture  # noqa: E402
-from vitviz.perturbation import attention_maps, perturbation_curves  # noqa: E402
+from vitviz.perturbation.curves import attention_maps, perturbation_curves  # noqa: E402
 from vitviz.analyses.flow import attention_flow  # noqa: E402
-from vitviz.images import load_image, preprocess  # noqa: E402
+from vitviz.io.images import load_image  # noqa: E402
+from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 from vitviz.analyses.rollout import rollout  # noqa: E402
 

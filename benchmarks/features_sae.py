@@ -41,7 +41,7 @@ def throughput(images: int = 16, batch: int = 8, repeats: int = 3) -> None:
     import vitviz
     from vitviz.features import SAE
     from vitviz.features.train import TrainSettings, train
-    from vitviz.inputs import ImageFile
+    from vitviz.io.inputs import ImageFile
 
     lens = vitviz.open("bundled", device="cpu")
     paths = [ASSETS[i % len(ASSETS)] for i in range(images)]

@@ -8,7 +8,7 @@ converted cache is there, else the same architecture with random weights, said s
 ``vit_base_patch16_224``, random weights): a plain forward (``model(x)``, timm's fused attention, inference mode);
 the full analysis as ``analyze`` runs it (:func:`vitviz.runs.analysis.analyze_batch`: preprocessing, the forward with
 every attention map, every per-image analysis, the attention copied to the host); AttnLRP, LeGrad and Grad-CAM
-(:func:`vitviz.attribution.attribute`); faithfulness (:func:`vitviz.runs.faithfulness_run.image_tables`: rollout and a
+(:func:`vitviz.explainers.attribution.attribute`); faithfulness (:func:`vitviz.runs.faithfulness_run.image_tables`: rollout and a
 random floor of two seeds, MoRF / LeRF / insertion, 11 steps); and SAE training tokens/s once ``vitviz.features``
 exists. On the GPU at batch 1, 8 and 64 in float32 and bfloat16; on the CPU at batch 1 in float32 (--small:
 batch 1 at 112 px, 3 steps). Then ``pytest -m gpu`` on the test files that hold gpu-marked tests.
@@ -116,7 +116,7 @@ def build(which: str, device: str, dtype: str, img_size: int | None, notes: list
 
 
 def _images(batch: int):
-    from vitviz.images import load_image
+    from vitviz.io.images import load_image
 
     photos = [load_image(ROOT / "assets" / n).image for n in SAMPLES]
     return [photos[i % len(photos)] for i in range(batch)]
@@ -127,9 +127,9 @@ def workload(name: str, loaded, images, steps: int):
     import torch
 
     from vitviz.runs.analysis import AnalysisSettings, analyze_batch
-    from vitviz.attribution import attribute, default_target
+    from vitviz.explainers.attribution import attribute, default_target
     from vitviz.runs.faithfulness_run import RunSettings, image_tables
-    from vitviz.images import preprocess
+    from vitviz.sources.preprocess import preprocess
 
     x = preprocess(images, loaded.data_config).tensor.to(loaded.device, loaded.dtype)
     if name == "forward":

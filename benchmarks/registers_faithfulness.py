@@ -1,6 +1,6 @@
 """Registers (issue 19): does sink masking cost the bundled model's maps their faithfulness?
 
-For each of the four sample photos: deletion and insertion AUC (vitviz.perturbation: 0-100 % of patches in steps of
+For each of the four sample photos: deletion and insertion AUC (vitviz.perturbation.curves: 0-100 % of patches in steps of
 10 %, blurred... as the Faithfulness page's protocol) of rollout (readout, all layers, mean over heads) and AttnLRP
 (projection of the pooled vector on its own direction: the bundled model has no head) before and after sink masking
 (each layer's patch sinks dropped as keys, rows renormalised, the forward run on; the after curves are scored with
@@ -19,9 +19,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from vitviz.images import load_image  # noqa: E402
+from vitviz.io.images import load_image  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
-from vitviz.registers import Repair  # noqa: E402
+from vitviz.analyses.registers import Repair  # noqa: E402
 from vitviz.runs.registers_run import repair_faithfulness  # noqa: E402
 
 PHOTOS = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg")

@@ -28,10 +28,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
-from vitviz import registers as R  # noqa: E402
+from vitviz.analyses import registers as R  # noqa: E402
 from vitviz.adapters import run  # noqa: E402
 from vitviz.capture import capture  # noqa: E402
-from vitviz.images import load_image, preprocess  # noqa: E402
+from vitviz.io.images import load_image  # noqa: E402
+from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 from vitviz.analyses.tokens import attention_sinks  # noqa: E402
 

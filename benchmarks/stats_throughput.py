@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from _memory import cli_in_fresh_process  # noqa: E402
 from vitviz.capture import capture  # noqa: E402
-from vitviz.images import load_image, preprocess  # noqa: E402
-from vitviz.inputs import expand_inputs  # noqa: E402
+from vitviz.io.images import load_image  # noqa: E402
+from vitviz.sources.preprocess import preprocess  # noqa: E402
+from vitviz.io.inputs import expand_inputs  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 from vitviz.analyses.stats import batch_tables  # noqa: E402
 from vitviz.runs.stats_run import run_local  # noqa: E402

@@ -8,7 +8,7 @@ from ui.display import TILE_PX, display_controls
 from ui.downloads import download_row
 from ui.repair import repair_view
 from ui.state import setup, view_applies
-from vitviz.attribution import LABELS, PIXEL_METHODS, methods_for, why_not
+from vitviz.explainers.attribution import LABELS, PIXEL_METHODS, methods_for, why_not
 from vitviz.figures.attribution_figures import conservation_figure, maps_figure
 from vitviz.explainers import registered
 

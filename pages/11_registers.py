@@ -9,7 +9,7 @@ from ui.guard import guarded
 from ui.repair import NORMS_AXES, faithfulness_view, offer_register
 from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
 from ui.state import setup, view_applies
-from vitviz.registers import OUTLIER_FACTOR, SEARCH_RULE, Repair, TestTimeRegister, outlier_rule
+from vitviz.analyses.registers import OUTLIER_FACTOR, SEARCH_RULE, Repair, TestTimeRegister, outlier_rule
 from vitviz.figures.registers_figures import maps_figure, norm_by_layer, output_change_table
 
 ctx = setup()

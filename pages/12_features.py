@@ -7,7 +7,7 @@ from ui.state import setup
 from vitviz.errors import VitvizError
 from vitviz.features.figures import (activation_histogram, deletion_figure, image_latents_figure,
                                      latent_patches_figure, latent_scores_figure)
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 
 ctx = setup()
 if ctx is None:

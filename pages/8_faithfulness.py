@@ -13,21 +13,21 @@ from ui.downloads import download_row
 from ui.progress import cached, with_progress
 from ui.state import setup, upload_too_large, view_applies
 from vitviz.runs.analysis import AnalysisSettings
-from vitviz.attribution import default_target
+from vitviz.explainers.attribution import default_target
 from vitviz.explainers import explain, names as explainer_names, registered
 from vitviz.lens import Lens
-from vitviz.perturbation import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
+from vitviz.perturbation.curves import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
                                  ordered, qualify_best, random_seed_maps, split_random_seeds, step_counts, to_rgb)
-from vitviz.perturbation import auc as auc_of
-from vitviz.faithfulness_protocols import (PROTOCOLS, REPLACEMENT_TEXT, REPLACEMENTS, protocol_curves, protocol_inputs,
+from vitviz.perturbation.curves import auc as auc_of
+from vitviz.perturbation.protocols import (PROTOCOLS, REPLACEMENT_TEXT, REPLACEMENTS, protocol_curves, protocol_inputs,
                                            protocol_order, protocol_text, replacement_of)
 from vitviz.runs.faithfulness_run import DEFAULT_METHODS
 from vitviz.errors import VitvizError
 from vitviz.figures.faithfulness_figures import curves_figure, dataset_figure, method_curve_figure, method_label, method_unit
-from vitviz.faithfulness_protocols import LABELS as PROTOCOL_LABELS
-from vitviz.faithfulness_stats import RESAMPLES, SEED, Interval, auc_path, read_auc_table, sentence, summarise
+from vitviz.perturbation.protocols import LABELS as PROTOCOL_LABELS
+from vitviz.perturbation.stats import RESAMPLES, SEED, Interval, auc_path, read_auc_table, sentence, summarise
 from vitviz.analyses.flow import FLOW_DEFINITION, attention_flow
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.analyses.rollout import FUSIONS
 from vitviz.analyses.tokens import top_classes
 

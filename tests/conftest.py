@@ -106,7 +106,7 @@ def bundled():
 
 @pytest.fixture(scope="session")
 def sample_images():
-    from vitviz.images import load_image
+    from vitviz.io.images import load_image
 
     return [load_image(ASSETS / n) for n in ("chelsea.jpg", "coffee.jpg", "astronaut.jpg", "rocket.jpg")]
 

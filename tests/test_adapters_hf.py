@@ -16,7 +16,7 @@ transformers = pytest.importorskip("transformers")
 
 from conftest import assert_edits_stay_in_their_thread  # noqa: E402
 from vitviz.adapters import adapter_for, run  # noqa: E402
-from vitviz.images import preprocess  # noqa: E402
+from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.lens import Lens  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 

@@ -184,7 +184,8 @@ def test_analyze_runs_end_to_end_for_a_relpos_checkpoint(tmp_path):
                  "--checkpoint", path]) == 0
     data = np.load(out / "analysis.npz")
     loaded = load_model(ModelSpec(name="relpos_cls_vitviz_tiny_test", checkpoint=path))
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     x = preprocess([load_image(ASSETS / "chelsea.jpg").image], loaded.data_config).tensor
     with torch.no_grad():

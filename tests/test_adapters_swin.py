@@ -290,7 +290,8 @@ def hf_swin(tmp_path_factory):
 
 
 def _hf_images(loaded, n: int = 2) -> torch.Tensor:
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     from conftest import ASSETS
 
@@ -381,7 +382,7 @@ def test_hf_swin_threads_with_different_edits_get_their_own_results(hf_swin):
 
 def test_hf_swin_budget_counts_the_window_attention_it_captures(hf_swin):
     from vitviz import swin
-    from vitviz.budget import architecture
+    from vitviz.sources.budget import architecture
 
     for size, loaded in hf_swin.items():
         arch = architecture(loaded.spec.name)
@@ -494,7 +495,7 @@ def test_hf_swinv2_zeroing_one_head_of_a_shifted_block_matches_transformers(hf_s
 
 def test_analyze_and_the_budget_work_for_a_hf_swinv2_folder(hf_swinv2, tmp_path):
     from vitviz import swin
-    from vitviz.budget import architecture
+    from vitviz.sources.budget import architecture
     from vitviz.cli import main
 
     from conftest import ASSETS

@@ -7,7 +7,7 @@ from conftest import ASSETS
 from vitviz.capture import capture
 from vitviz.analyses.distance import mean_attention_distance
 from vitviz.analyses.filters import patch_filter_pca, patch_filters
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.analyses.maps import query_attention_map
 from vitviz.analyses.posembed import patch_position_embeddings, position_embedding_similarity
 from vitviz.analyses.rollout import rollout

@@ -11,7 +11,8 @@ from streamlit.testing.v1 import AppTest
 from conftest import ASSETS
 from vitviz.capture import capture
 from vitviz.cli import main as cli_main
-from vitviz.images import load_image, preprocess
+from vitviz.io.images import load_image
+from vitviz.sources.preprocess import preprocess
 from vitviz.analyses.maps import query_attention_map
 from vitviz.analyses.rollout import rollout
 

@@ -8,7 +8,7 @@ import timm
 import torch
 from timm.models.vision_transformer import checkpoint_filter_fn
 
-from vitviz.perturbation import patch_masks, perturb, pixel_masks
+from vitviz.perturbation.curves import patch_masks, perturb, pixel_masks
 from vitviz.layout import TokenLayout
 from vitviz.analyses.posembed import patch_position_embeddings
 

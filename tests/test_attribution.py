@@ -1,4 +1,4 @@
-"""Attribution (vitviz.attribution) against outside references: lxt 2.1 in its own process, pytorch-grad-cam,
+"""Attribution (vitviz.explainers.attribution) against outside references: lxt 2.1 in its own process, pytorch-grad-cam,
 a transcription of LeGrad's reference formula, autograd, finite differences and a planted model."""
 import subprocess
 import sys
@@ -10,7 +10,7 @@ import timm
 import torch
 
 from conftest import tiny_model
-from vitviz import attribution as A
+from vitviz.explainers import attribution as A
 from vitviz.adapters import adapter_for, run
 
 TV_CONFIG = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=10)
@@ -411,7 +411,7 @@ def test_attribution_page_shows_the_librarys_maps_and_the_target(bundled, sample
 
     from streamlit.testing.v1 import AppTest
 
-    from vitviz.images import preprocess
+    from vitviz.sources.preprocess import preprocess
 
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=300).run()
     at.switch_page("pages/10_attribution.py").run()

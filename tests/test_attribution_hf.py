@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from vitviz import attribution as A  # noqa: E402
+from vitviz.explainers import attribution as A  # noqa: E402
 from vitviz.adapters import Hooks, adapter_for, point_name, run  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
@@ -184,7 +184,8 @@ def test_attribution_page_with_an_hf_folder_shows_the_librarys_maps(hf_folders):
     from conftest import ASSETS
     from test_app import APP
     from ui.state import SAMPLES
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     at = AppTest.from_file(APP, default_timeout=300).run()
     at.sidebar.selectbox(key="model_choice").set_value("Hugging Face (hub id or local folder)").run()

@@ -9,9 +9,10 @@ import pytest
 from PIL import Image
 
 from conftest import ASSETS
-from vitviz import attribution as A
+from vitviz.explainers import attribution as A
 from vitviz.figures.attribution_figures import maps_figure
-from vitviz.images import load_image, preprocess
+from vitviz.io.images import load_image
+from vitviz.sources.preprocess import preprocess
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 

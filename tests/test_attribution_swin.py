@@ -11,7 +11,7 @@ import torch
 
 from test_attribution import _hf_swin
 from test_adapters_swin import load_timm_swin
-from vitviz import attribution as A
+from vitviz.explainers import attribution as A
 
 
 @pytest.fixture(scope="module")

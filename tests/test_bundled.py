@@ -7,7 +7,7 @@ import torch
 
 from vitviz.sources import bundled as weights
 from vitviz.capture import capture
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,8 @@ import torch
 from conftest import ASSETS
 from vitviz.capture import capture
 from vitviz.cli import main
-from vitviz.images import load_image, preprocess
+from vitviz.io.images import load_image
+from vitviz.sources.preprocess import preprocess
 from vitviz.analyses.rollout import rollout
 
 pytestmark = pytest.mark.slow

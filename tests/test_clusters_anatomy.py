@@ -184,7 +184,8 @@ def test_cli_cluster_layer_without_clusters_is_a_sentence(tmp_path, capsys):
 @pytest.mark.slow
 def test_overview_clusters_view_shows_the_core_labels(bundled):
     from test_app import _heatmaps, _page, _traces
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     at = _page(None)
     z = _heatmaps(at, "clusters")[0]
@@ -223,7 +224,8 @@ def test_anatomy_page_row_equals_the_heads_page_map(bundled):
     np.testing.assert_allclose(_heatmaps(at, "anatomy_row")[0], query_attention_map(attention, layout, 2, 1, 40),
                                atol=1e-6)
     # The score map shows q·k of the clicked patch's query with every patch key, from the model's own q and k.
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     batch = preprocess([load_image(ASSETS / "astronaut.jpg").image], bundled.data_config)
     a = attention_anatomy(layer_qkv(bundled.model, batch.tensor, 2), head=1, query=layout.num_prefix_tokens + 40)

@@ -13,7 +13,7 @@ from conftest import entropy_float32_atol, tiny_model
 from vitviz.runs.analysis import AnalysisSettings, analyze_batch
 from vitviz.capture import capture
 from vitviz.analyses.distance import patch_distances
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.analyses.maps import head_scores
 from vitviz.analyses.rollout import (attention_gradients, class_gradient_rollout, gradient_rollout, gradient_rollout_reference,
                             rollout_reference)

@@ -84,7 +84,7 @@ def browser_page(server):
 @functools.lru_cache(maxsize=1)
 def _forward():
     """The page's image through the bundled model, here in the test's process: (attention, layout, forward)."""
-    from vitviz.images import load_image
+    from vitviz.io.images import load_image
     from vitviz.sources.models import ModelSpec, load_model
     from vitviz.runs.pipeline import forward
 

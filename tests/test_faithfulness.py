@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ASSETS, tiny_model
-from vitviz.perturbation import (ChanceBand, attention_maps, auc, ordered, patch_order, perturbation_curves,
+from vitviz.perturbation.curves import (ChanceBand, attention_maps, auc, ordered, patch_order, perturbation_curves,
                                  perturbed_at, random_map, random_seed_maps, step_counts)
 from vitviz.analyses.flow import FlowNetwork, attention_flow, layer_capacities
 from vitviz.analyses.rollout import readout_vector
@@ -98,7 +98,7 @@ def test_the_map_that_ranks_the_read_patches_first_is_the_most_faithful(head):
 
 
 def _independent_curve(model, image, grid_map, layout, fractions, mode, target):
-    """The protocol spelled out one input at a time, with no code shared with vitviz.perturbation."""
+    """The protocol spelled out one input at a time, with no code shared with vitviz.perturbation.curves."""
     values = grid_map.ravel()
     order = sorted(range(len(values)), key=lambda p: (-values[p], p))
     gw, (ph, pw) = layout.grid_size[1], layout.patch_size
@@ -281,7 +281,8 @@ def test_faithfulness_page_shows_the_cores_curves_and_aucs(bundled):
 
     from test_app import APP, _decode, _traces
     from vitviz.capture import capture
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
     from vitviz.analyses.rollout import rollout
 
     at = AppTest.from_file(APP, default_timeout=300).run()
@@ -324,7 +325,8 @@ def test_rollout_page_shows_attention_flow_equal_to_the_core(bundled):
 
     from test_app import APP, _heatmaps
     from vitviz.capture import capture
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     at = AppTest.from_file(APP, default_timeout=300).run()
     at.switch_page("pages/3_rollout.py").run()
@@ -377,7 +379,7 @@ def test_chance_band_says_when_a_method_cannot_be_told_from_chance():
 def test_a_best_method_within_chance_is_labelled_so_in_the_table():
     """The AUC table's "best insertion" must agree with the chance verdict: a method inside the random band is
     "best insertion (within chance)", one outside it plain "best deletion"; without a band nothing is added."""
-    from vitviz.perturbation import Faithfulness
+    from vitviz.perturbation.curves import Faithfulness
 
     band = ChanceBand(deletion=np.array([0.80, 0.84, 0.82, 0.86]), insertion=np.array([0.84, 0.85, 0.83, 0.84]))
     fractions = np.array([0.0, 1.0])  # trapezoid over [0, 1]: AUC = mean of the two points

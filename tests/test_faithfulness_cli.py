@@ -26,11 +26,12 @@ def _tables(out):
 
 
 def test_cli_tables_equal_the_core_on_each_image(tmp_path, tiny_checkpoint):
-    from vitviz.attribution import attribute, default_target
+    from vitviz.explainers.attribution import attribute, default_target
     from vitviz.capture import capture
-    from vitviz.perturbation import ordered, random_seed_maps
-    from vitviz.faithfulness_protocols import protocol_curves
-    from vitviz.images import load_image, preprocess
+    from vitviz.perturbation.curves import ordered, random_seed_maps
+    from vitviz.perturbation.protocols import protocol_curves
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
     from vitviz.sources.models import ModelSpec, load_model
     from vitviz.analyses.rollout import rollout
 
@@ -144,7 +145,7 @@ def test_the_readme_faithfulness_line_runs(tmp_path, monkeypatch, capsys):
 
 
 def test_a_parquet_list_names_the_images_as_its_path_column_does(tmp_path, tiny_checkpoint):
-    from vitviz.inputs import expand_inputs
+    from vitviz.io.inputs import expand_inputs
 
     make_images(tmp_path / "set" / "img", 2)
     pd.DataFrame({"path": ["img/img001.png", "img/img000.png", "img/missing.png"]}).to_parquet(tmp_path / "set" / "l.parquet")
@@ -159,14 +160,14 @@ def test_a_parquet_list_names_the_images_as_its_path_column_does(tmp_path, tiny_
 
 
 def test_a_parquet_list_past_the_line_cap_is_refused_before_its_rows_are_read(tmp_path, monkeypatch):
-    import vitviz.inputs
-    from vitviz.inputs import expand_inputs
+    import vitviz.io.inputs
+    from vitviz.io.inputs import expand_inputs
 
     make_images(tmp_path / "img", 3)
     pd.DataFrame({"path": [f"img/img00{i}.png" for i in (2, 0, 1)]}).to_parquet(tmp_path / "l.parquet")
-    monkeypatch.setattr(vitviz.inputs, "MAX_LIST_LINES", 3)
+    monkeypatch.setattr(vitviz.io.inputs, "MAX_LIST_LINES", 3)
     files, problems = expand_inputs([tmp_path / "l.parquet"])
     assert [f.name for f in files] == ["img/img002.png", "img/img000.png", "img/img001.png"] and problems == []
-    monkeypatch.setattr(vitviz.inputs, "MAX_LIST_LINES", 2)
+    monkeypatch.setattr(vitviz.io.inputs, "MAX_LIST_LINES", 2)
     files, problems = expand_inputs([tmp_path / "l.parquet"])
     assert files == [] and "is a Parquet list of 3 rows, more than the 2" in str(problems[0])

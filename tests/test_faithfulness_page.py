@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vitviz.faithfulness_stats import summarise
+from vitviz.perturbation.stats import summarise
 
 
 def _run_table(folder):

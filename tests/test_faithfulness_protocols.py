@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_model
 from vitviz.adapters import adapter_for
 from test_faithfulness import GRID, KNOWN, KnownPatchModel, _independent_curve
-from vitviz.faithfulness_protocols import (BLUR_KERNEL, BLUR_SIGMA, SUMMARY, blurred, chefer_fractions,
+from vitviz.perturbation.protocols import (BLUR_KERNEL, BLUR_SIGMA, SUMMARY, blurred, chefer_fractions,
                                            protocol_curves)
 
 
@@ -158,7 +158,7 @@ def test_blur_replacement_curves_equal_the_cosine_by_hand():
 
 
 def test_perturbed_inputs_take_each_patch_from_the_image_or_the_replacement():
-    from vitviz.faithfulness_protocols import protocol_inputs, protocol_order
+    from vitviz.perturbation.protocols import protocol_inputs, protocol_order
 
     image, base = torch.rand(3, 8, 8), torch.rand(3, 8, 8)
     grid = _true_map()

@@ -3,7 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from vitviz.faithfulness_stats import bootstrap_mean, paired_difference, summarise, verdict
+from vitviz.perturbation.stats import bootstrap_mean, paired_difference, summarise, verdict
 
 
 def test_bootstrap_interval_is_numpys_percentiles_of_resampled_means():

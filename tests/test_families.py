@@ -93,7 +93,8 @@ def _load(family, checkpoints):
 
 
 def _images(loaded, n: int = 2) -> torch.Tensor:
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     image = load_image(ASSETS / "chelsea.jpg").image
     return preprocess([image, image.transpose(0)][:n], loaded.data_config).tensor

@@ -84,7 +84,7 @@ class Killed(Exception):
 def test_a_killed_run_continues_to_the_uninterrupted_weights(tiny, tmp_path):
     import vitviz
     from vitviz.features.train import TrainSettings, train
-    from vitviz.inputs import expand_inputs
+    from vitviz.io.inputs import expand_inputs
 
     _, weights, images = tiny
     lens = vitviz.open(NAME, checkpoint=str(weights), img_size=64, device="cpu")

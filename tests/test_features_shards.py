@@ -15,7 +15,7 @@ from vitviz.features import SAE
 from vitviz.features.data import TokenWork, token_batches
 from vitviz.features.shards import Shards, write_shards
 from vitviz.features.train import TrainSettings, train
-from vitviz.inputs import expand_inputs
+from vitviz.io.inputs import expand_inputs
 
 from test_features_cli import NAME, _args, tiny  # noqa: F401 (the module's fixture)
 

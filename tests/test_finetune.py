@@ -253,7 +253,7 @@ def test_names_share_the_loaded_model(seven_path):
 # The attention budget of the fitted architecture ------------------------------------------------
 
 def test_the_budget_counts_the_resolution_the_checkpoint_was_fine_tuned_at(tmp_path):
-    from vitviz.budget import admit, admit_fitted
+    from vitviz.sources.budget import admit, admit_fitted
     from vitviz.settings import Settings
 
     path = _save(finetuned(seed=6, img_size=384), tmp_path / "ft384.pth", "state_dict")
@@ -327,7 +327,8 @@ def test_the_sidebar_loads_a_fine_tuned_checkpoint_with_the_class_names_box(seve
     from streamlit.testing.v1 import AppTest
 
     from conftest import ASSETS
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180).run()
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()

@@ -13,8 +13,8 @@ transformers = pytest.importorskip("transformers")
 
 from vitviz.analyses.anatomy import attention_anatomy, layer_qkv, softmax  # noqa: E402
 from vitviz.capture import capture  # noqa: E402
-from vitviz.perturbation import perturbation_curves, perturbed_at, random_map  # noqa: E402
-from vitviz.images import preprocess  # noqa: E402
+from vitviz.perturbation.curves import perturbation_curves, perturbed_at, random_map  # noqa: E402
+from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 from test_hf_hybrid import HF_FAMILIES, chelsea, hf_folders  # noqa: E402,F401  (shared fixtures)

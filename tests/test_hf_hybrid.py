@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 
 from vitviz.capture import capture  # noqa: E402
 from vitviz.errors import ModelError  # noqa: E402
-from vitviz.images import load_image, preprocess  # noqa: E402
+from vitviz.io.images import load_image  # noqa: E402
+from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 from conftest import ASSETS, capture_in_threads, timm_unfused_attention  # noqa: E402
@@ -307,7 +308,7 @@ def test_cli_analyzes_a_hybrid_checkpoint(hybrid_checkpoint, tmp_path):
 def test_r50_hybrid_layout_and_budget_use_stride_16():
     import timm
 
-    from vitviz.budget import architecture
+    from vitviz.sources.budget import architecture
     from vitviz.layout import TokenLayout
 
     torch.manual_seed(0)
@@ -385,7 +386,7 @@ def test_app_pages_with_an_hf_model_show_figures_or_a_sentence(hf_folders):
 
 
 def test_memory_budget_reads_a_transformers_folder_config_and_refuses_what_does_not_fit(hf_folders):
-    from vitviz.budget import architecture, check_resolution
+    from vitviz.sources.budget import architecture, check_resolution
 
     folder = hf_folders["dinov2_registers"]  # CLS + 4 registers, patch 14
     arch = architecture(folder)

@@ -10,7 +10,8 @@ from PIL import Image
 
 from conftest import ASSETS
 from vitviz.errors import ImageError
-from vitviz.images import load_image, load_images, preprocess
+from vitviz.io.images import load_image, load_images
+from vitviz.sources.preprocess import preprocess
 
 
 def _encode(im: Image.Image, fmt: str, **kw) -> bytes:

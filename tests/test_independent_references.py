@@ -186,7 +186,7 @@ def test_hf_registers_position_rows_skip_the_one_cls_row_not_five_prefix_rows():
 # --- patch order with ties on a real-size map --------------------------------------------------------------------
 
 def test_patch_order_breaks_ties_by_raster_index_on_a_real_size_map():
-    from vitviz.perturbation import patch_order
+    from vitviz.perturbation.curves import patch_order
 
     # 16 x 16 with four levels: 64-way ties, where an unstable sort (numpy's default for n > 16) reorders.
     grid = np.random.default_rng(2).integers(0, 4, size=(16, 16)).astype(np.float32) / 4

@@ -12,7 +12,7 @@ from test_app import _decode
 from test_compare import parquet_bytes, stats_table
 from test_shared_safety import operator_env  # noqa: F401  (a fixture)
 from vitviz.cli import main as cli_main
-from vitviz.images import load_image
+from vitviz.io.images import load_image
 from vitviz.analyses.stats import table_for_images
 
 pytestmark = pytest.mark.slow

@@ -156,7 +156,8 @@ def test_every_chart_is_sent_without_the_streamlit_theme_and_with_exact_stops(bu
 @pytest.mark.slow
 def test_heads_grid_top_colour_is_each_maps_99th_percentile(bundled):
     from vitviz.capture import capture
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
     from vitviz.analyses.maps import layer_maps
 
     at = _page("pages/2_heads.py")

@@ -1,4 +1,4 @@
-"""Outliers, register neurons and the test-time register (vitviz.registers) on a planted model: a tiny
+"""Outliers, register neurons and the test-time register (vitviz.analyses.registers) on a planted model: a tiny
 random timm ViT into which the test writes one MLP neuron that fires on a few patches and makes them
 high-norm outliers from its layer on."""
 import copy
@@ -10,7 +10,7 @@ import pytest
 import timm
 import torch
 
-from vitviz import registers as R
+from vitviz.analyses import registers as R
 from vitviz.adapters import run
 from vitviz.layout import TokenLayout
 
@@ -300,7 +300,8 @@ def test_registers_page_says_the_bundled_model_has_nothing_to_repair_and_masks_i
     from streamlit.testing.v1 import AppTest
 
     from conftest import ASSETS
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     app = str(Path(__file__).resolve().parent.parent / "app.py")
     at = AppTest.from_file(app, default_timeout=300).run()
@@ -332,7 +333,8 @@ def test_registers_page_repairs_the_planted_model(planted_checkpoint):
     from streamlit.testing.v1 import AppTest
 
     from vitviz.capture import capture
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
     from vitviz.sources.models import ModelSpec, load_model
     from vitviz.analyses.rollout import rollout
 

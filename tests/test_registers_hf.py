@@ -9,9 +9,9 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from vitviz import registers as R  # noqa: E402
+from vitviz.analyses import registers as R  # noqa: E402
 from vitviz.adapters import adapter_for, run  # noqa: E402
-from vitviz.images import preprocess  # noqa: E402
+from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 from test_hf_hybrid import HF_FAMILIES, chelsea, hf_folders  # noqa: E402,F401  (shared fixtures)

@@ -13,7 +13,7 @@ import torch
 
 from test_registers import load_planted, planted_checkpoint  # noqa: F401  (shared fixture)
 
-from vitviz import registers as R
+from vitviz.analyses import registers as R
 from vitviz.adapters import editing, run
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
@@ -84,7 +84,8 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
 
     from conftest import ASSETS
     from vitviz.capture import capture
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
     from vitviz.analyses.maps import layer_maps
     from vitviz.runs.pipeline import forward
     from vitviz.analyses.rollout import rollout
@@ -148,8 +149,9 @@ def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_w
 
     from conftest import ASSETS
     from vitviz.capture import capture
-    from vitviz.perturbation import perturbation_curves, random_seed_maps
-    from vitviz.images import load_image, preprocess
+    from vitviz.perturbation.curves import perturbation_curves, random_seed_maps
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
     from vitviz.sources.models import ModelSpec, load_model
     from vitviz.runs.registers_run import repair_faithfulness
     from vitviz.analyses.rollout import rollout
@@ -189,8 +191,9 @@ def test_attribution_page_after_map_is_the_attribution_of_the_repaired_forward(p
     from test_registers import LAYER, NEURON
 
     from conftest import ASSETS
-    from vitviz.attribution import attribute, default_target
-    from vitviz.images import load_image, preprocess
+    from vitviz.explainers.attribution import attribute, default_target
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
     from vitviz.layout import TokenLayout
     from vitviz.sources.models import ModelSpec, load_model
 

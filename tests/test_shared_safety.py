@@ -25,9 +25,10 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import ASSETS
 from vitviz.sources import bundled
-from vitviz.budget import admit, architecture, check_resolution
+from vitviz.sources.budget import admit, architecture, check_resolution
 from vitviz.errors import ImageError, ModelError, first_line
-from vitviz.images import LoadedImage, frame_image, load_image, preprocess
+from vitviz.io.images import LoadedImage, frame_image, load_image
+from vitviz.sources.preprocess import preprocess
 from vitviz.sources.checkpoints import read_checkpoint
 from vitviz.sources.models import ModelSpec, load_model
 from vitviz.settings import SettingError, Settings
@@ -128,7 +129,7 @@ def test_every_resize_step_is_bounded_before_it_allocates():
     result = _peak("""
         from PIL import Image
         from vitviz.errors import ImageError
-        from vitviz.images import preprocess
+        from vitviz.sources.preprocess import preprocess
         cfg = {"input_size": (3, 224, 224), "interpolation": "bicubic", "mean": (0.5,) * 3, "std": (0.5,) * 3,
                "crop_pct": 0.875, "crop_mode": "center"}
         strip = Image.new("RGB", (200_000, 8))  # 4.8 MB; scaled to a 256 px short side: 1.6 gigapixels
@@ -302,7 +303,7 @@ def test_byte_lru_computes_a_key_once_for_concurrent_callers():
 def test_analysing_one_image_takes_at_most_twice_its_attention():
     result = _peak("""
         import gc
-        from vitviz.images import load_image
+        from vitviz.io.images import load_image
         from vitviz.sources.models import ModelSpec, load_model
         import ui.cache as cache
         spec = ModelSpec(img_size=518)

@@ -9,7 +9,8 @@ from streamlit.testing.v1 import AppTest
 
 from conftest import ASSETS
 from vitviz.errors import ModelError
-from vitviz.images import frame_image, load_image, model_view, pad_to_square, preprocess, visible_share
+from vitviz.io.images import frame_image, load_image, model_view, pad_to_square, visible_share
+from vitviz.sources.preprocess import preprocess
 from vitviz.sources.models import ModelSpec, load_model, search_models
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")

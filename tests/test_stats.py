@@ -126,7 +126,7 @@ import pandas as pd  # noqa: E402
 from test_streaming_rollout import (ATTENTION_MIB, HANG_S, MODEL, ROOT, assert_peak_does_not_grow, make_images,  # noqa: E402,F401
                                     run_cli_measuring_peak_per_batch, tiny_checkpoint)
 from conftest import F32_U  # noqa: E402
-from vitviz.inputs import expand_inputs  # noqa: E402
+from vitviz.io.inputs import expand_inputs  # noqa: E402
 
 
 # Tokens of deit-tiny at --img-size 112: 7 x 7 patches + CLS.
@@ -168,7 +168,7 @@ def test_inputs_expand_folders_recursively_and_list_files_relative_to_the_list(t
 
 
 def test_a_list_file_over_the_line_cap_is_refused_with_a_sentence_and_one_at_the_cap_is_read(tmp_path):
-    from vitviz.inputs import MAX_LIST_LINES
+    from vitviz.io.inputs import MAX_LIST_LINES
 
     (tmp_path / "a.png").write_bytes(b"x")
     at_cap = tmp_path / "at_cap.txt"

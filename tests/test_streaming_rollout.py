@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vitviz.capture import capture
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.layout import TokenLayout
 from vitviz.analyses.rollout import gradient_rollout, gradient_rollout_reference, rollout, rollout_reference
 from vitviz.analyses.tokens import artifact_tokens, attention_sinks
@@ -167,7 +167,7 @@ def test_streamed_analyze_equals_an_in_memory_computation(tmp_path, tiny_checkpo
     from vitviz.runs.analysis import AnalysisSettings, analyze_images
     from vitviz.cli import main
     from vitviz.analyses.distance import mean_attention_distance
-    from vitviz.images import load_image
+    from vitviz.io.images import load_image
     from vitviz.sources.models import ModelSpec, load_model
 
     images = make_images(tmp_path / "img", 5)  # batches of 4: one full, one partial

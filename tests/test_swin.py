@@ -16,7 +16,8 @@ from PIL import Image
 from timm.models.swin_transformer import _create_swin_transformer
 
 from vitviz import swin
-from vitviz.images import load_image, preprocess
+from vitviz.io.images import load_image
+from vitviz.sources.preprocess import preprocess
 from vitviz.sources.models import ModelSpec, load_model
 
 from conftest import ASSETS
@@ -234,7 +235,7 @@ def test_a_swin_with_another_block_gets_the_not_supported_sentence(swin_checkpoi
 
 @pytest.mark.parametrize("img_size", [64, 72])
 def test_memory_budget_counts_the_window_attention_swin_captures(img_size):
-    from vitviz.budget import architecture, check_resolution
+    from vitviz.sources.budget import architecture, check_resolution
     from vitviz.errors import ModelError
 
     arch = architecture(TINY_SWIN)
@@ -367,7 +368,7 @@ def test_attribution_page_with_a_swin_checkpoint_offers_every_method(swin_checkp
 
     from test_app import APP
     from ui.state import SAMPLES
-    from vitviz import attribution as A
+    from vitviz.explainers import attribution as A
 
     at = AppTest.from_file(APP, default_timeout=180).run()
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()

@@ -89,7 +89,8 @@ def tiny(tmp_path_factory):
 
 
 def _photos(loaded, n=2):
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
 
     image = load_image(ASSETS / "chelsea.jpg").image
     return preprocess([image, image.transpose(0)][:n], loaded.data_config).tensor
@@ -116,7 +117,8 @@ def test_preprocessing_is_torchvisions_transform_of_the_weights():
     ``weights.transforms()`` is the reference); SWAG E2E at 384: bicubic, no crop margin."""
     from torchvision.models import ViT_B_16_Weights
 
-    from vitviz.images import load_image, preprocess
+    from vitviz.io.images import load_image
+    from vitviz.sources.preprocess import preprocess
     from vitviz.sources.torchvision_models import data_config
 
     image = load_image(ASSETS / "chelsea.jpg").image
@@ -177,7 +179,7 @@ def test_no_network_no_cache_is_one_sentence_naming_the_model(tmp_path, monkeypa
 
 
 def test_the_memory_budget_and_the_declared_size_apply(tmp_path):
-    from vitviz.budget import check_resolution
+    from vitviz.sources.budget import check_resolution
     from vitviz.sources.declared import check_weights
 
     # vit_h_14: 632 M parameters, 2.5 GB as float32, over a 1 GiB budget; vit_b_16 (346 MB) fits it

@@ -11,10 +11,10 @@ from ui.display import display_in_use
 from ui.downloads import download_row
 from ui.progress import with_progress
 from vitviz.adapters import editing
-from vitviz.attribution import LABELS, Attribution, Projection, attribute, default_target, methods_for, why_not
+from vitviz.explainers.attribution import LABELS, Attribution, Projection, attribute, default_target, methods_for, why_not
 from vitviz.explainers import registered
 from vitviz.figures.attribution_figures import maps_figure
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.analyses.tokens import top_classes
 
 HEADLESS_TARGET = ("**Target**: this model has no classifier head; the pooled vector's projection on its own "
@@ -22,7 +22,7 @@ HEADLESS_TARGET = ("**Target**: this model has no classifier head; the pooled ve
 
 
 def attributions(ctx, methods: list[str], target_class: int | None, side=None) -> list[Attribution]:
-    """Each method's :class:`vitviz.attribution.Attribution` of the current image (one backward each); with
+    """Each method's :class:`vitviz.explainers.attribution.Attribution` of the current image (one backward each); with
     ``side`` (:class:`ui.repair.Side`), its repair runs in every forward (:func:`vitviz.adapters.editing`)."""
     repair = None if side is None or side.edit is None else side.repair
     key = ("attribution", ctx.spec, ctx.image.sha256, tuple(methods), target_class) + ((repair,) if repair else ())
@@ -64,7 +64,7 @@ def target_picker(ctx, container, key: str, say_headless: bool = True) -> int | 
 
 
 def target_title(target) -> str:
-    """The target in words, for figure titles; captions keep :meth:`vitviz.attribution.Target.text` (which names
+    """The target in words, for figure titles; captions keep :meth:`vitviz.explainers.attribution.Target.text` (which names
     the vector as the code does, e.g. ``forward_head(pre_logits=True)``)."""
     if isinstance(target, Projection):
         return "projection of the model's pooled output vector on its direction for this image"

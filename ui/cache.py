@@ -17,7 +17,7 @@ from PIL import Image
 from vitviz import swin
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
 from vitviz.runs.pipeline import WindowForward, forward
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.layout import TokenLayout
 from vitviz.sources.models import ModelSpec, load_model, with_labels
 from vitviz.analyses.posembed import patch_position_embeddings, position_embedding_similarity

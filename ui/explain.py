@@ -11,7 +11,7 @@ from PIL import Image
 
 from vitviz.analyses.anatomy import LayerQKV, block_output, layer_qkv
 from vitviz.analyses.clusters import TokenClusters, token_clusters
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.sources.models import ModelSpec
 
 from .cache import ImageResult, _model_run, _spinning, cached_model, store

@@ -1,12 +1,12 @@
 """Cached runs of the registers page: the outlier search over the image set and one image before and after a
-repair (vitviz.registers does the maths; this keeps each result in the shared byte store)."""
+repair (vitviz.analyses.registers does the maths; this keeps each result in the shared byte store)."""
 from __future__ import annotations
 
 import numpy as np
 
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.sources.models import ModelSpec
-from vitviz.registers import (RepairMaps, Search, TestTimeRegister, mask_keys, neuron_maps, repair_maps, sink_mask,
+from vitviz.analyses.registers import (RepairMaps, Search, TestTimeRegister, mask_keys, neuron_maps, repair_maps, sink_mask,
                               why_no_register)
 from vitviz.runs.registers_run import search_images
 

@@ -2,7 +2,7 @@
 
 A page calls :func:`repair_view` once, below its own maps, with a function giving its maps from one run
 (:class:`Side`): the maps of the page's current settings as the model is and with the repair run in the forward
-(:mod:`vitviz.registers`), side by side on one colour scale, the token norms and the output change.
+(:mod:`vitviz.analyses.registers`), side by side on one colour scale, the token norms and the output change.
 The choice is kept in the session and the URL (``?repair=``), like the display choices, so it holds across
 pages and reloads.
 """
@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from vitviz.images import preprocess
+from vitviz.sources.preprocess import preprocess
 from vitviz.runs.pipeline import forward_repaired
-from vitviz.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
+from vitviz.analyses.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
 from vitviz.runs.registers_run import repair_faithfulness
 from vitviz.figures.registers_figures import maps_figure, norm_ratio_figure, output_change_table
 

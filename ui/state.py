@@ -19,9 +19,9 @@ from pathlib import Path
 import streamlit as st
 import torch
 
-from vitviz.budget import admit, admit_fitted
+from vitviz.sources.budget import admit, admit_fitted
 from vitviz.errors import ImageError, VitvizError
-from vitviz.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
+from vitviz.io.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
 from vitviz.sources.labels import ClassNames, parse_labels
 from vitviz.sources.models import BUNDLED, LoadedModel, ModelSpec, search_models
 from vitviz.settings import SUGGESTED_MODELS, megabytes
@@ -45,7 +45,7 @@ FULL_VIEW = 0.99
 class Context:
     """What a page needs: the model, the current image and its captured result.
 
-    ``image`` and ``images`` are framed for the model (see :func:`vitviz.images.frame_image`):
+    ``image`` and ``images`` are framed for the model (see :func:`vitviz.io.images.frame_image`):
     with ``framing == "pad"`` their pixels are the padded square and their ``sha256`` keys say so.
     """
 

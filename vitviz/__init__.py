@@ -24,7 +24,7 @@ _PUBLIC = {
     "open": "lens", "Lens": "lens", "Trace": "lens", "load_trace": "lens", "PointNotKept": "lens",
     "ModelSpec": "sources.models", "TokenLayout": "layout",
     "VitvizError": "errors", "ModelError": "errors", "ImageError": "errors",
-    "ClassLogit": "attribution", "Projection": "attribution", "Target": "attribution",
+    "ClassLogit": "explainers.attribution", "Projection": "explainers.attribution", "Target": "explainers.attribution",
     "methods": "explainers", "explain": "explainers", "register_method": "explainers", "MapMethod": "explainers",
     "Map": "explainers",
     "faithfulness": "runs.faithfulness_run", "FaithfulnessTables": "runs.faithfulness_run",

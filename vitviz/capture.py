@@ -54,9 +54,9 @@ def capture(model, images: torch.Tensor, edit=None, layout=None) -> Capture:
 
     Args:
         model: a model an adapter reads (:mod:`vitviz.adapters`), in eval mode.
-        images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
+        images: (B, 3, H, W) normalised model input (see :func:`vitviz.sources.preprocess.preprocess`).
         edit: the adapters' ``edit=`` applied in the same forward, before capture reads a point (a repair,
-            :mod:`vitviz.registers`).
+            :mod:`vitviz.analyses.registers`).
         layout: the token layout the edited forward runs (an extra token: one more prefix token);
             default the model's own.
 

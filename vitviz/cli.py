@@ -110,8 +110,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _faithfulness_parser(sub) -> None:
-    from .perturbation import ORDERINGS, RANDOM_SEEDS
-    from .faithfulness_protocols import CHEFER, PROTOCOLS, REPLACEMENTS
+    from .perturbation.curves import ORDERINGS, RANDOM_SEEDS
+    from .perturbation.protocols import CHEFER, PROTOCOLS, REPLACEMENTS
     from .runs.faithfulness_run import DEFAULT_METHODS, METHODS
 
     faith = sub.add_parser(
@@ -186,10 +186,10 @@ def _registers_parser(sub) -> None:
 
 def registers(args: argparse.Namespace) -> int:
     """Outliers and register neurons of an image set: registers.json and norms.parquet, each whole or not at all."""
-    from .images import load_images
-    from .inputs import expand_inputs
+    from .io.images import load_images
+    from .io.inputs import expand_inputs
     from .sources.models import ModelSpec, load_model
-    from .registers import OUTLIER_FACTOR
+    from .analyses.registers import OUTLIER_FACTOR
     from .runs.registers_run import REGISTERS_NAME, search_images, write_search
 
     if args.batch_size < 1:
@@ -362,7 +362,7 @@ class Progress:
 
 def _image_batches(paths: list[Path], size: int, problems: list):
     """Decode the files ``size`` good images at a time: yields (files done, [LoadedImage]); bad files go to ``problems``."""
-    from .images import load_images
+    from .io.images import load_images
 
     batch, done = [], 0
     for path in paths:
@@ -398,7 +398,7 @@ def analyze(args: argparse.Namespace) -> int:
     check_writable(args.out)  # before any model work: a wrong --out costs nothing
 
     from .runs.analysis import AnalysisRun, AnalysisSettings, analyze_batch
-    from .budget import admit, admit_fitted
+    from .sources.budget import admit, admit_fitted
     from .sources.labels import read_labels
     from .sources.models import ModelSpec, load_model
     from .settings import Settings
@@ -519,7 +519,7 @@ def _stats_specs(args: argparse.Namespace) -> list:
 
 def stats(args: argparse.Namespace) -> int:
     """Per-head statistics of every image for each model; finished batches are durable, tables whole."""
-    from .inputs import expand_inputs
+    from .io.inputs import expand_inputs
     from .sources.models import load_model
     from .analyses.stats import STATISTICS
     from .runs.stats_run import default_workers, require_ray, run_local, run_ray
@@ -623,11 +623,11 @@ def stats(args: argparse.Namespace) -> int:
 
 def faithfulness(args: argparse.Namespace) -> int:
     """Every method's curves on every image; finished batches are durable, tables whole; a summary at the end."""
-    from .faithfulness_protocols import CHEFER, CHEFER_TEXT, PROTOCOLS, REPLACEMENT_TEXT
+    from .perturbation.protocols import CHEFER, CHEFER_TEXT, PROTOCOLS, REPLACEMENT_TEXT
     from .runs.faithfulness_run import (AUC_NAME, METHODS, SETTINGS_NAME, SUMMARY_NAME, FaithfulnessStore, RunSettings,
                                    parse_list, run_local, run_ray, same_run)
-    from .faithfulness_stats import summarise, summary_lines
-    from .inputs import expand_inputs
+    from .perturbation.stats import summarise, summary_lines
+    from .io.inputs import expand_inputs
     from .sources.models import ModelSpec, load_model
 
     if args.batch_size < 1:

@@ -32,7 +32,8 @@ from PIL import Image
 
 from .adapters import BLOCK_POINTS, MODEL_POINTS, Adapter, Rules, point_name, run
 from .errors import ImageError, VitvizError
-from .images import load_image, preprocess
+from .io.images import load_image
+from .sources.preprocess import preprocess
 from .io.atomic import atomic_write_bytes
 from .layout import TokenLayout
 from .sources.models import LoadedModel, ModelSpec, load_model

@@ -55,7 +55,7 @@ def capture(model, images: torch.Tensor) -> WindowCapture:
     """Window attention of every block and head, the final features and the logits, in one pass of the model's
     adapter (the ``blocks.i.attn``, ``final_norm`` and ``logits`` points).
 
-    images: (B, 3, H, W) normalised model input (see :func:`vitviz.images.preprocess`).
+    images: (B, 3, H, W) normalised model input (see :func:`vitviz.sources.preprocess.preprocess`).
     """
     from .adapters import adapter_for, run
     from .types import to_model_input

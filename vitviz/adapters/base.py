@@ -245,7 +245,7 @@ class Adapter:
         return None
 
     def why_not_attribution(self, model: torch.nn.Module, method: str) -> str | None:
-        """One sentence saying why the attribution ``method`` (one of :data:`vitviz.attribution.METHODS`) does not
+        """One sentence saying why the attribution ``method`` (one of :data:`vitviz.explainers.attribution.METHODS`) does not
         apply to this model where the attribution view does, or None."""
         return None
 
@@ -336,7 +336,7 @@ def editing(edit: Mapping[str, Callable] | None):
     """Every :func:`run` inside this block (in this thread) applies ``edit`` first, before its own ``edit=``.
 
     For analyses that run the model themselves and take no ``edit=`` (attribution): a repair
-    (:mod:`vitviz.registers`) then changes their forward the same way it changes a capture's. Context-local,
+    (:mod:`vitviz.analyses.registers`) then changes their forward the same way it changes a capture's. Context-local,
     so two threads with different edits on one cached model never see each other's."""
     token = _CONTEXT_EDIT.set(compose_edits(_CONTEXT_EDIT.get(), edit) or None)
     try:

@@ -38,7 +38,7 @@ from PIL import Image
 
 from ..capture import Capture, capture
 from .distance import mean_attention_distance_conventions
-from ..images import preprocess
+from ..sources.preprocess import preprocess
 from ..layout import TokenLayout
 from .maps import cls_focus, head_entropy
 from ..tensors import as_tensor, to_host
@@ -119,7 +119,7 @@ def batch_tables(loaded, inputs: torch.Tensor, names: list[str], model: str) -> 
 
     Args:
         loaded: a :class:`vitviz.sources.models.LoadedModel`.
-        inputs: (b, 3, H, W) normalised model input (:func:`vitviz.images.preprocess`).
+        inputs: (b, 3, H, W) normalised model input (:func:`vitviz.sources.preprocess.preprocess`).
         names: the b image names.
         model: the model string written in the ``model`` column.
     """

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..attribution import Target
+from .attribution import Target
 from ..types import ModelInput
 from .base import (METHOD_MODULES, NEEDS, Map, MapMethod, MethodError, get_method, methods, names, parse_methods,
                    register_method, registered)

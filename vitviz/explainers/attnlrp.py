@@ -1,4 +1,4 @@
-"""AttnLRP (Achtibat et al., ICML 2024) as lxt 2.1 computes it: see :mod:`vitviz.attribution`."""
+"""AttnLRP (Achtibat et al., ICML 2024) as lxt 2.1 computes it: see :mod:`vitviz.explainers.attribution`."""
 from .base import AttributionMethod, register_method
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..attribution import Target
+from .attribution import Target
 from ..errors import VitvizError
 
 # The method modules, in the order methods are listed (relevance first, then attention, then the baselines).
@@ -65,7 +65,7 @@ class Map:
 
     def conservation(self) -> list[dict] | None:
         """Per image: the target's value, the pixels' total relevance and their share (None without pixels)."""
-        from ..attribution import conservation
+        from .attribution import conservation
 
         if self.pixels is None or self.target_value is None:
             return None
@@ -179,17 +179,17 @@ def names(lens=None, kinds: tuple[str, ...] | None = None) -> list[str]:
 
 
 class AttributionMethod(MapMethod):
-    """A method of :mod:`vitviz.attribution` (its rules and per-layer gradients act in the adapters' forward)."""
+    """A method of :mod:`vitviz.explainers.attribution` (its rules and per-layer gradients act in the adapters' forward)."""
 
     needs = ("gradients",)
 
     def why_not(self, lens) -> str | None:
-        from ..attribution import why_not
+        from .attribution import why_not
 
         return why_not(lens.model, self.name)
 
     def compute(self, lens, x, target=None, trace=None, **options):
-        from ..attribution import attribute, default_target
+        from .attribution import attribute, default_target
 
         if options:
             raise MethodError(f"{self.label} takes no options (got {', '.join(options)}).")
@@ -209,7 +209,7 @@ def bound_target(lens, x: torch.Tensor, target: Target | None):
     """``target`` (default: top-1 logit, or the pooled vector's projection) bound on the unperturbed batch ``x``,
     with its value (B,) float64 — from the adapters' fused forward (``fast``), as perturbed copies are scored."""
     from ..adapters import run
-    from ..attribution import default_target
+    from .attribution import default_target
 
     target = target or default_target(lens.model)
     with torch.no_grad():  # not inference mode: gradient methods use the bound reference in their graph
@@ -222,7 +222,7 @@ def repeat_target(bound: Target, index: int, n: int) -> Target:
     """A bound target of image ``index`` applied to ``n`` copies of it (perturbations, interpolation steps)."""
     from dataclasses import replace
 
-    from ..attribution import ClassLogit, Projection
+    from .attribution import ClassLogit, Projection
 
     if isinstance(bound, ClassLogit):
         return replace(bound, classes=(bound.classes[index],) * n)

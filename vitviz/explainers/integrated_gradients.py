@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ..adapters import run
-from ..attribution import patch_sums
+from .attribution import patch_sums
 from .base import Map, MapMethod, bound_target, register_method, repeat_target
 
 
@@ -23,7 +23,7 @@ class IntegratedGradients(MapMethod):
     summary = "gradients integrated from the mean-colour image to the input (Captum), times the difference; signed"
 
     def why_not(self, lens):
-        from ..attribution import why_not
+        from .attribution import why_not
 
         return why_not(lens.model, "gradient")
 

@@ -1,7 +1,7 @@
 """The last layer's raw readout attention (the CLS row, or the mean patch row), mean over heads."""
 import numpy as np
 
-from ..perturbation import readout_query
+from ..perturbation.curves import readout_query
 from ..analyses.maps import query_attention_map
 from .base import Map, MapMethod, attention_of, register_method
 

@@ -1,5 +1,5 @@
 """Occlusion (Zeiler & Fergus 2014): slide a window of patches over the image, replace it as the faithfulness
-protocols replace patches (:func:`vitviz.faithfulness_protocols.replacement_of`: the mean colour, or RISE's blur),
+protocols replace patches (:func:`vitviz.perturbation.protocols.replacement_of`: the mean colour, or RISE's blur),
 and record how far the target drops. Model-agnostic: it needs only forwards.
 
 A patch's value is the mean drop s(x) - s(x with the window replaced) over the windows that cover it; with the
@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from ..adapters import run
-from ..perturbation import pixel_masks
-from ..faithfulness_protocols import REPLACEMENTS, replacement_of
+from ..perturbation.curves import pixel_masks
+from ..perturbation.protocols import REPLACEMENTS, replacement_of
 from .base import Map, MapMethod, MethodError, bound_target, register_method, repeat_target
 
 

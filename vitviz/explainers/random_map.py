@@ -1,7 +1,7 @@
 """The chance floor: a seeded random map (uniform values, the same for every image of a batch)."""
 import numpy as np
 
-from ..perturbation import random_map
+from ..perturbation.curves import random_map
 from .base import Map, MapMethod, register_method
 
 

@@ -68,7 +68,7 @@ def _model_args(p) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``features train`` or ``features top``; user mistakes raise VitvizError (vitviz.cli prints it)."""
-    from ..inputs import expand_inputs
+    from ..io.inputs import expand_inputs
     from ..io.lock import output_lock
     from ..io.output import check_writable
 

@@ -73,7 +73,7 @@ def token_batches(lens, files: Sequence, point: str, layer: int, batch_size: int
     Each forward stops right after the point (later blocks are not computed) and runs under inference mode.
 
     Args:
-        files: :class:`vitviz.inputs.ImageFile` (``.path``, ``.name``) or paths.
+        files: :class:`vitviz.io.inputs.ImageFile` (``.path``, ``.name``) or paths.
         prefix: include the prefix tokens (CLS, registers) as well as the patches.
         start: the first batch to compute (earlier ones are skipped without decoding: resuming).
         skip: other batches (0-based) not to compute.

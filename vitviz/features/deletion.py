@@ -7,7 +7,7 @@ every patch with the splice running (error term kept, so step 0 is the plain for
 those latents' share Σ_j z_j W_dec[j] / s of the tokens). The random floor zeroes m latents drawn from those active
 on the image (seeds ``seed + 0 .. random_seeds - 1``). The score of a curve is its mean drop, mean over m = 1..steps of
 s(0) − s(m), in the target's units. Over images the paired difference top − random (mean over seeds) gets the
-percentile bootstrap interval of :mod:`vitviz.faithfulness_stats`; an interval containing 0 reads "cannot be told
+percentile bootstrap interval of :mod:`vitviz.perturbation.stats`; an interval containing 0 reads "cannot be told
 from chance".
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..faithfulness_stats import Interval, bootstrap_mean
+from ..perturbation.stats import Interval, bootstrap_mean
 from .sae import SAE
 from .splice import Splice, feature_attribution
 

@@ -121,7 +121,7 @@ def latent_sheet(table: pd.DataFrame, latent: int, sae: SAE, lens, files: list) 
 
     Raises:
         VitvizError: the latent has no rows (it never fired on these images) or is out of range."""
-    from ..images import load_image
+    from ..io.images import load_image
     from .figures import contact_sheet
 
     if not 0 <= latent < sae.latents:

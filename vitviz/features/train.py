@@ -77,7 +77,7 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
 
     Args:
         lens: the opened model (:func:`vitviz.open`).
-        files: :class:`vitviz.inputs.ImageFile` in the order they are read.
+        files: :class:`vitviz.io.inputs.ImageFile` in the order they are read.
         callback: ``fn(image batches done, last metrics)`` after each checkpoint (tests stop runs with it).
         engine: where the forwards run (:class:`vitviz.runs.engines.Engine`: this process, or Ray actors whose
             tokens stream back here into the trainer); default this process.

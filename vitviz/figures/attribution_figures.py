@@ -1,4 +1,4 @@
-"""Figures of :mod:`vitviz.attribution`: signed relevance maps on a diverging scale centred on 0, and the
+"""Figures of :mod:`vitviz.explainers.attribution`: signed relevance maps on a diverging scale centred on 0, and the
 conservation figure (how much of the target's value reaches the pixels)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from PIL import Image
 
-from ..attribution import LABELS, Attribution
+from ..explainers.attribution import LABELS, Attribution
 from .colour import DIVERGING, ROBUST_PERCENTILE, lookup_table, reference_stops
 from .core import image_data_uri
 

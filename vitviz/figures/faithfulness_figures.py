@@ -6,7 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ..explainers import registered
-from ..perturbation import MODES
+from ..perturbation.curves import MODES
 from .core import qualitative_colours
 
 FLOOR = "random"
@@ -91,7 +91,7 @@ def method_curve_figure(fractions: np.ndarray, deletion: np.ndarray, insertion: 
 def dataset_figure(block: dict, protocol_label: str, *, height: int | None = None) -> go.Figure:
     """Mean AUC over images per method with its bootstrap 95 % interval, beside the random floor's band.
 
-    block: one protocol of :func:`vitviz.faithfulness_stats.summarise` (``methods``, ``random_seeds``, ``better``).
+    block: one protocol of :func:`vitviz.perturbation.stats.summarise` (``methods``, ``random_seeds``, ``better``).
     The shaded band is the random seeds' set means, mean ± 2 s.d. over seeds.
     """
     rows = block["methods"]

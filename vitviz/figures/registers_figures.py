@@ -1,5 +1,5 @@
 """Figures of the registers view: token norms by layer, outliers on the image, register-neuron maps, and
-maps before and after a repair side by side (see :mod:`vitviz.registers`)."""
+maps before and after a repair side by side (see :mod:`vitviz.analyses.registers`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,7 +10,7 @@ from PIL import Image
 from .core import map_panel
 from ..layout import TokenLayout
 from .overlay import render_maps
-from ..registers import EXTRA_TOKEN, OutputChange, Outliers
+from ..analyses.registers import EXTRA_TOKEN, OutputChange, Outliers
 
 # rgb() strings: Streamlit's theme swaps some hex colours (DESIGN.md)
 PATCH_COLOURS = {"median": "rgb(99, 110, 250)", "99th percentile": "rgb(0, 160, 120)", "max": "rgb(239, 85, 59)"}

@@ -77,8 +77,8 @@ def _versions() -> dict:
 
 def _open(args):
     import vitviz
-    from ..images import load_images
-    from ..inputs import expand_inputs
+    from ..io.images import load_images
+    from ..io.inputs import expand_inputs
     from ..io.output import check_writable
 
     check_writable(args.out)

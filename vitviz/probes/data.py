@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import VitvizError
-from ..inputs import IMAGE_SUFFIXES
+from ..io.inputs import IMAGE_SUFFIXES
 
 LABEL_COLUMNS = ("path", "label")
 
@@ -28,7 +28,7 @@ class LabelledImages:
     """Images with one class each, in a fixed order.
 
     Attributes:
-        paths: where each image is read from (or the decoded image itself, :class:`vitviz.images.LoadedImage`: the
+        paths: where each image is read from (or the decoded image itself, :class:`vitviz.io.images.LoadedImage`: the
             app's uploads).
         names: how messages and probe.json name each image (the path as written in the label file, or relative
             to the class folders' root).

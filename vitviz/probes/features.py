@@ -17,7 +17,7 @@ import torch
 
 from ..adapters import Hooks
 from ..errors import ImageError, VitvizError
-from ..images import LoadedImage, load_image
+from ..io.images import LoadedImage, load_image
 from .data import LabelError, LabelledImages
 
 POOLINGS = {

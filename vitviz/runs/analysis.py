@@ -13,8 +13,8 @@ from PIL import Image
 from .pipeline import forward
 from ..analyses.clusters import batch_clusters
 from ..analyses.distance import CONVENTION as DISTANCE_CONVENTION
-from ..perturbation import attention_maps, default_fractions, perturbation_curves
-from ..faithfulness_protocols import protocol_text
+from ..perturbation.curves import attention_maps, default_fractions, perturbation_curves
+from ..perturbation.protocols import protocol_text
 from ..analyses.filters import patch_filter_pca, patch_filters
 from ..analyses.flow import FLOW_DEFINITION, attention_flow
 from ..layout import TokenLayout
@@ -37,12 +37,12 @@ class AnalysisSettings:
         exclude_sinks: keep patch attention sinks (any layer of the range) out of rollout.
         target_class: class for gradient rollout; None = each image's top-1.
         batch_size: images per forward pass.
-        faithfulness: deletion/insertion curves of every attribution map (see vitviz.perturbation).
+        faithfulness: deletion/insertion curves of every attribution map (see vitviz.perturbation.curves).
         faithfulness_steps: fractions 0..1 of the curves, evenly spaced.
         flow: attention flow (exact max-flow) with the rollout's fusion, discard, layers and exclusions.
         clusters: k-means clusters of each image's patch tokens (2..12); None = no clustering.
         cluster_layer: 0-based block whose output is clustered; None = the final features.
-        attribution: methods of :mod:`vitviz.attribution` to run (target: ``target_class``'s logit, default
+        attribution: methods of :mod:`vitviz.explainers.attribution` to run (target: ``target_class``'s logit, default
             each image's top-1, or the pooled vector's projection for a model without a head).
     """
 
@@ -137,7 +137,7 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     analyses run where the model ran (a GPU's attention stays there); ``keep_attention=False``
     leaves the raw (b, L, H, N, N) attention out of ``arrays``, and then it never reaches the host
     (flow and faithfulness copy one image's at a time). ``edit``, ``layout``: a repair run in the forward
-    and the gradient rollout, and the token layout it makes (:mod:`vitviz.registers`).
+    and the gradient rollout, and the token layout it makes (:mod:`vitviz.analyses.registers`).
     """
     fwd = forward(loaded, images, edit=edit, layout=layout)
     batch, out, layout = fwd.batch, fwd.capture, fwd.layout
@@ -216,7 +216,7 @@ def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: Anal
                        facts: dict) -> None:
     """``attribution_<method>`` (b, gh, gw); for relevance methods ``attribution_<method>_pixels`` (b, H, W); where a
     method read a coarser grid (Grad-CAM on a later Swin stage) ``attribution_<method>_coarse`` (b, gh', gw')."""
-    from ..attribution import default_target
+    from ..explainers.attribution import default_target
     from ..explainers import explain
     from ..lens import Lens
 
@@ -242,7 +242,7 @@ def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: Anal
 
 def faithfulness_curves(loaded: LoadedModel, inputs: torch.Tensor, attention: torch.Tensor,
                         arrays: dict[str, np.ndarray], layout: TokenLayout, settings: AnalysisSettings) -> list:
-    """Deletion/insertion curves (vitviz.perturbation) of every map in one batch's ``arrays``, one result per image.
+    """Deletion/insertion curves (vitviz.perturbation.curves) of every map in one batch's ``arrays``, one result per image.
 
     attention: the batch's (b, L, H, N, N), on any device.
     """

@@ -7,7 +7,7 @@ for batch in run_batches(work, lens, files, batch_size=8, engine=engine):
 ```
 
 A batch is ``batch_size`` consecutive files of the list (batch ``i`` holds files ``i*B .. i*B+B-1``, also
-when batches are skipped to resume), decoded with :func:`vitviz.images.load_image` (the same rules and
+when batches are skipped to resume), decoded with :func:`vitviz.io.images.load_image` (the same rules and
 sentences as ``analyze``) and preprocessed one image at a time with the model's own data config into
 :class:`Batch` ``.x`` (B, 3, H, W). The per-batch function ``work(lens, batch)`` runs the model; if it has a
 ``finish(value)`` method, that CPU-side reduction runs in a thread here while the next batch runs through
@@ -114,8 +114,8 @@ class Batch:
 
 
 def _entry(item) -> tuple[Any, str]:
-    """(source, name) of an :class:`vitviz.inputs.ImageFile`, a path, a (path, name) pair or a decoded
-    :class:`vitviz.images.LoadedImage` (the app's uploads)."""
+    """(source, name) of an :class:`vitviz.io.inputs.ImageFile`, a path, a (path, name) pair or a decoded
+    :class:`vitviz.io.images.LoadedImage` (the app's uploads)."""
     if isinstance(item, tuple):
         return item
     if hasattr(item, "image") and hasattr(item, "sha256"):
@@ -127,7 +127,8 @@ def decode_batch(index: int, entries: Sequence[tuple[Any, str]], data_config: di
     """Files to model inputs, one image at a time: bad files are listed, never raised."""
     import torch
 
-    from ..images import load_image, preprocess
+    from ..io.images import load_image
+    from ..sources.preprocess import preprocess
 
     tensors, names, hashes, bad, notes = [], [], [], [], []
     for source, name in entries:
@@ -171,7 +172,7 @@ def run_batches(work: Callable, lens, files: Sequence, batch_size: int, engine: 
         work: the per-batch function (a picklable callable for Ray), optionally with ``finish(value)``.
         lens: a :class:`vitviz.Lens` (local: it runs here; ray: its ``spec`` is loaded in each actor), or for
             ray a :class:`vitviz.sources.models.ModelSpec`.
-        files: :class:`vitviz.inputs.ImageFile`, paths, (path, name) pairs, or decoded images (local only).
+        files: :class:`vitviz.io.inputs.ImageFile`, paths, (path, name) pairs, or decoded images (local only).
         skip: 0-based batch indices already done (resuming): they are neither decoded nor run.
     """
     chunks = _chunks(files, batch_size, skip)

@@ -1,7 +1,7 @@
 """``python -m vitviz faithfulness``: every method's perturbation curves over an image set, resumable.
 
 Per batch of images: the maps (attention, rollout, attribution methods, seeded random maps), then each
-image's curves under every protocol (:func:`vitviz.faithfulness_protocols.protocol_curves`). A batch's
+image's curves under every protocol (:func:`vitviz.perturbation.protocols.protocol_curves`). A batch's
 rows are written as two part files, renamed into place together (the AUC part last: it marks the batch
 done); consolidation merges the parts into ``faithfulness.parquet`` and ``auc.parquet`` (sorted, so the
 tables do not depend on batch order or engine), renames them into place and only then removes the
@@ -23,9 +23,9 @@ import torch
 
 from ..errors import VitvizError
 from ..explainers import get_method, registered
-from ..perturbation import ORDERINGS, RANDOM_SEEDS, SEED_PREFIX, default_fractions, ordered, random_seed_maps
-from ..faithfulness_protocols import REPLACEMENTS, protocol_curves
-from ..inputs import ImageFile
+from ..perturbation.curves import ORDERINGS, RANDOM_SEEDS, SEED_PREFIX, default_fractions, ordered, random_seed_maps
+from ..perturbation.protocols import REPLACEMENTS, protocol_curves
+from ..io.inputs import ImageFile
 from ..io.atomic import signals_held
 from .engines import Engine, Parts, run_batches
 
@@ -92,7 +92,7 @@ def image_maps(loaded, x: torch.Tensor, settings: RunSettings) -> list[dict[str,
 
     Every method comes from the registry (:func:`vitviz.explain`); signed maps are ordered by ``settings.ordering``;
     the attention methods share one forward."""
-    from ..attribution import default_target
+    from ..explainers.attribution import default_target
     from ..explainers import explain
     from ..lens import Lens
 

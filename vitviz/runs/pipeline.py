@@ -15,7 +15,7 @@ from PIL import Image
 
 from ..capture import capture
 from ..analyses.distance import mean_attention_distance
-from ..images import preprocess
+from ..sources.preprocess import preprocess
 from ..layout import TokenLayout
 from ..analyses.maps import cls_focus, head_entropy
 from ..tensors import to_host
@@ -81,7 +81,7 @@ def forward(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | 
     """Preprocess ``images`` with the model's own rules and run them through it once (one batch).
 
     ``edit``, ``layout``: a repair run in the same forward (global attention only) and the token layout it
-    makes (:mod:`vitviz.registers`); default the model as it is."""
+    makes (:mod:`vitviz.analyses.registers`); default the model as it is."""
     batch = preprocess(images, loaded.data_config)
     if loaded.attention_scope == "window":
         from .. import swin
@@ -105,7 +105,7 @@ def forward(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | 
 
 
 def forward_repaired(loaded, images: list[Image.Image], repair, sinks: list[AttentionSinks] | None = None) -> GlobalForward:
-    """``images`` through the model with ``repair`` (:class:`vitviz.registers.Repair`) run in the forward; the
+    """``images`` through the model with ``repair`` (:class:`vitviz.analyses.registers.Repair`) run in the forward; the
     result's layout is the repaired one (the test-time register is one more prefix token).
 
     ``sinks``: per image, the sinks of the unrepaired forward (sink masking drops them); found here with one

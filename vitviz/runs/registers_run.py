@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import VitvizError
-from ..perturbation import (RANDOM_SEEDS, ChanceBand, Faithfulness, perturbation_curves, random_seed_maps,
+from ..perturbation.curves import (RANDOM_SEEDS, ChanceBand, Faithfulness, perturbation_curves, random_seed_maps,
                            split_random_seeds)
-from ..registers import (OUTLIER_FACTOR, Outliers, Search, TestTimeRegister, check_register, register_from_json,
+from ..analyses.registers import (OUTLIER_FACTOR, Outliers, Search, TestTimeRegister, check_register, register_from_json,
                         search_register_neurons, why_no_register)
 from ..tensors import to_host
 
@@ -33,8 +33,8 @@ NORMS_COLUMNS = {
 
 def search_images(loaded, images: list, batch_size: int = 8, factor: float = OUTLIER_FACTOR,
                   detect_layer: int = -1, top: int | None = 50) -> Search:
-    """:func:`vitviz.registers.search_register_neurons` over decoded images (``LoadedImage`` or PIL), b at a time."""
-    from ..images import preprocess
+    """:func:`vitviz.analyses.registers.search_register_neurons` over decoded images (``LoadedImage`` or PIL), b at a time."""
+    from ..sources.preprocess import preprocess
 
     pil = [getattr(im, "image", im) for im in images]
     device = next(loaded.model.parameters())
@@ -153,16 +153,16 @@ class RepairFaithfulness:
 def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("rollout", "attnlrp"),
                         sinks=None, target: int | None = None, seeds: int = RANDOM_SEEDS) -> RepairFaithfulness:
     """Rollout (of the readout, all layers, mean over heads) and, where the family allows, AttnLRP of one image
-    (PIL) before and after ``repair`` (:class:`vitviz.registers.Repair`), scored by deletion and insertion with the
-    random band (:mod:`vitviz.perturbation`): does the repair cost faithfulness?
+    (PIL) before and after ``repair`` (:class:`vitviz.analyses.registers.Repair`), scored by deletion and insertion with the
+    random band (:mod:`vitviz.perturbation.curves`): does the repair cost faithfulness?
 
     The target is the same on both sides: the unrepaired top-1 class with a head (or ``target``), else each side's
     pre-logits cosine with its own unperturbed vector."""
     from ..adapters import editing
-    from ..attribution import default_target
+    from ..explainers.attribution import default_target
     from ..explainers import explain, get_method
     from ..lens import Lens
-    from ..images import preprocess
+    from ..sources.preprocess import preprocess
     from .pipeline import forward, forward_repaired
     from ..analyses.rollout import rollout
 

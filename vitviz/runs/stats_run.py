@@ -1,6 +1,6 @@
 """``python -m vitviz stats`` on the engine (:mod:`vitviz.runs.engines`): each batch captured and reduced to rows.
 
-Files are decoded by the engine (:func:`vitviz.images.load_image`: the same rules and messages as ``analyze``),
+Files are decoded by the engine (:func:`vitviz.io.images.load_image`: the same rules and messages as ``analyze``),
 each batch runs through :func:`vitviz.capture.capture` and is reduced with
 :func:`vitviz.analyses.stats.capture_tables` (here in a thread while the next batch runs through the model, or
 in the Ray actor); the caller writes each finished batch (:class:`FileBatch`).
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from ..analyses.stats import StatsTables, capture_tables
-from ..inputs import ImageFile
+from ..io.inputs import ImageFile
 from .engines import RAY_MISSING, Engine, default_workers, require_ray, run_batches  # noqa: F401 (the CLI's names)
 
 

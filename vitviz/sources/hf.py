@@ -172,7 +172,7 @@ def data_config(model, source: str) -> tuple[dict, list[str]]:
     """A timm-style data config (``input_size``, ``mean``, ``std``, ``crop_pct``, ``crop_mode``) for the
     model's image processor, plus ``hf_processor`` (where to read it) and notes.
 
-    The timm keys let :func:`vitviz.images.model_view` say which part of an upload the model sees;
+    The timm keys let :func:`vitviz.io.images.model_view` say which part of an upload the model sees;
     :func:`preprocess` runs the processor itself.
     """
     config = vision_config(model.config)

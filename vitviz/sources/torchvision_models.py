@@ -13,7 +13,7 @@ safetensors or ``torch.load(weights_only=True)``):
 
 Preprocessing is torchvision's transform of the weights (``weights.transforms()``: resize the shorter side,
 centre crop, ImageNet mean and std): for ``vit_b_16`` at 224 px, ``IMAGENET1K_V1``'s resize to 256 bilinear
-and crop 224. It is written as a timm data config, which :func:`vitviz.images.preprocess` runs with the same
+and crop 224. It is written as a timm data config, which :func:`vitviz.sources.preprocess.preprocess` runs with the same
 torchvision operations. How the model runs and is read is its adapter's (:mod:`vitviz.adapters.tv_vit`).
 """
 from __future__ import annotations

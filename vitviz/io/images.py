@@ -1,4 +1,4 @@
-"""Decode, validate and preprocess user images.
+"""Decode and validate user images (preprocessing for a model is :mod:`vitviz.sources.preprocess`).
 
 Uploads are untrusted: Pillow opens them lazily, the pixel count is checked from the header
 before any decoding (decompression bombs), and every failure becomes an :class:`ImageError`
@@ -16,12 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .types import ModelInput
-
-from .errors import ImageError, first_line
+from ..errors import ImageError, first_line
 
 MAX_PIXELS = 40_000_000
 MIN_SIDE = 8
@@ -175,61 +172,6 @@ def load_images(sources, **kwargs) -> tuple[list[LoadedImage], list[ImageError]]
         except ImageError as exc:
             bad.append(exc)
     return good, bad
-
-
-def _split_transform(data_config: dict):
-    """timm's eval transform, split into the geometric part (PIL -> PIL) and the tensor part."""
-    from timm.data import create_transform
-
-    steps = create_transform(**data_config, is_training=False).transforms
-    cut = next(i for i, t in enumerate(steps) if "ToTensor" in type(t).__name__)
-    return steps[:cut], steps[cut:]
-
-
-def preprocess(images: list[Image.Image], data_config: dict) -> ModelInput:
-    """Resize, crop and normalise RGB images with the model's timm data config.
-
-    images: B RGB images -> ModelInput with tensor (B, 3, H, W).
-    A transformers model's data config (with ``hf_processor``) runs its own image processor
-    (:func:`vitviz.sources.hf.preprocess`).
-    """
-    if "hf_processor" in data_config:
-        from .sources import hf
-
-        return hf.preprocess(images, data_config)
-    geometric, to_tensor = _split_transform(data_config)
-    resized, tensors = [], []
-    for im in images:
-        for step in geometric:
-            _check_step_size(step, im.size)
-            im = step(im)
-        resized.append(im)
-        t = im
-        for step in to_tensor:
-            t = step(t)
-        tensors.append(t)
-    return ModelInput(tensor=torch.stack(tensors), images=resized)
-
-
-def _check_step_size(step, size: tuple[int, int]) -> None:
-    """Refuse a resize or crop step whose output would be over :data:`MAX_PIXELS`, before it allocates.
-
-    A resize to a short side ``s`` gives s * s * aspect pixels; a fixed (h, w) gives h * w; a crop
-    at most its size. Unknown geometric steps are bounded like a resize to their largest ``size``.
-    """
-    target = getattr(step, "size", None)
-    if target is None:
-        return
-    sides = [target] if isinstance(target, int) else list(target)
-    kind = type(step).__name__
-    if "Crop" in kind or (kind == "Resize" and len(sides) == 2):
-        pixels = sides[0] * sides[-1]
-    else:
-        pixels = _scaled_pixels(size, max(sides))
-    if pixels > MAX_PIXELS:
-        w, h = size
-        raise ImageError(f"{w}x{h} image", f"would become {pixels / 1e6:.0f} megapixels in the model's "
-                                           f"{kind} step, over the limit of {MAX_PIXELS / 1e6:.0f} megapixels")
 
 
 def model_view(size: tuple[int, int], data_config: dict) -> tuple[float, float]:

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .adapters import Hooks, Rules, adapter_for, point_name, run
-from .layout import TokenLayout
+from ..adapters import Hooks, Rules, adapter_for, point_name, run
+from ..layout import TokenLayout
 
 # ---------------------------------------------------------------------------------------------
 # Rules
@@ -325,7 +325,7 @@ def why_not(model, method: str | None = None) -> str | None:
     """One sentence saying why attribution (``method``: that method; None: the whole view) does not apply to
     ``model``, or None. Every method needs the family's forward spelled out in vitviz (the rules act there); LeGrad
     also reads each layer's tokens through the head (:meth:`Adapter.readout`)."""
-    from .adapters import Adapter
+    from ..adapters import Adapter
 
     adapter = adapter_for(model)
     why = adapter.why_not(model, "attribution")

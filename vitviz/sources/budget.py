@@ -11,11 +11,11 @@ from dataclasses import replace
 
 import torch
 
-from .sources.declared import check_weights
-from .errors import ModelError
-from .settings import megabytes
-from .sources.names import parse_model_name
-from .types import Architecture, WindowArchitecture
+from .declared import check_weights
+from ..errors import ModelError
+from ..settings import megabytes
+from .names import parse_model_name
+from ..types import Architecture, WindowArchitecture
 
 __all__ = ["Architecture", "WindowArchitecture", "admit", "admit_fitted", "architecture", "check_resolution"]
 
@@ -35,9 +35,9 @@ def architecture(name: str) -> Architecture | None:
 
 @functools.lru_cache(maxsize=64)
 def _torchvision_architecture(name: str) -> Architecture | None:
-    from .adapters import find_adapter
-    from .errors import ModelError
-    from .sources.torchvision_models import meta_architecture
+    from ..adapters import find_adapter
+    from ..errors import ModelError
+    from .torchvision_models import meta_architecture
 
     try:
         model = meta_architecture(name)
@@ -51,7 +51,7 @@ def _torchvision_architecture(name: str) -> Architecture | None:
 def _timm_architecture(name: str) -> Architecture | None:
     import timm
 
-    from .sources import bundled
+    from . import bundled
 
     bundled_model = parse_model_name(name).kind == "bundled"
     arch = bundled.TIMM_ARCH if bundled_model else name
@@ -62,7 +62,7 @@ def _timm_architecture(name: str) -> Architecture | None:
             model = timm.create_model(arch, pretrained=False)
     except Exception:  # noqa: BLE001 - an architecture timm cannot build is reported by the loader
         return None
-    from .adapters import find_adapter
+    from ..adapters import find_adapter
 
     adapter = find_adapter(model)
     if adapter is None or adapter.why_unsupported(model):
@@ -73,13 +73,13 @@ def _timm_architecture(name: str) -> Architecture | None:
 
 def _hf_architecture(name: str) -> Architecture | None:
     """A transformers model's architecture from its config on disk; None when it cannot be read offline."""
-    from .sources import hf
-    from .adapters.hf_common import config_layout
+    from . import hf
+    from ..adapters.hf_common import config_layout
 
     config = hf.cached_config(name)
     if config is None:
         return None
-    from .adapters.registry import hf_config_architecture
+    from ..adapters.registry import hf_config_architecture
 
     found = hf_config_architecture(config)  # a family whose adapter reads its own config (Swin's stages)
     if found is not None:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .perturbation import SEED_PREFIX
-from .faithfulness_protocols import BETTER, LABELS
+from .curves import SEED_PREFIX
+from .protocols import BETTER, LABELS
 
 RESAMPLES, SEED, LEVEL = 10_000, 0, 0.95
 RANDOM = "random"
@@ -165,9 +165,9 @@ def read_auc_table(source, name: str | None = None, limit_bytes: int | None = No
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from .sources.declared import check_parquet
-    from .errors import VitvizError
-    from .settings import Settings
+    from ..sources.declared import check_parquet
+    from ..errors import VitvizError
+    from ..settings import Settings
 
     if not isinstance(source, bytes):
         path = auc_path(source)

@@ -25,13 +25,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .adapters import adapter_for, run
-from .capture import num_classes
-from .layout import TokenLayout
-from .analyses.maps import query_attention_map
+from ..adapters import adapter_for, run
+from ..capture import num_classes
+from ..layout import TokenLayout
+from ..analyses.maps import query_attention_map
 
 MODES = ("deletion", "insertion")
-# The protocol in words, around the replacement chosen: :func:`vitviz.faithfulness_protocols.protocol_text`.
+# The protocol in words, around the replacement chosen: :func:`vitviz.perturbation.protocols.protocol_text`.
 PROTOCOL_ORDER = ("patches ordered by descending map value, ties to the lower raster index (stable sort); "
                   "k = round(f * P) patches at fraction f (halves up)")
 PROTOCOL_AUC = "AUC by the trapezoid rule over f; lower deletion AUC and higher insertion AUC = more faithful"

@@ -1,6 +1,6 @@
 """Perturbation protocols a lab can put beside published tables.
 
-One map orders the patches (:func:`vitviz.perturbation.patch_order`: descending value, ties to the
+One map orders the patches (:func:`vitviz.perturbation.curves.patch_order`: descending value, ties to the
 lower raster index). At fraction f the first k = round(f * P) patches of an order (halves up) are
 replaced by a *replacement* value, or are the only ones restored from it:
 
@@ -44,9 +44,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .perturbation import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits,
+from .curves import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits,
                            patch_masks, patch_order, pixel_masks, score_inputs, step_counts, _to_model)
-from .layout import TokenLayout
+from ..layout import TokenLayout
 
 PROTOCOLS = ("morf", "lerf", "insertion")
 CHEFER = ("positive", "negative")
@@ -180,7 +180,7 @@ def protocol_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray], lay
         protocols: among :data:`PROTOCOLS` and :data:`CHEFER` (the latter need a classifier head).
         replacement: ``"mean"`` or ``"blur"`` (:data:`REPLACEMENT_TEXT`).
         fractions: (S,) for MoRF, LeRF and insertion, default 0, 0.1, ..., 1; Chefer's are 0, 0.1, ..., 0.9.
-        score: for MoRF, LeRF and insertion, default :func:`vitviz.perturbation.default_score`.
+        score: for MoRF, LeRF and insertion, default :func:`vitviz.perturbation.curves.default_score`.
         target: the class scored (default the unperturbed top-1); also Chefer's label.
         progress: called with (methods done, methods).
     """
@@ -225,6 +225,6 @@ def protocol_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray], lay
 
 
 def _has_head(model) -> bool:
-    from .capture import num_classes
+    from ..capture import num_classes
 
     return num_classes(model) > 0

@@ -1,15 +1,15 @@
 """Which image files a command-line INPUT stands for: a file, a folder (recursive) or a list file.
 
 Nothing is decoded here; a path that does not exist or is named twice becomes an
-:class:`ImageError` beside the good ones, as :func:`vitviz.images.load_images` does for bad images.
+:class:`ImageError` beside the good ones, as :func:`vitviz.io.images.load_images` does for bad images.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ImageError
-from .settings import megabytes
+from ..errors import ImageError
+from ..settings import megabytes
 
 # What the app's uploader accepts; other files in a folder (labels, READMEs) are not images to try.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")

@@ -19,10 +19,10 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from .adapters import adapter_for, compose_edits, point_name, run
-from .layout import TokenLayout
-from .tensors import to_host
-from .analyses.tokens import ARTIFACT_FACTOR, AttentionSinks
+from ..adapters import adapter_for, compose_edits, point_name, run
+from ..layout import TokenLayout
+from ..tensors import to_host
+from .tokens import ARTIFACT_FACTOR, AttentionSinks
 
 OUTLIER_FACTOR = ARTIFACT_FACTOR
 EXTRA_TOKEN = "test_time_reg"
@@ -544,8 +544,8 @@ class RepairMaps:
 
 
 def _readout_maps(attention: np.ndarray, layout: TokenLayout) -> tuple[np.ndarray, np.ndarray]:
-    from .analyses.maps import query_attention_map
-    from .analyses.rollout import rollout
+    from .maps import query_attention_map
+    from .rollout import rollout
 
     query = "cls" if layout.has_class_token else "mean"
     heads = np.stack([query_attention_map(attention, layout, -1, h, query) for h in range(attention.shape[1])])
@@ -555,7 +555,7 @@ def _readout_maps(attention: np.ndarray, layout: TokenLayout) -> tuple[np.ndarra
 def repair_maps(model, x: torch.Tensor, layout: TokenLayout, edit: dict, after_layout: TokenLayout | None = None) -> RepairMaps:
     """Capture one image (x: (1, 3, H, W)) as the model is and with ``edit`` (a repair whose runs have
     ``after_layout``, default ``layout``): last-layer heads, rollout, norms and the output change."""
-    from .capture import capture
+    from ..capture import capture
 
     after_layout = after_layout or layout
     before, after = capture(model, x, layout=layout), capture(model, x, edit=edit, layout=after_layout)

@@ -1,0 +1,1 @@
+"""Perturbation: what happens to the output when patches are removed or added in the order a map gives (the deletion / insertion curves, Chefer's positive / negative protocols, the random floor), and the honest statistics that say whether a map can be told from a random one."""
