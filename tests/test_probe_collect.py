@@ -77,3 +77,14 @@ def test_parts_of_another_pooling_are_refused_with_a_sentence(setup, tmp_path):
     other = open_backbone(save_backbone(tmp_path / "other.safetensors", seed=6))
     with pytest.raises(VitvizError, match="or its weights"):
         collect_features(other, images, "cls", batch_size=3, folder=tmp_path)
+
+
+def test_parts_of_batches_that_held_other_images_are_computed_again(setup, tmp_path):
+    """A label file edited between runs shifts the batches: a part is reused only for exactly its images."""
+    root, weights = setup
+    lens, images = open_backbone(weights), from_folders([root / "set"])
+    collect_features(lens, images, "cls", batch_size=3, folder=tmp_path)
+    fewer = type(images)(*(field[1:] for field in (images.paths, images.names, images.labels, images.where)))
+    expected, _ = layer_features(lens, fewer, "cls", batch_size=3)
+    features, _ = collect_features(lens, fewer, "cls", batch_size=3, folder=tmp_path)
+    np.testing.assert_array_equal(features, expected)
