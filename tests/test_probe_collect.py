@@ -13,25 +13,16 @@ from vitviz.probes.collect import PARTS_DIR, collect_features
 from vitviz.probes.data import from_folders
 from vitviz.probes.features import layer_features
 
-from test_probe_head import ARCH, IMG, open_backbone, save_backbone
-from test_probes import noise_images
-
-
-@pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    root = tmp_path_factory.mktemp("probe_collect")
-    weights = save_backbone(root / "tiny.safetensors", seed=5)
-    for i, cls in enumerate(("cat", "dog")):
-        noise_images(root / "set" / cls, 4, 30 + i)
-    return root, weights
+from test_probe_cli import model_args, setup  # noqa: F401 (the module's fixture: two classes of 4 noise images)
+from test_probe_head import open_backbone, save_backbone
 
 
 def _args(root, weights, out, *extra):
     return ["probe", str(root / "set"), "--folders", "--out", str(out), "--batch-size", "3", "--workers", "0",
-            "--model", ARCH, "--checkpoint", str(weights), "--img-size", str(IMG), "--device", "cpu", *extra]
+            *model_args(weights), *extra]
 
 
-def test_features_through_the_engine_equal_layer_features(setup, tmp_path):
+def test_features_through_the_engine_equal_layer_features(setup, tmp_path):  # noqa: F811
     root, weights = setup
     lens, images = open_backbone(weights), from_folders([root / "set"])
     expected, hashes = layer_features(lens, images, "cls+mean", batch_size=3)
@@ -44,7 +35,7 @@ def test_features_through_the_engine_equal_layer_features(setup, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_probe_run_resumes_to_the_uninterrupted_files(setup, tmp_path, monkeypatch):
+def test_a_killed_probe_run_resumes_to_the_uninterrupted_files(setup, tmp_path, monkeypatch):  # noqa: F811
     root, weights = setup
     assert main(_args(root, weights, tmp_path / "whole")) == 0
     real, calls = collect.batch_features, []
@@ -68,7 +59,7 @@ def test_a_killed_probe_run_resumes_to_the_uninterrupted_files(setup, tmp_path, 
     assert not (tmp_path / "cut" / PARTS_DIR).exists()
 
 
-def test_parts_of_another_pooling_are_refused_with_a_sentence(setup, tmp_path):
+def test_parts_of_another_pooling_are_refused_with_a_sentence(setup, tmp_path):  # noqa: F811
     root, weights = setup
     lens, images = open_backbone(weights), from_folders([root / "set"])
     collect_features(lens, images, "cls", batch_size=3, folder=tmp_path)
@@ -79,7 +70,7 @@ def test_parts_of_another_pooling_are_refused_with_a_sentence(setup, tmp_path):
         collect_features(other, images, "cls", batch_size=3, folder=tmp_path)
 
 
-def test_parts_of_batches_that_held_other_images_are_computed_again(setup, tmp_path):
+def test_parts_of_batches_that_held_other_images_are_computed_again(setup, tmp_path):  # noqa: F811
     """A label file edited between runs shifts the batches: a part is reused only for exactly its images."""
     root, weights = setup
     lens, images = open_backbone(weights), from_folders([root / "set"])
