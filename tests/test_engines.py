@@ -190,3 +190,19 @@ def test_the_sae_token_stream_from_ray_has_the_local_mean_and_variance(tmp_path,
     # tokens of O(1) scale after 6 blocks: a float32 reordering moves each by ~1e-6 relative
     assert torch.equal(mean_ray, mean_local)
     assert torch.equal(var_ray, var_local)
+
+
+@pytest.mark.slow
+def test_features_train_on_ray_reads_the_local_token_statistics(tmp_path, backbone, ray_session):
+    from vitviz.features.train import TrainSettings, train
+
+    _, weights, paths = backbone
+    lens = open_backbone(weights)
+    settings = TrainSettings(point="resid_post", layer=6, latents=16, topk=2, batch_size=3, batch_tokens=8)
+    local = train(lens, paths, settings, tmp_path / "local", progress=False)
+    ray = train(lens, paths, settings, tmp_path / "ray", progress=False, engine=Engine("ray", 2))
+    assert ray.info["activations"] == local.info["activations"]
+    assert ray.info["activations"]["tokens"] == 7 * 4 and ray.info["images"]["skipped"] == local.info["images"][
+        "skipped"] == ["broken.png: is not an image file Pillow can read"]
+    for (name, p), q in zip(local.named_parameters(), ray.parameters()):  # the same tokens: the same training
+        assert torch.equal(p, q), name

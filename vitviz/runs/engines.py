@@ -37,8 +37,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from ..errors import ImageError, VitvizError
 
 ENGINES = ("local", "ray")
-RAY_MISSING = ("--engine ray needs Ray Data: in the vitviz folder run .venv/bin/pip install -e '.[ray]' "
-               "(or pip install 'ray[data]').")
+RAY_MISSING = ("--engine ray needs Ray: in the vitviz folder run .venv/bin/pip install -e '.[ray]' "
+               "(or pip install 'ray').")
 
 
 def default_workers() -> int:
