@@ -43,7 +43,7 @@ def main() -> None:
     import torch
     from safetensors.torch import save_file
 
-    from vitviz import cli
+    from vitviz.cli import entry as cli
     from vitviz.io.lock import output_lock
 
     tmp = Path(tempfile.mkdtemp(prefix="vitviz-lock-bench-"))
@@ -68,9 +68,9 @@ def main() -> None:
     cli.main(argv)  # warm: model files and imports read once
     with_lock, without = [], []
     for rep in range(2 * args.reps):  # ABBA: neither side always runs first
-        for run, times in [(cli.main, with_lock), (cli._main, without)][::1 if rep % 2 else -1]:
+        for run, times in [(cli.main, with_lock), (cli.run, without)][::1 if rep % 2 else -1]:
             t = time.perf_counter()
-            assert run(argv) == 0  # cli._main: the same command, no lock
+            assert run(argv) == 0  # cli.run: the same command, no lock
             times.append(time.perf_counter() - t)
 
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp / "out")], stdout=subprocess.PIPE, env=ENV, cwd=ROOT)

@@ -116,3 +116,29 @@ def test_the_readme_probes_example_runs_as_written(tmp_path, bundled):
     assert done.stdout.splitlines() == ["dict_keys(['layer', 'accuracy', 'low', 'high', 'folds', 'C'])",
                                         "2 ('astronaut', 'rocket') True"]
     assert (tmp_path / "probe" / "probe.json").is_file()
+
+
+def test_stats_head_reads_the_probed_model_and_records_the_head(setup, tmp_path):
+    """`stats --head`: the probed model is the backbone's first `layer` blocks, so the table has those layers only
+    (the backbone alone has more), and the summary names the head; a --head per --model is checked like --checkpoint."""
+    import pandas as pd
+
+    from test_probe_head import write_probe
+
+    root, weights = setup
+    head = write_probe(open_backbone(weights), tmp_path / "probe", 3, "cls")
+    args = ["stats", str(root / "set" / "dog"), "--workers", "0", *model_args(weights)]
+    assert main([*args, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*args, "--head", str(head), "--out", str(tmp_path / "headed")]) == 0
+    plain = pd.read_parquet(tmp_path / "plain" / "stats.parquet")
+    headed = pd.read_parquet(tmp_path / "headed" / "stats.parquet")
+    depth = open_backbone(weights).num_layers
+    assert sorted(set(plain["layer"])) == list(range(depth)) and depth > 3
+    assert sorted(set(headed["layer"])) == [0, 1, 2]
+    # the blocks the probed model keeps attend as the backbone's do
+    key = ["image", "layer", "head"]
+    same = plain[plain["layer"] < 3].sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(same[key + ["entropy"]], headed.sort_values(key).reset_index(drop=True)[key + ["entropy"]])
+    summary = json.loads((tmp_path / "headed" / "summary.json").read_text())
+    assert summary["settings"]["heads"] == [str(head)]
+    assert main([*args, "--head", str(head), "--head", str(head), "--out", str(tmp_path / "two")]) == 2

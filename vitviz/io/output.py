@@ -27,6 +27,25 @@ SETTINGS_NAME = "settings.json"
 _CHUNK = 16 << 20
 
 
+def versions(*extra: str) -> dict:
+    """The versions settings.json records: vitviz, timm, torch, Python, and ``extra`` distributions."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    import timm
+    import torch
+
+    from .. import __version__
+
+    found = {"vitviz": __version__, "timm": timm.__version__, "torch": torch.__version__}
+    for name in extra:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found | {"python": platform.python_version()}
+
+
 def check_writable(folder: Path) -> None:
     """Create ``folder`` if needed and prove a file can be written in it; a sentence otherwise."""
     try:

@@ -1,5 +1,5 @@
 """``python -m vitviz qk`` (queries and keys of a layer's heads in 2-D) and ``python -m vitviz heads`` (heads
-ablated or patched), hooked into :mod:`vitviz.cli` by :func:`add_parsers` and :data:`COMMANDS`."""
+ablated or patched); the analyses are :mod:`vitviz.heads`."""
 from __future__ import annotations
 
 import argparse
@@ -9,18 +9,9 @@ import sys
 from pathlib import Path
 
 from ..errors import VitvizError
+from .options import Progress, add_inputs, add_model, add_out, decode, expand, open_lens, skipped_records, versions
 
 QK_POINTS, QK_CORRELATIONS, EFFECTS, SETTINGS = "qk.parquet", "correlations.json", "effects.parquet", "settings.json"
-
-
-def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
-    p.add_argument("--model", default="bundled", help="as for analyze (default: the bundled DINOv2 ViT-S/14)")
-    p.add_argument("--checkpoint", type=Path, metavar="PATH", help="local weights for --model's architecture")
-    p.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
-    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                   help="model precision; half precisions need a GPU")
 
 
 def add_parsers(sub) -> None:
@@ -31,20 +22,21 @@ def add_parsers(sub) -> None:
                     "unchanged) and write DIR/qk.parquet (one row per image, token, query/key and head: x, y, patch "
                     "row and column), DIR/correlations.json (per head: correlation of query-key distance and dot "
                     "product before and after the corrections) and DIR/settings.json.")
-    qk.add_argument("inputs", nargs="+", metavar="INPUT", help="image files, folders or .txt / .parquet lists")
+    add_inputs(qk)
     qk.add_argument("--layer", type=int, required=True, metavar="L", help="the layer, 1-based")
-    qk.add_argument("--head", type=int, metavar="H", help="one head, 1-based (default: every head of the layer)")
+    qk.add_argument("--head", dest="head_index", type=int, metavar="H", help="one head, 1-based (default: every head of the layer)")
     qk.add_argument("--projection", default="pca", choices=["pca", "tsne", "umap"],
                     help="pca (instant), tsne (scikit-learn, cosine, perplexity 20) or umap (umap-learn, cosine)")
     qk.add_argument("--seed", type=int, default=0, help="random state of t-SNE and UMAP")
-    _model_args(qk)
+    add_out(qk)
+    add_model(qk, batch_size=None)
     heads = sub.add_parser(
         "heads", help="switch heads off (ablation) or swap them between two images (patching)",
         description="--ablate: set heads' context z to zero or to its mean over the images given and write the "
                     "output change per image; --patch: run the second image with each head's z from the first and "
                     "write how far its output moves towards the first's. Writes DIR/effects.parquet (image, layer, "
                     "head, kind, effect; layers and heads 1-based) and DIR/settings.json.")
-    heads.add_argument("inputs", nargs="+", metavar="IMAGE", help="--ablate: the image set; --patch: image A then B")
+    add_inputs(heads, "IMAGE", "--ablate: the image set; --patch: image A then B")
     what = heads.add_mutually_exclusive_group(required=True)
     what.add_argument("--ablate", metavar="HEADS", help="1-based heads: 3.2 (layer 3 head 2), 3 (layer 3), all, "
                                                         "comma-separated")
@@ -54,61 +46,20 @@ def add_parsers(sub) -> None:
                        help="ablation: every given head at once (default: each head alone)")
     heads.add_argument("--batch", type=int, default=1, metavar="K",
                        help="patching: heads per forward (1 exact; more: faster, equal to float32 rounding)")
-    _model_args(heads)
-
-
-def _versions() -> dict:
-    import platform
-
-    import sklearn
-    import timm
-    import torch
-
-    from .. import __version__
-
-    try:
-        from importlib.metadata import version
-        umap = version("umap-learn")
-    except Exception:  # not installed: UMAP is refused with a sentence
-        umap = None
-    return {"vitviz": __version__, "timm": timm.__version__, "torch": torch.__version__,
-            "scikit-learn": sklearn.__version__, "umap-learn": umap, "python": platform.python_version()}
+    add_out(heads)
+    add_model(heads, batch_size=None)
 
 
 def _open(args):
-    import vitviz
-    from ..io.images import load_images
-    from ..io.inputs import expand_inputs
+    """The command's Lens, the decoded images and their names, and the skipped files' records."""
     from ..io.output import check_writable
 
     check_writable(args.out)
-    files, problems = expand_inputs(args.inputs)
-    images, names, bad = [], [], []
-    for f in files:
-        decoded, errors = load_images([f.path])
-        images += [d.image for d in decoded]
-        names += [f.name] * len(decoded)
-        bad += errors
-    for p in problems + bad:
-        print(f"skipped {p}", file=sys.stderr)
+    files, problems = expand(args)
+    images, names, bad = decode(files)
     if not images:
         raise VitvizError("no image could be read from the inputs given.")
-    lens = vitviz.open(args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None, device=args.device,
-                       dtype=args.dtype, img_size=args.img_size)
-    return lens, images, names, [{"name": p.name, "reason": p.reason} for p in problems + bad]
-
-
-def _progress(total: int, what: str):
-    from tqdm import tqdm
-
-    bar = tqdm(total=total, desc=what, file=sys.stderr, disable=None)
-
-    def update(done, _total):
-        bar.n = done
-        bar.refresh()
-        if done >= _total:
-            bar.close()
-    return update
+    return open_lens(args), [im.image for im in images], names, skipped_records(problems + bad)
 
 
 def _write(out: Path, table, name: str, settings: dict, extra: dict[str, bytes] | None = None) -> None:
@@ -124,25 +75,25 @@ def _write(out: Path, table, name: str, settings: dict, extra: dict[str, bytes] 
 
 
 def run_qk(args: argparse.Namespace) -> int:
-    from . import qk
+    from ..heads import qk
 
     lens, images, names, skipped = _open(args)
     if not 1 <= args.layer <= lens.num_layers:
         raise VitvizError(f"--layer {args.layer} is not a layer of this model (1 to {lens.num_layers}).")
     heads = None
-    if args.head is not None:
+    if args.head_index is not None:
         count = lens.adapter.num_heads(lens.model, args.layer - 1)
-        if not 1 <= args.head <= count:
-            raise VitvizError(f"--head {args.head} is not a head of layer {args.layer} (1 to {count}).")
-        heads = [args.head - 1]
+        if not 1 <= args.head_index <= count:
+            raise VitvizError(f"--head {args.head_index} is not a head of layer {args.layer} (1 to {count}).")
+        heads = [args.head_index - 1]
     x = lens.preprocess(images)
     total = len(heads) if heads else lens.adapter.num_heads(lens.model, args.layer - 1)
     pictures = qk.layer_pictures(lens, x, args.layer - 1, heads, args.projection, args.seed,
-                                 _progress(total, f"{args.projection} per head"))
+                                 Progress(total, desc=f"{args.projection} per head", unit="head").callback())
     layout = lens.layout_for(x)
     correlations = pictures.correlations()
     settings = {
-        "command": "qk", "model": lens.loaded.card(), "versions": _versions(), "images": names, "skipped": skipped,
+        "command": "qk", "model": lens.loaded.card(), "versions": versions("scikit-learn", "umap-learn"), "images": names, "skipped": skipped,
         "layer": args.layer, "heads": [c["head"] for c in correlations], "projection": args.projection,
         "projection_text": qk.PROJECTION_TEXT[args.projection], "seed": args.seed,
         "token_layout": layout.to_dict(), "columns": qk.POINT_COLUMNS,
@@ -168,7 +119,7 @@ def run_qk(args: argparse.Namespace) -> int:
 def run_heads(args: argparse.Namespace) -> int:
     import pandas as pd
 
-    from . import patching
+    from ..heads import patching
 
     if args.batch < 1:
         raise VitvizError(f"--batch must be 1 or more, not {args.batch}.")
@@ -177,14 +128,14 @@ def run_heads(args: argparse.Namespace) -> int:
     spec = args.ablate or args.patch
     pairs = patching.parse_heads(spec, lens.num_layers, heads_of)
     x = lens.preprocess(images)
-    settings = {"model": lens.loaded.card(), "versions": _versions(), "images": names, "skipped": skipped,
+    settings = {"model": lens.loaded.card(), "versions": versions("scikit-learn", "umap-learn"), "images": names, "skipped": skipped,
                 "heads": [[l + 1, h + 1] for l, h in pairs],
                 "indices": "layer and head 1-based (as on screen); head empty for every given head at once",
                 "kinds": patching.__doc__.split("Outputs and effects (per image):")[1].split("Layers and heads")[0]
                 .strip()}
     if args.ablate:
         effects = patching.ablate(lens, x, pairs, args.mode, each=not args.together,
-                                  progress=_progress(1 if args.together else len(pairs), "ablations"))
+                                  progress=Progress(1 if args.together else len(pairs), desc="ablations", unit="head").callback())
         settings |= {"command": "heads --ablate", "mode": args.mode, "ablation": patching.ABLATION_TEXT[args.mode],
                      "each": not args.together}
         image_names = names
@@ -192,7 +143,7 @@ def run_heads(args: argparse.Namespace) -> int:
         if len(images) != 2:
             raise VitvizError(f"--patch takes two images, A then B (B is run with A's heads); {len(images)} given.")
         effects = patching.patch(lens, x.tensor[:1], x.tensor[1:], pairs, args.batch,
-                                 progress=_progress(len(pairs), "patched heads"))
+                                 progress=Progress(len(pairs), desc="patched heads", unit="head").callback())
         settings |= {"command": "heads --patch", "image_a": names[0], "image_b": names[1], "batch": args.batch}
         image_names = [names[1]]
     table = pd.DataFrame({
