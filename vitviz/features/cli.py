@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..errors import VitvizError
-from ..runs.engines import add_engine_options, engine_from_args
+from ..cli.options import ENGINE_WORKERS_HELP, add_engine, engine_of
 
 _INPUTS = ("image files, folders (searched recursively) or .txt / .parquet lists of paths, as for stats")
 
@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
     train.add_argument("--shards", type=Path, metavar="DIR",
                        help="write the layer's tokens once as float16 shards in DIR and train from them (every epoch, "
                             "and later runs on the same images, read them instead of running the model)")
-    add_engine_options(train)
+    add_engine(train, ENGINE_WORKERS_HELP)
 
     top = cmds.add_parser(
         "top", help="the top-activating patches of every latent over an image set (Parquet)",
@@ -100,7 +100,7 @@ def _train(args, files) -> int:
                              epochs=args.epochs, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                              prefix=args.prefix, lr=args.lr)
     settings.check()
-    engine = engine_from_args(args)
+    engine = engine_of(args)
     lens = vitviz.open(args.model, checkpoint=args.checkpoint, img_size=args.img_size, device=args.device)
     sae = train(lens, files, settings, args.out, progress=True, engine=engine, shards=args.shards)
     m = sae.info["metrics"]

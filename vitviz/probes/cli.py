@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import VitvizError
-from ..runs.engines import add_engine_options, engine_from_args
+from ..cli.options import ENGINE_WORKERS_HELP, add_engine, engine_of
 
 POOLINGS = ("cls", "mean", "cls+mean")  # vitviz.probes.features.POOLINGS, without importing torch for --help
 
@@ -41,7 +41,7 @@ def add_parser(sub) -> None:
     probe.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     probe.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward pass")
     probe.add_argument("--seed", type=int, default=0, help="the cross-validation folds' shuffling")
-    add_engine_options(probe)
+    add_engine(probe, ENGINE_WORKERS_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         raise VitvizError("with --labels, give at most one INPUT: the folder the label file's paths start from.")
     images = from_folders(args.inputs) if args.folders else from_label_file(
         args.labels, args.inputs[0] if args.inputs else None)
-    engine = engine_from_args(args)
+    engine = engine_of(args)
     check_writable(args.out)
     lens = open_model(args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None, img_size=args.img_size,
                       device=args.device, dtype=args.dtype)

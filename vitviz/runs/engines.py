@@ -349,20 +349,3 @@ class Parts:
         except OSError:
             pass
 
-
-# ---- the command line ------------------------------------------------------------------------------------
-
-def add_engine_options(parser) -> None:
-    """``--engine``, ``--workers``, ``--address`` on an argparse parser (read back by :func:`engine_from_args`)."""
-    parser.add_argument("--engine", default="local", choices=list(ENGINES),
-                        help="local: this process; ray: Ray actors, each holding one model")
-    parser.add_argument("--workers", type=int, metavar="W",
-                        help="local engine: processes decoding images (0: in the main process; default: cores - 1); "
-                             "ray engine: actors, each holding one model (and one GPU when the cluster has them)")
-    parser.add_argument("--address", metavar="ADDR",
-                        help="ray engine: the cluster to join, e.g. ray://head:10001 or auto (default: a local Ray)")
-
-
-def engine_from_args(args) -> Engine:
-    """The checked :class:`Engine` of :func:`add_engine_options`' options."""
-    return Engine(args.engine, default_workers() if args.workers is None else args.workers, args.address).check()

@@ -12,7 +12,7 @@ from typing import Iterator
 
 from ..analyses.stats import StatsTables, capture_tables
 from ..io.inputs import ImageFile
-from .engines import RAY_MISSING, Engine, default_workers, require_ray, run_batches  # noqa: F401 (the CLI's names)
+from .engines import Engine, run_batches
 
 
 @dataclass
