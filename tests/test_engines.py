@@ -129,7 +129,12 @@ def ray_session():
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import test modules
+    # Ray runs a one-CPU actor's torch on one thread (OMP_NUM_THREADS=1); with this process on one thread too, both
+    # run the same kernels on the same inputs in the same order, so Ray's values equal the local ones to the bit.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     yield ray
+    torch.set_num_threads(threads)
     ray.shutdown()
 
 
@@ -142,9 +147,20 @@ def test_ray_gives_the_local_values_in_file_order(backbone, ray_session):
     assert [b.index for b in remote] == [0, 2] and [b.bad for b in remote] == [b.bad for b in local]
     for r, loc in zip(remote, local):
         assert r.names == loc.names and r.sha256 == loc.sha256
-        # Another process with its own thread count: float32 sums in another order. Pooled values are O(1) after
-        # the final norm; 12 blocks of D = 192 sums each reorder at most ~D u per sum: 1e-4 absolute is ample.
         np.testing.assert_array_equal(r.value["pooled"], loc.value["pooled"])
+
+
+@pytest.mark.slow
+def test_a_users_mistake_on_a_ray_actor_reaches_the_caller_as_its_sentence(backbone, ray_session):
+    _, weights, paths = backbone
+
+    class Refusing(Pooled):
+        def __call__(self, lens, batch):
+            raise VitvizError(f"batch {batch.index + 1} refused")
+
+    with pytest.raises(VitvizError) as caught:
+        list(run_batches(Refusing(), open_backbone(weights), paths, 3, Engine("ray", 1)))
+    assert str(caught.value) == "batch 1 refused"
 
 
 @pytest.mark.slow
@@ -160,16 +176,9 @@ def test_probe_on_ray_writes_the_local_probe(tmp_path, backbone, ray_session):
         outs[engine] = tmp_path / engine
         assert main(["probe", str(tmp_path / "set"), "--folders", "--out", str(outs[engine]), "--batch-size", "3",
                      "--engine", engine, "--workers", "2", *model]) == 0
-    local, ray = (json.loads((outs[e] / "probe.json").read_text()) for e in ("local", "ray"))
-    assert ray["images"] == local["images"] and ray["layer"] == local["layer"]
-    assert [r["accuracy"] for r in ray["layers"]] == [r["accuracy"] for r in local["layers"]]
-    from safetensors.torch import load_file
-
-    a, b = (load_file(outs[e] / "probe.safetensors") for e in ("local", "ray"))
-    for name in a:
-        # features within ~1e-6 relative (float32 forward in another process); the standardised logistic fit moves
-        # its weights by about the condition number times that
-        assert torch.equal(b[name], a[name]), name
+    assert len(json.loads((outs["ray"] / "probe.json").read_text())["images"]) == 8
+    for name in ("probe.safetensors", "probe.json"):  # the same features to the bit: the same probe
+        assert (outs["ray"] / name).read_bytes() == (outs["local"] / name).read_bytes(), name
     assert not (outs["ray"] / ".vitviz-probe-parts").exists()
 
 
@@ -187,7 +196,6 @@ def test_the_sae_token_stream_from_ray_has_the_local_mean_and_variance(tmp_path,
 
     (n_local, mean_local, var_local), (n_ray, mean_ray, var_ray) = moments(None), moments(Engine("ray", 2))
     assert n_ray == n_local == 7 * 4  # 7 good images x 2x2 patches
-    # tokens of O(1) scale after 6 blocks: a float32 reordering moves each by ~1e-6 relative
     assert torch.equal(mean_ray, mean_local)
     assert torch.equal(var_ray, var_local)
 

@@ -293,6 +293,10 @@ def _run_ray(work, spec, chunks, engine: Engine) -> Iterator[Batch]:
         pool = ActorPool(actors)
         jobs = [(i, [(str(source), name) for source, name in entries]) for i, entries in chunks]
         yield from pool.map(lambda a, job: a.run.remote(*job), jobs)  # in submission order
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, VitvizError):
+            raise exc.cause from None  # the user's sentence, not Ray's traceback around it
+        raise
     finally:
         for a in actors:  # the next model's actors get their CPUs (a local Ray has only ``workers``)
             ray.kill(a)
