@@ -6,10 +6,12 @@ from ui.attribution import (attributions, keep_available, overlay_choices, scale
 from ui.charts import file_stem, show_chart
 from ui.display import TILE_PX, display_controls
 from ui.downloads import download_row
+from ui.paper import paper_downloads
 from ui.repair import repair_view
 from ui.state import setup, view_applies
 from vitviz.explainers.attribution import LABELS, PIXEL_METHODS, methods_for, why_not
-from vitviz.figures.attribution_figures import conservation_figure, maps_figure
+from vitviz.figures.attribution_figures import attribution_groups, conservation_figure, maps_figure
+from vitviz.figures.paper_figure import paper_figure
 from vitviz.explainers import registered
 
 ctx = setup()
@@ -58,6 +60,16 @@ show_chart(maps_figure(r.model_input, results, pixels=pixels, target_text=target
                        plot_height=TILE_PX + 40,
                        **overlay_choices(display)), "attr_maps", stem)
 st.caption(scale_caption(target_text, methods))
+with st.expander("Figure for a paper (these methods side by side, PNG / SVG / PDF)"):
+    choices = overlay_choices(display) | ({"style": "transparent where low"} if display.style == "DINO mask" else {})
+    st.caption("The model input, then the methods' patch maps side by side: the signed relevance methods (AttnLRP, "
+               "CP-LRP, Gradient × Input: the target's value in the same units) on one symmetric scale and one bar; "
+               "LeGrad and Grad-CAM (units of their own) each on its own scale from 0. Each group's limits are stated "
+               "under the figure.")
+    paper_downloads(file_stem("attribution_figure", ctx.image.name, "_".join(methods)),
+                    lambda: paper_figure(r.model_input, attribution_groups(results),
+                                         title=f"{ctx.image.name}: attribution of the {target_title(results[0].target)}",
+                                         arrange="across", with_input=True, **choices))
 
 relevance = [res for res in results if res.pixels is not None]
 if relevance:

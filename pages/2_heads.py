@@ -10,6 +10,7 @@ from ui.display import Display, display_controls, map_figure, panel_download, pa
 from ui.downloads import download_row
 from ui.explorer import browser_draws, heads_explorer
 from ui.guard import guarded
+from ui.paper import paper_downloads
 from ui.persist import saved_view, set_view
 from ui.repair import repair_view
 from ui import windows
@@ -18,6 +19,7 @@ from vitviz.figures.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.layout import PATCH_NUMBERING
 from vitviz.analyses.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
 from vitviz.figures.overlay import OVERLAY_STYLES
+from vitviz.figures.paper_figure import heads_groups, paper_figure
 
 DINO_KEEP = 0.6
 
@@ -122,6 +124,40 @@ def _downloads(v: HeadsView, rendered=None) -> None:
                                 sinks=sinks, columns=3 if H <= 9 else 4, notes=notes))
 
 
+def _paper_section(v: HeadsView) -> None:
+    """"Figure for a paper": every head of the chosen layers (a row each) with this view's query and display, the
+    layers on one colour scale or one per layer (stated under the figure), as PNG, SVG and PDF."""
+    with st.expander("Figure for a paper (several layers, every head, PNG / SVG / PDF)"):
+        c1, c2 = st.columns([2, 1])
+        layers = c1.multiselect("Layers (one row each)", list(range(1, L + 1)), default=[v.layer + 1],
+                                key="paper_layers")
+        one_scale = c2.radio("Colour scale", ["one for all layers", "one per layer"], key="paper_scale",
+                             help="One for all: every tile on one scale (0 to the 99th percentile of all the "
+                                  "maps), one colour bar: colours compare across layers. One per layer: a bar per "
+                                  "row.") == "one for all layers"
+        if not layers:
+            st.caption("Pick at least one layer.")
+            return
+        layers = sorted(int(x) - 1 for x in layers)
+        style = v.display.style if v.display.style != "DINO mask" else OVERLAY_STYLES[0]
+        title = f"{ctx.image.name}: every head, {v.what}"
+        stem = file_stem("heads_figure", ctx.image.name, "layers", *[l + 1 for l in layers], str(v.query),
+                         "onescale" if one_scale else "perlayer")
+
+        def build():
+            groups = heads_groups(r.attention, layout, layers, v.query, v.mode,
+                                  sinks=r.sinks if v.display.exclude_sinks else None, one_scale=one_scale)
+            return paper_figure(r.model_input, groups, title=title, cmap=v.display.cmap, style=style,
+                                opacity=v.display.opacity, smooth=v.display.smooth,
+                                query=v.query if v.by_patch else None)
+
+        st.caption(f"Rows: layer{'s' if len(layers) > 1 else ''} {', '.join(str(l + 1) for l in layers)} (1-based); columns: heads 1–{H} in head "
+                   f"order; {'one colour scale and one bar for all rows' if one_scale else 'one colour scale and bar per layer'}"
+                   f", stated under the figure. The Display box's colour map, overlay and opacity"
+                   + (" (the DINO mask is drawn as its map here)" if v.display.style == "DINO mask" else "") + ".")
+        paper_downloads(stem, build)
+
+
 def _compare_panel(head: int, compare_layers: list[int], query, what: str, by_patch: bool, patch: int | None,
                    display: Display, mode: str):
     """Head ``head``'s maps in ``compare_layers`` (0-based) and what is drawn with them; the PNG and npz downloads."""
@@ -157,7 +193,7 @@ def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | N
                                                                     display, mode)
     rendered_cmp, fig_cmp = map_figure(r.model_input, compare, layout, display, titles=titles, title=title,
                                        columns=panels, **drawn)
-    show_chart(fig_cmp, "compare_grid", stem)
+    show_chart(fig_cmp, "compare_grid", stem, vector=False)
     st.caption(rendered_cmp.caption())
     downloads(rendered_cmp)
 
@@ -232,9 +268,10 @@ def _server_grid() -> None:
         rendered, fig = map_figure(r.model_input, maps[order], layout, display, titles=titles, notes=notes, title=title,
                                    masks=masks, query=patch if by_patch else None, sinks=sinks,
                                    columns=3 if H <= 9 else 4, highlight=_compare_head())
-        show_chart(fig, "heads_grid", file_stem("heads", ctx.image.name, f"layer{layer + 1}", str(query)))
+        show_chart(fig, "heads_grid", file_stem("heads", ctx.image.name, f"layer{layer + 1}", str(query)), vector=False)
         st.caption(rendered.caption() + _SCORES_CAPTION)
         _downloads(v, rendered)
+        _paper_section(v)
     _compare_section(v.query, v.mode, v.what, by_patch, patch, display)
 
 
@@ -258,6 +295,7 @@ def _browser_grid(payload, saved: dict, patch: int | None) -> None:
         return
     st.caption("Downloads of the heads grid:")
     _downloads(v)
+    _paper_section(v)
     st.caption("Downloads of Compare layers (the panels shown above):")
     _browser_compare(saved, v)
 

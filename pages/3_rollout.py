@@ -104,7 +104,7 @@ with left, guarded("the rollout map"):
     stem = file_stem("rollout", ctx.image.name, f"layers{start}-{depth}", fusion,
                      *([] if query is None else [f"patch{query}"]))
     if not BROWSER:
-        show_chart(fig, "rollout_fig", stem)
+        show_chart(fig, "rollout_fig", stem, vector=False)
     st.caption(f"Readout: {result.readout if query is None else layout.token_name(layout.num_prefix_tokens + query)}. Share of the readout's mass on prefix tokens: "
                + ", ".join(f"{k} {v:.1%}" for k, v in result.prefix_share.items()) + ". "
                + (f"Kept out of rollout: patches {dropped}, which held {held:.1%} of the readout's patch mass "
@@ -162,7 +162,7 @@ else:
         rendered_grad, fig_grad = map_figure(r.model_input, grad_map[None], layout, display, titles=[""], title=grad_title,
                                              columns=1, value_name="relevance")
         stem = file_stem("gradient_rollout", ctx.image.name, f"class{target}")
-        show_chart(fig_grad, "grad_fig", stem)
+        show_chart(fig_grad, "grad_fig", stem, vector=False)
         st.caption(rendered_grad.caption())
         download_row(stem, {"gradient_rollout": grad_map},
                      display.settings(rendered_grad) | {"image": ctx.image.name, "target_class": target,

@@ -107,7 +107,7 @@ rendered, fig = map_figure(r.model_input, row_map, layout, display, titles=[""],
                            query=query_patch, sinks=sinks, tile_px=420)
 row_col, prefix_col = st.columns([1.3, 1])
 with row_col:
-    show_chart(fig, "anatomy_row", file_stem(stem, "row"))
+    show_chart(fig, "anatomy_row", file_stem(stem, "row"), vector=False)
     st.caption(rendered.caption() + " This is the map the heads page shows for the same layer, head and query.")
 with prefix_col:
     st.markdown("Weights on the prefix tokens (not on the map):")

@@ -319,7 +319,7 @@ for m, name in enumerate(result.methods):
                                    title=method_label(name), columns=1, value_name=method_unit(name), tile_px=260,
                                    signed=name in signed)
         map_stem = file_stem("faithfulness_map", ctx.image.name, name)
-        show_chart(fig, f"faith_map_{name}", map_stem)
+        show_chart(fig, f"faith_map_{name}", map_stem, vector=False)
     with right:
         show_chart(method_curve_figure(result.fractions, result.deletion[m], result.insertion[m], name, result.score,
                                        None if floor is None or floor == m else

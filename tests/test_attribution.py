@@ -420,6 +420,8 @@ def test_attribution_page_shows_the_librarys_maps_and_the_target(bundled, sample
     maps = next(spec for key, spec in charts.items() if "attr_maps" in key)
     assert "projection" in maps["layout"]["title"]["text"]
     assert any("attr_conservation" in key for key in charts)
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert {"Figure (png)", "Figure (svg)", "Figure (pdf)", "Chart (svg)", "Chart (pdf)"} <= set(labels)
 
     def z(trace):
         v = trace["z"]

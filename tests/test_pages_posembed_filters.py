@@ -83,4 +83,10 @@ def test_filters_page_labels_tiles_with_component_and_variance_share(bundled):
     y = bars["y"]
     y = np.frombuffer(base64.b64decode(y["bdata"]), dtype=y["dtype"]) if isinstance(y, dict) else np.array(y)
     np.testing.assert_allclose(y, expected, rtol=1e-6)
-    assert _chart(at, "pca_tiles")["data"][0]["type"] == "image"
+    tiles = _chart(at, "pca_tiles")
+    assert tiles["data"][0]["type"] == "image"
+    # Labels and title are the chart's text (sharp on screen, vector in the SVG/PDF), not pixels of the image.
+    assert tiles["data"][1]["text"][:2] == [f"PC1 · {100 * expected[0]:.1f}%", f"PC2 · {100 * expected[1]:.1f}%"]
+    assert tiles["layout"]["title"]["text"].startswith("First 28 principal components")
+    labels = [b.proto.label for b in at.get("download_button")]
+    assert labels.count("Chart (svg)") == labels.count("Chart (pdf)") == 3  # PCA tiles, variance bars, raw filters

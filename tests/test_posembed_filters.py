@@ -233,3 +233,33 @@ def test_labelled_tiles_are_enlarged_without_smoothing_and_labels_get_room():
     x2 = runs[1][0]
     assert np.all(image[top:top + 10, x2:x2 + 10] == 255) and np.all(image[top:top + 10, x2 + 10:x2 + 20] == 0)
     assert np.all(image[top - 1, x2:x2 + 20] == 255) and np.all(image[top + 20, x2:x2 + 20] == 255)
+
+
+def test_filter_tile_figure_draws_tiles_one_to_one_with_every_label_inside_the_chart():
+    """The Embedding filters page's figure (tile_grid_figure): the tiles one image shown at its own size (the figure's
+    width and height are the image's plus the margins: the browser does not rescale it, so nothing blurs), every
+    weight a whole square block, and every label, the last row's too, inside the axes (Plotly drops text points
+    outside the range: the last row once lost its labels) and under its own tile."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    from vitviz.figures.core import tile_grid_figure
+
+    tiles = np.zeros((9, 2, 2, 3))
+    tiles[:, 0, 0] = 1.0  # each tile's top-left weight white
+    labels = [f"PC{i + 1} · 1.0%" for i in range(9)]
+    fig = tile_grid_figure(tiles, labels, "First 9 components", columns=7, tile_px=21)
+    layout = fig.layout
+    canvas = Image.open(io.BytesIO(base64.b64decode(fig.data[0].source.split(",", 1)[1])))
+    assert layout.width == canvas.width + layout.margin.l + layout.margin.r
+    assert layout.height == canvas.height + layout.margin.t + layout.margin.b
+    assert layout.meta["pixels_per_weight"] == 10 and layout.meta["tile_px"] == [20, 20]  # round(21 / 2) = 10
+    pixels = np.asarray(canvas)
+    assert np.all(pixels[0:10, 0:10] == 255) and np.all(pixels[0:10, 10:20] == 0)  # a 10 x 10 block per weight
+    text = fig.data[1]
+    y_lo, y_hi = sorted(layout.yaxis.range)
+    assert list(text.text) == labels and all(y_lo <= y <= y_hi for y in text.y)
+    assert text.y[7] > 20 and text.x[7] == text.x[0]  # the 8th label: second row, first column
+    assert layout.title.text == "First 9 components" and layout.margin.t >= 30  # room for the title: not clipped

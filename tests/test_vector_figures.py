@@ -85,3 +85,6 @@ def test_the_heads_page_offers_svg_and_pdf_beside_the_png():
     assert not at.exception, [e.message for e in at.exception]
     labels = [b.proto.label for b in at.get("download_button")]
     assert labels.count("Image (svg)") == labels.count("Image (pdf)") == labels.count("Image (png)") >= 2
+    # "Figure for a paper": several layers' heads as PNG, SVG and PDF (vitviz/figures/paper_figure.py)
+    assert labels.count("Figure (png)") == labels.count("Figure (svg)") == labels.count("Figure (pdf)") == 1
+    assert at.multiselect(key="paper_layers").value == [12]  # the layer shown

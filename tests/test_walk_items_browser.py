@@ -73,6 +73,14 @@ def test_the_filters_downloads_finish_with_the_files(page, tmp_path):
         assert np.all(share > 0) and share.sum() <= 1 + 1e-9  # shares of the filters' variance
     assert files["Image (png)"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert b'"n_components"' in files["Settings (json)"].read_bytes()
+    # The PCA tiles' chart as SVG (Plotly's export in the server's Chromium): the title and labels are text in it.
+    button = page.get_by_role("button", name="Chart (svg)").first
+    button.scroll_into_view_if_needed()
+    with page.expect_download(timeout=120_000) as info:
+        button.click()
+    assert info.value.suggested_filename == "filter_pca.svg"
+    svg = Path(info.value.path()).read_text()
+    assert "First 28 principal components of the 384 patch filters" in svg and ">PC1 · " in svg
     _wait_idle(page)
     # Nothing left spinning after the clicks.
     assert page.locator('[data-testid="stDownloadButton"] [data-testid="stSpinner"], '

@@ -49,7 +49,7 @@ def _once(name: str, kind: str, digest: str, build: Callable[[], bytes]) -> byte
     return entry[1]
 
 
-def _memo(build: Callable[[], bytes | str]) -> Callable[[], bytes | str]:
+def built_once(build: Callable[[], bytes | str]) -> Callable[[], bytes | str]:
     """``build`` run once, on the first call; later calls (more clicks on the same button) get the same bytes."""
     held: list = []
 
@@ -84,22 +84,22 @@ def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settin
                                     f"{name}.png", "image/png", key=f"png-{name}", on_click="ignore")
         return
     # Deferred files: built by Streamlit's file handler on the first click, kept for further clicks on the same
-    # view (``_memo``), and ``on_click="ignore"``: a click is an ordinary browser download that reruns nothing.
+    # view (``built_once``), and ``on_click="ignore"``: a click is an ordinary browser download that reruns nothing.
     if isinstance(arrays, pd.DataFrame):
-        cols[0].download_button("Data (csv)", _memo(lambda: arrays.to_csv(index=False)), f"{name}.csv", "text/csv",
+        cols[0].download_button("Data (csv)", built_once(lambda: arrays.to_csv(index=False)), f"{name}.csv", "text/csv",
                                 key=f"csv-{name}", on_click="ignore")
     else:
-        cols[0].download_button("Data (npz)", _memo(lambda: npz_bytes(arrays)), f"{name}.npz",
+        cols[0].download_button("Data (npz)", built_once(lambda: npz_bytes(arrays)), f"{name}.npz",
                                 "application/octet-stream", key=f"npz-{name}", on_click="ignore")
     cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
                             "application/json", key=f"json-{name}", on_click="ignore")
     if png is not None:
-        cols[2].download_button("Image (png)", _memo(lambda: png_bytes(png() if callable(png) else png)), f"{name}.png",
+        cols[2].download_button("Image (png)", built_once(lambda: png_bytes(png() if callable(png) else png)), f"{name}.png",
                                 "image/png", key=f"png-{name}", on_click="ignore")
     vector = getattr(png, "vector", None)  # a map panel (ui.display.PanelImage): also SVG and PDF with vector text
     if vector is not None:
         for col, fmt, mime in ((cols[3], "svg", "image/svg+xml"), (cols[4], "pdf", "application/pdf")):
-            col.download_button(f"Image ({fmt})", _memo(lambda fmt=fmt: vector(fmt)), f"{name}.{fmt}", mime,
+            col.download_button(f"Image ({fmt})", built_once(lambda fmt=fmt: vector(fmt)), f"{name}.{fmt}", mime,
                                 key=f"{fmt}-{name}", on_click="ignore",
                                 help="For papers: titles, tick labels and the colour bar as vector text; the maps "
                                      "embedded at the model input's resolution.")

@@ -115,7 +115,7 @@ def heads_view(ctx: Context) -> None:
         rendered, fig = map_figure(image, shown, shown_layout, display, titles=titles, notes=notes, title=title,
                                    masks=masks, query=query, columns=columns, region=shown_scope, tile_px=tile_px)
         stem = file_stem("window_heads", ctx.image.name, f"block{b + 1}", f"r{row + 1}c{col + 1}")
-        show_chart(fig, "window_heads_grid", stem)
+        show_chart(fig, "window_heads_grid", stem, vector=False)
         st.caption(rendered.caption() + " Only the patches inside the white outline set the colour limits. The "
                    "outline is what this query can attend to in this block: its window, and in shifted blocks only "
                    "the part of it that was not brought in from the opposite edge by the cyclic shift (the shift "

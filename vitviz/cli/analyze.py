@@ -15,7 +15,7 @@ from .options import EXIT_NO_IMAGE, Progress, add_model, add_out, skipped_record
 GLOBAL_ATTENTION_OPTIONS = {"fusion": "mean", "discard": 0.0, "start_layer": 1, "end_layer": None,
                             "exclude_artifacts": False, "exclude_sinks": False, "target_class": None,
                             "faithfulness": False, "flow": False, "clusters": None, "cluster_layer": None,
-                            "report": False, "attribution": None, "registers": None, "register_neurons": None}
+                            "report": False, "format": None, "attribution": None, "registers": None, "register_neurons": None}
 
 
 def add_parser(sub) -> None:
@@ -74,6 +74,10 @@ def add_parser(sub) -> None:
     regs.add_argument("--register-init", default="zero", choices=["zero", "mean"],
                       help="the extra token entering block 1: zero (default, as Jiang et al.) or the patch tokens' mean")
     analyze.add_argument("--report", action="store_true", help="also write a PNG per figure into DIR")
+    analyze.add_argument("--format", metavar="FMT[,FMT]", default=None,
+                         help="--report's formats, png, svg and/or pdf (e.g. svg,pdf; default png): SVG and PDF keep "
+                              "titles, labels and colour bars as text; a given --format also writes per image every "
+                              "head of four layers (one colour scale) and the maps side by side")
     analyze.add_argument("--no-attention", action="store_true",
                          help="leave the raw attention (B, L, H, N, N) out of analysis.npz (every analysis still runs)")
 
@@ -100,6 +104,17 @@ def image_batches(paths: list[Path], size: int, problems: list):
         yield done, batch
 
 
+def _report_formats(args: argparse.Namespace) -> tuple[str, ...] | None:
+    """``--format``'s formats, checked before any model work; None without ``--format`` (the PNGs as before)."""
+    if args.format is None:
+        return None
+    if not args.report:
+        raise VitvizError("--format says which files --report writes: add --report.")
+    from ..figures.analysis_report import parse_formats
+
+    return parse_formats(args.format)
+
+
 def _attribution_methods(text: str | None) -> tuple[str, ...]:
     """``--attribution``'s methods, checked before any model work."""
     if text is None:
@@ -114,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster_layer is not None and args.clusters is None:
         raise VitvizError("--cluster-layer needs --clusters K: the number of clusters to make.")
     check_writable(args.out)  # before any model work: a wrong --out costs nothing
+    report_formats = _report_formats(args)
 
     from ..runs.analysis import AnalysisSettings
     from ..settings import Settings
@@ -160,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
                                 attribution=attribution)
     try:
         written = write_analysis(args.out, loaded, batches, settings, keep_attention=not args.no_attention,
-                                 report=args.report, edit=edit, layout=layout, register_info=register_info,
+                                 report=args.report, report_formats=report_formats, edit=edit, layout=layout,
+                                 register_info=register_info,
                                  skipped=_Skipped(problems), progress=progress.update)
     finally:
         progress.close()

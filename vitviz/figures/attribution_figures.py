@@ -138,3 +138,29 @@ def relevance_overlay(image: Image.Image, grid: np.ndarray, limit: float | None 
     idx = np.clip((grid / limit + 1) / 2 * 255, 0, 255).astype(np.uint8)
     colours = Image.fromarray(lut[idx]).resize(image.size, Image.NEAREST)
     return Image.blend(image.convert("RGB"), colours, 0.6)
+
+
+def attribution_groups(results: list[Attribution], index: int = 0) -> list:
+    """The methods' patch maps of image ``index`` as :func:`method_groups` arranges them."""
+    return method_groups({r.method: r.patches[index] for r in results})
+
+
+def method_groups(maps: dict[str, np.ndarray]) -> list:
+    """Attribution maps, method name -> (gh, gw) patch map, as :class:`vitviz.figures.paper_figure.MapGroup` s side by
+    side: the signed relevance methods (AttnLRP, CP-LRP, Gradient x Input: the target's value spread over the patches,
+    the same unit) in one group on one symmetric scale; each non-negative method (LeGrad, Grad-CAM, units of their
+    own) a group of its own on the sequential map from 0."""
+    from .paper_figure import MapGroup, MapRow
+
+    signed = [m for m in maps if _signed(m)]
+    groups = []
+    if signed:
+        names = [LABELS[m] for m in signed]
+        groups.append(MapGroup(" and ".join(names) if len(names) <= 2 else ", ".join(names),
+                               [MapRow("", np.stack([maps[m] for m in signed]), names)],
+                               "relevance (target units)", signed=True))
+    for m in maps:
+        if not _signed(m):
+            unit = "0–1 (min-max)" if m == "legrad" else "ReLU(Σ w·A)"
+            groups.append(MapGroup(LABELS[m], [MapRow("", np.asarray(maps[m])[None], [LABELS[m]])], unit))
+    return groups

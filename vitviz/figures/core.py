@@ -306,6 +306,47 @@ def similarity_map(grid_map: np.ndarray, position: tuple[int, int], *, height: i
     return fig
 
 
+def tile_grid_figure(tiles: np.ndarray, labels: list[str], title: str, *, columns: int, tile_px: int,
+                     gap: int | None = None, font_size: int = 13) -> go.Figure:
+    """ViT paper Fig. 7 left on the page: small RGB tiles in a grid, each labelled underneath, a title on top.
+
+    tiles: (k, h, w, 3) floats in [0, 1] or uint8, enlarged to ``tile_px`` high by a whole factor (every weight a
+    square block, no smoothing). The tiles are one image drawn at its own size (the figure's ``width`` is set, so the
+    browser does not rescale it); the title and labels are the chart's text (sharp on screen, text in the SVG/PDF).
+    The label under tile i is at (x, y) of the text trace's point i; ``meta`` records the pixels per weight.
+    """
+    from .report import tile_grid
+
+    k, h, w, _ = tiles.shape
+    factor = max(1, round(tile_px / h))
+    th, tw = h * factor, w * factor
+    label_px = max(int(0.62 * font_size * max(len(s) for s in labels)) + 6, tw)  # room for the widest label
+    gap = max(gap if gap is not None else 8, label_px - tw)
+    columns = max(1, min(columns, k))
+    rows = -(-k // columns)
+    label_h = font_size + 10
+    image = tile_grid(tiles, columns, scale=factor, gap=gap)  # tiles only; rows spaced below for the labels
+    canvas = Image.new("RGB", (image.width, rows * (th + label_h)), "white")  # the last row's labels inside it
+    for r in range(rows):
+        canvas.paste(image.crop((0, r * (th + gap), image.width, r * (th + gap) + th)), (0, r * (th + label_h)))
+    xs = [(i % columns) * (tw + gap) + tw / 2 for i in range(k)]
+    ys = [(i // columns) * (th + label_h) + th + 3 for i in range(k)]
+    margin = dict(l=10, r=10, t=16 + 2 * font_size, b=8)
+    fig = go.Figure(go.Image(source=image_data_uri(canvas), hoverinfo="skip"))
+    fig.add_trace(go.Scatter(x=xs, y=ys, mode="text", text=labels, textposition="bottom center",
+                             textfont=dict(size=font_size, color="black"), hoverinfo="text", hovertext=labels,
+                             showlegend=False, cliponaxis=False))
+    fig.update_layout(
+        title=dict(text=title, x=0, xref="paper", xanchor="left", y=1, yref="container", yanchor="top",
+                   pad=dict(t=6), font=dict(size=font_size + 3)),
+        width=canvas.width + margin["l"] + margin["r"], height=canvas.height + margin["t"] + margin["b"],
+        margin=margin, showlegend=False, plot_bgcolor="white", paper_bgcolor="white", dragmode=False,
+        xaxis=dict(visible=False, range=[-0.5, canvas.width - 0.5], fixedrange=True),
+        yaxis=dict(visible=False, range=[canvas.height - 0.5, -0.5], fixedrange=True),
+        meta=dict(pixels_per_weight=factor, tile_px=[th, tw], columns=columns))
+    return fig
+
+
 def labelled_tile_image(tiles: np.ndarray, labels: list[str], title: str, *, columns: int, tile_px: int = 84,
                         gap: int = 10, font_size: int = 15) -> Image.Image:
     """ViT paper Fig. 7 left: small RGB tiles in a grid, each with its label underneath, a title on top.

@@ -36,7 +36,8 @@ def image_record(im, arrays: dict, i: int, loaded) -> dict:
 
 
 def write_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]], settings, *, keep_attention: bool = True,
-                   report: bool = False, edit=None, layout=None, register_info: dict | None = None,
+                   report: bool = False, report_formats: tuple[str, ...] | None = None, edit=None, layout=None,
+                   register_info: dict | None = None,
                    skipped: list[dict] = (), progress: Callable[[int], None] | None = None) -> Written:
     """Analyse each batch of :class:`~vitviz.io.images.LoadedImage` (``(files done, images)`` pairs) with
     :func:`vitviz.runs.analysis.analyze_batch` and write DIR/analysis.npz and DIR/settings.json.
@@ -45,6 +46,8 @@ def write_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]], setti
         settings: the analyses to run (:class:`vitviz.runs.analysis.AnalysisSettings`).
         keep_attention: write the raw attention (B, L, H, N, N) (every analysis runs either way).
         report: also write PNGs of each image's rollout and last layer's heads, and the run's figures.
+        report_formats: the report's formats (``("svg", "pdf")``: :mod:`vitviz.figures.analysis_report`), with the
+            multi-panel figures per image; None: the PNGs only, as without ``--format``.
         edit, layout: a test-time register's edit of the forward and its token layout (:mod:`vitviz.runs.registers_run`).
     """
     from ..figures.analysis_report import write_image_report, write_run_report
@@ -62,14 +65,15 @@ def write_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]], setti
             output.arrays.append({k: v for k, v in part.arrays.items() if keep_attention or k != "attention"})
             if report:
                 write_image_report(part.arrays, part.input_images, [im.name for im in batch], part.layout,
-                                   output.file, first=len(written.images))
+                                   output.file, first=len(written.images), formats=report_formats or ("png",),
+                                   paper=report_formats is not None)
             written.images += [image_record(im, part.arrays, i, loaded) for i, im in enumerate(batch)]
             if progress:
                 progress(done)
         final = run.final_arrays()
         output.arrays.add(final)
         if report:
-            write_run_report(final, output.file)
+            write_run_report(final, output.file, formats=report_formats or ("png",))
         output.commit({
             "command": "analyze",
             "model": loaded.card(),
