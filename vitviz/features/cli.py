@@ -8,6 +8,7 @@ from pathlib import Path
 from ..errors import VitvizError
 from ..cli.options import ENGINE_WORKERS_HELP, add_engine, engine_of
 
+CLASSES = "nearest_classes.json"  # beside the Parquet file: each latent's nearest classes (vitviz.features.classes)
 _INPUTS = ("image files, folders (searched recursively) or .txt / .parquet lists of paths, as for stats")
 
 
@@ -48,7 +49,10 @@ def add_parser(sub) -> None:
         "top", help="the top-activating patches of every latent over an image set (Parquet)",
         description="Encode every patch token of the images with the SAE in DIR and write DIR/top.parquet: for "
                     "each latent its top-n (image, patch, activation) rows; patch is the 0-based index in raster "
-                    "order (row * grid width + column).")
+                    "order (row * grid width + column). For models with a classifier head (or --head), "
+                    f"{CLASSES} beside it gives each of those latents' nearest classes: the cosine of its decoder "
+                    "direction with each class's readout direction (a logit lens: final norm, pooling, head; later "
+                    "blocks skipped).")
     top.add_argument("sae", type=Path, metavar="DIR", help="a folder written by features train")
     top.add_argument("inputs", nargs="+", metavar="INPUT", help=_INPUTS)
     top.add_argument("--top", type=int, default=16, metavar="N", help="rows per latent (default 16)")
@@ -57,6 +61,9 @@ def add_parser(sub) -> None:
     top.add_argument("--sheets", metavar="J,J,...",
                      help="latents (0-based) to draw as contact sheets: latent_J.png beside the Parquet file")
     top.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+    top.add_argument("--head", type=Path, metavar="PROBE",
+                     help="a probe.safetensors (python -m vitviz probe) as the model's classifier, for "
+                          f"{CLASSES} (models with their own head need none)")
 
 
 def _model_args(p) -> None:
@@ -112,7 +119,8 @@ def _train(args, files) -> int:
 
 def _top(args, files, out: Path) -> int:
     from .sae import SAE
-    from .top import latent_sheet, open_for, top_table, write_png, write_top
+    from .classes import classes_json, why_no_classes
+    from .top import latent_sheet, open_for, top_table, write_json, write_png, write_top
 
     if args.top < 1:
         raise VitvizError(f"--top must be 1 or more, not {args.top}.")
@@ -121,9 +129,15 @@ def _top(args, files, out: Path) -> int:
     except ValueError:
         raise VitvizError(f"--sheets {args.sheets!r}: give latent numbers separated by commas, e.g. 3,17.") from None
     sae = SAE.load(args.sae)
-    lens = open_for(sae, args.device)
+    lens = open_for(sae, args.device, args.head)
     table = top_table(sae, files, n=args.top, batch_size=args.batch_size, lens=lens)
     write_top(table, out)
+    why = why_no_classes(lens, sae)
+    if why is None:
+        path = write_json(classes_json(lens, sae, sorted(table["latent"].unique())), out.parent / CLASSES)
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        print(f"no {CLASSES}: {why}", file=sys.stderr)
     for j in sheets:
         path = write_png(latent_sheet(table, j, sae, lens, files), out.parent / f"latent_{j}.png")
         print(f"wrote {path}", file=sys.stderr)
