@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from ..errors import VitvizError
+from ..cli.options import ENGINE_WORKERS_HELP, add_engine, engine_of
 
 CLASSES = "nearest_classes.json"  # beside the Parquet file: each latent's nearest classes (vitviz.features.classes)
 _INPUTS = ("image files, folders (searched recursively) or .txt / .parquet lists of paths, as for stats")
@@ -39,6 +40,10 @@ def add_parser(sub) -> None:
     train.add_argument("--seed", type=int, default=0, help="initialisation and token order (default 0)")
     train.add_argument("--lr", type=float, help="Adam's learning rate (default 2e-4 / sqrt(K / 16384))")
     train.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (reused to resume)")
+    train.add_argument("--shards", type=Path, metavar="DIR",
+                       help="write the layer's tokens once as float16 shards in DIR and train from them (every epoch, "
+                            "and later runs on the same images, read them instead of running the model)")
+    add_engine(train, ENGINE_WORKERS_HELP)
 
     top = cmds.add_parser(
         "top", help="the top-activating patches of every latent over an image set (Parquet)",
@@ -81,8 +86,12 @@ def run(args: argparse.Namespace) -> int:
         print("error: no image could be read.", file=sys.stderr)
         return 1
     if args.features_command == "train":
-        check_writable(args.out)
-        with output_lock(args.out, "features train"):
+        from contextlib import ExitStack
+
+        with ExitStack() as held:
+            for folder in filter(None, (args.out, args.shards)):  # the shards folder has one writer too
+                check_writable(folder)
+                held.enter_context(output_lock(folder, "features train"))
             return _train(args, files)
     out = args.out or args.sae / "top.parquet"
     with output_lock(out.parent, "features top"):
@@ -98,8 +107,9 @@ def _train(args, files) -> int:
                              epochs=args.epochs, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                              prefix=args.prefix, lr=args.lr)
     settings.check()
+    engine = engine_of(args)
     lens = vitviz.open(args.model, checkpoint=args.checkpoint, img_size=args.img_size, device=args.device)
-    sae = train(lens, files, settings, args.out, progress=True)
+    sae = train(lens, files, settings, args.out, progress=True, engine=engine, shards=args.shards)
     m = sae.info["metrics"]
     print(f"wrote {args.out / 'sae.safetensors'} and sae.json: {sae.latents} latents, k = {sae.topk}; last epoch: "
           f"explained variance {m['explained_variance']:.3f}, L0 {m['l0']:.1f}, dead {m['dead_fraction']:.1%}",
