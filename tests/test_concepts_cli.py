@@ -84,6 +84,7 @@ def test_probe_patch_masks_writes_every_layers_probe_and_the_maps(weights, tmp_p
     ("no image", r"ghost.png is a mask for ghost, which is not among the images given \(img0, img1\)"),
     ("no masks", r"masks holds no mask PNGs"),
     ("layer", r"--layer picks an image probe's head layer"),
+    ("ray", r"--patch-masks runs in this process"),
 ])
 def test_mask_mistakes_get_a_sentence_naming_the_file_and_write_nothing(weights, tmp_path, capsys, mistake, sentence):
     images = noise_images(tmp_path / "images", 2, 6, size=IMG)
@@ -91,12 +92,12 @@ def test_mask_mistakes_get_a_sentence_naming_the_file_and_write_nothing(weights,
     masks.mkdir()
     if mistake == "wrong size":
         Image.new("L", (5, 5), 255).save(masks / "img0.png")
-    elif mistake in ("no image", "layer"):
+    elif mistake in ("no image", "layer", "ray"):
         grid_png(masks / "img0.png", np.eye(4, dtype=bool))
         if mistake == "no image":
             grid_png(masks / "ghost.png", np.eye(4, dtype=bool))
     out = tmp_path / "out"
-    extra = ["--layer", "3"] if mistake == "layer" else []
+    extra = {"layer": ["--layer", "3"], "ray": ["--engine", "ray"]}.get(mistake, [])
     assert main(["probe", *map(str, images), "--patch-masks", str(masks), "--out", str(out), *extra,
                  *model_args(weights)]) == 2
     err = capsys.readouterr().err

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import VitvizError
+from ..cli.options import ENGINE_WORKERS_HELP, add_engine, engine_of
 
 POOLINGS = ("cls", "mean", "cls+mean")  # vitviz.probes.features.POOLINGS, without importing torch for --help
 
@@ -49,6 +50,7 @@ def add_parser(sub) -> None:
     probe.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     probe.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward pass")
     probe.add_argument("--seed", type=int, default=0, help="the cross-validation folds' shuffling")
+    add_engine(probe, ENGINE_WORKERS_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
         return run_concept(args)
     from ..lens import open as open_model
     from ..io.output import check_writable
+    from .collect import collect_features, remove_parts
     from .data import from_folders, from_label_file
     from .probe import fit
 
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise VitvizError("with --labels, give at most one INPUT: the folder the label file's paths start from.")
     images = from_folders(args.inputs) if args.folders else from_label_file(
         args.labels, args.inputs[0] if args.inputs else None)
+    engine = engine_of(args)
     check_writable(args.out)
     lens = open_model(args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None, img_size=args.img_size,
                       device=args.device, dtype=args.dtype)
@@ -74,15 +78,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"{n} images in {len(images.classes)} classes ({', '.join(images.classes)}); {lens.label}, "
           f"{lens.num_layers} layers, {args.pooling} pooling", file=sys.stderr)
     start = time.perf_counter()
-    result = fit(lens, images, pooling=args.pooling, layer=args.layer, batch_size=args.batch_size, seed=args.seed,
-                 progress=lambda done: print(f"\rfeatures {done}/{n}", end="", file=sys.stderr))
+    progress = lambda done: print(f"\rfeatures {done}/{n}", end="", file=sys.stderr)  # noqa: E731
+    features = collect_features(lens, images, args.pooling, args.batch_size, engine, args.out, progress)
+    result = fit(lens, images, pooling=args.pooling, layer=args.layer, seed=args.seed, features=features)
+    path = result.save(args.out)
+    remove_parts(args.out)  # the files hold everything now
     print(f"\rfeatures and probes of {lens.num_layers} layers in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print("layer  accuracy  95% interval")
     for s in result.layers:
         mark = "  <- head" if s.layer == result.layer else ""
         print(f"{s.layer:5d}  {s.accuracy:8.3f}  {s.low:.3f}-{s.high:.3f}{mark}")
     print(f"chance (largest class): {result.chance:.3f}")
-    path = result.save(args.out)
     print(f"wrote {path} and {path.parent / 'probe.json'}")
     return 0
 
@@ -99,6 +105,9 @@ def run_concept(args: argparse.Namespace) -> int:
     if args.layer is not None:
         raise VitvizError("--layer picks an image probe's head layer; with --patch-masks every layer's patch probe is "
                           "written (row l-1 of weight is layer l's).")
+    if args.engine != "local":
+        raise VitvizError("--patch-masks runs in this process (a painted set is a few images: one forward each); "
+                          "leave out --engine ray.")
     check_writable(args.out)
     lens = open_model(args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None, img_size=args.img_size,
                       device=args.device, dtype=args.dtype)
