@@ -41,13 +41,12 @@ with left:
     paint_picker(inputs[i], ctx.images[i].sha256, layout, brush, "concept_click")
     paint = painting(ctx.images[i].sha256, grid)
     b1, b2 = st.columns(2)
-    if b1.button("Clear this image", key="concept_clear"):
-        paint["concept"].clear(), paint["not"].clear()
-        st.rerun()
-    if b2.button("Clear every image", key="concept_clear_all"):
-        for im in ctx.images:
-            p = painting(im.sha256, grid)
-            p["concept"].clear(), p["not"].clear()
+    cleared = ([ctx.images[i]] if b1.button("Clear this image", key="concept_clear") else
+               ctx.images if b2.button("Clear every image", key="concept_clear_all") else [])
+    for im in cleared:
+        for patches in painting(im.sha256, grid).values():
+            patches.clear()
+    if cleared:
         st.rerun()
 with right:
     st.markdown("**Painted** (on the left: click a patch to toggle it, drag to paint a rectangle; orange = concept, "
