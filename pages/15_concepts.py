@@ -41,8 +41,9 @@ with left:
     paint_picker(inputs[i], ctx.images[i].sha256, layout, brush, "concept_click")
     paint = painting(ctx.images[i].sha256, grid)
     b1, b2 = st.columns(2)
-    cleared = ([ctx.images[i]] if b1.button("Clear this image", key="concept_clear") else
-               ctx.images if b2.button("Clear every image", key="concept_clear_all") else [])
+    clear_one = b1.button("Clear this image", key="concept_clear")
+    clear_all = b2.button("Clear every image", key="concept_clear_all")
+    cleared = ctx.images if clear_all else [ctx.images[i]] if clear_one else []
     for im in cleared:
         for patches in painting(im.sha256, grid).values():
             patches.clear()
