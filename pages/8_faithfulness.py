@@ -306,7 +306,7 @@ settings = {"image": ctx.image.name, "model": loaded.card()["spec"], "protocol":
             "reference": reference}
 download_row(stem, {"fractions": result.fractions, "deletion": result.deletion, "insertion": result.insertion,
                     "maps": result.maps, "methods": np.array(result.methods)}, settings)
-download_row(f"{stem}_auc", table, settings)  # the AUC table above, as a csv
+download_row(f"{stem}_auc", table, None)  # the AUC table above, as a csv (its settings are the row above's)
 
 st.subheader("What the model saw")
 m1, m2 = st.columns([2, 3])
