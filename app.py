@@ -28,6 +28,7 @@ PAGES = [
     st.Page("pages/12_features.py", title="Features (SAE)"),
     st.Page("pages/13_queries_keys.py", title="Queries & keys"),
     st.Page("pages/14_probes.py", title="Probes"),
+    st.Page("pages/15_concepts.py", title="Probes · painted concepts"),
 ]
 page = st.navigation(PAGES)
 if first_visit(page.url_path):  # a sample picked in the first visit's explanation opens the heads page

@@ -4,6 +4,7 @@ import streamlit as st
 from ui.attribution import (attributions, keep_available, overlay_choices, scale_caption, target_picker,
                             target_title)
 from ui.charts import file_stem, show_chart
+from ui.concepts import concept_refusals, concept_target_picker
 from ui.display import TILE_PX, display_controls
 from ui.downloads import download_row
 from ui.paper import paper_downloads
@@ -33,12 +34,16 @@ if loaded.attention_scope == "window":
                "tokens merge; Grad-CAM is pytorch-grad-cam's Swin recipe on the last stage's coarser grid, brought to "
                "the patches bilinearly. Every map is drawn on the stage-1 patches.")
 
-available, refused = methods_for(loaded.model)
-keep_available("attr_methods", available)  # chosen for another model
 c1, c2, c3 = st.columns([3, 2, 1])
+concept = concept_target_picker(ctx, c2, "attr_concept")
+available, refused = methods_for(loaded.model)
+if concept is not None:  # LeGrad scores the model's output; Grad-CAM reads the last block, after an earlier concept
+    refused |= concept_refusals(concept, loaded, available)
+    available = [m for m in available if m not in refused]
+keep_available("attr_methods", available)  # chosen for another model or target
 methods = c1.multiselect("Methods", available, default=[m for m in ("attnlrp", "legrad", "gradcam") if m in available],
                          format_func=LABELS.get, key="attr_methods")
-target_class = target_picker(ctx, c2, "attr_target")
+target_class = target_picker(ctx, c2, "attr_target") if concept is None else None
 pixels = c3.radio("Resolution", ["patches", "pixels"], key="attr_resolution",
                   help="Relevance methods give a value per pixel; the patch map is its sum per patch. LeGrad and "
                        "Grad-CAM give one value per patch.") == "pixels"
@@ -49,7 +54,7 @@ if not methods:
     st.stop()
 
 try:
-    results = attributions(ctx, methods, target_class)
+    results = attributions(ctx, methods, target_class, concept=concept)
 except ValueError as exc:  # a family whose forward the rules cannot reach yet
     st.info(str(exc))
     st.stop()
@@ -97,5 +102,8 @@ def _repair_maps(side):
     return {LABELS[a.method]: a.patches[0] for a in attributions(ctx, kept, target_class, side)}
 
 
-repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)",
-            value_name="relevance", signed=[LABELS[m] for m in methods if registered()[m].signed])
+if concept is None:
+    repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)",
+                value_name="relevance", signed=[LABELS[m] for m in methods if registered()[m].signed])
+else:
+    st.caption("Repairs (before and after) compare the model's own target; choose it above to see them.")

@@ -6,7 +6,7 @@ import streamlit as st
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.guard import guarded
-from ui.repair import NORMS_AXES, faithfulness_view, offer_register
+from ui.repair import NORMS_AXES, faithfulness_view, offer_register, show_table
 from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
 from ui.state import setup, view_applies
 from vitviz.analyses.registers import OUTLIER_FACTOR, SEARCH_RULE, Repair, TestTimeRegister, outlier_rule
@@ -141,7 +141,7 @@ def before_after(name: str, maps, key: str, marked, marked_what: str) -> None:
                + (f"; the extra token's norm there: {maps.norms_after[-1, extra[0]]:.3g} (the median patch's "
                   f"{np.median(maps.norms_after[-1, maps.layout_after.patch_slice]):.3g})." if extra else "."))
     st.markdown("**Output change** (this image)")
-    st.dataframe(output_change_table(maps.change, [ctx.image.name]), hide_index=True)
+    show_table(output_change_table(maps.change, [ctx.image.name]))
     download_row(file_stem(key, ctx.image.name), {
         "heads_before": maps.heads_before, "heads_after": maps.heads_after, "rollout_before": maps.rollout_before,
         "rollout_after": maps.rollout_after, "norms_before": maps.norms_before, "norms_after": maps.norms_after},

@@ -2,7 +2,8 @@
 import streamlit as st
 
 from ui.charts import file_stem, show_chart
-from ui.features import checked_point, codes_of, deletion_of, drivers_of, sae_at
+from ui.display import patch_picker
+from ui.features import checked_point, codes_of, deletion_of, drivers_of, nearest_of, sae_at
 from ui.state import setup
 from vitviz.errors import VitvizError
 from vitviz.features.figures import (activation_histogram, deletion_figure, image_latents_figure,
@@ -55,17 +56,66 @@ maps = codes.image_maps(index)[top]
 show_chart(image_latents_figure(ctx.result.model_input, maps, [int(j) for j in top], layout),
            "features_image", file_stem("features", ctx.image.name, by))
 
-with st.expander("Which latents fire at one patch"):
-    gh, gw = layout.grid_size
-    r1, r2 = st.columns(2)
-    row = r1.number_input("Patch row (1 = top)", 1, gh, (gh + 1) // 2, key="features_row")
-    col = r2.number_input("Patch column (1 = left)", 1, gw, (gw + 1) // 2, key="features_col")
-    firing = codes.patch_latents(index, (int(row) - 1) * gw + int(col) - 1)
-    if firing:
-        st.dataframe({"latent": [j for j, _ in firing], "activation (SAE units)": [round(v, 4) for _, v in firing]},
-                     hide_index=True)
-    else:
+st.subheader("Which latents fire at a patch")
+gh, gw = layout.grid_size
+clicked = st.session_state.get("patch")  # shared with the other pages that pick patches
+# before any click: the strongest patch of the image's top latent
+patch = int(maps[0].argmax()) if clicked is None or clicked >= gh * gw else int(clicked)
+pick, listed = st.columns([1, 2])
+with pick:
+    patch_picker(ctx.result.model_input, layout, "features_patch_click", shown=patch)
+firing = codes.patch_latents(index, patch)
+
+
+def _open(latent: int) -> None:
+    st.session_state["features_latent"] = latent
+
+
+with listed:
+    st.markdown(f"**Patch ({patch // gw + 1}, {patch % gw + 1})** (row, column from the top left): "
+                f"{len(firing)} latents fire there, strongest first. Click one to open it below.")
+    if not firing:
         st.caption("No latent fires at this patch.")
+    for row in range(0, len(firing), 3):
+        for cell, (j, v) in zip(st.columns(3), firing[row:row + 3]):
+            cell.button(f"latent {j} · {v:.3g}", key=f"features_open_{j}", on_click=_open, args=(j,),
+                        width="stretch", help=f"activation {v:.4g} (SAE units) at this patch")
+    st.caption("Click the image to pick another patch (the outlined one is shown); activations in the SAE's units.")
+
+st.subheader("One latent across the image set")
+choices = list(dict.fromkeys([int(j) for j in top] + [j for j, _ in firing]))
+if st.session_state.get("features_latent") not in choices and "features_latent" in st.session_state:
+    choices.append(int(st.session_state["features_latent"]))
+latent = int(st.selectbox("Latent", choices, key="features_latent",
+                          help="This image's top latents and those firing at the clicked patch; its strongest patches "
+                               "over every image in the sidebar's set."))
+rows = codes.top_patches(latent, n=8)
+if rows:
+    by_name = {im.name: im for im in ctx.images}
+    names = [ctx.images[i].name for i, _, _ in rows]
+    inputs = preprocess([by_name[nm].image for nm in names], ctx.loaded.data_config).images
+    latent_maps = codes.latent_maps(latent)[[i for i, _, _ in rows]]
+    show_chart(latent_patches_figure(inputs, latent_maps, [p for _, p, _ in rows], [a for _, _, a in rows], names,
+                                     latent, layout), "features_latent_patches", file_stem("features_latent", latent))
+    tokens = codes.values.shape[0] * codes.values.shape[1]
+    show_chart(activation_histogram(codes.activations(latent), latent, codes.frequency(latent), tokens),
+               "features_histogram", file_stem("features_histogram", latent))
+    st.caption(f"Over the {len(ctx.images)} images of the sidebar's set ({tokens} patch tokens).")
+else:
+    st.info(f"Latent {latent} fires on none of the {len(ctx.images)} images of the sidebar's set.")
+
+st.markdown(f"**Latent {latent}: nearest classes of its decoder direction**")
+near = nearest_of(ctx, sae, path.strip(), latent)
+if isinstance(near, str):
+    st.info(near)
+else:
+    st.dataframe({"rank": near["rank"].tolist(), "class": near["label"].tolist(),
+                  "class index (0-based)": near["class"].tolist(), "cosine": [round(c, 4) for c in near.cosine]},
+                 hide_index=True, key="features_classes")
+    st.caption("Cosine of the latent's decoder row with each class's readout direction: the gradient of the class's "
+               "logit with respect to a shift added to every token, through the final norm (its spread held constant), "
+               "the pooling and the head — a logit lens: the blocks after the SAE's layer are skipped, so this is what "
+               "the direction says to the head, not what the model does with it downstream (that is the next section).")
 
 st.subheader("Which latents drive the output")
 if st.toggle("Compute: one backward pass through the SAE spliced in", key="features_drivers"):
@@ -88,17 +138,3 @@ if d1.toggle("Compute: zero the top latents one more at a time", key="features_d
                f"those active on the image; the interval is a percentile bootstrap over the {len(ctx.images)} images "
                "(10,000 resamples).")
 
-st.subheader("One latent across the image set")
-latent = int(st.selectbox("Latent", [int(j) for j in top], key="features_latent",
-                          help="This image's top latents; its strongest patches over every image in the sidebar's set."))
-rows = codes.top_patches(latent, n=8)
-by_name = {im.name: im for im in ctx.images}
-names = [ctx.images[i].name for i, _, _ in rows]
-inputs = preprocess([by_name[nm].image for nm in names], ctx.loaded.data_config).images
-latent_maps = codes.latent_maps(latent)[[i for i, _, _ in rows]]
-show_chart(latent_patches_figure(inputs, latent_maps, [p for _, p, _ in rows], [a for _, _, a in rows], names, latent,
-                                 layout), "features_latent_patches", file_stem("features_latent", latent))
-tokens = codes.values.shape[0] * codes.values.shape[1]
-show_chart(activation_histogram(codes.activations(latent), latent, codes.frequency(latent), tokens),
-           "features_histogram", file_stem("features_histogram", latent))
-st.caption(f"Over the {len(ctx.images)} images of the sidebar's set ({tokens} patch tokens).")

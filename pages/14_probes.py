@@ -26,7 +26,8 @@ st.caption("A linear probe (logistic regression, L2, C chosen by stratified cros
            "only) on each layer's pooled vector says from which layer on your groups are linearly decodable (Alain & "
            "Bengio 2016; DINOv2's linear evaluation). Accuracy is out-of-fold: every image is predicted by a probe that "
            "never saw it; the bars are 95% Wilson intervals over the images, the dashed line is chance (the largest "
-           "group's share). The best layer's probe becomes a head the other pages can use.")
+           "group's share). The best layer's probe becomes a head the other pages can use. To probe a concept painted "
+           "on patches instead of whole images, see the next page, Probes · painted concepts.")
 backbone_spec = replace(ctx.spec, head=None)
 backbone = cached_model(backbone_spec)  # probes are trained on the backbone, never on a probe head
 if backbone.attention_scope != "global":

@@ -1,12 +1,12 @@
 """Attention heads: every head of a layer over the image; query, direction, threshold; compare layers."""
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import streamlit as st
 
 from ui.attribution import attribution_panel
 from ui.charts import file_stem, show_chart
-from ui.display import Display, display_controls, map_figure, panel_download, patch_picker
+from ui.display import Display, display_controls, map_figure, panel_download, patch_picker, render
 from ui.downloads import download_row
 from ui.explorer import browser_draws, heads_explorer
 from ui.guard import guarded
@@ -85,7 +85,10 @@ def _browser_view(view: dict, patch: int | None) -> HeadsView | None:
                       scale_mode=view.get("scale") if view.get("scale") in SCALE_MODES else SCALE_MODES[0],
                       style=view.get("style") if view.get("style") in OVERLAY_STYLES else OVERLAY_STYLES[0],
                       opacity=min(1.0, max(0.0, number("opacity", 0.8))), smooth=False,
-                      exclude_sinks=str(view.get("sinks", "1")).lower() not in ("0", "false"))
+                      exclude_sinks=str(view.get("sinks", "1")).lower() not in ("0", "false"),
+                      outline_clipped=str(view.get("clip", "1")).lower() not in ("0", "false"),
+                      padding=tuple(ctx.padding.tolist()) if str(view.get("pad", "1")).lower() not in ("0", "false")
+                      else ())
     ranking = view.get("order") if view.get("order") in RANKINGS else "head number"
     layer = int(min(L, max(1, number("layer", L)))) - 1
     return HeadsView(layer, query, mode, min(1.0, max(0.0, number("keep", 0.0))), ranking, display)
@@ -114,7 +117,9 @@ def _downloads(v: HeadsView, rendered=None) -> None:
     query = v.query if v.by_patch else None
     stem = file_stem("heads", ctx.image.name, f"layer{v.layer + 1}", str(v.query))
     scores = r.head_scores
-    settings = {"display": asdict(v.display)} if rendered is None else v.display.settings(rendered)
+    if rendered is None:  # the browser drew the grid: the colour scales and clipped patches as the PNG export has them
+        rendered = render(r.model_input, maps[order], v.display, masks=masks, query=query, sinks=sinks)
+    settings = v.display.settings(rendered)
     settings |= {"image": ctx.image.name, "sha256": ctx.image.sha256, "model": ctx.loaded.card()["spec"],
                  "layer (1-based)": v.layer + 1, "query": v.what, "keep_share": keep,
                  "head_order (1-based)": [h + 1 for h in order], "maps_axis_0": "heads in head_order"}
@@ -170,10 +175,12 @@ def _compare_panel(head: int, compare_layers: list[int], query, what: str, by_pa
     drawn = dict(query=patch if by_patch else None, sinks=compare_sinks)
 
     def downloads(rendered=None) -> None:
-        settings = {"display": asdict(display)} if rendered is None else display.settings(rendered)
+        if rendered is None:  # drawn by the browser: the scales and clipped patches as the PNG export has them
+            rendered = render(r.model_input, compare, display, **drawn)
         download_row(stem, {"maps": compare, "layers_1based": np.array(compare_layers) + 1},
-                     settings | {"image": ctx.image.name, "head (1-based)": head + 1,
-                                 "layers (1-based)": [l + 1 for l in compare_layers], "query": what},
+                     display.settings(rendered) | {"image": ctx.image.name, "sha256": ctx.image.sha256,
+                                                   "model": ctx.loaded.card()["spec"], "head (1-based)": head + 1,
+                                                   "layers (1-based)": [l + 1 for l in compare_layers], "query": what},
                      panel_download(r.model_input, compare, display, compare_titles, compare_title, columns=panels,
                                     **drawn))
     return compare, compare_titles, compare_title, stem, drawn, downloads

@@ -39,16 +39,29 @@ exclude = c4.selectbox("Keep out of rollout", list(EXCLUDE), key="rollout_exclud
                        help="Attention sinks: patches receiving a disproportionate share of attention in a layer of "
                             "the range. High-norm tokens: last-layer output norm > 10x the median (Darcet et al.).")
 exclude_sinks, exclude_artifacts = EXCLUDE[exclude]
+# With "resize whole image (pad)", the patches holding only padding can be kept out of rollout as sinks are.
+padding_out = bool(ctx.padding.size) and st.toggle(
+    f"Keep the {ctx.padding.size} padding patches out of rollout", True, key="rollout_exclude_padding",
+    help="Patches that hold no pixel of the photo (the grey bands added by \"resize whole image (pad)\"): dropped as "
+         "keys in every layer of the range, as kept-out sinks are.")
+padding_tokens = tuple(int(p) + layout.num_prefix_tokens for p in ctx.padding) if padding_out else ()
 
 settings = AnalysisSettings(fusion=fusion, discard=discard, start_layer=start - 1, end_layer=end,
                             exclude_artifacts=exclude_artifacts, exclude_sinks=exclude_sinks)
+
+
+def _kept_out(settings, artifacts, sinks, layout) -> tuple[int, ...]:
+    """Token indices kept out of rollout: the settings' sinks and high-norm tokens, and the padding when chosen."""
+    return tuple(sorted(set(excluded_tokens(settings, artifacts, sinks, layout)) | set(padding_tokens)))
+
+
 sinks = r.sinks.patch_sinks(layout, range(start - 1, end))
 BROWSER = browser_draws()
 if BROWSER:
     # Depth and read-out patch repaint in the browser; the server hears of them afterwards (captions, downloads).
     display = display_controls()
     view = rollout_explorer(ctx, fusion=fusion, discard=discard, start=start - 1, end=end,
-                            exclude_tokens=excluded_tokens(settings, r.artifacts, r.sinks, layout), sinks=sinks,
+                            exclude_tokens=_kept_out(settings, r.artifacts, r.sinks, layout), sinks=sinks,
                             display=display)
     reads_patch, depth, patch = view.reads_patch, view.depth, st.session_state.get("patch")
     st.caption(f"Sent to the browser: {view.payload.nbytes / 1e6:.2f} MB for this image and these settings "
@@ -72,12 +85,23 @@ else:
             st.stop()
 query = patch if reads_patch else None
 
-result = cached_rollout(ctx.spec, ctx.image.sha256, r, settings, query)
+result = cached_rollout(ctx.spec, ctx.image.sha256, r, settings, query, extra_tokens=padding_tokens)
 plain = cached_rollout(ctx.spec, ctx.image.sha256, r, AnalysisSettings(fusion=fusion, discard=discard,
                                                                        start_layer=start - 1, end_layer=end), query)
 artifacts = np.asarray(r.artifacts, dtype=int) - layout.num_prefix_tokens
-dropped = sorted(set(sinks.tolist() if exclude_sinks else []) | set(artifacts.tolist() if exclude_artifacts else []))
+dropped = sorted(set(sinks.tolist() if exclude_sinks else []) | set(artifacts.tolist() if exclude_artifacts else [])
+                 | (set(ctx.padding.tolist()) if padding_out else set()))
 held = float(plain.map.ravel()[dropped].sum()) if dropped else 0.0
+
+
+def _named(patches: list[int]) -> str:
+    """The kept-out patches for a caption: the padding ones counted, the others listed."""
+    padding = set(ctx.padding.tolist()) if padding_out else set()
+    others = [p for p in patches if p not in padding]
+    parts = ([f"patches {others}"] if others else []) + ([f"the {len(padding)} padding patches"] if padding else [])
+    return " and ".join(parts)
+
+
 if BROWSER:
     beside_col = st.container()  # the depth moves inside the browser's view above
 else:
@@ -107,7 +131,7 @@ with left, guarded("the rollout map"):
         show_chart(fig, "rollout_fig", stem, vector=False)
     st.caption(f"Readout: {result.readout if query is None else layout.token_name(layout.num_prefix_tokens + query)}. Share of the readout's mass on prefix tokens: "
                + ", ".join(f"{k} {v:.1%}" for k, v in result.prefix_share.items()) + ". "
-               + (f"Kept out of rollout: patches {dropped}, which held {held:.1%} of the readout's patch mass "
+               + (f"Kept out of rollout: {_named(dropped)}, which held {held:.1%} of the readout's patch mass "
                   "without the exclusion. " if dropped else
                   f"Attention sinks in these layers: patches {sinks.tolist() or 'none'}; "
                   f"they hold {float(plain.map.ravel()[sinks].sum()):.1%} of the readout's patch mass. ")
@@ -141,7 +165,7 @@ with right, guarded("the map beside rollout"):
 def _repair_maps(side):
     res = side.result
     out = rollout(res.attention, res.layout, fusion=fusion, discard=discard, start=start - 1, end=end, query=query,
-                  exclude_tokens=excluded_tokens(settings, res.artifacts, res.sinks, res.layout))
+                  exclude_tokens=_kept_out(settings, res.artifacts, res.sinks, res.layout))
     return {f"rollout, layers {start}–{end}": out.map}
 
 
@@ -174,7 +198,7 @@ st.subheader("Attention flow (Abnar & Zuidema 2020)")
 st.caption("The companion of rollout: the same per-layer graph (fusion, discard, 0.5 A + 0.5 I, layers and exclusions "
            "above) read as capacities; each patch's value is the maximum flow from it to the readout, solved exactly "
            "(one max-flow per patch, so it takes a while; a shorter layer range is faster).")
-flow_tokens = excluded_tokens(settings, r.artifacts, r.sinks, layout)
+flow_tokens = _kept_out(settings, r.artifacts, r.sinks, layout)
 flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, start - 1, end, flow_tokens, query)
 # Flow reads out what rollout reads out above (the model's readout or the clicked patch); the titles say which.
 reads = READOUT if query is None else f"patch {query}"

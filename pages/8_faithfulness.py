@@ -75,7 +75,7 @@ def dataset_view() -> None:
     seeds = block["random_seeds"]
     if seeds:
         st.caption(f"Grey band: the random floor's mean AUC over the {images} images for each of {seeds['seeds']} seeds, "
-                   f"mean {seeds['mean']:.4f} ± 2 × {seeds['sd_over_seeds']:.4f} (s.d. over seeds). "
+                   f"mean {seeds['mean']:.3f} ± 2 × {seeds['sd_over_seeds']:.3f} (s.d. over seeds). "
                    f"{'Lower' if block['better'] == 'lower' else 'Higher'} AUC is more faithful under this protocol.")
     rows = pd.DataFrame([{"method": method_label(r["method"]), "mean AUC": r["mean"], "95 % low": r["low"],
                           "95 % high": r["high"], "images": r["images"],
@@ -83,7 +83,7 @@ def dataset_view() -> None:
                                              "chance": "cannot be told from chance"}.get(r.get("vs_random"), "—")}
                          for r in block["methods"]])
     st.dataframe(rows, hide_index=True, key="faith_ds_table",
-                 column_config={c: st.column_config.NumberColumn(format="%.4f") for c in
+                 column_config={c: st.column_config.NumberColumn(format=AUC_FORMAT) for c in
                                 ("mean AUC", "95 % low", "95 % high")})
     st.markdown("\n".join(f"- {sentence(method_label(r['method']), Interval(**r['minus_random']), protocol)}"
                           for r in block["methods"] if "minus_random" in r))
@@ -95,12 +95,35 @@ def dataset_view() -> None:
                           for d in block["differences"]])
     if len(pairs):
         st.dataframe(pairs, hide_index=True, key="faith_ds_pairs",
-                     column_config={c: st.column_config.NumberColumn(format="%+.4f") for c in
+                     column_config={c: st.column_config.NumberColumn(format="%+.3f") for c in
                                     ("mean a − b", "95 % low", "95 % high")}
                      | {"verdict": st.column_config.TextColumn(width="large")})
     st.caption("A difference is significant when its 95 % interval excludes 0. Few images give wide intervals: "
                "that is the answer, not a failure.")
     download_row(file_stem("faithfulness_dataset", protocol, f"{images}images"), rows, summary)
+
+
+# The AUC table on screen: words for headers, three decimals like every AUC on the page, nothing cut at 1440 px
+# (LeRF AUC, equal to insertion's up to rounding, stays in the CSV; the two verdicts against chance share a column).
+AUC_FORMAT = "%.3f"
+AUC_HEADERS = {"deletion_auc": "deletion AUC ↓", "insertion_auc": "insertion AUC ↑",
+               "insertion_minus_deletion": "insertion − deletion ↑", "lerf_minus_morf": "LeRF − MoRF ↑"}
+AUC_COLUMNS = {name: st.column_config.NumberColumn(format=AUC_FORMAT) for name in AUC_HEADERS.values()} | {
+    "vs chance (del. / ins.)": st.column_config.TextColumn(
+        help="Outside the random maps' mean ± 2 s.d.: better or worse; inside: chance. The random row: its s.d."),
+    "marks": st.column_config.TextColumn(help="Best and worst method per metric; a best the random maps cannot tell "
+                                              "from chance says so.")}
+
+
+def screen_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The AUC table as the page shows it (the CSV download keeps every column under its data name)."""
+    shown = table.rename(columns=AUC_HEADERS | {"reference": "marks"})
+    if "vs chance: deletion" in shown:
+        shown["vs chance (del. / ins.)"] = [
+            f"{d} / {i}".replace(" s.d. / ± ", " / ± ") for d, i in zip(shown.pop("vs chance: deletion"),
+                                                                     shown.pop("vs chance: insertion"))]
+    return shown[["method", *AUC_HEADERS.values()]
+                 + [c for c in ("vs chance (del. / ins.)", "marks") if c in shown]]
 
 
 ctx = setup()
@@ -245,13 +268,7 @@ if band is not None:
     table["vs chance: insertion"] = [band.compare("insertion", i) if m != "random" else
                                      f"± {band.band('insertion')[1]:.3f} s.d." for m, i in
                                      zip(result.methods, result.insertion_auc)]
-st.dataframe(table.rename(columns={"deletion_auc": "deletion AUC ↓", "insertion_auc": "insertion AUC ↑",
-                                   "insertion_minus_deletion": "insertion − deletion ↑", "lerf_auc": "LeRF AUC ↑",
-                                   "lerf_minus_morf": "LeRF − MoRF (LXT) ↑"}),
-             hide_index=True, key="faith_table",
-             column_config={c: st.column_config.NumberColumn(format="%.4f") for c in
-                            ("deletion AUC ↓", "insertion AUC ↑", "insertion − deletion ↑", "LeRF AUC ↑",
-                             "LeRF − MoRF (LXT) ↑")})
+st.dataframe(screen_table(table), hide_index=True, key="faith_table", column_config=AUC_COLUMNS)
 reference = result.reference()
 
 
@@ -289,7 +306,7 @@ settings = {"image": ctx.image.name, "model": loaded.card()["spec"], "protocol":
             "reference": reference}
 download_row(stem, {"fractions": result.fractions, "deletion": result.deletion, "insertion": result.insertion,
                     "maps": result.maps, "methods": np.array(result.methods)}, settings)
-download_row(f"{stem}_auc", table, settings)  # the AUC table above, as a csv
+download_row(f"{stem}_auc", table, None)  # the AUC table above, as a csv (its settings are the row above's)
 
 st.subheader("What the model saw")
 m1, m2 = st.columns([2, 3])

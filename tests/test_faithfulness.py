@@ -315,7 +315,10 @@ def test_faithfulness_page_shows_the_cores_curves_and_aucs(bundled):
     np.testing.assert_allclose(table["deletion AUC ↓"], auc(deletion, fractions), atol=1e-5)
     np.testing.assert_allclose(table["insertion AUC ↑"], auc(insertion, fractions), atol=1e-5)
     band = ChanceBand(expected.deletion_auc[2:], expected.insertion_auc[2:])
-    assert list(table["vs chance: deletion"])[:2] == [band.compare("deletion", d) for d in expected.deletion_auc[:2]]
+    assert list(table["vs chance (del. / ins.)"])[:2] == [
+        f"{band.compare('deletion', d)} / {band.compare('insertion', i)}"
+        for d, i in zip(expected.deletion_auc[:2], expected.insertion_auc[:2])]
+    assert not [c for c in table.columns if "_" in c]  # words for headers, not data names (issue 34)
     assert "pre-logits" in at.caption[0].value
 
 

@@ -165,6 +165,16 @@ def test_top_table_is_the_brute_force_top_n_per_latent(tiny, tmp_path):
         for _, row in rows.iterrows():
             flat = paths.index(images / row.image) * 16 + row.patch
             assert abs(col[flat] - row.activation) <= 1e-4 * max(1, abs(row.activation))
+    # the model has a 1000-class head: each latent of the table has its 5 nearest classes, by the cosine of its
+    # decoder row with P (γ ⊙ w_c) (tests/test_features_classes.py has the method's own tests)
+    classes = json.loads((out / "nearest_classes.json").read_text())
+    assert sorted(int(j) for j in classes["latents"]) == sorted(table.latent.unique())
+    r = (model.norm.weight[None] * model.head.weight).double().detach().numpy()
+    r = r - r.mean(-1, keepdims=True)
+    cos = sae.decoder.double().numpy() @ (r / np.linalg.norm(r, axis=-1, keepdims=True)).T
+    for j, near in classes["latents"].items():
+        assert [c["class"] for c in near] == list(np.argsort(-cos[int(j)])[:5])
+        np.testing.assert_allclose([c["cosine"] for c in near], np.sort(cos[int(j)])[::-1][:5], atol=1e-5)
 
 
 @pytest.mark.slow

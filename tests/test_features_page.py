@@ -102,14 +102,39 @@ def test_features_page_shows_the_images_top_latents_and_their_maps(sae_dir):
     np.testing.assert_allclose(_decode(lines["top latents by score"]["y"]), top_line, rtol=1e-5)
     assert any(d.sentence.split(" (")[0] in c.value for c in at.caption)
 
-    at.number_input(key="features_row").set_value(5).run()
-    at.number_input(key="features_col").set_value(7).run()
-    table = at.dataframe[0].value
+    # a click on the image sets the shared patch (the picker is a browser component AppTest cannot click)
     patch = 4 * 16 + 6
+    at.session_state["patch"] = patch
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
     firing = np.flatnonzero(z[patch] > 0)
-    assert sorted(table["latent"].tolist()) == sorted(firing.tolist())
-    for j, v in zip(table["latent"], table["activation (SAE units)"]):
-        assert abs(v - z[patch, j]) < 1e-3
+    buttons = {b.key: b for b in at.button if b.key and b.key.startswith("features_open_")}
+    assert sorted(int(k.rsplit("_", 1)[1]) for k in buttons) == sorted(firing.tolist())
+    for j in firing:  # each button says its latent's activation at the patch, to 3 significant digits
+        label = buttons[f"features_open_{j}"].label
+        assert label.startswith(f"latent {j} · ")
+        assert abs(float(label.split(" · ")[1]) - z[patch, j]) <= 5e-3 * z[patch, j] + 1e-4
+    assert any("Patch (5, 7)" in m.value for m in at.markdown)
+    # opening the weakest of them (not one of the image's top latents, typically) shows its view
+    weakest = int(firing[np.argmin(z[patch, firing])])
+    at.button(key=f"features_open_{weakest}").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.selectbox(key="features_latent").value == weakest
+    assert f"Latent {weakest}:" in _chart(at, "features_latent_patches")["layout"]["title"]["text"]
+    # the bundled model has no head: the nearest classes say why not
+    assert any("Nearest classes need a classifier head" in i.value for i in at.info)
+    # with a probe head (the sidebar's Head box: here the Probes page's trained probe), its classes are listed
+    from test_probe_head import write_probe
+    from vitviz.features.classes import nearest_classes
+
+    head = write_probe(lens, out.parent / "probe", layer=12, pooling="cls+mean", seed=3)
+    at.session_state["probe_head"] = str(head)
+    at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    [table] = [d.value for d in at.dataframe if "cosine" in d.value.columns]
+    expected = nearest_classes(vitviz.open("bundled", device="cpu", head=head), sae, [weakest], n=5)
+    assert table["class"].tolist() == expected.label.tolist() == [f"class {c}" for c in "abc"][:len(table)]
+    np.testing.assert_allclose(table["cosine"], expected.cosine.round(4), atol=1e-4)
 
     at.text_input(key="features_sae").input(str(out.parent / "missing")).run()
     assert any("no such file or folder" in e.value for e in at.error)

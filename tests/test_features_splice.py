@@ -114,7 +114,7 @@ def test_a_latent_is_a_target_for_the_registrys_methods(lenses):
     at_patch = vitviz.explain(lens, x, "occlusion", target=LatentTarget(sae, latent, patch=0))
     np.testing.assert_allclose(at_patch.target_value, z[:, 0, latent].double().numpy(), rtol=1e-6)
     assert vitviz.explain(lens, x, "attnlrp", target=target).patches.shape == (2, 2, 2)
-    with pytest.raises(vitviz.VitvizError, match="scores the model's output"):
+    with pytest.raises(vitviz.VitvizError, match="LeGrad cannot explain latent"):
         vitviz.explain(lens, x, "legrad", target=target)
     with pytest.raises(vitviz.VitvizError, match="latent 64 is out of range"):
         LatentTarget(sae, 64)

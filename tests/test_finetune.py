@@ -333,8 +333,10 @@ def test_the_sidebar_loads_a_fine_tuned_checkpoint_with_the_class_names_box(seve
     at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=180).run()
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
     at.sidebar.text_input(key="timm_query").input(ARCH).run()
-    at.sidebar.selectbox(key="timm_name").set_value(ARCH).run()
+    at.sidebar.selectbox(key="timm_name").set_value(ARCH).run()  # offline, no weights: the pick is taken back
+    assert any("give the checkpoint below, then pick it again" in i.value for i in at.info)
     at.sidebar.text_input(key="ckpt_path").input(str(seven_path)).run()
+    at.sidebar.selectbox(key="timm_name").set_value(ARCH).run()
     at.sidebar.text_area(key="class_names").input("\n".join(CLASSES)).run()
     assert not at.exception and not at.error, [e.value for e in at.error]
     assert any("num_classes=7" in c.value for c in at.sidebar.caption)

@@ -219,8 +219,8 @@ def load_planted(at, weights) -> str:
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()
     at.sidebar.text_input(key="timm_query").input("vit_tiny_patch16_224").run()
     name = next(o for o in at.sidebar.selectbox(key="timm_name").options if o.startswith("vit_tiny_patch16_224"))
+    at.sidebar.text_input(key="ckpt_path").input(str(weights)).run()  # first: a pick without weights is taken back
     at.sidebar.selectbox(key="timm_name").set_value(name).run()
-    at.sidebar.text_input(key="ckpt_path").input(str(weights)).run()
     at.sidebar.number_input(key="img_size").set_value(64).run()
     return name
 

@@ -210,8 +210,16 @@ def test_choosing_timm_by_name_loads_nothing_until_a_model_is_picked():
     at = _run(at.sidebar.selectbox(key="timm_name").set_value("deit3_small_patch16_224.fb_in1k"))
     assert any("'deit3_small_patch16_224.fb_in1k' could not be loaded" in e.value for e in at.error)
     assert any("previous model (bundled)" in i.value for i in at.info)
+    # Issue 34: the sidebar no longer names the failed model (it kept it); the box stays on timm names, where the
+    # checkpoint boxes for an architecture are, with nothing picked; the sentence stays until the next choice.
+    assert at.sidebar.selectbox(key="timm_name").value is None
+    assert any("no longer names deit3_small_patch16_224.fb_in1k" in i.value for i in at.info)
     at = _run(at.switch_page("pages/2_heads.py"))  # the model box survives a page switch
-    assert at.sidebar.selectbox(key="timm_name").value == "deit3_small_patch16_224.fb_in1k"
+    assert at.sidebar.selectbox(key="model_choice").value == "timm model by name"
+    assert at.sidebar.selectbox(key="timm_name").value is None
+    assert any("'deit3_small_patch16_224.fb_in1k' could not be loaded" in e.value for e in at.error)
+    at = _run(at.sidebar.text_input(key="timm_query").input("deit"))
+    assert not at.error  # another choice: the last failure's sentence goes
 
 
 @pytest.mark.slow
@@ -231,6 +239,8 @@ def test_a_torchvision_name_in_the_model_box_is_loaded_as_torchvision(tmp_path, 
     assert str(cli.value).startswith("Model 'torchvision:vit_b_16' could not be loaded: its weights IMAGENET1K_V1")
     assert [e.value for e in at.error if "torchvision" in e.value] == [str(cli.value)]
     assert any("previous model (bundled)" in i.value for i in at.info)
+    assert at.sidebar.selectbox(key="model_choice").value == "bundled"  # the sidebar went back (issue 34)
+    at = _run(at.sidebar.selectbox(key="model_choice").set_value(HUGGING_FACE))
     at = _run(at.sidebar.text_input(key="hf_name").input("bad:name"))  # was a traceback (HFValidationError)
     assert any("Model 'hf:bad:name': 'bad:name' is not a Hugging Face hub id" in e.value for e in at.error)
 

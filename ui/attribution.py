@@ -3,6 +3,8 @@ attribution panels of the rollout and heads pages: one model run per (image, met
 session-shared store so a rerun only redraws, and one way of choosing the target and stating the scale."""
 from __future__ import annotations
 
+import hashlib
+
 import streamlit as st
 
 from ui.cache import cached_model, model_run
@@ -21,16 +23,19 @@ HEADLESS_TARGET = ("**Target**: this model has no classifier head; the pooled ve
                    "unperturbed direction, s(x) = ⟨p(x), p(x₀)⟩ / ‖p(x₀)‖, is explained.")
 
 
-def attributions(ctx, methods: list[str], target_class: int | None, side=None) -> list[Attribution]:
-    """Each method's :class:`vitviz.explainers.attribution.Attribution` of the current image (one backward each); with
-    ``side`` (:class:`ui.repair.Side`), its repair runs in every forward (:func:`vitviz.adapters.editing`)."""
+def attributions(ctx, methods: list[str], target_class: int | None, side=None, concept=None) -> list[Attribution]:
+    """Each method's :class:`vitviz.explainers.attribution.Attribution` of the current image (one backward each);
+    with ``side`` (:class:`ui.repair.Side`), its repair runs in every forward (:func:`vitviz.adapters.editing`); with
+    ``concept`` (a :class:`vitviz.probes.concepts.ConceptTarget`), that painted concept is explained instead."""
     repair = None if side is None or side.edit is None else side.repair
-    key = ("attribution", ctx.spec, ctx.image.sha256, tuple(methods), target_class) + ((repair,) if repair else ())
+    what = target_class if concept is None else (
+        "concept", concept.layer, concept.patch, hashlib.sha256(concept.probe.weight.tobytes()).hexdigest())
+    key = ("attribution", ctx.spec, ctx.image.sha256, tuple(methods), what) + ((repair,) if repair else ())
 
     def compute(progress):
         model = cached_model(ctx.spec)
         x = preprocess([ctx.image.image], model.data_config).tensor
-        target = default_target(model.model, target_class)
+        target = concept or default_target(model.model, target_class)
         results = []
         with model_run(), editing(None if repair is None else side.edit):
             for i, method in enumerate(methods):

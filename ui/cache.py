@@ -103,14 +103,16 @@ def _image_result(spec: ModelSpec, _image: Image.Image) -> Forward:
 
 
 def cached_rollout(spec: ModelSpec, sha256: str, _result: Forward, settings: AnalysisSettings,
-                   query: int | None = None):
-    """Rollout of the readout, or of patch ``query`` (raster order, 0-based) when one was clicked."""
+                   query: int | None = None, extra_tokens: tuple[int, ...] = ()):
+    """Rollout of the readout, or of patch ``query`` (raster order, 0-based) when one was clicked; ``extra_tokens``
+    (sequence indices, e.g. the padding patches') are kept out besides the settings' exclusions."""
     def compute():
-        exclude = excluded_tokens(settings, _result.artifacts, _result.sinks, _result.layout)
+        exclude = tuple(sorted(set(excluded_tokens(settings, _result.artifacts, _result.sinks, _result.layout))
+                               | set(extra_tokens)))
         return rollout(_result.attention, _result.layout, fusion=settings.fusion, discard=settings.discard,
                        start=settings.start_layer, end=settings.end_layer, exclude_tokens=exclude, query=query)
 
-    return store().get_or_compute(("rollout", spec, sha256, settings, query), compute)
+    return store().get_or_compute(("rollout", spec, sha256, settings, query, tuple(extra_tokens)), compute)
 
 
 def cached_gradient_rollout(spec: ModelSpec, sha256: str, _image: Image.Image, target: int | None):

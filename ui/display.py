@@ -24,6 +24,16 @@ CLICK_SCALE = 2  # the picker image is drawn at twice the model input, then fitt
 TILE_PX = 230
 SINGLE_TILE_PX = 400
 VALUE_NAME = "attention weight"
+PADDING = "padding_patches"  # session: the current image's padding patches (0-based raster), set by ui.state.setup
+OUTLINE_HELP = ("Patches above the top of the colour scale are drawn in the top colour; the outline says which. "
+                "Off: no outlines (the caption still counts them).")
+PADDING_HELP = ("With \"resize whole image (pad)\": the patches that hold only padding (not one pixel of the photo), "
+                "hatched in grey and kept out of the colour scale, as sinks are.")
+
+
+def padding_in_use() -> tuple[int, ...]:
+    """The current image's padding patches (0-based raster; empty when it is not padded)."""
+    return tuple(st.session_state.get(PADDING, ()))
 
 
 @dataclass(frozen=True)
@@ -34,12 +44,17 @@ class Display:
     opacity: float = 0.8
     smooth: bool = False
     exclude_sinks: bool = True
+    outline_clipped: bool = True
+    # The padding patches marked and kept out of the colour scale (0-based raster): empty when the image is not
+    # padded or "keep padding out" is off.
+    padding: tuple[int, ...] = ()
 
     def settings(self, rendered: RenderedMaps) -> dict:
         """What the settings JSON records about the picture: display choices and the colour scales used."""
         return {"display": asdict(self), "colour_scales": [s.to_dict() for s in rendered.scales],
                 "clipped_patches": [c.tolist() for c in rendered.clipped],
-                "patches_setting_no_limit": rendered.excluded.tolist(), "patch_indices": "0-based raster order"}
+                "patches_setting_no_limit": rendered.excluded.tolist(), "padding_patches": rendered.padding.tolist(),
+                "patch_indices": "0-based raster order"}
 
 
 def display_controls(prefix: str = "") -> Display:
@@ -57,7 +72,13 @@ def display_controls(prefix: str = "") -> Display:
                                   key=f"{prefix}exclude_sinks",
                                   help="Tokens that receive a disproportionate share of attention in the layer "
                                        "(robust z-score > 8 and over 10x the uniform share)")
-    return Display(cmap, scale_mode, style, opacity, smooth, exclude_sinks)
+        outline = st.toggle("Outline patches above the top (cyan)", True, key=f"{prefix}outline_clipped",
+                            help=OUTLINE_HELP)
+        padding = padding_in_use()
+        if padding and not st.toggle(f"Mark the {len(padding)} padding patches, keep them out of the colour scale",
+                                     True, key=f"{prefix}exclude_padding", help=PADDING_HELP):
+            padding = ()
+    return Display(cmap, scale_mode, style, opacity, smooth, exclude_sinks, outline, padding)
 
 
 def display_in_use() -> Display:
@@ -75,9 +96,14 @@ def display_in_use() -> Display:
         opacity = min(1.0, max(0.0, float(state.get("opacity", saved.get("opacity", 0.8)))))
     except (TypeError, ValueError):
         opacity = 0.8
+    def flag(key, url_key):
+        value = state.get(key, saved.get(url_key, True))
+        return str(value).lower() not in ("0", "false")
+
     return Display(cmap=pick("cmap", SEQUENTIAL, "Inferno"), scale_mode=pick("scale_mode", SCALE_MODES, SCALE_MODES[0]),
                    style=pick("style", OVERLAY_STYLES, OVERLAY_STYLES[0]), opacity=opacity,
-                   smooth=bool(state.get("smooth", False)))
+                   smooth=bool(state.get("smooth", False)), outline_clipped=flag("outline_clipped", "clip"),
+                   padding=padding_in_use() if flag("exclude_padding", "pad") else ())
 
 
 def render(image: Image.Image, maps: np.ndarray, display: Display, *, masks=None, query=None, sinks=None, region=None,
@@ -86,7 +112,8 @@ def render(image: Image.Image, maps: np.ndarray, display: Display, *, masks=None
     (relevance) on the diverging map centred on 0 with the display's overlay, opacity and smoothing."""
     return render_maps(image, maps, scale_mode=display.scale_mode, cmap=display.cmap, style=display.style,
                        opacity=display.opacity, smooth=display.smooth, masks=masks, query=query, sinks=sinks,
-                       region=region, zoom=zoom, signed=signed)
+                       region=region, zoom=zoom, signed=signed, padding=np.array(display.padding, dtype=int),
+                       outline_clipped=display.outline_clipped)
 
 
 def map_figure(image: Image.Image, maps: np.ndarray, layout: TokenLayout, display: Display, *, titles: list[str],

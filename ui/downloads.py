@@ -60,13 +60,14 @@ def built_once(build: Callable[[], bytes | str]) -> Callable[[], bytes | str]:
     return once
 
 
-def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settings: dict,
+def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settings: dict | None,
                  png: Image.Image | Callable[[], Image.Image] | None = None, *, prepared: bool = False) -> None:
     """Buttons under a figure, files named ``name.*``. Plotly's own toolbar also saves any chart as PNG.
 
     The files are built only when a button is first clicked (deferred data), not on every rerun, and a click
     reruns nothing (``on_click="ignore"``);
-    ``arrays`` may be a table (saved as CSV), ``png`` a function returning the image.
+    ``arrays`` may be a table (saved as CSV), ``png`` a function returning the image; ``settings`` None: no
+    settings button (a second row under the same figure, whose settings the first row already offers).
     ``prepared``: plain buttons holding the files' bytes, built once per content (hashed) and kept in the
     session, for small files: the click is then an ordinary browser download that reruns nothing
     (``on_click="ignore"``; the filters page's deferred npz, with its rerun of the page, once left a
@@ -91,8 +92,9 @@ def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settin
     else:
         cols[0].download_button("Data (npz)", built_once(lambda: npz_bytes(arrays)), f"{name}.npz",
                                 "application/octet-stream", key=f"npz-{name}", on_click="ignore")
-    cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
-                            "application/json", key=f"json-{name}", on_click="ignore")
+    if settings is not None:
+        cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
+                                "application/json", key=f"json-{name}", on_click="ignore")
     if png is not None:
         cols[2].download_button("Image (png)", built_once(lambda: png_bytes(png() if callable(png) else png)), f"{name}.png",
                                 "image/png", key=f"png-{name}", on_click="ignore")

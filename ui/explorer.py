@@ -66,9 +66,9 @@ def heads_explorer(ctx, key: str = "heads_explorer") -> tuple[ExplorerPayload, d
         return explorer_payload(r.attention, layout, r.model_input,
                                 sinks=[r.sinks.patch_sinks(layout, [l]) for l in range(L)], notes=notes,
                                 scores={label: (scores[key], key != "entropy") for label, key in RANKINGS.items()},
-                                selected=st.session_state.get("patch"))
+                                selected=st.session_state.get("patch"), padding=ctx.padding)
 
-    name = (ctx.image.sha256, ctx.loaded.card()["spec"], tuple(r.attention.shape))
+    name = (ctx.image.sha256, ctx.loaded.card()["spec"], tuple(r.attention.shape), tuple(ctx.padding.tolist()))
     return _mount(key, lambda: _held(key, name, st.session_state.get("patch"), build))
 
 
@@ -88,15 +88,15 @@ def rollout_explorer(ctx, *, fusion: str, discard: float, start: int, end: int, 
     browser last reported it (or the URL holds it)."""
     r = ctx.result
     shown = {"cmap": display.cmap, "scale": display.scale_mode, "style": display.style, "opacity": display.opacity,
-             "sinks": display.exclude_sinks, "smooth": display.smooth}
+             "sinks": display.exclude_sinks, "smooth": display.smooth, "clip": display.outline_clipped}
 
     def build() -> ExplorerPayload:
         return rollout_payload(r.attention, r.layout, r.model_input, fusion=fusion, discard=discard, start=start,
                                end=end, exclude_tokens=exclude_tokens, sinks=sinks, display=shown,
-                               selected=st.session_state.get("patch"))
+                               selected=st.session_state.get("patch"), padding=np.array(display.padding, dtype=int))
 
     name = (ctx.image.sha256, ctx.loaded.card()["spec"], tuple(r.attention.shape), fusion, discard, start, end,
-            tuple(exclude_tokens), tuple(np.asarray(sinks, int).tolist()), tuple(sorted(shown.items())))
+            tuple(exclude_tokens), tuple(np.asarray(sinks, int).tolist()), tuple(sorted(shown.items())), display.padding)
     payload, _ = _mount(key, lambda: _held(key, name, st.session_state.get("patch"), build))
     saved = saved_view()
     try:

@@ -75,3 +75,17 @@ def deletion_of(ctx, sae: SAE, path: str, steps: int, seeds: int):
         f"Concept deletion on {len(images)} images ({(steps + 1) * (seeds + 1)} forwards of the set) ...",
         lambda: concept_deletion(lens, lens.preprocess(images), sae, steps=steps, random_seeds=seeds,
                                  names=[im.name for im in ctx.images])))
+
+
+def nearest_of(ctx, sae: SAE, path: str, latent: int, n: int = 5):
+    """The latent's ``n`` nearest classes (:func:`vitviz.features.classes.nearest_classes`) on the sidebar's model and
+    head, or the sentence saying why there are none (a str)."""
+    from vitviz.features.classes import nearest_classes, why_no_classes
+
+    lens = Lens(ctx.loaded)
+    why = why_no_classes(lens, sae)
+    if why:
+        return why
+    key = ("features-classes", ctx.spec, path, _version(path), latent, n)
+    return store().get_or_compute(key, _model_run("Reading the latent's direction through the head ...", lambda: (
+        nearest_classes(lens, sae, [latent], n))))

@@ -6,10 +6,10 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image, ImageOps
 
-from ui.persist import SAVED
+from ui.persist import INTRO_PARAM, SAVED
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
-SEEN = "intro"  # URL key: ?intro=0 once the explanation was closed, so a reload does not show it again
+SEEN = INTRO_PARAM  # URL key: ?intro=0 once the explanation was closed, so a reload does not show it again
 FIRST_VIEW = {"layer": "12", "query": "cls", "dir": "query"}  # the last layer's CLS heads outline objects
 
 

@@ -16,12 +16,13 @@ from ui.memo import ByteLRU
 # URL key -> (session key of the same choice on the server-drawn pages, or None).
 VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "patch", "keep": "keep",
                "order": "ranking", "cmap": "cmap", "scale": "scale_mode", "style": "style", "opacity": "opacity",
-               "sinks": "exclude_sinks",
+               "sinks": "exclude_sinks", "clip": "outline_clipped", "pad": "exclude_padding",
                # the heads page's Compare layers (head 1-based, panel count, the panels' layers "1,12")
                "chead": "compare_head", "cn": "compare_n", "cl": None,
                # the rollout page (depth 1-based; readout "readout" or "patch")
                "depth": "rollout_depth", "readout": "rollout_readout"}
 SAVED = "persist_params"
+INTRO_PARAM = "intro"  # ui.onboarding.SEEN: ?intro=0 once the first-visit box was closed
 PATCH_GRID = "patch_grid"  # (rows, cols) of the grid the selected patch was picked on
 STALE_PATCH = "patch_before_grid_change"
 
@@ -66,10 +67,12 @@ def restore_params() -> None:
     """Put the session's saved view back into the URL when a page switch dropped it, and pick up a
     view that arrived in the URL (F5, a shared link) as the session's own."""
     saved = st.session_state.setdefault(SAVED, {})
-    for key in VIEW_PARAMS:
+    # ``intro`` too: a session started by F5 on ``?intro=0`` must carry it to the next page, or F5 there (a new
+    # session on a URL without it) showed the first-visit box again (issue 34: close, F5, switch page, F5).
+    for key in (*VIEW_PARAMS, INTRO_PARAM):
         if key in st.query_params:
             saved[key] = st.query_params[key]
-    missing = {k: v for k, v in saved.items() if k not in st.query_params and k in VIEW_PARAMS | {"intro": None}}
+    missing = {k: v for k, v in saved.items() if k not in st.query_params and (k in VIEW_PARAMS or k == INTRO_PARAM)}
     if missing:
         st.query_params.update(missing)
     if "patch" in saved and st.session_state.get("patch") is None:

@@ -20,7 +20,8 @@ from vitviz.sources.preprocess import preprocess
 from vitviz.runs.pipeline import Forward, forward_repaired
 from vitviz.analyses.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
 from vitviz.runs.registers_run import repair_faithfulness
-from vitviz.figures.registers_figures import maps_figure, norm_ratio_figure, output_change_table
+from vitviz.figures.registers_figures import (TABLE_FORMATS, maps_figure, norm_ratio_figure, output_change_table,
+                                              repair_faithfulness_table)
 
 from .cache import _model_run, cached_model, store
 from .charts import file_stem, show_chart
@@ -171,7 +172,7 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
     show_chart(norm_ratio_figure(ctx.result.token_norms, layout, after.token_norms, after.layout, repair.name),
                f"{key}_repair_norms", file_stem(key, "repair_norms", repair.kind, ctx.image.name))
     st.markdown("**Output change** (this image, after vs before)")
-    st.dataframe(output_change_table(change, [ctx.image.name]), hide_index=True)
+    show_table(output_change_table(change, [ctx.image.name]))
     st.caption("Pooled cosine: the cosine of the pooled vectors (the head's input) with and without the repair; for "
                "classifiers, whether the top-1 class stays and how its logit moved.")
     download_row(stem, {f"map{i}_before": before_maps[name] for i, name in enumerate(before_maps)}
@@ -181,6 +182,12 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
                   "maps": what, "map_names": list(before_maps), "token_layout_after": after.layout.to_dict(),
                   "axes": NORMS_AXES, "output_change": change.to_dict()})
     faithfulness_view(ctx, repair, key)
+
+
+def show_table(table: pd.DataFrame, **kwargs) -> None:
+    """A registers table with its number formats (:data:`vitviz.figures.registers_figures.TABLE_FORMATS`)."""
+    st.dataframe(table, hide_index=True, column_config={c: st.column_config.NumberColumn(format=f)
+                                                        for c, f in TABLE_FORMATS.items() if c in table}, **kwargs)
 
 
 def faithfulness_view(ctx, repair: Repair, key: str) -> None:
@@ -196,7 +203,7 @@ def faithfulness_view(ctx, repair: Repair, key: str) -> None:
         f"Deletion and insertion before and after {repair.name} ...",
         lambda: repair_faithfulness(cached_model(ctx.spec), ctx.image.image, repair, sinks=[ctx.result.sinks])))
     st.markdown(f"**Faithfulness before and after {repair.name}** (this image)")
-    st.dataframe(pd.DataFrame(result.table()), hide_index=True)
+    show_table(repair_faithfulness_table(result.table()))
     st.caption(f"Score: {result.before.score}. Deletion: patches removed most relevant first (lower is better); "
                "insertion: added to a blank input (higher is better); AUC over 0–100 % of the patches in steps of 10 %. "
                "The 'after' maps are scored with the repair run in every forward (sink masking drops the sinks found on "

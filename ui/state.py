@@ -13,22 +13,25 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import streamlit as st
 import torch
 
 from vitviz.sources.budget import admit, admit_fitted
 from vitviz.errors import ImageError, VitvizError
 from vitviz.io.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
+from vitviz.sources.preprocess import padding_patches
 from vitviz.sources.labels import ClassNames, parse_labels
 from vitviz.runs.pipeline import Forward
-from vitviz.sources.models import BUNDLED, LoadedModel, ModelSpec, search_models
+from vitviz.sources.models import BUNDLED, LoadedModel, ModelSpec, search_models, weights_on_disk
 from vitviz.settings import SUGGESTED_MODELS, megabytes
 from vitviz.sources.names import HF_PREFIX, TORCHVISION_PREFIX, parse_model_name
 
 from . import persist
+from .display import PADDING
 from .cache import cached_image_result, cached_model, model_is_cached, operator_settings, store
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -47,7 +50,8 @@ class Context:
     """What a page needs: the model, the current image and its captured result.
 
     ``image`` and ``images`` are framed for the model (see :func:`vitviz.io.images.frame_image`):
-    with ``framing == "pad"`` their pixels are the padded square and their ``sha256`` keys say so.
+    with ``framing == "pad"`` their pixels are the padded square and their ``sha256`` keys say so, and
+    ``padding`` lists the current image's patches that hold padding only (0-based raster order).
     """
 
     spec: ModelSpec
@@ -56,6 +60,7 @@ class Context:
     result: Forward
     images: list[LoadedImage]
     framing: str = "crop"
+    padding: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
 
 
 def _remember(key: str) -> None:
@@ -68,6 +73,11 @@ def _kept(key: str, options: list | None = None) -> dict:
     Seeds the widget from ``kept_<key>`` unless that value is no longer among ``options`` (a list
     value keeps its members that are), and returns ``key`` and ``on_change`` for the widget call.
     """
+    if key in st.session_state.get(RESEED, ()):
+        # After a failed load the code moved this widget back (:func:`_back_to`): its last value from the browser goes,
+        # or Streamlit would take the browser's next pick of that same value for no change.
+        st.session_state[RESEED].discard(key)
+        st.session_state.pop(key, None)
     if f"kept_{key}" in st.session_state:
         value = st.session_state[f"kept_{key}"]
         if options is not None and isinstance(value, list):
@@ -75,6 +85,9 @@ def _kept(key: str, options: list | None = None) -> dict:
         if options is None or isinstance(value, list) or value in options:
             st.session_state[key] = value
     return {"key": key, "on_change": _remember, "args": (key,)}
+
+
+RESEED = "reseed"  # session: widget keys whose browser value is dropped on the next run (see _kept)
 
 
 def _choose(key: str, value) -> None:
@@ -213,10 +226,13 @@ def _sidebar_spec() -> ModelSpec:
         query = sb.text_input("Search timm models", placeholder="dinov2, deit3, siglip, augreg ...",
                               **_kept("timm_query"), help="Part of a name; the list below shows what timm has.")
         options = _allowed(search_models(query) if query.strip() else list(SUGGESTED_MODELS), query)
+        local = weights_on_disk(options)
         # Nothing loads until a model is picked: the query is a search, not a name.
         picked = sb.selectbox("timm model", options, index=None, placeholder="pick a model",
+                              format_func=lambda n: f"{ON_DISK}{n}" if n in local else n,
                               **_kept("timm_name", options))
-        upload = sb.file_uploader("Local checkpoint (optional)", key="ckpt",
+        sb.caption(_offline_caption(len(local), len(options)))
+        upload = sb.file_uploader("Local checkpoint (optional)", key=_ckpt_key(),
                                   type=["safetensors", "pth", "pt", "bin", "tar", "ckpt"],
                                   help="Weights fine-tuned from this architecture, as training scripts save them: "
                                        "the number of classes, pooling and resolution are read from the tensors.")
@@ -234,6 +250,8 @@ def _sidebar_spec() -> ModelSpec:
                 checkpoint = path
     if choice == HUGGING_FACE:
         name = _hugging_face_name(shown, limits.shared)
+        if name == shown.name:  # nothing typed yet: the model shown, with its checkpoint and names, stays
+            checkpoint, labels = shown.checkpoint, shown.labels
     devices = ["auto", "cpu"] + (["cuda"] if torch.cuda.is_available() else []) + \
               (["mps"] if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available() else [])
     devices = [d for d in devices if limits.devices is None or d in limits.devices] or ["cpu"]
@@ -325,6 +343,22 @@ def _hugging_face_name(shown: ModelSpec, shared: bool) -> str:
     return typed if local else HF_PREFIX + typed
 
 
+ON_DISK = "✓ "  # the timm list's mark for weights already in the local cache (first: long names are cut at the end)
+
+
+def _offline_caption(local: int, listed: int) -> str:
+    """What the marks in the timm list mean, and how many of the listed names load without the internet."""
+    if not listed:
+        return ""
+    if not local:
+        return (f"None of the {listed} listed has its weights on this machine (the local Hugging Face or torch hub "
+                "cache): each needs the internet, or a local checkpoint below.")
+    return (f"{local} of the {listed} listed {'has its' if local == 1 else 'have their'} weights on this machine "
+            f"(marked {ON_DISK.strip()}: the local Hugging Face or torch hub cache), so "
+            f"{'it loads' if local == 1 else 'they load'} offline; the others need the internet, or a local "
+            "checkpoint below.")
+
+
 def _allowed(options: list[str], query: str) -> list[str]:
     """The search results the operator allows (VITVIZ_MODELS), with a sentence when that hides all of them."""
     limits = operator_settings()
@@ -368,13 +402,82 @@ def _load_model(spec: ModelSpec) -> LoadedModel:
         shutil.rmtree(path.parent, ignore_errors=True)
 
 
+CKPT_GENERATION = "ckpt_generation"  # bumped to empty the checkpoint uploader (a new key is a new, empty widget)
+LOAD_FAILURE = "load_failure"  # session: (sentence, failed spec, the spec gone back to, _model_boxes() then)
+MODEL_BOXES = ("model_choice", "timm_query", "timm_name", "hf_name", "img_size", "device", "dtype", "ckpt_path")
+
+
+def _model_boxes() -> tuple:
+    """The model boxes' values as the user last set them."""
+    return tuple(st.session_state.get(f"kept_{key}") for key in MODEL_BOXES)
+
+
+def _ckpt_key() -> str:
+    generation = st.session_state.get(CKPT_GENERATION, 0)
+    return "ckpt" if generation == 0 else f"ckpt_{generation}"
+
+
+def _back_to(previous: ModelSpec, failed: ModelSpec) -> bool:
+    """Put the sidebar's model widgets back on ``previous`` (they are seeded from ``kept_*`` on the next run).
+
+    Returns whether anything changed, i.e. whether a rerun shows ``previous`` in the sidebar. An uploaded
+    checkpoint that failed is dropped from its uploader; a head box that failed is left as it is (the sentence
+    names it).
+    """
+    kept = dict(st.session_state)
+    kind = parse_model_name(previous.name).kind
+    if kind != "timm" and parse_model_name(failed.name).kind == "timm" and failed.name != previous.name:
+        # A timm pick that failed: the box stays on timm names with nothing picked, since the checkpoint boxes for
+        # that architecture live there (the README's fine-tune path: pick the architecture, give the checkpoint).
+        st.session_state.pop("kept_timm_name", None)
+    elif kind == "timm":
+        _choose("model_choice", TIMM_BY_NAME)
+        if previous.name not in (search_models(st.session_state.get("kept_timm_query", "")) or SUGGESTED_MODELS):
+            _choose("timm_query", previous.name)
+        _choose("timm_name", previous.name)
+    else:
+        _choose("model_choice", BUNDLED if kind == "bundled" else HUGGING_FACE)
+        if kind != "bundled":
+            _choose("hf_name", previous.name)
+        st.session_state.pop("kept_timm_name", None)  # back on the timm box later, the failed name is not picked
+    if kind not in ("transformers", "torchvision"):
+        st.session_state.pop("kept_hf_name", None)
+    _choose("img_size", previous.img_size or 0)
+    _choose("device", previous.device)
+    _choose("dtype", previous.dtype)
+    uploads = st.session_state.get("ckpt_uploads", {})
+    if failed.checkpoint in uploads and failed.checkpoint != previous.checkpoint:
+        st.session_state[CKPT_GENERATION] = st.session_state.get(CKPT_GENERATION, 0) + 1
+    elif failed.checkpoint != previous.checkpoint:
+        _choose("ckpt_path", previous.checkpoint if previous.checkpoint and previous.checkpoint not in uploads else "")
+    moved = {k for k in set(st.session_state) | set(kept)
+             if (k.startswith("kept_") or k == CKPT_GENERATION) and kept.get(k) != st.session_state.get(k)}
+    st.session_state.setdefault(RESEED, set()).update(k.removeprefix("kept_") for k in moved)
+    return bool(moved)
+
+
+def _still_showing(previous: ModelSpec, back: str = "") -> str:
+    at = f"at {previous.img_size} px" if previous.img_size else "at its own resolution"
+    return (f"Still showing the previous model ({previous.name}) {at}: {back}the maps below are its, not the "
+            "requested setting's.")
+
+
 def _load(spec: ModelSpec) -> tuple[ModelSpec, LoadedModel]:
-    """The requested model; if it fails, say why and keep the previous one.
+    """The requested model; if it fails, say why, keep the previous one and put the sidebar back on it.
 
     A spec that failed is not tried again in this session (a slider move must not repeat a
-    28 s failure); its sentence is shown again.
+    28 s failure); its sentence is shown again. After a failure the sidebar's widgets go back to the
+    model that loaded last (one rerun), and the sentence stays above the page until another model is chosen.
     """
     failed: dict[ModelSpec, str] = st.session_state.setdefault("failed_specs", {})
+    note = st.session_state.get(LOAD_FAILURE)
+    if note is not None and (note[2] != spec or note[3] != _model_boxes()):
+        st.session_state.pop(LOAD_FAILURE)  # another choice in the model boxes: the last failure's sentence goes
+    elif note is not None:
+        st.error(note[0])
+        again = (" (for its architecture with your own weights: give the checkpoint below, then pick it again)"
+                 if parse_model_name(note[1].name).kind == "timm" and not note[1].checkpoint else "")
+        st.info(_still_showing(spec, f"the sidebar no longer names {note[1].name}{again}; "))
     try:
         if spec in failed:
             raise VitvizError(failed[spec])
@@ -382,15 +485,18 @@ def _load(spec: ModelSpec) -> tuple[ModelSpec, LoadedModel]:
         loaded = _load_model(spec)
         admit_fitted(loaded, operator_settings())  # the architecture a checkpoint was fitted to
         st.session_state["good_spec"] = spec
+        st.session_state.pop("reverted_from", None)
         return spec, loaded
     except VitvizError as exc:
         failed[spec] = str(exc)
-        st.error(str(exc))
         previous = st.session_state.get("good_spec", ModelSpec())
+        if previous != spec and st.session_state.get("reverted_from") != spec and _back_to(previous, spec):
+            st.session_state["reverted_from"] = spec  # once per failure: a revert that does not take is not retried
+            st.session_state[LOAD_FAILURE] = (str(exc), spec, previous, _model_boxes())
+            st.rerun()
+        st.error(str(exc))
         if previous != spec:
-            at = f"at {previous.img_size} px" if previous.img_size else "at its own resolution"
-            st.info(f"Still showing the previous model ({previous.name}) {at}: the maps below are its, not the "
-                    "requested setting's.")
+            st.info(_still_showing(previous))
         try:
             return previous, _load_model(previous)
         except VitvizError:
@@ -469,7 +575,18 @@ def setup() -> Context | None:
     finally:
         _cache_caption()
     persist.follow_grid(result.layout)
-    return Context(spec=spec, loaded=loaded, image=current, images=images, framing=framing, result=result)
+    padding = _padding(spec, current, loaded, result.layout.grid_size)
+    st.session_state[PADDING] = tuple(padding.tolist())
+    return Context(spec=spec, loaded=loaded, image=current, images=images, framing=framing, result=result,
+                   padding=padding)
+
+
+def _padding(spec: ModelSpec, image: LoadedImage, loaded: LoadedModel, grid: tuple[int, int]) -> np.ndarray:
+    """The padding patches of the current image as the model sees it (0-based raster; empty unless padded)."""
+    if image.content_box is None:
+        return np.zeros(0, dtype=int)
+    return store().get_or_compute(("padding", spec, image.sha256, tuple(grid)), lambda: np.flatnonzero(
+        padding_patches(image, loaded.data_config, tuple(grid))))
 
 
 def view_applies(ctx: Context, view: str) -> None:

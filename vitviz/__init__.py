@@ -7,6 +7,7 @@ x = lens.preprocess(["assets/chelsea.jpg"])            # x.tensor (B, 3, H, W), 
 trace = lens.trace(x, keep=("attn", "resid_post"))     # trace["attn", 11] (B, H, N, N); trace.stack("attn")
 m = vitviz.explain(lens, x, "attnlrp")                 # m.patches (B, gh, gw); vitviz.methods() lists them all
 sae = vitviz.SAE.fit(tokens, latents=1024, topk=16)    # sparse features (vitviz.features); vitviz.LatentTarget(sae, j)
+                                                       # painted concepts: vitviz.ConceptTarget(concept, layer) (vitviz.probes)
 ```
 
 The public names are loaded on first use (``import vitviz`` itself imports no torch); nothing in this package
@@ -30,6 +31,7 @@ _PUBLIC = {
     "Map": "explainers",
     "faithfulness": "runs.faithfulness_run", "FaithfulnessTables": "runs.faithfulness_run",
     "SAE": "features.sae", "LatentTarget": "features.splice", "load_sae": "features.public",
+    "ConceptTarget": "probes.concepts",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -219,6 +219,10 @@ function renderTile(st, map, scale, mask, marks, d) {
   if (d.style === "DINO mask" && mask) contour(px, W, H, mask, gh, gw, ph, pw);
   const box = (p) => { const r = Math.floor(p / gw), c = p % gw; return [c * pw, r * ph, (c + 1) * pw - 1, (r + 1) * ph - 1]; };
   const colours = st.header.colours;
+  for (const p of marks.padding) { // vitviz/overlay.py: one diagonal, bottom-left to top-right
+    const [x0, y0, x1, y1] = box(p);
+    for (let i = 0; i <= x1 - x0; i++) setPx(px, W, H, x0 + i, y1 - i * (y1 - y0) / (x1 - x0), colours.padding);
+  }
   for (const p of marks.clipped) rect(px, W, H, box(p), colours.clipped, 1);
   for (const p of marks.sinks) {
     const [x0, y0, x1, y1] = box(p);
@@ -329,9 +333,10 @@ function colourBar(st, scale, shared, d, valueName) {
 // opts: maps (k arrays of P values), d (display), query, sinks (k arrays), masks, titles, notes, data (k dataset
 // objects for the canvases), tileClass, columns, tilePx, valueName, grid / bar / caption (elements to fill).
 function drawPanel(st, o) {
-  const P = st.header.patches, exclude = new Uint8Array(P), d = o.d;
+  const P = st.header.patches, exclude = new Uint8Array(P), d = o.d, padding = o.padding || [];
   if (o.query !== null) exclude[o.query] = 1;
   for (const s of o.sinks) for (const p of s) exclude[p] = 1;
+  for (const p of padding) exclude[p] = 1;
   const scales = colourScales(o.maps, d.scale, exclude, st.header.percentile);
   const shared = scales.every((s) => sameScale(s, scales[0]));
   const tiles = [];
@@ -340,7 +345,8 @@ function drawPanel(st, o) {
     const clipped = [];
     if (d.style !== "DINO mask") for (let p = 0; p < P; p++) if (above(scales[i], m[p]) && !exclude[p]) clipped.push(p);
     nClipped += clipped.length;
-    const img = renderTile(st, m, scales[i], o.masks && o.masks[i], { query: o.query, clipped, sinks: o.sinks[i] }, d);
+    const img = renderTile(st, m, scales[i], o.masks && o.masks[i],
+      { query: o.query, clipped: d.clip === false ? [] : clipped, sinks: o.sinks[i], padding }, d);
     const canvas = el("canvas", { width: st.W, height: st.H, class: o.tileClass });
     Object.assign(canvas.dataset, o.data[i]);
     canvas.getContext("2d").putImageData(img, 0, 0);
@@ -353,10 +359,12 @@ function drawPanel(st, o) {
   o.grid.style.gridTemplateColumns = `repeat(${o.columns}, minmax(0, ${o.tilePx}px))`;
   o.grid.replaceChildren(...tiles);
   o.bar.replaceChildren(d.style === "DINO mask" ? "" : colourBar(st, scales[0], shared, d, o.valueName));
-  const excluded = [...exclude.keys()].filter((p) => exclude[p]);
+  const padded = new Set(padding), excluded = [...exclude.keys()].filter((p) => exclude[p] && !padded.has(p));
   let text = `Colours: ${scales[0].rule}`;
-  text += nClipped ? `; ${nClipped} patch${nClipped !== 1 ? "es" : ""} above the top drawn in the top colour, outlined in cyan` : "; nothing clipped";
+  const outline = d.clip === false ? "not outlined (Display: outlines off)" : "outlined in cyan";
+  text += nClipped ? `; ${nClipped} patch${nClipped !== 1 ? "es" : ""} above the top drawn in the top colour, ${outline}` : "; nothing clipped";
   if (excluded.length) text += `; patches [${excluded.join(", ")}] set no limit (query / attention sinks)`;
+  if (padding.length) text += `; ${padding.length} padding patches (hatched, no photo in them) set no limit`;
   const flat = scales.filter((s) => s.flat).length;
   if (flat && !scales[0].flat) text += `; ${flat} map${flat !== 1 ? "s" : ""} flat (every value within 0.1% of its mean), drawn at mid-scale`;
   o.caption.textContent = text + ".";
@@ -380,7 +388,8 @@ const COMPARE_KEYS = ["chead", "cn", "cl"];
 const GRID_KEYS = ["layer", "keep", "order"];
 
 const heads = {
-  keys: ["layer", "query", "dir", "patch", "keep", "order", "cmap", "scale", "style", "opacity", "sinks", ...COMPARE_KEYS],
+  keys: ["layer", "query", "dir", "patch", "keep", "order", "cmap", "scale", "style", "opacity", "sinks", "clip", "pad",
+         ...COMPARE_KEYS],
 
   fromUrl(header) {
     const u = urlReader(header), L = header.layers;
@@ -399,6 +408,8 @@ const heads = {
       style: u.pick("style", header.styles, header.styles[0]),
       opacity: u.num("opacity", 0.8, 0, 1),
       sinks: new URLSearchParams(window.location.search).get("sinks") !== "0",
+      clip: new URLSearchParams(window.location.search).get("clip") !== "0",
+      pad: new URLSearchParams(window.location.search).get("pad") !== "0",
       chead: Math.round(u.num("chead", 1, 1, header.heads)), cn, cl,
     };
   },
@@ -446,12 +457,16 @@ const heads = {
       style: Object.assign(select("style", header.styles, header.style_labels), { title: header.style_help || "" }),
       opacity: el("input", { type: "range", min: 0, max: 1, step: 0.05, "data-key": "opacity", "aria-label": "Opacity" }),
       sinks: el("input", { type: "checkbox", "data-key": "sinks" }),
+      clip: el("input", { type: "checkbox", "data-key": "clip", title: "Off: no cyan outlines (the caption still counts the patches above the top)" }),
     };
+    if (header.padding.length) st.inputs.pad = el("input", { type: "checkbox", "data-key": "pad" });
     st.outs = { layer: el("span", { class: "vv-out" }), keep: el("span", { class: "vv-out" }), opacity: el("span", { class: "vv-out" }) };
     const display = el("details", { class: "vv-display" }, el("summary", { textContent: "Display" }),
       row("Colour map", st.inputs.cmap), row("Colour scale", st.inputs.scale), row("Overlay", st.inputs.style),
       row("Opacity", st.inputs.opacity, st.outs.opacity),
-      row("Mark attention sinks, keep them out of the scale", st.inputs.sinks));
+      row("Mark attention sinks, keep them out of the scale", st.inputs.sinks),
+      row("Outline patches above the top (cyan)", st.inputs.clip),
+      ...(st.inputs.pad ? [row(`Mark the ${header.padding.length} padding patches, keep them out of the scale`, st.inputs.pad)] : []));
     controls.append(...picker(st, pick),
       row("Layer", st.inputs.layer, st.outs.layer), row("Query", st.inputs.query), row("Direction", st.inputs.dir),
       row("DINO mask: keep share of mass", st.inputs.keep, st.outs.keep), row("Order heads by", st.inputs.order), display);
@@ -532,7 +547,7 @@ const heads = {
         masks: keep > 0 ? shown.map((m) => thresholdMask(m, keep)) : null,
         titles: order.map((h) => `head ${h + 1}`), notes: header.notes ? order.map((h) => header.notes[l][h]) : null,
         data: order.map((h) => ({ head: h + 1 })), outline: order.indexOf(v.chead - 1),
-        tileClass: "vv-tile", columns: H <= 9 ? 3 : 4, tilePx: TILE_PX,
+        tileClass: "vv-tile", columns: H <= 9 ? 3 : 4, tilePx: TILE_PX, padding: v.pad ? header.padding : [],
         valueName: "attention weight", ...st.grid });
     }
     if (parts === "grid") return;
@@ -543,7 +558,7 @@ const heads = {
       sinks: v.cl.map((layer) => (v.sinks ? header.sinks[layer - 1] : [])), masks: null,
       titles: v.cl.map((layer) => `layer ${layer}, head ${v.chead}`), notes: null,
       data: v.cl.map((layer, i) => ({ layer, panel: i })), tileClass: "vv-ctile", columns: v.cn, tilePx: TILE_PX,
-      valueName: "attention weight", ...st.cmp });
+      padding: v.pad ? header.padding : [], valueName: "attention weight", ...st.cmp });
   },
 };
 
@@ -613,7 +628,7 @@ const rolloutView = {
       : `Rollout of patch ${query}, layers ${header.start}–${v.depth} (${header.fusion}${discard}`;
     drawPanel(st, { maps, d, query, sinks: [d.sinks ? header.sinks : []], masks: null, titles: [""], notes: null,
       data: [{ depth: v.depth }], tileClass: "vv-tile vv-single", columns: 1, tilePx: SINGLE_TILE_PX,
-      valueName: header.value_name, ...st.grid });
+      padding: header.padding || [], valueName: header.value_name, ...st.grid });
   },
 };
 

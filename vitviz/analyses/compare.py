@@ -77,26 +77,14 @@ def read_stats_table(source: bytes | str | Path, name: str | None = None, limit_
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..sources.declared import check_parquet
-    from ..settings import Settings
+    from ..sources.declared import open_user_table
 
-    if not isinstance(source, bytes):
-        path = stats_path(source)
-        name = name or str(path)
-        if not path.is_file():
-            raise StatsTableError(f"{name}: no such file; give a stats.parquet file or the folder "
-                                  "`python -m vitviz stats --out` wrote it to.")
-        source = path
-    name = name or "stats table"
-    if limit_bytes is None:
-        limit_bytes = Settings.from_env().cache_bytes
     try:
-        opened = io.BytesIO(source) if isinstance(source, bytes) else source
         # The footer first: a few kilobytes may declare hundreds of millions of run-length-encoded rows.
-        try:
-            metadata = check_parquet(opened, name, limit_bytes)
-        except VitvizError as exc:
-            raise StatsTableError(str(exc)) from exc
+        opened, metadata, name = open_user_table(source, STATS_NAME, "stats", name, limit_bytes)
+    except VitvizError as exc:
+        raise StatsTableError(str(exc)) from exc
+    try:
         # The columns before the reader: pyarrow's read_dictionary names a column it cannot find with a bare
         # KeyError (b'image'), not a sentence.
         _check_columns(metadata.schema.to_arrow_schema().names, name)

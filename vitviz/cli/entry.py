@@ -16,15 +16,15 @@ from .options import EXIT_USER_ERROR, Interrupted, interrupted_code
 # (vitviz.io.lock); a second run on the same folder is refused at once.
 WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers", "qk", "heads", "probe"}
 # Commands whose tables keep the finished batches when interrupted (the rest write one result whole or not at all).
-RESUMABLE = ("stats", "faithfulness", "features")
+RESUMABLE = ("stats", "faithfulness", "features", "probe")
 
 
 def _commands() -> dict:
     """command -> (add_parser(sub), run(args)), in the order ``--help`` lists them."""
-    from ..features.cli import add_parser as features_parser, run as features_run
     from ..probes.cli import add_parser as probe_parser, run as probe_run
     from .analyze import add_parser as analyze_parser, run as analyze_run
     from .faithfulness import add_parser as faithfulness_parser, run as faithfulness_run
+    from .features import add_parser as features_parser, run as features_run
     from .heads import add_parsers as heads_parsers, run_heads, run_qk
     from .registers import add_parser as registers_parser, run as registers_run
     from .stats import add_parser as stats_parser, run as stats_run

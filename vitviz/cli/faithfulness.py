@@ -7,8 +7,8 @@ import sys
 
 from ..errors import VitvizError
 from ..io.output import check_writable
-from .options import (Progress, add_engine, add_inputs, add_model, add_out, check_batch_size, expand, interrupted_code,
-                      no_image, read_json, spec_of, versions)
+from .options import (Progress, add_engine, add_inputs, add_model, add_out, check_batch_size, engine_of, expand,
+                      interrupted_code, no_image, read_json, spec_of, versions)
 
 
 def add_parser(sub) -> None:
@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     from ..sources.models import load_model
 
     check_batch_size(args)
+    engine_of(args)  # --workers and --address checked, Ray present when asked for
     spec = spec_of(args)
     check_writable(args.out)
     files, problems = expand(args)

@@ -67,13 +67,26 @@ def add_out(p: argparse.ArgumentParser, resume: bool = False) -> None:
                    help="output folder (created; reused to resume)" if resume else "output folder (created)")
 
 
+ENGINE_WORKERS_HELP = ("local engine: processes decoding images (0: in the main process; default: cores - 1); "
+                       "ray engine: actors, each holding one model (and one GPU when the cluster has them)")
+
+
 def add_engine(p: argparse.ArgumentParser, workers_help: str, workers_default: int | None = None) -> None:
     """--engine local|ray, --workers, --address."""
     p.add_argument("--workers", type=int, default=workers_default, metavar="W", help=workers_help)
     p.add_argument("--engine", default="local", choices=["local", "ray"],
-                   help="local: this process; ray: Ray Data actors (the ray extra: pip install -e '.[ray]')")
+                   help="local: this process; ray: Ray actors, each holding one model (the ray extra: pip install -e "
+                        "'.[ray]')")
     p.add_argument("--address", metavar="ADDR",
                    help="ray engine: the cluster to join, e.g. ray://head:10001 or auto (default: a local Ray)")
+
+
+def engine_of(args: argparse.Namespace):
+    """The checked :class:`vitviz.runs.engines.Engine` of :func:`add_engine`'s options (default --workers: the
+    command's, else cores - 1)."""
+    from ..runs.engines import Engine, default_workers
+
+    return Engine(args.engine, default_workers() if args.workers is None else args.workers, args.address).check()
 
 
 def check_batch_size(args: argparse.Namespace) -> None:

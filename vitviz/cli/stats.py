@@ -9,8 +9,8 @@ import numpy as np
 
 from ..errors import VitvizError
 from ..io.output import check_writable
-from .options import (Progress, add_engine, add_inputs, add_model, add_out, check_batch_size, expand, interrupted_code,
-                      no_image, read_json, specs_of, versions)
+from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, check_batch_size,
+                      engine_of, expand, interrupted_code, no_image, read_json, specs_of, versions)
 
 COLUMN_DOCS = {
     "image": "the file as given, or relative to the folder given",
@@ -39,23 +39,18 @@ def add_parser(sub) -> None:
     add_inputs(stats)
     add_model(stats, labels=True, head=True, per_model=True)
     add_out(stats, resume=True)
-    add_engine(stats, "local engine: processes decoding images (0: in the main process; default: cores - 1); "
-                      "ray engine: actors, each holding one model (and one GPU when CUDA is present)")
+    add_engine(stats, ENGINE_WORKERS_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
     """Per-head statistics of every image for each model; finished batches are durable, tables whole."""
     from ..analyses.stats import STATISTICS
-    from ..runs.stats_run import default_workers, require_ray, run_local, run_ray
+    from ..runs.stats_run import run_local, run_ray
     from ..runs.stats_store import STATS_NAME, StatsStore
     from ..sources.models import load_model
 
     check_batch_size(args)
-    workers = default_workers() if args.workers is None else args.workers
-    if workers < (1 if args.engine == "ray" else 0):
-        raise VitvizError(f"--workers must be {'1' if args.engine == 'ray' else '0'} or more, not {workers}.")
-    if args.engine == "ray":
-        require_ray()
+    workers = engine_of(args).workers
     specs = specs_of(args)
     check_writable(args.out)
     files, problems = expand(args)

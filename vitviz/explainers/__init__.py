@@ -45,10 +45,10 @@ def explain(lens, x, method: str, target: Target | None = None, trace=None, **op
         ``settings`` (dict for settings.json).
 
     Raises:
-        MethodError: an unknown method, or one that does not apply to this model (a sentence says why).
+        MethodError: an unknown method, or one that does not apply to this model or target (a sentence says why).
     """
     found = get_method(method)
-    why = found.why_not(lens)
+    why = found.why_not(lens) or found.why_not_target(lens, target)
     if why:
         raise MethodError(why)
     return found.compute(lens, as_tensor(lens, x), target, trace, **options)

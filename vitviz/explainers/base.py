@@ -104,6 +104,11 @@ class MapMethod:
                     "(its window maps are on the Attribution page).")
         return None
 
+    def why_not_target(self, lens, target: Target | None) -> str | None:
+        """One sentence naming this method and ``target`` and saying why the method cannot explain it on ``lens``'s
+        model (e.g. a target read inside the model, before the point the method differentiates at), or None."""
+        return None
+
     def compute(self, lens, x: torch.Tensor, target: Target | None = None, trace=None, **options) -> Map:
         """The maps of a batch ``x`` (B, 3, H, W), normalised, on any device.
 
@@ -193,9 +198,26 @@ class AttributionMethod(MapMethod):
 
         if options:
             raise MethodError(f"{self.label} takes no options (got {', '.join(options)}).")
+        why = self.why_not_target(lens, target)
+        if why:
+            raise MethodError(why)
         a = attribute(lens.model, x, self.name, target or default_target(lens.model))
         return Map(self.name, a.patches, a.pixels, self.signed, a.target_value, a.target,
                    {"method": self.name, "target": a.target.describe()}, a.coarse, a.coarse_layout)
+
+
+def target_text(target: Target) -> str:
+    """A target in words, for the sentences refusing it."""
+    try:
+        return target.text()
+    except (NotImplementedError, TypeError, AttributeError):
+        return type(target).__name__
+
+
+def block_of(point: str) -> int | None:
+    """The 0-based block of a block point name (``"blocks.5.resid_post"`` -> 5), None for model-level points."""
+    parts = point.split(".")
+    return int(parts[1]) if len(parts) == 3 and parts[0] == "blocks" and parts[1].isdigit() else None
 
 
 def attention_of(lens, x: torch.Tensor, trace=None) -> np.ndarray:

@@ -50,8 +50,24 @@ def select_tokens(values: torch.Tensor, layout, prefix: bool) -> torch.Tensor:
     return values if prefix else values[:, layout.patch_slice]
 
 
+@dataclass(frozen=True)
+class TokenWork:
+    """The per-batch function (:mod:`vitviz.runs.engines`): a batch's tokens at ``point``, the forward stopped there.
+
+    Attributes:
+        point: the adapters' name (``"blocks.5.resid_post"``). prefix: keep the prefix tokens too.
+    """
+
+    point: str
+    prefix: bool = False
+
+    def __call__(self, lens, batch) -> torch.Tensor:
+        trace = lens.trace(batch.x, keep=[self.point], stop_after=self.point)
+        return select_tokens(trace[self.point], trace.layout, self.prefix).float()
+
+
 def token_batches(lens, files: Sequence, point: str, layer: int, batch_size: int, prefix: bool = False,
-                  start: int = 0) -> Iterator[TokenBatch]:
+                  start: int = 0, engine=None, skip: Sequence[int] = ()) -> Iterator[TokenBatch]:
     """Tokens of ``files`` at ``point`` of 1-based ``layer``, ``batch_size`` files per forward, from batch ``start``.
 
     Each forward stops right after the point (later blocks are not computed) and runs under inference mode.
@@ -60,29 +76,16 @@ def token_batches(lens, files: Sequence, point: str, layer: int, batch_size: int
         files: :class:`vitviz.io.inputs.ImageFile` (``.path``, ``.name``) or paths.
         prefix: include the prefix tokens (CLS, registers) as well as the patches.
         start: the first batch to compute (earlier ones are skipped without decoding: resuming).
+        skip: other batches (0-based) not to compute.
+        engine: where the forwards run (:class:`vitviz.runs.engines.Engine`; default this process). On Ray the
+            tokens come back to this process on the CPU.
     """
-    from ..errors import ImageError
-    from ..io.images import load_image
+    from ..runs.engines import Engine, run_batches
 
-    name = check_point(lens, point, layer)
-    entries = [(getattr(f, "path", f), getattr(f, "name", str(f))) for f in files]
-    for index, s in enumerate(range(0, len(entries), batch_size)):
-        if index < start:
-            continue
-        chunk = entries[s:s + batch_size]
-        images, problems = [], []
-        for path, label in chunk:
-            try:
-                images.append(load_image(path, label))
-            except ImageError as exc:
-                problems.append(str(exc))
-        if not images:
-            yield TokenBatch(index, [], torch.zeros(0, 0, 0), problems)
-            continue
-        x = lens.preprocess([im.image for im in images])
-        trace = lens.trace(x, keep=[name], stop_after=name)
-        tokens = select_tokens(trace[name], trace.layout, prefix).float()
-        yield TokenBatch(index, [im.name for im in images], tokens, problems)
+    work = TokenWork(check_point(lens, point, layer), prefix)
+    for batch in run_batches(work, lens, files, batch_size, engine or Engine(), skip=[*range(start), *skip]):
+        tokens = torch.zeros(0, 0, 0) if batch.value is None else batch.value
+        yield TokenBatch(batch.index, batch.names, tokens, batch.problems())
 
 
 def flat(tokens: torch.Tensor) -> torch.Tensor:

@@ -143,7 +143,7 @@ class SAE(torch.nn.Module):
     def fit(cls, activations, latents: int, topk: int, seed: int = 0, epochs: int = 1, batch_size: int = 256,
             lr: float | None = None, dead_after: int | None = None, checkpoint: str | Path | None = None,
             checkpoint_every: int = 100, callback: Callable[[int, dict], None] | None = None,
-            progress: bool = False, info: dict | None = None) -> "SAE":
+            progress: bool = False, info: dict | None = None, device: str | torch.device = "cpu") -> "SAE":
         """Train a TopK SAE on tokens.
 
         Args:
@@ -161,9 +161,11 @@ class SAE(torch.nn.Module):
                 exists the run continues from it (same data and settings give the uninterrupted run's weights).
             callback: ``fn(step, metrics)`` after every step (1-based steps).
             progress: a tqdm bar with the last batch's NMSE, explained variance, L0 and dead fraction.
+            device: where the SAE trains: ``"cpu"`` (default), ``"cuda"``, ``"cuda:1"``, ``"mps"`` or ``"auto"``; each
+                batch moves there (the initialisation is computed in float64 on the CPU, the same on every device).
 
         Returns:
-            the trained SAE (eval mode) with ``info["training"]`` (steps, tokens, epochs, seed, lr) and
+            the trained SAE (eval mode, on ``device``) with ``info["training"]`` (steps, tokens, epochs, seed, lr) and
             ``info["metrics"]`` (the last step's training metrics).
         """
         array = _as_array(activations)
@@ -193,7 +195,9 @@ class SAE(torch.nn.Module):
                     yield from (torch.as_tensor(np.asarray(b), dtype=torch.float32) for b in stream)
                 else:
                     yield from (torch.as_tensor(np.asarray(b), dtype=torch.float32) for b in iterable)
-        sae = cls(first.shape[-1], latents, topk, info=info).init_from(first, seed)
+        from ..sources.models import resolve_device
+
+        sae = cls(first.shape[-1], latents, topk, info=info).init_from(first, seed).to(resolve_device(str(device)))
         trainer = Trainer(sae, lr=lr, dead_after=16 * batch_size if dead_after is None else dead_after)
         trainer.settings["seed"] = int(seed)
         path = Path(checkpoint) if checkpoint else None

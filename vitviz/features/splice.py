@@ -140,8 +140,9 @@ class LatentTarget(Target):
 
     ``vitviz.explain(lens, x, "attnlrp", target=LatentTarget(sae, 12))``. The value is z_latent of the SAE's
     encoding of the tokens at its point: at patch ``patch`` (0-based raster index), or summed over the patches
-    (None). Methods that score the model's output through its head (LeGrad) or read a later block (Grad-CAM) do not
-    apply; relevance methods, Integrated Gradients and occlusion do.
+    (None). Relevance methods, Integrated Gradients and occlusion explain it; LeGrad (which scores the output through
+    the head) refuses it, and Grad-CAM (which differentiates at the last block's ln1) refuses a latent read before
+    that point, each with a sentence (their ``why_not_target``); attention methods explain no target.
 
     Args:
         num_prefix_tokens: tokens before the patches; default from sae.json's token layout.

@@ -14,8 +14,9 @@ from .sae import SAE
 TOP_COLUMNS = ("latent", "image", "patch", "activation")
 
 
-def open_for(sae: SAE, device: str = "auto"):
-    """The model an SAE was trained on (sae.json's ``model``), opened with :func:`vitviz.open`."""
+def open_for(sae: SAE, device: str = "auto", head: str | Path | None = None):
+    """The model an SAE was trained on (sae.json's ``model``), opened with :func:`vitviz.open` (``head``: a probe file
+    that becomes its classifier)."""
     import vitviz
 
     model = sae.info.get("model")
@@ -23,7 +24,7 @@ def open_for(sae: SAE, device: str = "auto"):
         raise VitvizError("this SAE does not say which model it reads (sae.json has no 'model'): open the model "
                           "yourself and pass the lens.")
     return vitviz.open(model["name"], checkpoint=model.get("checkpoint"), img_size=model.get("img_size"),
-                       device=device)
+                       device=device, head=head)
 
 
 def point_of(sae: SAE) -> tuple[str, int]:
@@ -101,6 +102,15 @@ def write_png(image, path: str | Path) -> Path:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
     return atomic_write_bytes(Path(path), buffer.getvalue())
+
+
+def write_json(data: dict, path: str | Path) -> Path:
+    """``data`` as indented JSON at ``path``, written whole or not at all."""
+    import json
+
+    from ..io.atomic import atomic_write_bytes
+
+    return atomic_write_bytes(Path(path), (json.dumps(data, indent=1) + "\n").encode())
 
 
 def write_top(table: pd.DataFrame, path: str | Path) -> Path:

@@ -72,13 +72,17 @@ def versions() -> dict:
 
 
 def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool = True,
-          callback: Callable[[int, dict], None] | None = None) -> SAE:
+          callback: Callable[[int, dict], None] | None = None, engine=None, shards: str | Path | None = None) -> SAE:
     """Train, checkpoint after every image batch, write ``sae.safetensors`` + ``sae.json`` into ``out``.
 
     Args:
         lens: the opened model (:func:`vitviz.open`).
         files: :class:`vitviz.io.inputs.ImageFile` in the order they are read.
         callback: ``fn(image batches done, last metrics)`` after each checkpoint (tests stop runs with it).
+        engine: where the forwards run (:class:`vitviz.runs.engines.Engine`: this process, or Ray actors whose
+            tokens stream back here into the trainer); default this process.
+        shards: a folder of float16 shards (:mod:`vitviz.features.shards`): the missing ones are written first, then
+            every epoch reads them instead of running the model. None: every epoch streams from the model.
 
     Returns:
         the SAE (also written to ``out``), its ``info`` the content of sae.json.
@@ -89,12 +93,13 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
     settings.check()
     names = [f.name for f in files]
     run = {"model": lens.spec.name, "checkpoint": lens.spec.checkpoint, "img_size": lens.spec.img_size,
-           **asdict(settings), "images_sha256": _files_digest(names)}
+           **asdict(settings), "images_sha256": _files_digest(names),
+           "token_dtype": "float32" if shards is None else "float16"}
     point = f"blocks.{settings.layer - 1}.{settings.point}"
     Path(out).mkdir(parents=True, exist_ok=True)
     path = Path(out) / CHECKPOINT
     trainer = sae = None
-    last_epoch, problems = _Running(), []
+    last_epoch, problems, seen = _Running(), [], _Moments()
     if path.exists():
         state = _read_checkpoint(path)
         if json.loads(state["run"]) != run:
@@ -105,17 +110,34 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
         trainer = _trainer(sae, settings)
         trainer.load_state_dict(state)
         last_epoch.sums, last_epoch.n, problems = json.loads(state["running"])
+        seen.load(state)
+    if shards is not None:
+        from .shards import write_shards
+
+        keys = ("model", "checkpoint", "img_size", "point", "layer", "prefix", "batch_size", "images_sha256")
+        bar = _bar(math.ceil(len(files) / settings.batch_size), progress, 0, "float16 shards")
+        shards = write_shards(lens, files, settings.point, settings.layer, settings.batch_size, settings.prefix, shards,
+                              {k: run[k] for k in keys}, engine, progress=lambda _: bar.update(1))
+        bar.close()
+
+    def stream(start: int):
+        if shards is not None:
+            return shards.read(start)
+        return token_batches(lens, files, settings.point, settings.layer, settings.batch_size, settings.prefix,
+                             start=start, engine=engine)
+
     n_batches = math.ceil(len(files) / settings.batch_size)
     bar = _bar(n_batches * settings.epochs, progress, 0 if trainer is None else trainer.epoch * n_batches + trainer.batch)
     for epoch in range(settings.epochs):
         start = 0 if trainer is None or epoch > trainer.epoch else trainer.batch
         if trainer is not None and epoch < trainer.epoch:
             continue
-        for batch in token_batches(lens, files, settings.point, settings.layer, settings.batch_size,
-                                   settings.prefix, start=start):
+        for batch in stream(start):
             problems += [p for p in batch.problems if epoch == 0]
             if batch.names:
-                tokens = flat(batch.tokens)
+                tokens = flat(batch.tokens).to(lens.device)  # shards and Ray actors give CPU tensors
+                if epoch == 0:
+                    seen.add(tokens)
                 if trainer is None:
                     sae = SAE(tokens.shape[-1], settings.latents, settings.topk).to(tokens.device)
                     sae.init_from(tokens, settings.seed)
@@ -128,7 +150,7 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
             if trainer is None:
                 continue
             trainer.epoch, trainer.batch = epoch, batch.index + 1
-            _write_checkpoint(trainer, run, [last_epoch.sums, last_epoch.n, problems], path)
+            _write_checkpoint(trainer, run, [last_epoch.sums, last_epoch.n, problems], seen, path)
             bar.update(1)
             if trainer.last:
                 bar.set_postfix(_postfix(trainer.last), refresh=False)
@@ -138,7 +160,7 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
     if trainer is None:
         raise VitvizError("no image could be read: nothing to train on.")
     trainer.epoch, trainer.batch = settings.epochs, 0
-    _write_checkpoint(trainer, run, [last_epoch.sums, last_epoch.n, problems], path)
+    _write_checkpoint(trainer, run, [last_epoch.sums, last_epoch.n, problems], seen, path)
     final = last_epoch.result() or trainer.last
     final["dead_fraction"] = float(trainer.dead().float().mean())
     card = lens.loaded.card()
@@ -152,6 +174,7 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
                    "sha256_of_names": run["images_sha256"]},
         "training": {**trainer.settings, **asdict(settings), "steps": trainer.step_count, "tokens": trainer.tokens},
         "metrics": final,
+        "activations": seen.result(),
         "metrics_definition": "the last epoch's training batches, token-weighted (nmse = sum ||x - x_hat||^2 / "
                               "sum ||x - batch mean||^2 per step); dead_fraction: latents that fired on none of "
                               "the last dead_after tokens",
@@ -166,14 +189,15 @@ def _trainer(sae: SAE, settings: TrainSettings) -> Trainer:
                    dead_after=16 * settings.batch_tokens if settings.dead_after is None else settings.dead_after)
 
 
-def _write_checkpoint(trainer: Trainer, run: dict, running: list, path: Path) -> None:
-    """The trainer's state with the run's settings and the running metrics and skipped files (JSON)."""
+def _write_checkpoint(trainer: Trainer, run: dict, running: list, seen: "_Moments", path: Path) -> None:
+    """The trainer's state with the run's settings, the running metrics and skipped files (JSON) and the moments of
+    the tokens read."""
     import io
 
     from ..io.atomic import atomic_write_bytes
 
     buffer = io.BytesIO()
-    torch.save(trainer.state_dict() | {"run": json.dumps(run), "running": json.dumps(running)}, buffer)
+    torch.save(trainer.state_dict() | {"run": json.dumps(run), "running": json.dumps(running)} | seen.state(), buffer)
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -205,6 +229,40 @@ class _Running:
         return {k: v / self.n for k, v in self.sums.items()} if self.n else {}
 
 
+class _Moments:
+    """Count, sum and sum of squares (float64, per dimension) of the tokens the first epoch read."""
+
+    def __init__(self):
+        self.n, self.sum, self.sumsq = 0, None, None
+
+    def add(self, tokens: torch.Tensor) -> None:
+        x = tokens.detach().to("cpu", torch.float64)
+        self.n += len(x)
+        self.sum = x.sum(0) if self.sum is None else self.sum + x.sum(0)
+        self.sumsq = x.pow(2).sum(0) if self.sumsq is None else self.sumsq + x.pow(2).sum(0)
+
+    def state(self) -> dict:
+        return {} if self.sum is None else {"token_count": torch.tensor(self.n), "token_sum": self.sum,
+                                            "token_sumsq": self.sumsq}
+
+    def load(self, state: dict) -> None:
+        if "token_sum" in state:
+            self.n, self.sum, self.sumsq = int(state["token_count"]), state["token_sum"], state["token_sumsq"]
+
+    def mean_variance(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(D,) mean and (D,) variance (population) of the tokens read."""
+        mean = self.sum / self.n
+        return mean, self.sumsq / self.n - mean.pow(2)
+
+    def result(self) -> dict:
+        """sae.json's ``activations``: tokens read, the norm of their mean, their total variance (sum over D)."""
+        if not self.n:
+            return {}
+        mean, variance = self.mean_variance()
+        return {"tokens": self.n, "mean_norm": float(mean.norm()), "total_variance": float(variance.sum()),
+                "definition": "over the first epoch's tokens, in the layer's units: ||mean||, sum_d Var(x_d)"}
+
+
 class _NoBar:
     def update(self, n): pass
 
@@ -213,11 +271,11 @@ class _NoBar:
     def close(self): pass
 
 
-def _bar(total: int, progress: bool, initial: int):
+def _bar(total: int, progress: bool, initial: int, desc: str = "features train"):
     if not progress:
         return _NoBar()
     import sys
 
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="batch", desc="features train", file=sys.stderr)
+    return tqdm(total=total, initial=initial, unit="batch", desc=desc, file=sys.stderr)

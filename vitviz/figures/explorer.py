@@ -24,7 +24,8 @@ from PIL import Image
 
 from .colour import SCALE_MODES, SEQUENTIAL, ROBUST_PERCENTILE, lookup_table
 from ..layout import TokenLayout
-from .overlay import CLIPPED_COLOUR, OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES, QUERY_COLOUR, SINK_COLOUR
+from .overlay import (CLIPPED_COLOUR, OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES, PADDING_COLOUR, QUERY_COLOUR,
+                      SINK_COLOUR)
 from ..analyses.rollout import readout_name, rollout, rollout_patch_rows
 from ..tensors import as_tensor
 
@@ -109,14 +110,15 @@ def _drawing_header(what: str = "attention weight") -> dict:
         "luts": {name: lookup_table(name).tolist() for name in SEQUENTIAL},
         "scale_modes": list(SCALE_MODES), "styles": list(OVERLAY_STYLES), "style_labels": [OVERLAY_LABELS[s] for s in OVERLAY_STYLES],
         "style_help": OVERLAY_HELP, "percentile": ROBUST_PERCENTILE,
-        "colours": {"clipped": list(CLIPPED_COLOUR), "sink": list(SINK_COLOUR), "query": list(QUERY_COLOUR)},
+        "colours": {"clipped": list(CLIPPED_COLOUR), "sink": list(SINK_COLOUR), "query": list(QUERY_COLOUR),
+                    "padding": list(PADDING_COLOUR)},
         "quantisation": quantisation_note(what),
     }
 
 
 def explorer_payload(attention, layout: TokenLayout, image: Image.Image, *, sinks: list[np.ndarray],
                      notes: np.ndarray | None = None, scores: dict[str, tuple[np.ndarray, bool]] | None = None,
-                     selected: int | None = None,
+                     selected: int | None = None, padding: np.ndarray | None = None,
                      patch_rows_budget: int = PATCH_ROWS_BUDGET) -> ExplorerPayload:
     """Pack one image's attention for the browser explorer.
 
@@ -128,6 +130,8 @@ def explorer_payload(attention, layout: TokenLayout, image: Image.Image, *, sink
         notes: (L, H) strings under each head's title (entropy, focus, distance), or None.
         scores: ranking name -> ((L, H) scores, whether higher ranks first), as :func:`vitviz.analyses.maps.rank_heads`.
         selected: the selected patch; its row and column are sent when not every row fits the budget.
+        padding: patches holding padding only (raster indices, :func:`vitviz.sources.preprocess.padding_patches`): the browser
+            hatches them and keeps them out of the scale while its Display box says so.
         patch_rows_budget: bytes allowed for every patch's row of every layer and head (float16).
 
     Returns:
@@ -158,6 +162,7 @@ def explorer_payload(attention, layout: TokenLayout, image: Image.Image, *, sink
         "size": [image.width, image.height], "has_cls": layout.cls_index is not None,
         "patch_rows": patch_rows, "selected": selected,
         "sinks": [np.asarray(s, dtype=int).tolist() for s in sinks],
+        "padding": [] if padding is None else np.asarray(padding, dtype=int).tolist(),
         "notes": None if notes is None else np.asarray(notes, dtype=object).tolist(),
         "rankings": {name: {"scores": np.asarray(v, dtype=np.float64).tolist(), "descending": bool(d)}
                      for name, (v, d) in (scores or {}).items()},
@@ -171,7 +176,7 @@ def explorer_payload(attention, layout: TokenLayout, image: Image.Image, *, sink
 def rollout_payload(attention, layout: TokenLayout, image: Image.Image, *, fusion: str = "mean", discard: float = 0.0,
                     start: int = 0, end: int | None = None, exclude_tokens: tuple[int, ...] = (),
                     sinks: np.ndarray | None = None, display: dict | None = None, selected: int | None = None,
-                    patch_rows_budget: int = PATCH_ROWS_BUDGET) -> ExplorerPayload:
+                    padding: np.ndarray | None = None, patch_rows_budget: int = PATCH_ROWS_BUDGET) -> ExplorerPayload:
     """Pack one image's cumulative rollout after each layer of a range, for the browser's rollout view.
 
     The browser picks the depth and the read-out patch; the rows it draws are computed here in float64
@@ -184,8 +189,10 @@ def rollout_payload(attention, layout: TokenLayout, image: Image.Image, *, fusio
         fusion, discard, start, end, exclude_tokens: as :func:`vitviz.analyses.rollout.rollout` (range [start, end), 0-based).
         sinks: sink patches of the range (raster indices): marked and kept out of the scale when ``display`` says so.
         display: how to draw, as the page's display choices: ``cmap``, ``scale``, ``style``, ``opacity``,
-            ``sinks`` (mark them), ``smooth`` (bilinear between patch centres).
+            ``sinks`` (mark them), ``smooth`` (bilinear between patch centres), ``clip`` (outline clipped patches).
         selected: the clicked patch; its rows are sent when not every patch's rows are.
+        padding: padding patches to hatch and keep out of the scale (raster indices; none when the display's
+            choice is off).
         patch_rows_budget: bytes allowed for every patch's rows of every depth (float16).
 
     Returns:
@@ -212,13 +219,14 @@ def rollout_payload(attention, layout: TokenLayout, image: Image.Image, *, fusio
     arrays["image"] = _png(image)
     gh, gw = layout.grid_size
     display = {"cmap": "Inferno", "scale": SCALE_MODES[0], "style": OVERLAY_STYLES[0], "opacity": 0.8,
-               "sinks": True, "smooth": False} | (display or {})
+               "sinks": True, "smooth": False, "clip": True} | (display or {})
     header = {
         "version": 1, "view": "rollout", "layers": L, "start": start + 1, "end": end, "grid": [gh, gw], "patches": P,
         "size": [image.width, image.height], "readout": readout_name(layout).replace("cls", "CLS"),
         "fusion": fusion, "discard": float(discard), "patch_rows": patch_rows, "selected": selected,
         "discard_rows": discard != 0,
         "sinks": [] if sinks is None else np.asarray(sinks, dtype=int).tolist(), "display": display,
+        "padding": [] if padding is None else np.asarray(padding, dtype=int).tolist(),
         "value_name": "rollout mass",
     } | _drawing_header("rollout mass")
     data, digest = _pack(header, arrays)

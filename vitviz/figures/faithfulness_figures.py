@@ -59,12 +59,13 @@ def curves_figure(fractions: np.ndarray, deletion: np.ndarray, insertion: np.nda
                 legendgroup=name, showlegend=col == 1, marker=dict(size=5),
                 line=dict(color=colours[name], width=2.5 if name in ("rollout", "attention_flow", "gradient_rollout")
                           else 1.5, dash="dash" if name == FLOOR else "solid"),
-                hovertemplate=f"{method_label(name)}<br>{mode} of %{{x:.0%}} of patches<br>score %{{y:.4f}}<extra></extra>"),
+                hovertemplate=f"{method_label(name)}<br>{mode} of %{{x:.0%}} of patches<br>score %{{y:.3f}}<extra></extra>"),
                 row=1, col=col)
         fig.update_xaxes(title_text="fraction of patches " + ("deleted" if mode == "deletion" else "inserted"),
                          tickformat=".0%", range=[-0.02, 1.02], row=1, col=col)
         fig.update_yaxes(title_text=score_axis(score), row=1, col=col)
-    fig.update_layout(height=height, margin=dict(l=60, r=20, t=40, b=50), template="plotly_white",
+    # t=72: the subplot titles sit below the chart toolbar (which covered "Insertion ..." at t=40).
+    fig.update_layout(height=height, margin=dict(l=60, r=20, t=72, b=50), template="plotly_white",
                       legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0, font=dict(size=11)))
     return fig
 
@@ -111,7 +112,7 @@ def dataset_figure(block: dict, protocol_label: str, *, height: int | None = Non
             error_x=dict(type="data", symmetric=False, array=[r["high"] - r["mean"]], arrayminus=[r["mean"] - r["low"]],
                          thickness=2, width=6, color=colours[r["method"]]),
             showlegend=False,
-            hovertemplate=f"{name}<br>mean AUC %{{x:.4f}}<br>95 % interval {r['low']:.4f} to {r['high']:.4f}"
+            hovertemplate=f"{name}<br>mean AUC %{{x:.3f}}<br>95 % interval {r['low']:.3f} to {r['high']:.3f}"
                           f"<br>{r['images']} images<extra></extra>"))
     fig.update_xaxes(title_text=f"mean AUC over images ({block['better']} is more faithful)", zeroline=False)
     fig.update_yaxes(autorange="reversed", title_text=None)

@@ -29,6 +29,7 @@ OVERLAY_HELP = ("What is drawn over the image. Opacity follows the value: each p
 CLIPPED_COLOUR = (0, 255, 255)     # cyan outline: above the top of the colour scale
 SINK_COLOUR = (255, 255, 255)      # white cross: an attention sink (excluded from the scale)
 QUERY_COLOUR = (0, 255, 0)         # green outline: the query (or key) patch
+PADDING_COLOUR = (210, 210, 210)   # light grey diagonal: a padding patch (no photo in it; excluded from the scale)
 
 
 @dataclass
@@ -39,6 +40,7 @@ class Marks:
     clipped: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     sinks: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
     region: np.ndarray | None = None  # (gh, gw) bool, outlined in white: the cells a local attention can reach
+    padding: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))  # hatched: padding, no photo
 
 
 def upsample(grid_map: np.ndarray, size: tuple[int, int], smooth: bool = False) -> np.ndarray:
@@ -61,7 +63,7 @@ def render_overlay(image: Image.Image, grid_map: np.ndarray, scale: ColourScale,
             ``"heatmap"`` (the colours at a constant ``opacity``) or ``"DINO mask"`` (the image kept
             inside ``mask``, dimmed by ``opacity`` outside, the mask's contour drawn).
         mask: (gh, gw) bool, e.g. from :func:`vitviz.analyses.maps.threshold_mask`; cells outside it are not coloured.
-        marks: patches to outline (query, clipped cells) or cross (sinks).
+        marks: patches to outline (query, clipped cells), cross (sinks) or hatch (padding).
         zoom: integer enlargement of the output (for print-size downloads).
     """
     if style not in OVERLAY_STYLES:
@@ -93,6 +95,9 @@ def render_overlay(image: Image.Image, grid_map: np.ndarray, scale: ColourScale,
         r, c = divmod(int(p), gw)
         return [c * pw, r * ph, (c + 1) * pw - 1, (r + 1) * ph - 1]
 
+    for p in marks.padding:
+        x0, y0, x1, y1 = box(p)
+        draw.line([x0, y1, x1, y0], fill=PADDING_COLOUR, width=max(1, zoom))
     for p in marks.clipped:
         draw.rectangle(box(p), outline=CLIPPED_COLOUR, width=max(1, zoom))
     for p in marks.sinks:
@@ -223,8 +228,10 @@ class RenderedMaps:
     Attributes:
         tiles: k finished images of the model-input size (times ``zoom``).
         scales: k colour scales (the same object repeated when shared).
-        clipped: k arrays of patch indices above their scale's top (beyond ± it for signed maps; outlined in cyan).
-        excluded: patch indices that set no colour limit (query patch, attention sinks).
+        clipped: k arrays of patch indices above their scale's top (beyond ± it for signed maps; outlined in cyan
+            when ``outlined``).
+        excluded: patch indices that set no colour limit (query patch, attention sinks, padding).
+        padding: the padding patches among them (hatched).
     """
 
     tiles: list[Image.Image]
@@ -232,6 +239,8 @@ class RenderedMaps:
     clipped: list[np.ndarray]
     excluded: np.ndarray
     cmap: str = "Inferno"  # the colour map the tiles were drawn with (DIVERGING for signed maps, whatever was asked)
+    padding: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+    outlined: bool = True
 
     @property
     def shared(self) -> bool:
@@ -244,9 +253,13 @@ class RenderedMaps:
         text = f"Colours: {self.scales[0].rule}"
         beyond = "beyond ± the limit drawn in the end colours" if self.scales[0].signed else \
             "above the top drawn in the top colour"
-        text += f"; {n} patch{'es' if n != 1 else ''} {beyond}, outlined in cyan" if n else "; nothing clipped"
-        if len(self.excluded):
-            text += f"; patches {sorted(int(p) for p in self.excluded)} set no limit ({excluded_what})"
+        outline = "outlined in cyan" if self.outlined else "not outlined (Display: outlines off)"
+        text += f"; {n} patch{'es' if n != 1 else ''} {beyond}, {outline}" if n else "; nothing clipped"
+        others = sorted(set(int(p) for p in self.excluded) - set(int(p) for p in self.padding))
+        if others:
+            text += f"; patches {others} set no limit ({excluded_what})"
+        if len(self.padding):
+            text += f"; {len(self.padding)} padding patches (hatched, no photo in them) set no limit"
         flat = sum(s.flat for s in self.scales)
         if flat and not self.scales[0].flat:
             text += f"; {flat} map{'s' if flat != 1 else ''} flat (every value within 0.1% of its mean), drawn at mid-scale"
@@ -257,7 +270,8 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
                 style: str = "transparent where low", opacity: float = 0.8, smooth: bool = False,
                 masks: np.ndarray | None = None, query: int | None = None,
                 sinks: np.ndarray | list[np.ndarray] | None = None, region: np.ndarray | None = None,
-                zoom: int = 1, signed: bool = False) -> RenderedMaps:
+                zoom: int = 1, signed: bool = False, padding: np.ndarray | None = None,
+                outline_clipped: bool = True) -> RenderedMaps:
     """Colour scales and tiles for maps meant to be compared (every head of a layer, layers side by side).
 
     maps: (k, gh, gw); masks: (k, gh, gw) bool or None; query: the query (or key) patch, which
@@ -267,7 +281,9 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
     the maps can be non-zero on (a Swin window): only they set limits (the zeros around a window
     would pull a percentile to 0), and its border is drawn; signed: the maps are signed (relevance), drawn on the
     diverging map centred on 0 whatever ``cmap`` says (:func:`vitviz.figures.colour.signed_scales`): one colour rule per
-    method on every page.
+    method on every page; padding: patch indices that hold no photo (:func:`vitviz.sources.preprocess.padding_patches`), hatched
+    and kept out of the limits like sinks; outline_clipped: False leaves the cyan outlines of clipped patches off (the
+    caption still counts them).
     """
     from .colour import DIVERGING, colour_scale, signed_scales
 
@@ -280,6 +296,8 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
     sinks = [np.asarray(s, dtype=int) for s in sinks]
     for tile_sinks in sinks:
         excluded[tile_sinks] = True
+    padding = np.zeros(0, dtype=int) if padding is None else np.asarray(padding, dtype=int)
+    excluded[padding] = True
     outside = np.zeros((gh, gw), dtype=bool) if region is None else ~np.asarray(region, dtype=bool)
     scales = (signed_scales if signed else colour_scale)(maps, scale_mode, exclude=excluded.reshape(gh, gw) | outside)
     cmap = DIVERGING if signed else cmap
@@ -290,5 +308,7 @@ def render_maps(image: Image.Image, maps: np.ndarray, *, scale_mode: str = "robu
         clipped.append(above)
         tiles.append(render_overlay(image, maps[i], scales[i], cmap=cmap, style=style, opacity=opacity,
                                     smooth=smooth, mask=None if masks is None else masks[i],
-                                    marks=Marks(query=query, clipped=above, sinks=sinks[i], region=region), zoom=zoom))
-    return RenderedMaps(tiles=tiles, scales=scales, clipped=clipped, excluded=np.flatnonzero(excluded), cmap=cmap)
+                                    marks=Marks(query=query, clipped=above if outline_clipped else np.zeros(0, int),
+                                                sinks=sinks[i], region=region, padding=padding), zoom=zoom))
+    return RenderedMaps(tiles=tiles, scales=scales, clipped=clipped, excluded=np.flatnonzero(excluded), cmap=cmap,
+                        padding=padding, outlined=outline_clipped)

@@ -103,13 +103,31 @@ def maps_figure(image: Image.Image, maps: np.ndarray, titles: list[str], layout:
     return fig, rendered.caption(marked_what)
 
 
+COSINE = "pooled cosine (before vs after)"
+COSINE_GAP = "1 − pooled cosine"
+# printf formats of the tables' number columns, for the page (three decimals for AUCs and logits, four for a cosine
+# next to its distance from 1 in powers of ten, so a cosine of 0.99998 does not read as "1").
+TABLE_FORMATS = {COSINE: "%.4f", COSINE_GAP: "%.1e", "top-1 logit change": "%+.3f", "largest |logit change|": "%.3f",
+                 "deletion AUC ↓": "%.3f", "insertion AUC ↑": "%.3f"}
+
+
 def output_change_table(change: OutputChange, names: list[str]) -> pd.DataFrame:
-    """One row per image: pooled cosine and, for classifiers, top-1 agreement and logit changes."""
-    table = {"image": names, "pooled cosine (before, after)": change.pooled_cosine}
+    """One row per image: the pooled vectors' cosine before vs after and its distance from 1, and for classifiers,
+    top-1 agreement and logit changes (formats: :data:`TABLE_FORMATS`)."""
+    cosine = np.asarray(change.pooled_cosine, dtype=np.float64)
+    table = {"image": names, COSINE: cosine, COSINE_GAP: np.clip(1.0 - cosine, 0.0, None)}
     if change.top1_agrees is not None:
         table |= {"same top-1 class": change.top1_agrees, "top-1 logit change": change.top1_logit_change,
                   "largest |logit change|": change.max_logit_change}
     return pd.DataFrame(table)
+
+
+def repair_faithfulness_table(rows: list[dict]) -> pd.DataFrame:
+    """:meth:`vitviz.runs.registers_run.RepairFaithfulness.table` with words for headers (formats:
+    :data:`TABLE_FORMATS`)."""
+    return pd.DataFrame(rows).rename(columns={
+        "side": "before / after", "deletion_auc": "deletion AUC ↓", "insertion_auc": "insertion AUC ↑",
+        "deletion_vs_random": "deletion vs random maps", "insertion_vs_random": "insertion vs random maps"})
 
 
 def norm_ratio_figure(before: np.ndarray, layout_before: TokenLayout, after: np.ndarray, layout_after: TokenLayout,

@@ -40,12 +40,15 @@ class LoadedImage:
         sha256: hash of the file bytes (keys caches, recorded in settings.json); ``":pad"`` is
             appended once :func:`frame_image` padded the image, so crop and pad results never mix.
         notes: sentences about conversions, e.g. transparency composited, first frame used.
+        content_box: (left, top, right, bottom) pixels of ``image`` that hold the photo once
+            :func:`frame_image` padded it (the rest is padding); None: all of it is the photo.
     """
 
     name: str
     image: Image.Image
     sha256: str
     notes: list[str] = field(default_factory=list)
+    content_box: tuple[int, int, int, int] | None = None
 
 
 def _to_rgb(im: Image.Image, background: tuple[int, int, int], notes: list[str]) -> Image.Image:
@@ -226,10 +229,18 @@ def pad_to_square(image: Image.Image, fill: tuple[int, int, int] = (0, 0, 0)) ->
         scale = MAX_PAD_SIDE / max(w, h)
         w, h = max(1, round(w * scale)), max(1, round(h * scale))
         image = image.resize((w, h), Image.Resampling.BICUBIC, reducing_gap=3.0)
-    side = max(w, h)
-    canvas = Image.new("RGB", (side, side), tuple(int(c) for c in fill))
-    canvas.paste(image, ((side - w) // 2, (side - h) // 2))
+    canvas = Image.new("RGB", (max(w, h),) * 2, tuple(int(c) for c in fill))
+    canvas.paste(image, _pad_box((w, h))[:2])
     return canvas
+
+
+def _pad_box(size: tuple[int, int]) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) of a W x H image centred on its padded square (as :func:`pad_to_square` places
+    it, after any scaling to :data:`MAX_PAD_SIDE`)."""
+    w, h = size
+    side = max(w, h)
+    left, top = (side - w) // 2, (side - h) // 2
+    return left, top, left + w, top + h
 
 
 def mean_colour(data_config: dict) -> tuple[int, int, int]:
@@ -255,4 +266,8 @@ def frame_image(loaded: LoadedImage, framing: str, fill: tuple[int, int, int] = 
     scaled = f" (scaled to a {padded.width} px side first)" if padded.width < max(w, h) else ""
     note = (f"padded from {w}x{h} to {padded.width}x{padded.height} with RGB{tuple(fill)}{scaled} "
             "so the model sees all of it")
-    return dataclasses.replace(loaded, image=padded, sha256=f"{loaded.sha256}:pad", notes=[*loaded.notes, note])
+    shrink = padded.width / max(w, h)
+    box = _pad_box((max(1, round(w * shrink)), max(1, round(h * shrink))) if shrink < 1 else (w, h))
+    return dataclasses.replace(loaded, image=padded, sha256=f"{loaded.sha256}:pad", notes=[*loaded.notes, note],
+                               content_box=box)
+

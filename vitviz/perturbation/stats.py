@@ -160,27 +160,15 @@ def read_auc_table(source, name: str | None = None, limit_bytes: int | None = No
         VitvizError: one sentence naming the file: absent, not Parquet, over the memory budget, a column missing,
             or one (image, method, protocol) given twice.
     """
-    import io
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ..sources.declared import check_parquet
     from ..errors import VitvizError
-    from ..settings import Settings
+    from ..sources.declared import open_user_table
 
-    if not isinstance(source, bytes):
-        path = auc_path(source)
-        name = name or str(path)
-        if not path.is_file():
-            raise VitvizError(f"{name}: no such file; give an auc.parquet file or the folder "
-                              "`python -m vitviz faithfulness --out` wrote it to.")
-        source = path
-    name = name or "auc table"
-    limit = Settings.from_env().cache_bytes if limit_bytes is None else limit_bytes
+    opened, metadata, name = open_user_table(source, "auc.parquet", "faithfulness", name, limit_bytes)
     try:
-        opened = io.BytesIO(source) if isinstance(source, bytes) else source
-        handle = pq.ParquetFile(opened, metadata=check_parquet(opened, name, limit))
+        handle = pq.ParquetFile(opened, metadata=metadata)
         missing = [c for c in AUC_COLUMNS if c not in handle.schema_arrow.names]
         if missing:
             raise VitvizError(f"{name}: not a vitviz faithfulness table: it lacks {', '.join(missing)} (expected the "

@@ -51,6 +51,21 @@ def readout(lens, tokens: torch.Tensor, pooling: str, rules=None) -> torch.Tenso
     return pool(hooks.kept["final_norm"], hooks.kept.get("pooled"), pooling, lens.layout.num_prefix_tokens)
 
 
+def batch_features(lens, x: torch.Tensor, pooling: str) -> np.ndarray:
+    """Every layer's features of a batch from one forward: x (B, 3, H, W) -> (L, B, F) float64 (layer 0-based)."""
+    trace = lens.trace(x, keep="resid_post")
+    with torch.inference_mode():
+        layers = [readout(lens, trace["resid_post", i], pooling) for i in range(lens.num_layers)]
+    return torch.stack(layers).double().cpu().numpy()
+
+
+def check_scope(lens) -> None:
+    """Refuse a window-attention model (Swin): its layers do not share one token sequence."""
+    if lens.scope != "global":
+        raise VitvizError(f"{lens.label} attends within windows and pools only its last stage: probes read models "
+                          "whose every layer has the same tokens (ViT, DeiT, DINOv2, CLIP, ...).")
+
+
 def layer_features(lens, images: LabelledImages, pooling: str = "cls", batch_size: int = 8,
                    progress=None) -> tuple[np.ndarray, list[str]]:
     """Every layer's features of every image, from one forward per image.
@@ -68,9 +83,7 @@ def layer_features(lens, images: LabelledImages, pooling: str = "cls", batch_siz
         LabelError: an image that cannot be decoded (the sentence names it and where it is listed).
     """
     check_pooling(pooling)
-    if lens.scope != "global":
-        raise VitvizError(f"{lens.label} attends within windows and pools only its last stage: probes read models "
-                          "whose every layer has the same tokens (ViT, DeiT, DINOv2, CLIP, ...).")
+    check_scope(lens)
     out, hashes = [], []
     for start in range(0, len(images.paths), batch_size):
         batch = []
@@ -82,11 +95,7 @@ def layer_features(lens, images: LabelledImages, pooling: str = "cls", batch_siz
                 raise LabelError(f"{images.where[i]}: {exc}") from None
             batch.append(loaded.image)
             hashes.append(loaded.sha256)
-        x = lens.preprocess(batch)
-        trace = lens.trace(x, keep="resid_post")
-        with torch.inference_mode():
-            layers = [readout(lens, trace["resid_post", i], pooling) for i in range(lens.num_layers)]
-        out.append(torch.stack(layers).double().cpu().numpy())
+        out.append(batch_features(lens, lens.preprocess(batch).tensor, pooling))
         if progress is not None:
             progress(min(start + batch_size, len(images.paths)))
     return np.concatenate(out, axis=1), hashes

@@ -69,6 +69,9 @@ def read_probe(path: str | Path) -> ProbeFile:
                              f"{METADATA_KEY} metadata and no {INFO} beside it).")
     except (ValueError, OSError) as exc:
         raise ModelError(f"Head {path.name}: its description cannot be read as JSON ({exc}).") from None
+    if isinstance(info, dict) and info.get("kind") == "patch":
+        raise ModelError(f"Head {path.name} is a patch probe of a painted concept (probe --patch-masks): it scores "
+                         "patches, not images, so it is no head; explain it with vitviz.ConceptTarget instead.")
     weight, bias = tensors["weight"], tensors["bias"]
     missing = [k for k in ("model", "layer", "pooling", "classes") if k not in info] if isinstance(info, dict) else [
         "everything"]

@@ -147,7 +147,7 @@ def pick_layer(scores: list[LayerScore], layer: int | None, num_layers: int) -> 
 
 
 def fit(lens, images, labels=None, pooling: str = "cls", layer: int | None = None, batch_size: int = 8,
-        seed: int = 0, progress=None) -> ProbeResult:
+        seed: int = 0, progress=None, features: tuple[np.ndarray, list[str]] | None = None) -> ProbeResult:
     """Probe every layer of ``lens``'s model and fit the head of one.
 
     Args:
@@ -158,6 +158,8 @@ def fit(lens, images, labels=None, pooling: str = "cls", layer: int | None = Non
         layer: the head's layer, 1-based; default the most accurate.
         seed: the folds' shuffling.
         progress: called with the number of images whose features are done.
+        features: (features (L, n, F), SHA-256 per image) computed already, e.g. by
+            :func:`vitviz.probes.collect.collect_features` (the command's engine, resumable); None: computed here.
 
     Returns:
         ProbeResult: ``.layers`` (accuracy per layer), ``.head`` (torch Linear), ``.save(folder)``.
@@ -167,7 +169,7 @@ def fit(lens, images, labels=None, pooling: str = "cls", layer: int | None = Non
     """
     labelled = as_labelled(images, labels)
     check_pooling(pooling)
-    features, hashes = layer_features(lens, labelled, pooling, batch_size, progress)
+    features, hashes = features or layer_features(lens, labelled, pooling, batch_size, progress)
     y = np.asarray(labelled.targets())
     scores = [score_layer(features[i], y, i + 1, seed) for i in range(len(features))]
     chosen = pick_layer(scores, layer, len(features))

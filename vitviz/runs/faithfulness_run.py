@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -28,6 +27,7 @@ from ..perturbation.curves import ORDERINGS, RANDOM_SEEDS, SEED_PREFIX, default_
 from ..perturbation.protocols import REPLACEMENTS, protocol_curves
 from ..io.inputs import ImageFile
 from ..io.atomic import signals_held
+from .engines import Engine, Parts, run_batches
 
 CURVES_NAME, AUC_NAME, SETTINGS_NAME, SUMMARY_NAME = ("faithfulness.parquet", "auc.parquet", "settings.json",
                                                       "summary.json")
@@ -149,80 +149,33 @@ class Batch:
     bad: list[tuple[str, str]] = field(default_factory=list)
 
 
-def _batch(loaded, items, settings: RunSettings) -> Batch:
-    """items: (name, tensor or None, reason, notes) as :func:`vitviz.runs.stats_run.decode` gives them."""
-    good = [(n, t) for n, t, _, _ in items if t is not None]
-    bad = [(n, r) for n, t, r, _ in items if t is None]
-    if not good:
-        return Batch(len(items), None, None, bad)
-    curves, aucs = image_tables(loaded, torch.stack([t for _, t in good]), [n for n, _ in good], settings)
-    return Batch(len(items), curves, aucs, bad)
+@dataclass(frozen=True)
+class FaithfulnessWork:
+    """The per-batch function of ``faithfulness`` (:mod:`vitviz.runs.engines`): a batch's curve and AUC rows."""
+
+    settings: RunSettings
+
+    def __call__(self, lens, batch) -> tuple[pd.DataFrame, pd.DataFrame]:
+        return image_tables(lens.loaded, batch.x, batch.names, self.settings)
+
+
+def _batches(batches) -> Iterator[Batch]:
+    for b in batches:
+        curves, aucs = b.value if b.value is not None else (None, None)
+        yield Batch(b.files, curves, aucs, b.bad)
 
 
 def run_local(loaded, files: list[ImageFile], settings: RunSettings, batch_size: int) -> Iterator[Batch]:
     """Batches of ``files`` in order, decoded and run in this process."""
-    from .stats_run import decode
+    from ..lens import Lens
 
-    for start in range(0, len(files), batch_size):
-        chunk = files[start:start + batch_size]
-        yield _batch(loaded, [(f.name, *decode(f, loaded.data_config)) for f in chunk], settings)
-
-
-class _RayRunner:
-    """A Ray Data actor: one model, loaded once; each call runs one batch and returns its rows as one table."""
-
-    def __init__(self, spec, settings: RunSettings):
-        from ..sources.models import load_model
-
-        self.loaded, self.settings = load_model(spec), settings
-
-    def __call__(self, batch: dict[str, np.ndarray]):
-        from .stats_run import decode
-
-        items = [(name, *decode(ImageFile(Path(path), name), self.loaded.data_config))
-                 for path, name in zip(batch["path"], batch["name"])]
-        result = _batch(self.loaded, items, self.settings)
-        frames = [pd.DataFrame({"image": [n for n, _ in result.bad], "reason": [r for _, r in result.bad],
-                                "kind": "bad"})]
-        if result.curves is not None:
-            frames += [result.curves.assign(kind="curve"), result.aucs.assign(kind="auc")]
-        frame = pd.concat([f for f in frames if len(f)], ignore_index=True)
-        frame = frame.reindex(columns=["image", "method", "protocol", "fraction", "score", "auc", "reason", "kind"])
-        return frame.assign(batch=uuid.uuid4().hex, files=result.files).astype(
-            {"image": object, "method": object, "protocol": object, "reason": object, "kind": object,
-             "fraction": "float64", "score": "float64", "auc": "float64"})
+    return _batches(run_batches(FaithfulnessWork(settings), Lens(loaded), files, batch_size))
 
 
 def run_ray(spec, files: list[ImageFile], settings: RunSettings, batch_size: int, workers: int,
             address: str | None) -> Iterator[Batch]:
-    """The same batches run by ``workers`` Ray actors (:func:`vitviz.runs.stats_run.run_ray`'s pattern)."""
-    from .stats_run import require_ray
-
-    require_ray()
-    import logging
-
-    import ray
-    import ray.data
-    if not ray.is_initialized():
-        os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
-        ray.init(address=address, num_cpus=None if address else workers, log_to_driver=False,
-                 include_dashboard=False, logging_level=logging.WARNING)
-    logging.getLogger("ray.data").setLevel(logging.ERROR)
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.execution_options.preserve_order = True
-    gpus = 1 if ray.cluster_resources().get("GPU", 0) > 0 else 0
-    items = [{"path": str(f.path), "name": f.name} for f in files]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, min(len(items) // batch_size, 200)))
-    ds = ds.map_batches(_RayRunner, fn_constructor_args=(spec, settings), batch_size=batch_size,
-                        batch_format="numpy", compute=ray.data.ActorPoolStrategy(size=workers),
-                        num_gpus=gpus, num_cpus=1)
-    for chunk in ds.iter_batches(batch_format="pandas", batch_size=None):
-        for _, rows in chunk.groupby("batch", sort=False):
-            curves = rows[rows["kind"] == "curve"][CURVE_SCHEMA.names].reset_index(drop=True)
-            aucs = rows[rows["kind"] == "auc"][AUC_SCHEMA.names].reset_index(drop=True)
-            bad = list(rows.loc[rows["kind"] == "bad", ["image", "reason"]].itertuples(index=False, name=None))
-            yield Batch(int(rows["files"].iloc[0]), curves if len(curves) else None, aucs if len(aucs) else None, bad)
+    """The same batches run by ``workers`` Ray actors, each holding one model, streamed back in file order."""
+    return _batches(run_batches(FaithfulnessWork(settings), spec, files, batch_size, Engine("ray", workers, address)))
 
 
 # ---- the files ------------------------------------------------------------------------------------------------
@@ -232,24 +185,16 @@ class FaithfulnessStore:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.parts = folder / PARTS_DIR
-        self.parts.mkdir(exist_ok=True)
+        self.store = Parts(folder / PARTS_DIR)
+        self.parts = self.store.folder
 
     def write_batch(self, curves: pd.DataFrame, aucs: pd.DataFrame) -> None:
         """Make one batch durable: both part files appear together or not at all (AUC last: it marks it done)."""
-        part = uuid.uuid4().hex
-        staged = []
-        for kind, frame, schema in (("curves", curves, CURVE_SCHEMA), ("auc", aucs, AUC_SCHEMA)):
-            tmp = self.parts / f".{kind}-{part}.tmp"
-            pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), tmp)
-            staged.append((tmp, self.parts / f"{kind}-{part}.parquet"))
-        with signals_held():
-            for tmp, final in staged:
-                os.replace(tmp, final)
+        self.store.write([("curves", curves, CURVE_SCHEMA), ("auc", aucs, AUC_SCHEMA)])
 
     def consolidate(self) -> pd.DataFrame:
         """Merge the finished parts into the tables; returns the AUC table."""
-        done = sorted(p.name.removeprefix("auc-") for p in self.parts.glob("auc-*.parquet"))
+        done = [p.name.removeprefix("auc-") for p in self.store.done("auc")]
         tables = {}
         for kind, name, schema, key in (("curves", CURVES_NAME, CURVE_SCHEMA, ["image", "method", "protocol", "fraction"]),
                                         ("auc", AUC_NAME, AUC_SCHEMA, ["image", "method", "protocol"])):
@@ -266,8 +211,7 @@ class FaithfulnessStore:
             with signals_held():
                 for name in (CURVES_NAME, AUC_NAME):  # AUC last: its images count as done
                     os.replace(self.parts / f".{name}.tmp", self.folder / name)
-        for leftover in self.parts.iterdir():  # merged parts, and halves of batches cut short
-            leftover.unlink()
+        self.store.clear()
         return tables[AUC_NAME][0]
 
     def write_json(self, name: str, record: dict) -> None:
@@ -276,10 +220,7 @@ class FaithfulnessStore:
         os.replace(tmp, self.folder / name)
 
     def close(self) -> None:
-        try:
-            self.parts.rmdir()
-        except OSError:
-            pass
+        self.store.close()
 
 
 def same_run(previous: dict, settings: RunSettings) -> str | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 from ..sources.declared import check_parquet
 from ..io.atomic import signals_held
 from ..settings import Settings
+from .engines import Parts
 from ..analyses.stats import SINK_COLUMNS, STATS_COLUMNS, LayerHeadSummary, StatsTables
 
 STATS_NAME, SINKS_NAME, SUMMARY_NAME = "stats.parquet", "sinks.parquet", "summary.json"
@@ -45,20 +45,13 @@ class StatsStore:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.parts = folder / PARTS_DIR
-        self.parts.mkdir(exist_ok=True)
+        self.store = Parts(folder / PARTS_DIR)
+        self.parts = self.store.folder
 
     def write_batch(self, tables: StatsTables) -> None:
         """Make one batch's rows durable: both part files appear together or not at all."""
-        part = uuid.uuid4().hex
-        staged = []
-        for kind, frame, schema in (("stats", tables.stats, STATS_SCHEMA), ("sinks", tables.sinks, SINKS_SCHEMA)):
-            tmp = self.parts / f".{kind}-{part}.tmp"
-            pq.write_table(pa.Table.from_pandas(frame, schema=schema, preserve_index=False), tmp)
-            staged.append((tmp, self.parts / f"{kind}-{part}.parquet"))
-        with signals_held():
-            for tmp, final in reversed(staged):  # sinks first: a stats part marks the batch done
-                os.replace(tmp, final)
+        # sinks first: a stats part marks the batch done
+        self.store.write([("sinks", tables.sinks, SINKS_SCHEMA), ("stats", tables.stats, STATS_SCHEMA)])
 
     def done_images(self, model: str) -> set[str]:
         """Names of the images whose rows for ``model`` are in the table (call after :meth:`consolidate`)."""
@@ -76,7 +69,7 @@ class StatsStore:
         """Merge the parts into the tables (streamed, row group by row group); returns the summary of the whole table."""
         summary = LayerHeadSummary()
         held = _parts_held(self.folder / STATS_NAME)
-        stats_parts = {p.stem.removeprefix("stats-"): p for p in self.parts.glob("stats-*.parquet")}
+        stats_parts = {p.stem.removeprefix("stats-"): p for p in self.store.done("stats")}
         fresh = sorted(set(stats_parts) - held)
         if not fresh and all((self.folder / name).exists() for name in (STATS_NAME, SINKS_NAME)):
             for batch in _open(self.folder / STATS_NAME).iter_batches():
@@ -97,8 +90,7 @@ class StatsStore:
         return summary
 
     def _remove_parts(self) -> None:
-        for leftover in self.parts.iterdir():  # merged parts, and halves of batches cut short
-            leftover.unlink()
+        self.store.clear()
 
     def write_summary(self, summary: dict) -> None:
         tmp = self.parts / f".{SUMMARY_NAME}.tmp"
@@ -107,10 +99,7 @@ class StatsStore:
 
     def close(self) -> None:
         """Remove the parts folder once everything is consolidated."""
-        try:
-            self.parts.rmdir()
-        except OSError:
-            pass
+        self.store.close()
 
 
 def _open(path: Path) -> pq.ParquetFile:

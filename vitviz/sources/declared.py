@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ModelError, VitvizError
+from ..errors import ModelError, VitvizError, first_line
 from ..settings import Settings, megabytes
 from .names import parse_model_name
 
@@ -307,3 +307,42 @@ def check_parquet(source, name: str, limit_bytes: int, largest_group_only: bool 
         raise VitvizError(f"{name}: {found.what} {megabytes(found.bytes)} in memory, over this server's memory "
                           f"budget of {megabytes(limit_bytes)} (VITVIZ_CACHE_MB); vitviz does not read it.")
     return metadata
+
+
+def open_user_table(source, file_name: str, command: str, name: str | None = None, limit_bytes: int | None = None):
+    """A table a user gave, opened for reading once its footer passed :func:`check_parquet`.
+
+    Args:
+        source: the file's bytes (an upload), a path to it, or the ``--out`` folder holding ``file_name``.
+        file_name: the file ``python -m vitviz COMMAND --out DIR`` writes (``stats.parquet``, ``auc.parquet``).
+        command: that command, for the sentence.
+        name: the file as the user knows it (default: the path, or ``file_name`` for bytes).
+        limit_bytes: the memory budget; None: the server's (``VITVIZ_CACHE_MB``).
+
+    Returns:
+        (a seekable source, its footer, the name).
+
+    Raises:
+        VitvizError: absent, not Parquet, or declaring more than the budget (a sentence naming the file).
+    """
+    import io
+
+    import pyarrow as pa
+
+    if not isinstance(source, bytes):
+        path = Path(source).expanduser()
+        path = path / file_name if path.is_dir() else path
+        name = name or str(path)
+        if not path.is_file():
+            article = "an" if file_name[0] in "aeiou" else "a"
+            raise VitvizError(f"{name}: no such file; give {article} {file_name} file or the folder "
+                              f"`python -m vitviz {command} --out` wrote it to.")
+        source = path
+    name = name or file_name.replace(".parquet", " table")
+    limit = Settings.from_env().cache_bytes if limit_bytes is None else limit_bytes
+    opened = io.BytesIO(source) if isinstance(source, bytes) else source
+    try:
+        return opened, check_parquet(opened, name, limit), name
+    except (pa.ArrowException, OSError) as exc:
+        raise VitvizError(f"{name}: not a Parquet file ({first_line(exc)}); expected the {file_name} that "
+                          f"`python -m vitviz {command} --out DIR` writes.") from exc

@@ -279,6 +279,22 @@ def _download_weights(pretrained_cfg: dict, name: str) -> Path | None:
     return None
 
 
+def weights_on_disk(names: list[str]) -> set[str]:
+    """The timm names among ``names`` whose pretrained weights are already on this machine, so they load offline.
+
+    Looks where the loader looks (:func:`_local_weights`: the Hugging Face cache, torch hub's checkpoint folder)
+    from each name's pretrained config alone: no model is built, no network is asked (~1 ms a name).
+    """
+    from timm.models import get_pretrained_cfg
+
+    found = set()
+    for name in names:
+        cfg = get_pretrained_cfg(name)
+        if cfg is not None and _local_weights(cfg.to_dict()) is not None:
+            found.add(name)
+    return found
+
+
 def search_models(query: str, limit: int = 200) -> list[str]:
     """timm model names with pretrained tags containing ``query`` (case-insensitive), at most ``limit``.
 

@@ -6,11 +6,12 @@ geometric step is refused before it allocates when its output would be over the 
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from PIL import Image
 
 from ..errors import ImageError
-from ..io.images import MAX_PIXELS, _scaled_pixels
+from ..io.images import MAX_PIXELS, LoadedImage, _scaled_pixels
 from ..types import ModelInput
 
 
@@ -67,3 +68,27 @@ def _check_step_size(step, size: tuple[int, int]) -> None:
         w, h = size
         raise ImageError(f"{w}x{h} image", f"would become {pixels / 1e6:.0f} megapixels in the model's "
                                            f"{kind} step, over the limit of {MAX_PIXELS / 1e6:.0f} megapixels")
+
+
+def padding_patches(loaded: LoadedImage, data_config: dict, grid_size: tuple[int, int]) -> np.ndarray:
+    """(gh, gw) bool: the patches of the model input that hold padding only, not one pixel of the photo.
+
+    The padded square's photo box is drawn white on black and put through the model's own preprocessing
+    (:func:`preprocess`: its resize and crop); a patch is padding when every one of its pixels stays black. A patch
+    that resampling gave a trace of the photo's edge counts as photo. Row-major, as the patch grid; all False when
+    ``loaded`` was not padded.
+
+    Args:
+        loaded: an image after :func:`vitviz.io.images.frame_image` (its ``content_box``).
+        data_config: the model's preprocessing (timm data config, or a transformers image processor's).
+        grid_size: (gh, gw) patches of the model input.
+    """
+    gh, gw = grid_size
+    if loaded.content_box is None:
+        return np.zeros((gh, gw), dtype=bool)
+    marker = Image.new("RGB", loaded.image.size, (0, 0, 0))
+    marker.paste((255, 255, 255), loaded.content_box)
+    seen = np.asarray(preprocess([marker], data_config).images[0].convert("L"))
+    ph, pw = seen.shape[0] // gh, seen.shape[1] // gw
+    return seen[:gh * ph, :gw * pw].reshape(gh, ph, gw, pw).max(axis=(1, 3)) == 0
+

@@ -1,4 +1,4 @@
-"""``python -m vitviz features train|top``: the command line of :mod:`vitviz.features` (hooked into vitviz.cli)."""
+"""``python -m vitviz features train|top``: sparse autoencoders on one layer's tokens (:mod:`vitviz.features`)."""
 from __future__ import annotations
 
 import argparse
@@ -6,8 +6,9 @@ import sys
 from pathlib import Path
 
 from ..errors import VitvizError
+from .options import ENGINE_WORKERS_HELP, add_engine, add_inputs, add_model, add_out, engine_of, expand, open_lens
 
-_INPUTS = ("image files, folders (searched recursively) or .txt / .parquet lists of paths, as for stats")
+CLASSES = "nearest_classes.json"  # beside the Parquet file: each latent's nearest classes (vitviz.features.classes)
 
 
 def add_parser(sub) -> None:
@@ -22,8 +23,8 @@ def add_parser(sub) -> None:
                     "(Gao et al. 2024; auxiliary-k loss for dead latents) on the patch tokens and write "
                     "DIR/sae.safetensors and DIR/sae.json. DIR/checkpoint.pt holds the training state after every "
                     "batch of images: the same command continues a run that was stopped.")
-    train.add_argument("inputs", nargs="+", metavar="INPUT", help=_INPUTS)
-    _model_args(train)
+    add_inputs(train)
+    add_model(train, dtype=False, batch_size=8)
     train.add_argument("--point", default="resid_post",
                        help="the point read in the block (default resid_post): resid_pre, ln1, attn_out, resid_mid, "
                             "ln2, mlp_hidden, mlp_out, resid_post")
@@ -31,51 +32,54 @@ def add_parser(sub) -> None:
     train.add_argument("--latents", type=int, required=True, metavar="K", help="latents (dictionary size)")
     train.add_argument("--topk", type=int, required=True, metavar="k", help="latents active per token")
     train.add_argument("--epochs", type=int, default=1, help="passes over the images (default 1)")
-    train.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward (default 8)")
     train.add_argument("--batch-tokens", type=int, default=1024, metavar="T",
                        help="tokens per SAE step (default 1024)")
     train.add_argument("--prefix", action="store_true", help="train on the prefix tokens (CLS, registers) too")
     train.add_argument("--seed", type=int, default=0, help="initialisation and token order (default 0)")
     train.add_argument("--lr", type=float, help="Adam's learning rate (default 2e-4 / sqrt(K / 16384))")
-    train.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (reused to resume)")
+    add_out(train, resume=True)
+    train.add_argument("--shards", type=Path, metavar="DIR",
+                       help="write the layer's tokens once as float16 shards in DIR and train from them (every epoch, "
+                            "and later runs on the same images, read them instead of running the model)")
+    add_engine(train, ENGINE_WORKERS_HELP)
 
     top = cmds.add_parser(
         "top", help="the top-activating patches of every latent over an image set (Parquet)",
         description="Encode every patch token of the images with the SAE in DIR and write DIR/top.parquet: for "
                     "each latent its top-n (image, patch, activation) rows; patch is the 0-based index in raster "
-                    "order (row * grid width + column).")
+                    "order (row * grid width + column). For models with a classifier head (or --head), "
+                    f"{CLASSES} beside it gives each of those latents' nearest classes: the cosine of its decoder "
+                    "direction with each class's readout direction (a logit lens: final norm, pooling, head; later "
+                    "blocks skipped).")
     top.add_argument("sae", type=Path, metavar="DIR", help="a folder written by features train")
-    top.add_argument("inputs", nargs="+", metavar="INPUT", help=_INPUTS)
+    add_inputs(top)
     top.add_argument("--top", type=int, default=16, metavar="N", help="rows per latent (default 16)")
     top.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward (default 8)")
     top.add_argument("--out", type=Path, metavar="FILE", help="the Parquet file (default DIR/top.parquet)")
     top.add_argument("--sheets", metavar="J,J,...",
                      help="latents (0-based) to draw as contact sheets: latent_J.png beside the Parquet file")
     top.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
-
-
-def _model_args(p) -> None:
-    p.add_argument("--model", default="bundled", help="as for analyze (default bundled)")
-    p.add_argument("--checkpoint", metavar="PATH", help="local weights for --model's architecture")
-    p.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
-    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
+    top.add_argument("--head", type=Path, metavar="PROBE",
+                     help="a probe.safetensors (python -m vitviz probe) as the model's classifier, for "
+                          f"{CLASSES} (models with their own head need none)")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``features train`` or ``features top``; user mistakes raise VitvizError (vitviz.cli prints it)."""
-    from ..io.inputs import expand_inputs
     from ..io.lock import output_lock
     from ..io.output import check_writable
 
-    files, problems = expand_inputs(args.inputs)
-    for p in problems:
-        print(f"skipped {p}", file=sys.stderr)
+    files, problems = expand(args)
     if not files:
         print("error: no image could be read.", file=sys.stderr)
         return 1
     if args.features_command == "train":
-        check_writable(args.out)
-        with output_lock(args.out, "features train"):
+        from contextlib import ExitStack
+
+        with ExitStack() as held:
+            for folder in filter(None, (args.out, args.shards)):  # the shards folder has one writer too
+                check_writable(folder)
+                held.enter_context(output_lock(folder, "features train"))
             return _train(args, files)
     out = args.out or args.sae / "top.parquet"
     with output_lock(out.parent, "features top"):
@@ -83,16 +87,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args, files) -> int:
-    import vitviz
-
-    from .train import TrainSettings, train
+    from ..features.train import TrainSettings, train
 
     settings = TrainSettings(point=args.point, layer=args.layer, latents=args.latents, topk=args.topk, seed=args.seed,
                              epochs=args.epochs, batch_size=args.batch_size, batch_tokens=args.batch_tokens,
                              prefix=args.prefix, lr=args.lr)
     settings.check()
-    lens = vitviz.open(args.model, checkpoint=args.checkpoint, img_size=args.img_size, device=args.device)
-    sae = train(lens, files, settings, args.out, progress=True)
+    engine = engine_of(args)
+    lens = open_lens(args)
+    sae = train(lens, files, settings, args.out, progress=True, engine=engine, shards=args.shards)
     m = sae.info["metrics"]
     print(f"wrote {args.out / 'sae.safetensors'} and sae.json: {sae.latents} latents, k = {sae.topk}; last epoch: "
           f"explained variance {m['explained_variance']:.3f}, L0 {m['l0']:.1f}, dead {m['dead_fraction']:.1%}",
@@ -101,8 +104,9 @@ def _train(args, files) -> int:
 
 
 def _top(args, files, out: Path) -> int:
-    from .sae import SAE
-    from .top import latent_sheet, open_for, top_table, write_png, write_top
+    from ..features.classes import classes_json, why_no_classes
+    from ..features.sae import SAE
+    from ..features.top import latent_sheet, open_for, top_table, write_json, write_png, write_top
 
     if args.top < 1:
         raise VitvizError(f"--top must be 1 or more, not {args.top}.")
@@ -111,9 +115,15 @@ def _top(args, files, out: Path) -> int:
     except ValueError:
         raise VitvizError(f"--sheets {args.sheets!r}: give latent numbers separated by commas, e.g. 3,17.") from None
     sae = SAE.load(args.sae)
-    lens = open_for(sae, args.device)
+    lens = open_for(sae, args.device, args.head)
     table = top_table(sae, files, n=args.top, batch_size=args.batch_size, lens=lens)
     write_top(table, out)
+    why = why_no_classes(lens, sae)
+    if why is None:
+        path = write_json(classes_json(lens, sae, sorted(table["latent"].unique())), out.parent / CLASSES)
+        print(f"wrote {path}", file=sys.stderr)
+    else:
+        print(f"no {CLASSES}: {why}", file=sys.stderr)
     for j in sheets:
         path = write_png(latent_sheet(table, j, sae, lens, files), out.parent / f"latent_{j}.png")
         print(f"wrote {path}", file=sys.stderr)
