@@ -21,11 +21,11 @@ RESUMABLE = ("stats", "faithfulness", "features", "probe")
 
 def _commands() -> dict:
     """command -> (add_parser(sub), run(args)), in the order ``--help`` lists them."""
-    from ..probes.cli import add_parser as probe_parser, run as probe_run
     from .analyze import add_parser as analyze_parser, run as analyze_run
     from .faithfulness import add_parser as faithfulness_parser, run as faithfulness_run
     from .features import add_parser as features_parser, run as features_run
     from .heads import add_parsers as heads_parsers, run_heads, run_qk
+    from .probe import add_parser as probe_parser, run as probe_run
     from .registers import add_parser as registers_parser, run as registers_run
     from .stats import add_parser as stats_parser, run as stats_run
 

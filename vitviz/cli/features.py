@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from ..errors import VitvizError
-from .options import ENGINE_WORKERS_HELP, add_engine, add_inputs, add_model, add_out, engine_of, expand, open_lens
+from .options import (ENGINE_WORKERS_HELP, add_batch_size, add_device, add_engine, add_inputs, add_model, add_out,
+                      engine_of, expand, open_lens)
 
 CLASSES = "nearest_classes.json"  # beside the Parquet file: each latent's nearest classes (vitviz.features.classes)
 
@@ -54,11 +55,11 @@ def add_parser(sub) -> None:
     top.add_argument("sae", type=Path, metavar="DIR", help="a folder written by features train")
     add_inputs(top)
     top.add_argument("--top", type=int, default=16, metavar="N", help="rows per latent (default 16)")
-    top.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward (default 8)")
+    add_batch_size(top)
     top.add_argument("--out", type=Path, metavar="FILE", help="the Parquet file (default DIR/top.parquet)")
     top.add_argument("--sheets", metavar="J,J,...",
                      help="latents (0-based) to draw as contact sheets: latent_J.png beside the Parquet file")
-    top.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
+    add_device(top)
     top.add_argument("--head", type=Path, metavar="PROBE",
                      help="a probe.safetensors (python -m vitviz probe) as the model's classifier, for "
                           f"{CLASSES} (models with their own head need none)")

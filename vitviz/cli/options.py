@@ -38,6 +38,8 @@ def add_model(p: argparse.ArgumentParser, *, dtype: bool = True, labels: bool = 
     """--model, --checkpoint, --img-size, --device and, where the command takes them, --dtype, --labels, --head,
     --batch-size. ``per_model``: --model (and --checkpoint, --labels, --head) repeat, one per model compared."""
     many = {"action": "append"} if per_model else {}
+    # spec_of reads --labels and --head only where they are these options (probe's --labels is its label file).
+    p.set_defaults(model_labels_option=labels, model_head_option=head)
     p.add_argument("--model", metavar="M", **({} if per_model else {"default": "bundled"}), **many,
                    help=MODEL_HELP + ("; repeat to compare models, each in the same table" if per_model else ""))
     p.add_argument("--checkpoint", type=str if per_model else Path, metavar="PATH", **many,
@@ -49,13 +51,21 @@ def add_model(p: argparse.ArgumentParser, *, dtype: bool = True, labels: bool = 
         p.add_argument("--head", type=str if per_model else Path, metavar="FILE", **many,
                        help=HEAD_HELP + (PER_MODEL if per_model else ""))
     p.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
-    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
+    add_device(p)
     if dtype:
         p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
                        help="model precision; half precisions need a GPU")
     if batch_size is not None:
-        p.add_argument("--batch-size", type=int, default=batch_size, metavar="B",
-                       help=f"images per forward pass (default {batch_size})")
+        add_batch_size(p, batch_size)
+
+
+def add_device(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default="auto", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N, mps")
+
+
+def add_batch_size(p: argparse.ArgumentParser, default: int = 8) -> None:
+    p.add_argument("--batch-size", type=int, default=default, metavar="B",
+                   help=f"images per forward pass (default {default})")
 
 
 def add_inputs(p: argparse.ArgumentParser, metavar: str = "INPUT", help: str = INPUTS_HELP) -> None:
@@ -104,8 +114,9 @@ def spec_of(args: argparse.Namespace, model: str | None = None, checkpoint=None,
     from ..sources.models import ModelSpec
 
     checkpoint = checkpoint if model is not None else getattr(args, "checkpoint", None)
-    labels = labels if model is not None else getattr(args, "labels", None)
-    head = head if model is not None else getattr(args, "head", None)
+    if model is None:
+        labels = args.labels if getattr(args, "model_labels_option", False) else None
+        head = args.head if getattr(args, "model_head_option", False) else None
     return ModelSpec(name=model if model is not None else args.model,
                      checkpoint=str(checkpoint) if checkpoint else None, img_size=args.img_size, device=args.device,
                      dtype=getattr(args, "dtype", "float32"), labels=read_labels(Path(labels)) if labels else None,

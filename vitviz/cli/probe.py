@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import VitvizError
-from ..cli.options import ENGINE_WORKERS_HELP, add_engine, engine_of
+from .options import ENGINE_WORKERS_HELP, add_engine, add_model, add_out, engine_of, open_lens
 
 POOLINGS = ("cls", "mean", "cls+mean")  # vitviz.probes.features.POOLINGS, without importing torch for --help
 
@@ -37,18 +37,13 @@ def add_parser(sub) -> None:
                              "DIR/<stem>.not.png marks not-concept patches; an image without a mask is only mapped. "
                              "Writes a patch probe of every layer (probe.safetensors weight (L, D), bias (L,)), "
                              "probe.json and concept_maps.npz (probability (n, L, gh, gw))")
-    probe.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder (created)")
+    add_out(probe)
     probe.add_argument("--layer", type=int, metavar="L",
                        help="the head's layer, 1-based (default: the most accurate; every layer is scored anyway)")
     probe.add_argument("--pooling", default="cls", choices=list(POOLINGS),
                        help="cls: the pooled vector as the model pools it, through the final norm (default); mean: "
                             "the mean of the normed patch tokens; cls+mean: both concatenated (DINOv2's linear eval)")
-    probe.add_argument("--model", default="bundled", help="as for analyze (default: the bundled DINOv2 ViT-S/14)")
-    probe.add_argument("--checkpoint", type=Path, metavar="PATH", help="local weights for --model's architecture")
-    probe.add_argument("--img-size", type=int, metavar="PX", help="input resolution (default: the model's own)")
-    probe.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N, mps")
-    probe.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    probe.add_argument("--batch-size", type=int, default=8, metavar="B", help="images per forward pass")
+    add_model(probe)
     probe.add_argument("--seed", type=int, default=0, help="the cross-validation folds' shuffling")
     add_engine(probe, ENGINE_WORKERS_HELP)
 
@@ -56,11 +51,10 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.patch_masks is not None:
         return run_concept(args)
-    from ..lens import open as open_model
     from ..io.output import check_writable
-    from .collect import collect_features, remove_parts
-    from .data import from_folders, from_label_file
-    from .probe import fit
+    from ..probes.collect import collect_features, remove_parts
+    from ..probes.data import from_folders, from_label_file
+    from ..probes.probe import fit
 
     if args.folders and not args.inputs:
         raise VitvizError("--folders needs at least one INPUT folder of class folders (root/<class>/*.jpg).")
@@ -70,8 +64,7 @@ def run(args: argparse.Namespace) -> int:
         args.labels, args.inputs[0] if args.inputs else None)
     engine = engine_of(args)
     check_writable(args.out)
-    lens = open_model(args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None, img_size=args.img_size,
-                      device=args.device, dtype=args.dtype)
+    lens = open_lens(args)
     if args.layer is not None and not 1 <= args.layer <= lens.num_layers:
         raise VitvizError(f"--layer {args.layer} is not a layer of {lens.label}: its layers are 1 to {lens.num_layers}.")
     n = len(images.paths)
@@ -96,9 +89,8 @@ def run(args: argparse.Namespace) -> int:
 def run_concept(args: argparse.Namespace) -> int:
     """``probe INPUT... --patch-masks DIR --out OUT``: patch probes of every layer from mask PNGs."""
     from ..io.output import check_writable
-    from ..lens import open as open_model
-    from .concepts import HOLDOUT, LABEL_RULE, fit_concept
-    from .masks import painted_from_masks
+    from ..probes.concepts import HOLDOUT, LABEL_RULE, fit_concept
+    from ..probes.masks import painted_from_masks
 
     if not args.inputs:
         raise VitvizError("--patch-masks needs the images as INPUTs (files, or folders of them).")
@@ -109,8 +101,7 @@ def run_concept(args: argparse.Namespace) -> int:
         raise VitvizError("--patch-masks runs in this process (a painted set is a few images: one forward each); "
                           "leave out --engine ray.")
     check_writable(args.out)
-    lens = open_model(args.model, checkpoint=str(args.checkpoint) if args.checkpoint else None, img_size=args.img_size,
-                      device=args.device, dtype=args.dtype)
+    lens = open_lens(args)
     painted = painted_from_masks(lens, args.inputs, args.patch_masks)
     n = len(painted.images)
     start = time.perf_counter()
