@@ -4,7 +4,7 @@ The bundled model has no head, so its faithfulness scores a map by the pooled ve
 original). A linear probe gives it one: here a 4-class probe "which sample photo is this crop from", trained on the
 crops themselves at layer 12 (so the probed model is the whole backbone and only the target differs). Then
 ``python -m vitviz faithfulness`` runs twice on the same crops, same methods, same protocols (MoRF, LeRF, insertion),
-same random seeds: once without the head (projection target; score = cosine of the pooled vector) and once with it
+same random seeds (6 fractions and 5 seeds by default, to keep it minutes on 2 cores): once without the head (projection target; score = cosine of the pooled vector) and once with it
 (class target = each crop's top-1 probe class; score = its softmax probability). The script prints both summaries'
 verdicts against the random floor side by side. Report, do not tune.
 
@@ -61,12 +61,17 @@ def verdicts(folder: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("/tmp/vitviz-probe-target"))
+    parser.add_argument("--steps", type=int, default=6, help="fractions of each curve (the CLI's default is 11)")
+    parser.add_argument("--seeds", type=int, default=5, help="random maps (the CLI's default is 10)")
     args = parser.parse_args()
     root = crops(args.out)
-    seconds = {"probe": vitviz("probe", str(root), "--folders", "--layer", "12", "--out", str(args.out / "probe"))}
-    common = [str(root), "--methods", METHODS, "--protocols", "morf,lerf,insertion", "--batch-size", "4"]
+    probe = args.out / "probe" / "probe.safetensors"
+    seconds = {"probe": 0.0 if probe.exists() else
+               vitviz("probe", str(root), "--folders", "--layer", "12", "--out", str(args.out / "probe"))}
+    common = [str(root), "--methods", METHODS, "--protocols", "morf,lerf,insertion", "--batch-size", "4",
+              "--steps", str(args.steps), "--random-seeds", str(args.seeds)]
     seconds["projection"] = vitviz("faithfulness", *common, "--out", str(args.out / "projection"))
-    seconds["class"] = vitviz("faithfulness", *common, "--head", str(args.out / "probe" / "probe.safetensors"),
+    seconds["class"] = vitviz("faithfulness", *common, "--head", str(probe),
                               "--out", str(args.out / "class"))
     a, b = verdicts(args.out / "projection"), verdicts(args.out / "class")
     print(f"\n{'method':18s} {'protocol':10s} {'projection AUC':>15s} {'verdict':>10s} {'class AUC':>10s} {'verdict':>10s}")

@@ -1,6 +1,7 @@
 """``analyze``'s run: images streamed through the model batch by batch into DIR/analysis.npz and DIR/settings.json,
 written whole or not at all (:class:`vitviz.io.output.RunOutput`). The command line (:mod:`vitviz.cli.analyze`) checks
-the options and decodes the files; :func:`vitviz.save` (a traced batch) and notebooks write the same files through here."""
+the options and decodes the files; :func:`vitviz.save` (a traced batch) and notebooks write the same files through
+here."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
