@@ -155,9 +155,12 @@ def run(args: argparse.Namespace) -> int:
     batches = itertools.chain([first], batches)
     progress = Progress(len(args.images))
     if loaded.attention_scope == "window":
+        from ..runs.analyze import write_window_analysis
+
         settings = _window_settings(args, loaded, attribution)
         try:
-            written = _window_run(args, loaded, batches, settings, problems, progress)
+            written = write_window_analysis(args.out, loaded, batches, settings, keep_attention=not args.no_attention,
+                                            skipped=_Skipped(problems), progress=progress.update)
         finally:
             progress.close()
         print(f"analysed {len(written.images)} image(s) with {loaded.label} on {loaded.device} (window attention); "
@@ -226,10 +229,3 @@ def _window_settings(args: argparse.Namespace, loaded, attribution: tuple[str, .
                           f"image): {', '.join(given)} do not apply to it; without them analyze writes its window "
                           "attention and the mean attention distance within windows per block.")
     return AnalysisSettings(target_class=args.target_class, attribution=attribution)
-
-
-def _window_run(args, loaded, batches, settings, problems, progress):
-    from ..runs.analyze import write_window_analysis
-
-    return write_window_analysis(args.out, loaded, batches, settings, keep_attention=not args.no_attention,
-                                 skipped=_Skipped(problems), progress=progress.update)

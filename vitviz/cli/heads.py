@@ -89,7 +89,7 @@ def run_qk(args: argparse.Namespace) -> int:
     x = lens.preprocess(images)
     total = len(heads) if heads else lens.adapter.num_heads(lens.model, args.layer - 1)
     pictures = qk.layer_pictures(lens, x, args.layer - 1, heads, args.projection, args.seed,
-                                 Progress(total, desc=f"{args.projection} per head", unit="head").callback())
+                                 Progress(total, desc=f"{args.projection} per head", unit="head", lines=False).callback())
     layout = lens.layout_for(x)
     correlations = pictures.correlations()
     settings = {
@@ -135,7 +135,7 @@ def run_heads(args: argparse.Namespace) -> int:
                 .strip()}
     if args.ablate:
         effects = patching.ablate(lens, x, pairs, args.mode, each=not args.together,
-                                  progress=Progress(1 if args.together else len(pairs), desc="ablations", unit="head").callback())
+                                  progress=Progress(1 if args.together else len(pairs), desc="ablations", unit="head", lines=False).callback())
         settings |= {"command": "heads --ablate", "mode": args.mode, "ablation": patching.ABLATION_TEXT[args.mode],
                      "each": not args.together}
         image_names = names
@@ -143,7 +143,7 @@ def run_heads(args: argparse.Namespace) -> int:
         if len(images) != 2:
             raise VitvizError(f"--patch takes two images, A then B (B is run with A's heads); {len(images)} given.")
         effects = patching.patch(lens, x.tensor[:1], x.tensor[1:], pairs, args.batch,
-                                 progress=Progress(len(pairs), desc="patched heads", unit="head").callback())
+                                 progress=Progress(len(pairs), desc="patched heads", unit="head", lines=False).callback())
         settings |= {"command": "heads --patch", "image_a": names[0], "image_b": names[1], "batch": args.batch}
         image_names = [names[1]]
     table = pd.DataFrame({

@@ -168,9 +168,11 @@ def skipped_records(problems) -> list[dict]:
 class Progress:
     """Items done of the total: a tqdm bar (items/s, ETA) on a terminal, else one plain line per update."""
 
-    def __init__(self, total: int, stream=None, desc: str = "analyze", unit: str = "img"):
+    def __init__(self, total: int, stream=None, desc: str = "analyze", unit: str = "img", lines: bool = True):
+        """``lines`` False: nothing without a terminal (qk and heads, whose steps are single heads)."""
         stream = sys.stderr if stream is None else stream  # at call time: tests and tools swap sys.stderr
         self.total, self.stream, self.done, self.start, self.unit = total, stream, 0, time.perf_counter(), unit
+        self.lines = lines
         self.bar = None
         if stream.isatty():
             try:
@@ -182,7 +184,7 @@ class Progress:
     def update(self, done: int) -> None:
         if self.bar is not None:
             self.bar.update(done - self.done)
-        else:
+        elif self.lines:
             rate = done / max(time.perf_counter() - self.start, 1e-9)
             what = "images" if self.unit == "img" else self.unit
             print(f"{done}/{self.total} {what}, {rate:.2f} {self.unit}/s, ETA {(self.total - done) / rate:.0f} s",
