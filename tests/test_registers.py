@@ -406,7 +406,7 @@ def test_cli_registers_on_the_bundled_model_finds_nothing_to_repair(tmp_path, mo
     from vitviz.cli import main
 
     monkeypatch.chdir(ASSETS.parent)  # the README's paths are relative to the repository
-    args = readme_command(".venv/bin/python -m vitviz registers", tmp_path)
+    args = readme_command(".venv/bin/python -m vitviz registers assets/ --out", tmp_path)
     assert args[:3] == ["-m", "vitviz", "registers"]
     assert main(args[2:]) == 0
     assert "no outliers" in capsys.readouterr().out
