@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     except VitvizError:
         store.close()  # a table refused unread: leave the folder as it was
         raise
-    cards, counts, interrupted = dict(previous.get("models", {})), {}, None
+    cards, counts, interrupted, failed = dict(previous.get("models", {})), {}, None, None
     try:
         for spec in specs:
             done = store.done_images(spec.name)
@@ -102,12 +102,14 @@ def run(args: argparse.Namespace) -> int:
                 progress.close()
     except KeyboardInterrupt as exc:
         interrupted = exc
+    except VitvizError as exc:  # e.g. the second --model cannot be loaded: the first one's rows are kept, as on Ctrl-C
+        failed = exc
     summary = store.consolidate()
     table = summary.result()
     in_table = {} if table.empty else table.groupby(level="model")["images"].max().to_dict()
     store.write_summary({
         "command": "stats",
-        "complete": interrupted is None,
+        "complete": interrupted is None and failed is None,
         "versions": versions(),
         "settings": {"inputs": list(args.inputs), "models": [s.name for s in specs], "engine": args.engine,
                      "address": args.address, "batch_size": args.batch_size, "workers": workers,
@@ -128,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"\ninterrupted: {args.out / STATS_NAME} holds every finished batch ({held}); "
               "run the same command again to go on.", file=sys.stderr)
         return interrupted_code(interrupted)
+    if failed is not None:
+        print(f"{args.out / STATS_NAME} holds {held}", file=sys.stderr)
+        raise failed
     if not in_table:
         return no_image()
     added = sum(c["added"] for c in counts.values())
