@@ -115,9 +115,9 @@ def test_every_readme_command_line_is_typed_by_a_test():
     assert untyped(text, prefixes_typed_by_tests() | set(TYPED_HERE.values())) == []
 
 
-def test_the_guard_names_a_line_no_test_types_and_a_prefix_that_names_two():
-    """Planted: a new README line, a prefix made ambiguous by it, a script no test runs; and the lines outside
-    ```bash blocks (prose, ```python) are not command lines."""
+def test_the_guard_names_a_line_no_test_types_and_a_prefix_that_names_two(monkeypatch):
+    """Planted: a new README line, a prefix made ambiguous by it, a script no test runs, a script whose runner no
+    longer runs it; and the lines outside ```bash blocks (prose, ```python) are not command lines."""
     text = (ROOT / "README.md").read_text()
     prefixes = prefixes_typed_by_tests() | set(TYPED_HERE.values())
     new = VITVIZ + "heads assets/ --ablate all --mode zero --out z/"
@@ -130,6 +130,9 @@ def test_the_guard_names_a_line_no_test_types_and_a_prefix_that_names_two():
         f"no test types the README line {readme_line('deit_384')!r}"]
     assert "readme_command(\".venv/bin/python -m vitviz qk\"" in (ROOT / "tests" / "test_heads_cli.py").read_text()
     assert VITVIZ + "qk" in prefixes  # read from another test file by ast
+    monkeypatch.setitem(TYPED_ELSEWHERE, "scripts/test.sh", (".ci/run", "bash scripts/test.sh -n 0"))
+    assert untyped(text, prefixes) == [f"{readme_command_lines(text)[1]!r}: .ci/run no longer runs it "
+                                       f"({'bash scripts/test.sh -n 0'!r} is not there)"]
 
 
 # ---------------------------------------------------------------------------------------------- helpers
