@@ -164,21 +164,29 @@ def crops(folder: Path, name: str, n: int, size: int = 96) -> list[Path]:
     return paths
 
 
-@pytest.fixture
-def standin(monkeypatch):
-    """The bundled model's architecture, 48 wide, random, at 112 px by default, in place of the bundled model."""
+def standin_model(img_size: int = STANDIN_PX) -> torch.nn.Module:
+    """The bundled model's architecture (timm), 48 wide, random weights (always the same)."""
     import timm
 
-    from vitviz.sources import bundled, models
+    from vitviz.sources import bundled
+
+    torch.manual_seed(0)
+    model = timm.create_model(bundled.TIMM_ARCH, pretrained=False, num_classes=0, img_size=img_size,
+                              embed_dim=STANDIN_WIDTH, num_heads=6)
+    with torch.no_grad():  # random init leaves LayerScale near zero: randomise so every block acts
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model.eval()
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """:func:`standin_model` (at 112 px unless --img-size says otherwise) in place of the bundled model."""
+    from vitviz.sources import models
 
     def load(spec):
-        torch.manual_seed(0)
-        model = timm.create_model(bundled.TIMM_ARCH, pretrained=False, num_classes=0,
-                                  img_size=spec.img_size or STANDIN_PX, embed_dim=STANDIN_WIDTH, num_heads=6)
-        with torch.no_grad():  # random init leaves LayerScale near zero: randomise so every block acts
-            for p in model.parameters():
-                p.add_(torch.randn_like(p) * 0.05)
-        return models._finish(model, spec, "a random stand-in", "stand-in for the bundled model", [])
+        return models._finish(standin_model(spec.img_size or STANDIN_PX), spec, "a random stand-in",
+                              "stand-in for the bundled model", [])
 
     monkeypatch.setattr(models, "_load_bundled", load)
 
@@ -270,7 +278,8 @@ def test_stats_of_the_fine_tuned_checkpoint_equal_timms_attention(folder):
 @pytest.mark.slow
 def test_the_probes_section_runs_in_order_each_line_reading_what_the_last_wrote(folder, standin):
     """The Probes section's five lines in order: the head from photos/<class>/ (--folders), then from labels.csv at
-    layer 9 with cls+mean pooling (replacing the first), then analyze, faithfulness and stats reading it."""
+    layer 9 with cls+mean pooling (replacing the first), then analyze, faithfulness and stats reading it. analyze's
+    logits equal the probe's weights applied by hand to timm's own first 9 blocks, final norm, CLS and patch mean."""
     from PIL import Image
 
     names = {cls: crops(folder / "photos" / cls, cls, 3) for cls in ("astronaut", "rocket")}
@@ -299,6 +308,12 @@ def test_the_probes_section_runs_in_order_each_line_reading_what_the_last_wrote(
     settings = json.loads(Path("out/settings.json").read_text())
     assert settings["model"]["probe"] == {"layer": 9, "pooling": "cls+mean", "classes": ["astronaut", "rocket"],
                                           "file": "probe.safetensors"}
+    model, x = standin_model(), torch.from_numpy(arrays["input"])
+    with torch.no_grad():  # timm's own modules: the first 9 blocks, the final norm, CLS and patch mean, the probe
+        tokens = model.norm(model.blocks[:9](model._pos_embed(model.patch_embed(x))))
+        pooled = torch.cat([tokens[:, 0], tokens[:, 1:].mean(1)], -1)
+        expected = pooled @ head["weight"].T + head["bias"]
+    np.testing.assert_allclose(arrays["logits"], expected.numpy(), rtol=1e-4, atol=1e-4 * expected.abs().max().item())
     target = settings["analysis"]["attribution"]["target"]
     assert target["kind"] == "logit" and target["classes"] == [int(arrays["logits"][0].argmax())]  # the top-1 class
 
