@@ -104,6 +104,7 @@ def _repair_maps(side):
 
 if concept is None:
     repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)",
-                value_name="relevance", signed=[LABELS[m] for m in methods if registered()[m].signed])
+                value_name="relevance", signed=[LABELS[m] for m in methods if registered()[m].signed],
+                padding=display.padding)
 else:
     st.caption("Repairs (before and after) compare the model's own target; choose it above to see them.")

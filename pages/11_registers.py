@@ -4,6 +4,7 @@ import numpy as np
 import streamlit as st
 
 from ui.charts import file_stem, show_chart
+from ui.display import display_in_use
 from ui.downloads import download_row
 from ui.guard import guarded
 from ui.repair import NORMS_AXES, faithfulness_view, offer_register, show_table
@@ -27,6 +28,7 @@ st.caption("Large ViTs write a few high-norm *outlier* tokens into background pa
            "attention) are repaired by dropping them as keys instead.")
 
 r, layout, loaded = ctx.result, ctx.result.layout, ctx.loaded
+padding = display_in_use().padding  # hatched and kept out of the maps' scales, as the Display box on the map pages says
 factor = st.slider("Outlier threshold (× the median patch-token norm of the image and layer)", 2.0, 20.0,
                    float(OUTLIER_FACTOR), 0.5, key="registers_factor")
 search = cached_search(ctx.spec, tuple(im.sha256 for im in ctx.images), [im.image for im in ctx.images], factor)
@@ -58,7 +60,8 @@ else:
     norms_map = layout.to_grid(out.norms[current, detect, layout.patch_slice])[None]
     fig, caption = maps_figure(r.model_input, norms_map, [f"layer {detect + 1} output norm"], layout,
                                f"Outlier patches of layer {detect + 1} (crossed): {len(patches)}",
-                               value_name="norm", marked=patches, columns=1, tile_px=300, marked_what="outliers")
+                               value_name="norm", marked=patches, columns=1, tile_px=300, marked_what="outliers",
+                               padding=padding)
     show_chart(fig, "registers_outliers", file_stem("outliers", ctx.image.name))
     st.caption(f"{caption} Outliers emerge in layer {emergence + 1} "
                f"({int(out.images_per_layer[emergence])} of {n_images} images have one there).")
@@ -120,14 +123,14 @@ def before_after(name: str, maps, key: str, marked, marked_what: str) -> None:
     with cols[0]:
         fig, caption = maps_figure(r.model_input, tiles, ["before", f"after ({name})"], layout,
                                    f"Last layer, {head}, {readout} → patches", value_name="attention", columns=2,
-                                   tile_px=260, marked=marked, marked_what=marked_what)
+                                   tile_px=260, marked=marked, marked_what=marked_what, padding=padding)
         show_chart(fig, f"{key}_heads", file_stem(key, "heads", ctx.image.name))
         st.caption(caption + " One colour scale for both.")
     with cols[1]:
         fig, caption = maps_figure(r.model_input, np.stack([maps.rollout_before, maps.rollout_after]),
                                    ["before", f"after ({name})"], layout, f"Rollout of the {readout}, all layers",
                                    value_name="rollout", columns=2, tile_px=260, marked=marked,
-                                   marked_what=marked_what)
+                                   marked_what=marked_what, padding=padding)
         show_chart(fig, f"{key}_rollout", file_stem(key, "rollout", ctx.image.name))
         st.caption(caption + " One colour scale for both.")
     def last_ratio(norms, lay):

@@ -66,6 +66,11 @@ class HeadsView:
         return {"cls": "CLS query", "mean": "mean over patch queries"}[self.query]
 
 
+def _view_padding(view: dict) -> tuple[int, ...]:
+    """The padding patches the explorer's view marks (its Display switch ``pad``, on unless the view says 0)."""
+    return tuple(ctx.padding.tolist()) if str(view.get("pad", "1")).lower() not in ("0", "false") else ()
+
+
 def _browser_view(view: dict, patch: int | None) -> HeadsView | None:
     """The explorer's view (URL keys, as the browser reports them or the URL holds them) in the page's terms."""
     def number(k, default):
@@ -87,8 +92,7 @@ def _browser_view(view: dict, patch: int | None) -> HeadsView | None:
                       opacity=min(1.0, max(0.0, number("opacity", 0.8))), smooth=False,
                       exclude_sinks=str(view.get("sinks", "1")).lower() not in ("0", "false"),
                       outline_clipped=str(view.get("clip", "1")).lower() not in ("0", "false"),
-                      padding=tuple(ctx.padding.tolist()) if str(view.get("pad", "1")).lower() not in ("0", "false")
-                      else ())
+                      padding=_view_padding(view))
     ranking = view.get("order") if view.get("order") in RANKINGS else "head number"
     layer = int(min(L, max(1, number("layer", L)))) - 1
     return HeadsView(layer, query, mode, min(1.0, max(0.0, number("keep", 0.0))), ranking, display)
@@ -224,16 +228,18 @@ def _browser_compare(view: dict, v: HeadsView) -> None:
 
 
 # ---- Repair: the readout's attention in the layer shown, before and after (ui/repair.py) ----
-def _repair_section(layer: int, head: int) -> None:
+def _repair_section(layer: int, head: int, padding: tuple[int, ...] | None = None) -> None:
     """The repair's before / after of the readout's attention in ``layer`` (0-based): mean over heads and ``head``
-    (the one picked under Compare layers). Called inside the grid's fragment, so a layer move redraws it too."""
+    (the one picked under Compare layers), ``padding`` hatched as the grid's Display says (None: the Display box's
+    choice). Called inside the grid's fragment, so a layer move redraws it too."""
     readout = "cls" if layout.has_class_token else "mean"
 
     def maps_of(side):
         maps = layer_maps(side.result.attention, side.result.layout, layer, readout)
         return {f"layer {layer + 1}, mean over heads": maps.mean(0), f"layer {layer + 1}, head {head + 1}": maps[head]}
 
-    repair_view(ctx, "heads", maps_of, what=f"{'CLS' if layout.has_class_token else 'Mean patch'} query → patches")
+    repair_view(ctx, "heads", maps_of, what=f"{'CLS' if layout.has_class_token else 'Mean patch'} query → patches",
+                padding=padding)
 
 
 # Fragments: moving a slider here redraws this view (and the repair's before / after of the layer shown) only, not
@@ -290,7 +296,8 @@ def browser_view() -> None:
     payload, _ = heads_explorer(ctx)
     saved, patch = saved_view(), st.session_state.get("patch")
     _browser_grid(payload, saved, patch)
-    _repair_section(_view_int(saved.get("layer"), L, 1, L) - 1, _view_int(saved.get("chead"), 1, 1, H) - 1)
+    _repair_section(_view_int(saved.get("layer"), L, 1, L) - 1, _view_int(saved.get("chead"), 1, 1, H) - 1,
+                    _view_padding(saved))
 
 
 def _browser_grid(payload, saved: dict, patch: int | None) -> None:

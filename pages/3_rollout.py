@@ -170,7 +170,7 @@ def _repair_maps(side):
 
 
 repair_view(ctx, "rollout", _repair_maps, what=f"Rollout of the {READOUT if query is None else f'patch {query}'}",
-            value_name="rollout mass")
+            value_name="rollout mass", padding=display.padding)
 
 st.subheader("Class-specific gradient rollout")
 if not ctx.loaded.has_head:

@@ -13,7 +13,7 @@ import streamlit as st
 
 from vitviz.figures.chart_export import chart_file, unavailable_reason
 
-from .downloads import built_once
+from .downloads import built_once, button_row
 
 IMAGE_SUFFIX = re.compile(r"\.(jpe?g|png|webp|bmp|tiff?|gif)$", re.IGNORECASE)
 PRINT_SCALE = 3  # the toolbar PNG at 3x the screen size: ~300 dpi at a column's width
@@ -48,7 +48,7 @@ def chart_downloads(fig: go.Figure, key: str, filename: str) -> None:
     the first click (a few seconds: the export starts a headless browser) and kept for later clicks; a click reruns
     nothing. Disabled, with the reason as their help, where the server has no browser for the export."""
     reason = _export_unavailable()
-    row = st.container(horizontal=True, key=f"chart-export-{key}")
+    row = button_row(f"chart-export-{key}")
     for fmt, mime in (("svg", "image/svg+xml"), ("pdf", "application/pdf")):
         row.download_button(f"Chart ({fmt})", built_once(lambda fmt=fmt: chart_file(fig, fmt)), f"{filename}.{fmt}", mime,
                             key=f"chart-{fmt}-{key}", on_click="ignore", disabled=reason is not None,

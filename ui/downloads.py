@@ -60,6 +60,12 @@ def built_once(build: Callable[[], bytes | str]) -> Callable[[], bytes | str]:
     return once
 
 
+def button_row(key: str):
+    """A row for download buttons: each button as wide as its label, the row wrapping onto a second line only where
+    the column is too narrow for all of them (equal columns cut the labels in a half-width column: "Settings …")."""
+    return st.container(horizontal=True, gap="xsmall", key=key)
+
+
 def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settings: dict | None,
                  png: Image.Image | Callable[[], Image.Image] | None = None, *, prepared: bool = False) -> None:
     """Buttons under a figure, files named ``name.*``. Plotly's own toolbar also saves any chart as PNG.
@@ -73,35 +79,35 @@ def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settin
     (``on_click="ignore"``; the filters page's deferred npz, with its rerun of the page, once left a
     spinner that never ended).
     """
-    cols = st.columns(5 if getattr(png, "vector", None) is not None else 3)
+    row = button_row(f"downloads-{name}")
     if prepared and not isinstance(arrays, pd.DataFrame):
         image = png() if callable(png) else png
-        cols[0].download_button("Data (npz)", _once(name, "npz", _digest(arrays), lambda: npz_bytes(arrays)),
-                                f"{name}.npz", "application/octet-stream", key=f"npz-{name}", on_click="ignore")
-        cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
-                                "application/json", key=f"json-{name}", on_click="ignore")
+        row.download_button("Data (npz)", _once(name, "npz", _digest(arrays), lambda: npz_bytes(arrays)),
+                            f"{name}.npz", "application/octet-stream", key=f"npz-{name}", on_click="ignore")
+        row.download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
+                            "application/json", key=f"json-{name}", on_click="ignore")
         if image is not None:
-            cols[2].download_button("Image (png)", _once(name, "png", _digest(image=image), lambda: png_bytes(image)),
-                                    f"{name}.png", "image/png", key=f"png-{name}", on_click="ignore")
+            row.download_button("Image (png)", _once(name, "png", _digest(image=image), lambda: png_bytes(image)),
+                                f"{name}.png", "image/png", key=f"png-{name}", on_click="ignore")
         return
     # Deferred files: built by Streamlit's file handler on the first click, kept for further clicks on the same
     # view (``built_once``), and ``on_click="ignore"``: a click is an ordinary browser download that reruns nothing.
     if isinstance(arrays, pd.DataFrame):
-        cols[0].download_button("Data (csv)", built_once(lambda: arrays.to_csv(index=False)), f"{name}.csv", "text/csv",
-                                key=f"csv-{name}", on_click="ignore")
+        row.download_button("Data (csv)", built_once(lambda: arrays.to_csv(index=False)), f"{name}.csv", "text/csv",
+                            key=f"csv-{name}", on_click="ignore")
     else:
-        cols[0].download_button("Data (npz)", built_once(lambda: npz_bytes(arrays)), f"{name}.npz",
-                                "application/octet-stream", key=f"npz-{name}", on_click="ignore")
+        row.download_button("Data (npz)", built_once(lambda: npz_bytes(arrays)), f"{name}.npz",
+                            "application/octet-stream", key=f"npz-{name}", on_click="ignore")
     if settings is not None:
-        cols[1].download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
-                                "application/json", key=f"json-{name}", on_click="ignore")
+        row.download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
+                            "application/json", key=f"json-{name}", on_click="ignore")
     if png is not None:
-        cols[2].download_button("Image (png)", built_once(lambda: png_bytes(png() if callable(png) else png)), f"{name}.png",
-                                "image/png", key=f"png-{name}", on_click="ignore")
+        row.download_button("Image (png)", built_once(lambda: png_bytes(png() if callable(png) else png)), f"{name}.png",
+                            "image/png", key=f"png-{name}", on_click="ignore")
     vector = getattr(png, "vector", None)  # a map panel (ui.display.PanelImage): also SVG and PDF with vector text
     if vector is not None:
-        for col, fmt, mime in ((cols[3], "svg", "image/svg+xml"), (cols[4], "pdf", "application/pdf")):
-            col.download_button(f"Image ({fmt})", built_once(lambda fmt=fmt: vector(fmt)), f"{name}.{fmt}", mime,
+        for fmt, mime in (("svg", "image/svg+xml"), ("pdf", "application/pdf")):
+            row.download_button(f"Image ({fmt})", built_once(lambda fmt=fmt: vector(fmt)), f"{name}.{fmt}", mime,
                                 key=f"{fmt}-{name}", on_click="ignore",
                                 help="For papers: titles, tick labels and the colour bar as vector text; the maps "
                                      "embedded at the model input's resolution.")

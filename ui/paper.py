@@ -7,7 +7,7 @@ import streamlit as st
 
 from vitviz.figures.paper_figure import FORMATS, PaperFigure
 
-from .downloads import built_once
+from .downloads import built_once, button_row
 
 MIME = {"png": "image/png", "svg": "image/svg+xml", "pdf": "application/pdf"}
 
@@ -22,7 +22,7 @@ def paper_downloads(name: str, build: Callable[[], PaperFigure]) -> None:
             held.append(build())
         return held[0]
 
-    row = st.container(horizontal=True, key=f"paper-row-{name}")
+    row = button_row(f"paper-row-{name}")
     for fmt in FORMATS:
         row.download_button(f"Figure ({fmt})", built_once(lambda fmt=fmt: figure().file(fmt)), f"{name}.{fmt}",
                             MIME[fmt], key=f"paper-{fmt}-{name}", on_click="ignore",

@@ -25,6 +25,7 @@ from vitviz.figures.registers_figures import (TABLE_FORMATS, maps_figure, norm_r
 
 from .cache import _model_run, cached_model, store
 from .charts import file_stem, show_chart
+from .display import display_in_use
 from .downloads import download_row
 
 REPAIR_KEY, URL_PARAM = "repair_choice", "repair"
@@ -128,7 +129,8 @@ def _repaired(ctx, repair: Repair) -> tuple[Forward, object]:
 
 
 def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]], *, what: str,
-                value_name: str = "attention", signed: Collection[str] = ()) -> None:
+                value_name: str = "attention", signed: Collection[str] = (),
+                padding: Collection[int] | None = None) -> None:
     """The page's "Repair" choice and, when one is chosen, its maps before and after side by side.
 
     Args:
@@ -138,6 +140,9 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
         value_name: the colour bar's unit.
         signed: the titles of the maps that are signed (relevance): a diverging scale centred on 0; the others
             (attention, LeGrad, Grad-CAM) a sequential one from 0, as on every other page.
+        padding: the padding patches to hatch and keep out of the colour scale (0-based raster; the page's
+            ``Display.padding``, empty when the Display switch is off); None: the session's Display choice
+            (:func:`ui.display.display_in_use`).
     """
     st.divider()
     st.subheader("Repair: before and after")
@@ -153,6 +158,7 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
     device = next(ctx.loaded.model.parameters()).device
     after_maps = maps_of(Side(after, repair, repair.edit(ctx.loaded.model, layout, [ctx.result.sinks], device), repair))
     marked = ctx.result.sinks.patch_sinks(layout) if repair.kind == "sinks" else None
+    padding = np.asarray(display_in_use().padding if padding is None else tuple(padding), dtype=int)
     stem = file_stem(key, "repair", repair.kind, ctx.image.name)
     title = f"{what}: before and after {repair.name}"
     # Maps of one kind (attention) share one figure and one scale. Attribution maps differ in unit per method: each
@@ -165,7 +171,8 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
         tiles = np.stack([m for name in names for m in (before_maps[name], after_maps[name])])
         fig, caption = maps_figure(ctx.result.model_input, tiles, titles, layout,
                                    title if len(groups) == 1 else f"{names[0]}: before and after {repair.name}",
-                                   value_name=value_name, columns=2, tile_px=300, marked=marked, signed=is_signed)
+                                   value_name=value_name, columns=2, tile_px=300, marked=marked, signed=is_signed,
+                                   padding=padding)
         show_chart(fig, f"{key}_repair_maps" + (f"_{i}" if i else ""), stem)
         st.caption(caption + " Before and after share one colour scale." + (
             " Crossed: the patch sinks the repair drops (they set no colour limit)." if marked is not None else ""))
@@ -180,7 +187,8 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
                  | {"norms_before": ctx.result.token_norms, "norms_after": after.token_norms},
                  {"image": ctx.image.name, "model": ctx.loaded.card()["spec"], "repair": repair.to_dict(),
                   "maps": what, "map_names": list(before_maps), "token_layout_after": after.layout.to_dict(),
-                  "axes": NORMS_AXES, "output_change": change.to_dict()})
+                  "axes": NORMS_AXES, "output_change": change.to_dict(),
+                  "padding_patches (0-based, hatched, no colour limit)": padding.tolist()})
     faithfulness_view(ctx, repair, key)
 
 

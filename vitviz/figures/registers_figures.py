@@ -88,16 +88,18 @@ def norm_by_layer(outliers: Outliers, title: str = "") -> go.Figure:
 def maps_figure(image: Image.Image, maps: np.ndarray, titles: list[str], layout: TokenLayout, title: str, *,
                 value_name: str, shared: bool = True, marked: np.ndarray | list | None = None,
                 columns: int = 4, tile_px: int = 240, marked_what: str = "attention sinks",
-                signed: bool = False) -> tuple[go.Figure, str]:
+                signed: bool = False, padding: np.ndarray | list | tuple | None = None) -> tuple[go.Figure, str]:
     """Maps over the model-input image in a row, on one colour scale when ``shared`` (maps meant to be
     compared: before and after), with ``marked`` patches crossed (``marked_what``: sinks or outliers; they set no
-    colour limit); ``signed`` maps (relevance) on the diverging map centred on 0, the others on Inferno from 0.
+    colour limit); ``signed`` maps (relevance) on the diverging map centred on 0, the others on Inferno from 0;
+    ``padding``: patch indices (0-based raster) that hold no photo (:func:`vitviz.sources.preprocess.padding_patches`),
+    hatched and kept out of the colour limits, as on every map page.
 
     maps: (k, gh, gw). Returns the figure and the caption saying how the colours were scaled."""
     grid = layout.grid_size
     zoom = max(1, round(tile_px / max(image.size)))
     rendered = render_maps(image, maps.reshape(len(maps), *grid), scale_mode="shared across heads" if shared else
-                           "robust per head", sinks=marked, zoom=zoom, signed=signed)
+                           "robust per head", sinks=marked, zoom=zoom, signed=signed, padding=padding)
     fig = map_panel(rendered.tiles, maps, rendered.scales, titles, layout, cmap=rendered.cmap, value_name=value_name,
                     columns=columns, tile_px=tile_px, title=title)
     return fig, rendered.caption(marked_what)
