@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from .adapters import BLOCK_POINTS, MODEL_POINTS, Rules, adapter_for, compose_edits, point_name, run
+from .adapters.windows import WindowGeometry
 from .errors import VitvizError
 from .io.atomic import atomic_write_bytes
 from .layout import TokenLayout
@@ -191,8 +192,8 @@ class Trace(Mapping):
 
     # --- files ---------------------------------------------------------------------------------
     def save(self, folder: str | Path) -> Path:
-        """Write the kept points (``trace.npz``, names as keys) and the layout (``trace.json``) into ``folder``,
-        each file whole or not at all. Read back with :func:`vitviz.load_trace`."""
+        """Write the kept points (``trace.npz``, names as keys) and the layout (``trace.json``; a window model's
+        geometry too) into ``folder``, each file whole or not at all. Read back with :func:`vitviz.load_trace`."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
@@ -200,6 +201,8 @@ class Trace(Mapping):
         atomic_write_bytes(folder / TRACE_ARRAYS, buffer.getvalue())
         info = {"points": list(self._points), "num_layers": self.num_layers, "token_layout": self.layout.to_dict(),
                 "layers": "0-based in the point names (blocks.0 is layer 1 on screen)"}
+        if self.geometry is not None:
+            info["window_geometry"] = [g.to_dict() for g in self.geometry]
         atomic_write_bytes(folder / TRACE_INFO, (json.dumps(info, indent=2) + "\n").encode())
         return folder
 
@@ -313,7 +316,8 @@ def load_trace(folder: str | Path) -> Trace:
         info = json.loads((folder / TRACE_INFO).read_text())
         with np.load(folder / TRACE_ARRAYS, allow_pickle=False) as arrays:
             points = {k: torch.from_numpy(arrays[k]) for k in info["points"]}
+        geometry = [WindowGeometry.from_dict(g) for g in info["window_geometry"]] if "window_geometry" in info else None
     except (OSError, KeyError, ValueError) as exc:
         raise VitvizError(f"{folder}: not a vitviz trace folder ({type(exc).__name__}: {exc}).") from exc
     layout = TokenLayout.from_dict(info["token_layout"])
-    return Trace(points, layout=layout, num_layers=int(info["num_layers"]))
+    return Trace(points, layout=layout, num_layers=int(info["num_layers"]), geometry=geometry)

@@ -23,6 +23,7 @@ from ..layout import TokenLayout
 from . import common
 from .base import Hooks, point_name
 
+PAD_FIRST = "pads_before_rolling"  # settings.json's name of WindowGeometry.pad_first
 MASKED = -100.0  # the score the libraries give a masked pair (exp(-100) ~ 4e-44: zero in float32 after softmax)
 
 
@@ -180,10 +181,27 @@ class WindowGeometry:
         return allowed & real[:, None, :]
 
     def to_dict(self) -> dict:
+        """The geometry as settings.json records it (``window_geometry``); :meth:`from_dict` reads it back."""
         return {"block (0-based, across stages)": self.index, "stage (0-based)": self.stage,
                 "block_in_stage (0-based)": self.block, "grid_size": list(self.grid_size),
                 "window_size": list(self.window_size), "shift": list(self.shift),
-                "stride_px": list(self.stride), "padded_size": list(self.padded_size)}
+                "stride_px": list(self.stride), "padded_size": list(self.padded_size), PAD_FIRST: self.pad_first}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "WindowGeometry":
+        """The geometry :meth:`to_dict` wrote, its ``allowed`` pairs rebuilt (:meth:`build`).
+
+        Raises:
+            ValueError: a record without the padding order (written before vitviz recorded it) of a shifted block
+                whose grid is padded, where the order decides which token sits in which slot.
+        """
+        g = cls.build(data["block (0-based, across stages)"], data["stage (0-based)"], data["block_in_stage (0-based)"],
+                      data["grid_size"], data["window_size"], data["shift"], data["stride_px"],
+                      bool(data.get(PAD_FIRST, False)))
+        if PAD_FIRST not in data and g.shifted and g.padded_size != g.grid_size:
+            raise ValueError(f"block {g.index + 1}'s record lacks {PAD_FIRST!r}: its shifted windows over a padded grid "
+                             "cannot be placed without it")
+        return g
 
 
 def why_not_views(family: str) -> dict[str, str]:
