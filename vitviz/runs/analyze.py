@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 from ..errors import VitvizError
 from ..io.output import RunOutput, versions
 
+WINDOW_ATTENTION = "window_attention_"  # window models: window_attention_<i> in analysis.npz is blocks.<i>.attn
 ATTENTION_CONVENTION = ("softmax probabilities, rows (last axis) sum to 1; token order = token_layout.prefix_tokens "
                         "then patches in raster order")
 
@@ -93,24 +94,32 @@ def write_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]], setti
 
 def write_window_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]], settings, *,
                           keep_attention: bool = True, skipped: list[dict] = (),
-                          progress: Callable[[int], None] | None = None) -> Written:
+                          progress: Callable[[int], None] | None = None, trace=None) -> Written:
     """The analyses that apply to window attention (Swin): window probabilities, the mean attention distance within
-    windows per block and head, and ``settings.attribution``'s methods, written as :func:`write_analysis` does."""
+    windows per block and head, and ``settings.attribution``'s methods, written as :func:`write_analysis` does.
+
+    settings.json records each block's windows (``window_geometry``, :meth:`WindowGeometry.to_dict`) and the token
+    layout of the input (``token_layout``), which :func:`load` reads back.
+
+    Args:
+        trace: the one batch's forward already run (:func:`save`; ``attn`` of every block, ``final_norm``, ``logits``
+            for a model with a head): analysed instead of running the model again.
+    """
     from .. import swin
     from .analysis import attribution_arrays, attribution_info
-    from .pipeline import forward
+    from .pipeline import forward, read
 
     written, geometry, facts, fwd = Written(), None, {}, None
     with RunOutput(out) as output:
         for done, batch in batches:
-            fwd = forward(loaded, [im.image for im in batch])
+            fwd = forward(loaded, [im.image for im in batch]) if trace is None else read(trace)
             geometry = fwd.geometry
             arrays = {"input": fwd.batch.tensor.numpy(), "features": fwd.features,
                       "window_distance": swin.heads_padded(fwd.distance)}
             if fwd.logits is not None:
                 arrays["logits"] = fwd.logits
             if keep_attention:
-                arrays |= {f"window_attention_{g.index}": a for a, g in zip(fwd.attention, geometry)}
+                arrays |= {f"{WINDOW_ATTENTION}{g.index}": a for a, g in zip(fwd.attention, geometry)}
             if settings.attribution:
                 batch_facts: dict = {}
                 attribution_arrays(loaded, fwd.batch.tensor, settings, arrays, batch_facts)
@@ -124,7 +133,7 @@ def write_window_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]]
         output.commit({
             "command": "analyze", "model": loaded.card(), "versions": versions(), "images": written.images,
             "skipped": list(skipped), "arrays": output.arrays.shapes(), "attention_saved": keep_attention,
-            "window_geometry": [g.to_dict() for g in geometry],
+            "window_geometry": [g.to_dict() for g in geometry], "token_layout": fwd.layout.to_dict(),
             **({"analysis": {"attribution": attribution_info(settings.attribution, facts)}}
                if settings.attribution else {}),
             "conventions": {
@@ -145,14 +154,24 @@ TRACE_POINTS = {"attention": "attn", "token_norms": "resid_post.norm"}  # analys
 MODEL_ARRAYS = {"features": "final_norm", "logits": "logits"}  # analysis.npz array -> the trace's model-level point
 
 
+def _block_kinds(window: bool) -> tuple[str, ...]:
+    """The per-block kinds analysis.npz holds: a window model's analyze writes no token norms."""
+    return ("attn",) if window else tuple(TRACE_POINTS.values())
+
+
 def save(trace, folder: str | Path, settings=None, lens=None) -> Path:
     """Write ``python -m vitviz analyze``'s DIR/analysis.npz and DIR/settings.json for the images of ``trace``.
 
     The analyses are analyze's (``settings``, default its defaults), read from the trace's points; the arrays equal
     the command's for the same images in one batch (it runs at most ``--batch-size`` 8 at a time). Points the
     trace does not keep are taken from one more forward of its input (a trace run with ``edit=`` must keep them:
-    attn, resid_post.norm, final_norm and logits). Kept points analysis.npz has no place for (``q``, ``pooled``,
-    ...) go to DIR/trace.npz and DIR/trace.json. Read the folder back with :func:`load`.
+    attn, resid_post.norm, final_norm and logits; for a window model (Swin) attn, final_norm and logits). Kept
+    points analysis.npz has no place for (``q``, ``pooled``, ...) go to DIR/trace.npz and DIR/trace.json. Read the
+    folder back with :func:`load`.
+
+    A window model's trace is written as analyze writes that model's run (:func:`write_window_analysis`): each
+    block's ``window_attention_<block>`` (B, nW, H, T, T), the window distances, the features and logits, and the
+    windows' geometry in settings.json; of ``settings`` only ``attribution`` and ``target_class`` apply to it.
 
     Args:
         trace: a batch's :class:`vitviz.Trace` from :meth:`vitviz.Lens.trace` (or with ``lens`` given).
@@ -161,7 +180,8 @@ def save(trace, folder: str | Path, settings=None, lens=None) -> Path:
         lens: the :class:`vitviz.Lens` whose model ran the trace; default ``trace.lens``.
 
     Raises:
-        VitvizError: a trace without its model, input or batch axis, or an edited one missing points.
+        VitvizError: a trace without its model, input or batch axis, an edited one missing points, or settings that
+            do not apply to a window model.
     """
     from ..capture import capture
     from ..io.lock import output_lock
@@ -172,20 +192,25 @@ def save(trace, folder: str | Path, settings=None, lens=None) -> Path:
         raise VitvizError("vitviz.save needs a batch's trace from Lens.trace (its model and input); this one "
                           + ("has no Lens: pass lens=." if lens is None else
                              "has no input." if trace.inputs is None else "is one image's: save the batch's trace."))
+    window = lens.scope == "window"
+    settings = settings or AnalysisSettings()
+    if window:
+        _check_window_settings(settings, lens.label)
     analysed = trace
-    if not _has_analysis_points(trace, lens):
+    if not _has_analysis_points(trace, lens, window):
         if trace.edited:
-            raise VitvizError("this trace ran with edit= and lacks what analyze reads: keep 'attn', "
-                              "'resid_post.norm', 'final_norm'" + (" and 'logits'" if lens.has_head else "") + ".")
+            needed = [*_block_kinds(window), "final_norm"] + (["logits"] if lens.has_head else [])
+            raise VitvizError("this trace ran with edit= and lacks what analyze reads: keep "
+                              f"{', '.join(map(repr, needed[:-1]))} and {needed[-1]!r}.")
         analysed = capture(lens.model, trace.inputs, layout=trace.layout)
     inputs = trace.inputs
     sources = inputs.sources or [_Unnamed(f"image {i + 1}") for i in range(len(inputs.tensor))]
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     with output_lock(folder, "save"):
-        write_analysis(folder, lens.loaded, [(len(sources), sources)], settings or AnalysisSettings(),
-                       trace=analysed)
-        extra = {name: value for name, value in trace.items() if not _in_analysis(name)}
+        write = write_window_analysis if window else write_analysis
+        write(folder, lens.loaded, [(len(sources), sources)], settings, trace=analysed)
+        extra = {name: value for name, value in trace.items() if not _in_analysis(name, window)}
         if extra:
             type(trace)(extra, trace.layout, trace.num_layers).save(folder)
     return folder
@@ -200,14 +225,29 @@ class _Unnamed:
     notes: list = field(default_factory=list)
 
 
-def _in_analysis(name: str) -> bool:
+def _check_window_settings(settings, label: str) -> None:
+    """A window model's analyze runs attribution only (the CLI refuses the other options the same way)."""
+    from dataclasses import fields
+
+    from .analysis import AnalysisSettings
+
+    default = AnalysisSettings()
+    given = [f.name for f in fields(settings) if f.name not in ("attribution", "target_class", "batch_size")
+             and getattr(settings, f.name) != getattr(default, f.name)]
+    if given:
+        raise VitvizError(f"{label} attends within shifted windows (no CLS token, no attention over the whole image): "
+                          f"the settings {', '.join(given)} do not apply to it; of AnalysisSettings only attribution "
+                          "and target_class do.")
+
+
+def _in_analysis(name: str, window: bool) -> bool:
     kind = name.split(".", 2)[2] if name.startswith("blocks.") else None
-    return kind in TRACE_POINTS.values() or name in MODEL_ARRAYS.values()
+    return kind in _block_kinds(window) or name in MODEL_ARRAYS.values()
 
 
-def _has_analysis_points(trace, lens) -> bool:
-    every = range(trace.num_layers)
-    return (all(trace.layers(kind) == list(every) for kind in TRACE_POINTS.values()) and "final_norm" in trace
+def _has_analysis_points(trace, lens, window: bool) -> bool:
+    every = list(range(trace.num_layers))
+    return (all(trace.layers(kind) == every for kind in _block_kinds(window)) and "final_norm" in trace
             and (trace.logits is not None or not lens.has_head))
 
 
@@ -219,14 +259,22 @@ def load(folder: str | Path):
     ``features`` ``final_norm``, ``logits`` ``logits`` and ``input`` the trace's input; trace.npz adds its points;
     the folder's other arrays (rollout, mean_distance, ...) and settings.json are in ``trace.saved``.
 
+    A window model's folder (Swin) reads as :meth:`vitviz.Lens.trace` returns that model's trace: each
+    ``window_attention_<block>`` (B, nW, H, T, T) float32 becomes ``blocks.<block>.attn`` (per block, no stack: the
+    stages differ in shape), ``features`` (B, gh, gw, D) ``final_norm``, and settings.json's ``window_geometry`` the
+    trace's :attr:`~vitviz.Trace.geometry` (one :class:`~vitviz.adapters.windows.WindowGeometry` per block); window
+    distances and attributions are in ``trace.saved``.
+
     Raises:
-        VitvizError: the folder holds neither, its files do not agree, or it is a window model's (not read yet).
+        VitvizError: the folder holds neither, its files do not agree, or it is a window model's written before
+            vitviz recorded the padding order its windows need.
     """
     import json
 
     import numpy as np
     import torch
 
+    from ..adapters.windows import WindowGeometry
     from ..layout import TokenLayout
     from ..trace import TRACE_ARRAYS, Trace, load_trace
     from ..types import ModelInput
@@ -240,21 +288,33 @@ def load(folder: str | Path):
         settings = json.loads((folder / "settings.json").read_text())
         with np.load(folder / "analysis.npz", allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
-        layout = TokenLayout.from_dict(settings["analysis"]["token_layout"])
+        window = "window_geometry" in settings
+        if window:  # a folder written before settings.json had its own token_layout: the model's, which analyze ran at
+            layout = TokenLayout.from_dict(settings.get("token_layout") or settings["model"]["token_layout"])
+        else:
+            layout = TokenLayout.from_dict(settings["analysis"]["token_layout"])
+        records = settings["window_geometry"] if window else []
+        inputs = ModelInput(tensor=torch.from_numpy(arrays.pop("input")), images=[])
     except (OSError, KeyError, ValueError) as exc:
         raise VitvizError(f"{folder}: not a folder analyze wrote ({type(exc).__name__}: {exc}).") from exc
-    if "window_geometry" in settings:
-        raise VitvizError(f"{folder}: a window model's analysis (Swin); reading it back as a trace is not supported yet.")
+    try:
+        geometry = [WindowGeometry.from_dict(record) for record in records] if window else None
+    except (KeyError, ValueError) as exc:
+        raise VitvizError(f"{folder}: a window model's analysis whose settings.json cannot place its windows ({exc}); "
+                          "run python -m vitviz analyze again with this vitviz.") from exc
     points, stacked = {}, {}
-    for array, kind in TRACE_POINTS.items():
-        if array in arrays:
-            stacked[kind] = torch.from_numpy(arrays.pop(array))
-            points |= {f"blocks.{i}.{kind}": stacked[kind][:, i] for i in range(stacked[kind].shape[1])}
+    if window:
+        num_layers = len(geometry)
+        points = {f"blocks.{i}.attn": torch.from_numpy(arrays.pop(f"{WINDOW_ATTENTION}{i}"))
+                  for i in range(num_layers) if f"{WINDOW_ATTENTION}{i}" in arrays}  # none with --no-attention
+    else:
+        for array, kind in TRACE_POINTS.items():
+            if array in arrays:
+                stacked[kind] = torch.from_numpy(arrays.pop(array))
+                points |= {f"blocks.{i}.{kind}": stacked[kind][:, i] for i in range(stacked[kind].shape[1])}
+        num_layers = stacked["resid_post.norm"].shape[1]  # token_norms (B, L, N): written with or without --no-attention
     points |= {point: torch.from_numpy(arrays.pop(array)) for array, point in MODEL_ARRAYS.items() if array in arrays}
-    num_layers = stacked["resid_post.norm"].shape[1]  # token_norms (B, L, N): written with or without --no-attention
     extra = load_trace(folder) if (folder / TRACE_ARRAYS).exists() else {}
     points |= dict(extra)
-    inputs = ModelInput(tensor=torch.from_numpy(arrays.pop("input")), images=[])
-    return Trace(points, layout, num_layers, inputs=inputs, stacked=stacked,
+    return Trace(points, layout, num_layers, inputs=inputs, geometry=geometry, stacked=stacked,
                  saved={"arrays": arrays, "settings": settings})
-
