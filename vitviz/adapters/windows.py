@@ -199,8 +199,8 @@ class WindowGeometry:
                       data["grid_size"], data["window_size"], data["shift"], data["stride_px"],
                       bool(data.get(PAD_FIRST, False)))
         if PAD_FIRST not in data and g.shifted and g.padded_size != g.grid_size:
-            raise ValueError(f"block {g.index + 1}'s record lacks {PAD_FIRST!r}: its shifted windows over a padded grid "
-                             "cannot be placed without it")
+            raise ValueError(f"block {g.index + 1}'s record lacks {PAD_FIRST!r}: its shifted windows over a padded "
+                             "grid cannot be placed without it")
         return g
 
 

@@ -312,7 +312,7 @@ def load(folder: str | Path):
             if array in arrays:
                 stacked[kind] = torch.from_numpy(arrays.pop(array))
                 points |= {f"blocks.{i}.{kind}": stacked[kind][:, i] for i in range(stacked[kind].shape[1])}
-        num_layers = stacked["resid_post.norm"].shape[1]  # token_norms (B, L, N): written with or without --no-attention
+        num_layers = stacked["resid_post.norm"].shape[1]  # token_norms (B, L, N): written even with --no-attention
     points |= {point: torch.from_numpy(arrays.pop(array)) for array, point in MODEL_ARRAYS.items() if array in arrays}
     extra = load_trace(folder) if (folder / TRACE_ARRAYS).exists() else {}
     points |= dict(extra)
