@@ -5,6 +5,7 @@ import streamlit as st
 from ui.cache import cached_model
 from ui.charts import file_stem, show_chart
 from ui.concepts import BRUSHES, backbone_spec, fit, fitted, paint_picker, painted_set, painting
+from ui.downloads import button_row
 from ui.state import setup
 from vitviz.errors import VitvizError
 from vitviz.lens import Lens
@@ -40,9 +41,9 @@ with left:
     i = names.index(on)
     paint_picker(inputs[i], ctx.images[i].sha256, layout, brush, "concept_click")
     paint = painting(ctx.images[i].sha256, grid)
-    b1, b2 = st.columns(2)
-    clear_one = b1.button("Clear this image", key="concept_clear")
-    clear_all = b2.button("Clear every image", key="concept_clear_all")
+    with button_row("concept_clear_row"):  # side by side, each as wide as its label (not half the picture apart)
+        clear_one = st.button("Clear this image", key="concept_clear")
+        clear_all = st.button("Clear every image", key="concept_clear_all")
     cleared = ctx.images if clear_all else [ctx.images[i]] if clear_one else []
     for im in cleared:
         for patches in painting(im.sha256, grid).values():

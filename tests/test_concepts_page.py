@@ -100,3 +100,30 @@ def test_a_click_toggles_a_patch_a_drag_paints_a_rectangle_and_no_gesture_is_rep
     click("chelsea.jpg", 7, 6, 5, to=(7, 5))  # over two painted patches with the other brush: they change sides
     assert painted("chelsea.jpg") == {r * 16 + c for r in range(5, 8) for c in range(3, 7)} - {117, 118}
     assert at.session_state["concept_paint"][(sha["chelsea.jpg"], 16, 16)]["not"] == {117, 118}
+
+
+def _parent_of(node, key):
+    """The block whose own children hold the widget ``key`` (AppTest's tree has no parent links)."""
+    for child in getattr(node, "children", {}).values():
+        if getattr(child, "key", None) == key:
+            return node
+        found = _parent_of(child, key)
+        if found is not None:
+            return found
+    return None
+
+
+def test_the_two_clear_buttons_sit_side_by_side_as_wide_as_their_labels(bundled):
+    """Equal half-width columns put "Clear every image" in the middle of the picture's width, far from its twin
+    (1440x900); one wrapping row (ui.downloads.button_row) keeps them together, each as wide as its label."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=600)
+    at.run()
+    at.switch_page("pages/15_concepts.py").run()
+    assert not at.exception
+    row = _parent_of(at.main, "concept_clear")
+    assert row is not None and type(row).__name__ == "Block", type(row).__name__  # not a Column of st.columns
+    assert "concept_clear_all" in [getattr(c, "key", None) for c in row.children.values()]
+    assert row.proto.flex_container.direction == row.proto.flex_container.Direction.HORIZONTAL
+    assert row.proto.flex_container.wrap
