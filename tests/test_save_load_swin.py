@@ -137,6 +137,9 @@ def test_save_refuses_what_a_window_model_cannot_write_with_a_sentence(opened, t
     x = lens.preprocess(IMAGES[:1])
     with pytest.raises(VitvizError, match=r"attends within shifted windows.*flow, clusters do not apply"):
         vitviz.save(lens.trace(x), tmp_path, settings=AnalysisSettings(flow=True, clusters=3))
+    # as the CLI refuses --target-class without --attribution for a window model: a target needs a map to aim
+    with pytest.raises(VitvizError, match=r"the settings target_class do not apply"):
+        vitviz.save(lens.trace(x), tmp_path, settings=AnalysisSettings(target_class=3))
     edited = lens.trace(x, keep="attn", edit={"blocks.1.z": lambda v, p: v * 0})
     with pytest.raises(VitvizError, match="lacks what analyze reads: keep 'attn', 'final_norm' and 'logits'"):
         vitviz.save(edited, tmp_path)

@@ -232,12 +232,13 @@ def _check_window_settings(settings, label: str) -> None:
     from .analysis import AnalysisSettings
 
     default = AnalysisSettings()
-    given = [f.name for f in fields(settings) if f.name not in ("attribution", "target_class", "batch_size")
+    applies = ("attribution", "target_class", "batch_size") if settings.attribution else ("attribution", "batch_size")
+    given = [f.name for f in fields(settings) if f.name not in applies
              and getattr(settings, f.name) != getattr(default, f.name)]
     if given:
         raise VitvizError(f"{label} attends within shifted windows (no CLS token, no attention over the whole image): "
                           f"the settings {', '.join(given)} do not apply to it; of AnalysisSettings only attribution "
-                          "and target_class do.")
+                          "and target_class (the attribution's target) do.")
 
 
 def _in_analysis(name: str, window: bool) -> bool:
