@@ -238,3 +238,20 @@ def test_signed_maps_are_drawn_diverging_around_zero_whatever_colour_map_is_aske
     low = np.asarray(render_maps(photo, grid[None], style="transparent where low", opacity=1.0, signed=True).tiles[0])
     assert tuple(low[5 * 14 + 7, 5 * 14 + 7]) == (90, 160, 40)  # 0 lets the photo through
     assert colour_bar_ticks(scale)[2] == (0.5, "0")  # the bar's middle tick is 0
+
+
+def test_a_panel_is_shown_as_wide_as_its_tiles_at_its_height_plus_its_colour_bar():
+    """Two 224 px tiles drawn 300 px high are about 600 px wide on screen (equal x/y scale); the figure's width for
+    the page adds the colour bar's room only when there is a bar. Shown at full column width instead, the bar sat
+    ~250 px right of the tiles (the Repair maps at 1440x900)."""
+    from vitviz.figures.core import COLOUR_BAR_PX, map_panel, panel_width
+
+    maps = np.random.default_rng(1).random((2, 16, 16))
+    rendered = render_maps(Image.new("RGB", (224, 224)), maps)
+    kwargs = dict(cmap="Inferno", value_name="attention", columns=2, tile_px=300)
+    with_bar = map_panel(rendered.tiles, maps, rendered.scales, ["", ""], LAYOUT, **kwargs)
+    without = map_panel(rendered.tiles, maps, rendered.scales, ["", ""], LAYOUT, colour_bar=False, **kwargs)
+    # 2 x 300 px tiles + an 8 px gap and 4 px of range on each side, at 300 / 224 screen px per tile px: 621 px at most.
+    tiles = panel_width(without)
+    assert 600 <= tiles <= 600 + round(16 * 300 / 224) + 1, tiles
+    assert panel_width(with_bar) == tiles + COLOUR_BAR_PX

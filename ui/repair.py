@@ -20,6 +20,7 @@ from vitviz.sources.preprocess import preprocess
 from vitviz.runs.pipeline import Forward, forward_repaired
 from vitviz.analyses.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
 from vitviz.runs.registers_run import repair_faithfulness
+from vitviz.figures.core import panel_width
 from vitviz.figures.registers_figures import (TABLE_FORMATS, maps_figure, norm_ratio_figure, output_change_table,
                                               repair_faithfulness_table)
 
@@ -173,7 +174,8 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
                                    title if len(groups) == 1 else f"{names[0]}: before and after {repair.name}",
                                    value_name=value_name, columns=2, tile_px=300, marked=marked, signed=is_signed,
                                    padding=padding)
-        show_chart(fig, f"{key}_repair_maps" + (f"_{i}" if i else ""), stem)
+        # At the tiles' own width: at full column width the colour bar sat ~250 px right of the tiles (1440x900).
+        show_chart(fig, f"{key}_repair_maps" + (f"_{i}" if i else ""), stem, width=panel_width(fig))
         st.caption(caption + " Before and after share one colour scale." + (
             " Crossed: the patch sinks the repair drops (they set no colour limit)." if marked is not None else ""))
     show_chart(norm_ratio_figure(ctx.result.token_norms, layout, after.token_norms, after.layout, repair.name),

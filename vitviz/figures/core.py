@@ -110,6 +110,21 @@ def map_panel(tiles: list[Image.Image], maps: np.ndarray, scales: list[ColourSca
     return fig
 
 
+COLOUR_BAR_PX = 110  # screen px right of a panel's tiles for its colour bar: the gap, the bar, tick labels, title
+
+
+def panel_width(fig: go.Figure, colour_bar_px: int = COLOUR_BAR_PX) -> int:
+    """The screen width (px) at which a :func:`map_panel` figure's tiles fill its plot at the figure's fixed height,
+    plus ``colour_bar_px`` when it has a colour bar. Shown wider (a full-width column), the tiles keep their height and
+    sit centred while the colour bar stays at the figure's right edge, hundreds of px away."""
+    xr, yr = fig.layout.xaxis.range, fig.layout.yaxis.range
+    margin = fig.layout.margin
+    plot_h = fig.layout.height - (margin.t or 0) - (margin.b or 0)
+    tiles_w = (xr[1] - xr[0]) * plot_h / abs(yr[0] - yr[1])  # equal scale on x and y (scaleanchor)
+    bar = any(getattr(t, "marker", None) is not None and t.marker.showscale for t in fig.data)
+    return int(np.ceil(tiles_w)) + (colour_bar_px if bar else 0)
+
+
 def patch_grid_image(image: Image.Image, layout: TokenLayout, show_indices: bool = True) -> go.Figure:
     """The model-input image with the patch grid, each patch labelled with its patch number: the 0-based raster
     index over the patches alone (row by row), the number every page and download uses for a patch (the prefix
