@@ -102,8 +102,8 @@ def download_row(name: str, arrays: dict[str, np.ndarray] | pd.DataFrame, settin
         row.download_button("Settings (json)", json.dumps(settings, indent=2, default=str), f"{name}.json",
                             "application/json", key=f"json-{name}", on_click="ignore")
     if png is not None:
-        row.download_button("Image (png)", built_once(lambda: png_bytes(png() if callable(png) else png)), f"{name}.png",
-                            "image/png", key=f"png-{name}", on_click="ignore")
+        image = built_once(lambda: png_bytes(png() if callable(png) else png))
+        row.download_button("Image (png)", image, f"{name}.png", "image/png", key=f"png-{name}", on_click="ignore")
     vector = getattr(png, "vector", None)  # a map panel (ui.display.PanelImage): also SVG and PDF with vector text
     if vector is not None:
         for fmt, mime in (("svg", "image/svg+xml"), ("pdf", "application/pdf")):

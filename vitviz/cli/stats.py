@@ -102,8 +102,11 @@ def run(args: argparse.Namespace) -> int:
                 progress.close()
     except KeyboardInterrupt as exc:
         interrupted = exc
-    except VitvizError as exc:  # e.g. the second --model cannot be loaded: the first one's rows are kept, as on Ctrl-C
-        failed = exc
+    except VitvizError as exc:
+        if not any(c["added"] for c in counts.values()):
+            store.close()  # nothing of this run to keep: the folder stays as it was, the sentence says why
+            raise
+        failed = exc  # e.g. the second --model cannot be loaded: the first one's rows are kept, as on Ctrl-C
     summary = store.consolidate()
     table = summary.result()
     in_table = {} if table.empty else table.groupby(level="model")["images"].max().to_dict()
