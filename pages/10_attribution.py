@@ -62,7 +62,7 @@ target_text = results[0].target.text()
 stem = file_stem("attribution", ctx.image.name, "_".join(methods))
 display = display_controls()
 show_chart(maps_figure(r.model_input, results, pixels=pixels, target_text=target_title(results[0].target),
-                       plot_height=TILE_PX + 40,
+                       plot_height=TILE_PX + 40, padding=display.padding,
                        **overlay_choices(display)), "attr_maps", stem)
 st.caption(scale_caption(target_text, methods))
 with st.expander("Figure for a paper (these methods side by side, PNG / SVG / PDF)"):

@@ -134,3 +134,41 @@ def test_repair_maps_hatch_padding_and_keep_it_out_of_their_scale_as_the_display
     assert top == pytest.approx(top_without(sinks), rel=1e-6)
     for corner in corners:
         assert np.abs(_hatch_contrast(pixels, corner, grid, layout.patch_size[0])[padding]).max() < HATCH_MIN_CONTRAST
+
+
+def test_the_attribution_pages_maps_hatch_padding_and_leave_it_out_of_their_limits():
+    """The Attribution page's own maps (vitviz.figures.attribution_figures.maps_figure, the figure above its Repair
+    maps) hatch the padding patches and keep them out of each map's limits: signed relevance (symmetric limits from
+    |value|) and LeGrad (from 0), the padding row the hottest of each (walk4 saw LeGrad and Grad-CAM tint the bands)."""
+    from vitviz.explainers.attribution import Attribution
+    from vitviz.figures.attribution_figures import maps_figure
+    rng = np.random.default_rng(1)
+    signed = rng.uniform(-0.1, 0.1, size=(1, 4, 4))
+    signed[0, 0, :] = [-3.0, 2.0, -2.5, 3.0]  # the padding row: largest |value|
+    legrad = rng.uniform(0.0, 0.1, size=(1, 4, 4))
+    legrad[0, 0, :] = 1.0
+    results = [Attribution("attnlrp", signed, None, np.zeros(1), None), Attribution("legrad", legrad, None, np.zeros(1),
+                                                                                   None)]
+    image = Image.new("RGB", (56, 56), (124, 116, 104))
+    exclude = np.zeros((1, 4, 4), bool)
+    exclude[0, 0] = True
+    spec = json.loads(maps_figure(image, results, pixels=False, with_input=False, padding=np.arange(4)).to_json())
+    heatmaps = [t for t in spec["data"] if t["type"] == "heatmap"]
+    tops = [h["zmax"] for h in heatmaps]
+    # the paper's limits, in numpy: the 99th percentile of |relevance| (signed) or of the values, over photo patches
+    photo = ~exclude[0]
+    assert tops[0] == pytest.approx(np.percentile(np.abs(signed[0][photo]), 99), rel=1e-9)
+    assert heatmaps[0]["zmin"] == pytest.approx(-tops[0], rel=1e-9)
+    assert tops[1] == pytest.approx(np.percentile(legrad[0][photo], 99), rel=1e-9)
+    assert max(tops) < 0.1 + 1e-12  # neither padding row set a limit
+    assert "4 padding patches (no photo in them) hatched, set no limit" in json.dumps(spec["layout"]["title"])
+    for tile in [t for t in spec["data"] if t["type"] == "image"]:
+        pixels = np.asarray(Image.open(io.BytesIO(base64.b64decode(tile["source"].split(",", 1)[1]))).convert("RGB"),
+                            dtype=float)
+        patch_px = pixels.shape[0] // 4
+        contrast = _hatch_contrast(pixels, (0, 0), (4, 4), patch_px)
+        # Lossless tiles of one-colour patches: an unhatched patch's two diagonals are the same pixels' colour
+        # (contrast 0 exactly); a hatched one's anti-diagonal is the hatch line (on the clipped end colours here
+        # 62 levels closer to the hatch colour than the main diagonal: a line over the patch, not a tint)
+        assert contrast[:4].min() > 30, contrast
+        assert np.abs(contrast[4:]).max() < 1e-9, contrast

@@ -130,7 +130,8 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
     display = display or display_in_use()
     show_chart(maps_figure(ctx.result.model_input, [result], pixels=False, target_text=target_title(result.target),
                            with_input=False,
-                           wrap=56, plot_height=380, **overlay_choices(display)), f"{key}_fig", stem)
+                           wrap=56, plot_height=380, padding=display.padding, **overlay_choices(display)),
+               f"{key}_fig", stem)
     st.caption(scale_caption(text, [method]) + " Patch map (relevance summed over each patch's pixels for AttnLRP, "
                "CP-LRP and Gradient × Input); computed when chosen and kept for this image, method and target.")
     download_row(stem, {f"attribution_{method.replace('-', '_')}": result.patches},

@@ -32,7 +32,8 @@ def robust_limit(values: np.ndarray) -> float:
 def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, pixels: bool = True,
                 target_text: str = "", with_input: bool = True, wrap: int | None = None,
                 plot_height: int = 265, *, cmap: str = SEQUENTIAL_MAP, style: str = "transparent where low",
-                opacity: float = 0.8, smooth: bool = False, columns: int = 3) -> go.Figure:
+                opacity: float = 0.8, smooth: bool = False, columns: int = 3,
+                padding: np.ndarray | list | tuple = ()) -> go.Figure:
     """The model input and one map per method for image ``index``, each drawn over the model input as the
     attention maps are (:func:`vitviz.figures.overlay.render_maps`, the page's overlay ``style``, ``opacity`` and
     ``smooth``): signed relevance (AttnLRP, CP-LRP, Gradient × Input) on the diverging map centred on 0 with
@@ -45,6 +46,9 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
         wrap: break the title's lines at this many characters (a figure narrower than the page).
         plot_height: pixels of each row of maps, below the title.
         columns: panels per row (the heads tiles' size at 1440 px with 3).
+        padding: patch indices (0-based raster) that hold no photo (:func:`vitviz.sources.preprocess.padding_patches`):
+            hatched on the patch maps and kept out of their colour limits, as on every map page (maps at pixel
+            resolution draw them as they are; the title says so).
     """
     from .overlay import render_maps
 
@@ -66,7 +70,8 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
         at_pixels = pixels and r.pixels is not None
         grid = r.pixels[index] if at_pixels else r.patches[index]
         signed = _signed(r.method)
-        drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed)
+        drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed,
+                            padding=None if at_pixels else padding)
         scale, clipped = drawn.scales[0], len(drawn.clipped[0])
         if clipped:
             notes.append(f"{LABELS[r.method]}: {clipped} {'pixels' if at_pixels else 'patches'} "
@@ -86,6 +91,11 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
                           y=(top + bottom) / 2, thickness=10, x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
             hovertemplate="row %{y:.0f}, col %{x:.0f}: %{z:.4g}<extra>" + LABELS[r.method] + "</extra>"),
             row=row, col=col)
+    padded = ""
+    if len(padding):
+        at_pixels = [LABELS[r.method] for r in results if pixels and r.pixels is not None]
+        padded = (f"{len(padding)} padding patches (no photo in them) hatched, set no limit"
+                  + (f" (not in the pixel maps of {', '.join(at_pixels)})" if at_pixels else ""))
     for axis in range(1, rows * cols + 1):
         suffix = axis if axis > 1 else ""
         fig.update_layout({f"xaxis{suffix}": dict(visible=False, range=[0, W], constrain="domain"),
@@ -95,7 +105,7 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
                "percentile of |value|)" if any(_signed(r.method) for r in results) else "")
     title = f"Attribution of the {target_text}" if target_text else "Attribution"
     lines = []
-    for text, small in [(title, False)] + [(t, True) for t in (meaning, "; ".join(notes)) if t]:
+    for text, small in [(title, False)] + [(t, True) for t in (meaning, "; ".join(notes), padded) if t]:
         # <sup> text is about 0.7 of the title's size: its lines may be longer
         parts = textwrap.wrap(text, int(wrap * 1.4) if small else wrap) if wrap else [text]
         lines += [f"<sup>{part}</sup>" if small else part for part in parts]
