@@ -25,6 +25,14 @@ SHOTS = ROOT / "test-artifacts" / "browser"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1440, "height": 900}
+
+
+def require_chromium() -> None:
+    """Skip without Debian's Chromium, except in CI, where .ci/run installs it: there its absence fails."""
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
 # At least these pages; the walk visits every link of the sidebar nav.
 PAGES = ["Overview & tokens", "Attention heads", "Rollout", "Attention distance", "Embedding filters",
          "Position embeddings"]
@@ -89,10 +97,7 @@ OUTLINED_HEAD_JS = """(plot) => {
 
 @pytest.fixture(scope="module")
 def server():
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    require_chromium()
     # The README's start command (scripts/app.sh -> ensure_venv.sh, a no-op once installed).
     with app_server(ROOT / "test-artifacts" / "browser_server.log") as running:
         yield running.url

@@ -7,11 +7,11 @@ plus the framework. Machinery in tests/loadtest.py (benchmarks/load.py reuses it
 
 Skipped when Chromium is not installed, except under CI, where .ci/run installs it.
 """
-import os
 
 import pytest
 
-from loadtest import CHROMIUM, ROOT, app_server, run_sessions, session_image
+from loadtest import ROOT, app_server, run_sessions, session_image
+from test_browser import require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SESSIONS = 8
@@ -24,10 +24,7 @@ FRAMEWORK_MIB = 1400  # measured: 1717 MiB peak in all with the cache below 300 
 
 
 def test_eight_sessions_on_a_cold_server(tmp_path):
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    require_chromium()
     images = [(f"session_{i}.png", session_image(i)) for i in range(SESSIONS)]
     log = ROOT / "test-artifacts" / "load_server.log"
     with app_server(log, {"VITVIZ_CACHE_MB": str(CACHE_MB)}) as server:

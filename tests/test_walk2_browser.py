@@ -2,13 +2,12 @@
 (with the Display box open too), the switch for the cyan outlines (read from the tiles' pixels, kept after F5), the
 padding patches hatched and counted, and the first-visit box staying closed across page switches and F5.
 Screenshots in test-artifacts/walk2/."""
-import os
 from pathlib import Path
 
 import pytest
 
 from loadtest import app_server
-from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle
+from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,10 +24,7 @@ CYAN_PIXELS_JS = """(canvases) => canvases.reduce((n, c) => {
 
 @pytest.fixture(scope="module")
 def server():
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    require_chromium()
     SHOTS.mkdir(parents=True, exist_ok=True)
     with app_server(ROOT / "test-artifacts" / "walk2_server.log", direct=True, env={"VITVIZ_DRAW": "browser"}) as running:
         yield running.url

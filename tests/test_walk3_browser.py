@@ -1,13 +1,12 @@
 """Issue 34 (walk3), in Chromium at 1440x900: the Rollout page's download buttons under its half-width map show their
 labels whole, in one row, with the sidebar open and with the Display box expanded (equal columns cut them to
 "Settings …" and "Image (p…"). Screenshots in test-artifacts/walk3/."""
-import os
 from pathlib import Path
 
 import pytest
 
 from loadtest import app_server
-from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle
+from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,10 +25,7 @@ ROLLOUT_ROW = ["Data (npz)", "Settings (json)", "Image (png)", "Image (svg)", "I
 
 @pytest.fixture(scope="module")
 def server():
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    require_chromium()
     SHOTS.mkdir(parents=True, exist_ok=True)
     with app_server(ROOT / "test-artifacts" / "walk3_server.log", direct=True) as running:
         yield running.url

@@ -1,14 +1,13 @@
 """Walk items of issue 20 that only a browser shows: the filters page's downloads finish (a deferred npz once
 left a spinner that never ended), and screenshots of the pages these items touch, for a person to look at
 (test-artifacts/walk_items/)."""
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from loadtest import app_server
-from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle
+from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,10 +18,7 @@ SHOTS = ROOT / "test-artifacts" / "walk_items"
 def page():
     from playwright.sync_api import sync_playwright
 
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    require_chromium()
     SHOTS.mkdir(parents=True, exist_ok=True)
     with app_server(ROOT / "test-artifacts" / "walk_items_server.log", direct=True,
                     env={"VITVIZ_DRAW": "browser"}) as running, sync_playwright() as p:
