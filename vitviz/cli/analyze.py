@@ -220,8 +220,9 @@ def _register(args: argparse.Namespace, loaded):
 def _window_settings(args: argparse.Namespace, loaded, attribution: tuple[str, ...]):
     """Window models (Swin) take --attribution and --target-class; the other analyses are refused with a sentence."""
     from ..runs.analysis import AnalysisSettings
+    from ..runs.analyze import window_settings
 
-    applies = {"attribution", "target_class"} if attribution else set()
+    applies = window_settings(bool(attribution))
     given = [f"--{name.replace('_', '-')}" for name, default in GLOBAL_ATTENTION_OPTIONS.items()
              if name not in applies and getattr(args, name) != default]
     if given:

@@ -93,9 +93,9 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
             row=row, col=col)
     padded = ""
     if len(padding):
-        at_pixels = [LABELS[r.method] for r in results if pixels and r.pixels is not None]
+        pixel_maps = [LABELS[r.method] for r in results if pixels and r.pixels is not None]
         padded = (f"{len(padding)} padding patches (no photo in them) hatched, set no limit"
-                  + (f" (not in the pixel maps of {', '.join(at_pixels)})" if at_pixels else ""))
+                  + (f" (not in the pixel maps of {', '.join(pixel_maps)})" if pixel_maps else ""))
     for axis in range(1, rows * cols + 1):
         suffix = axis if axis > 1 else ""
         fig.update_layout({f"xaxis{suffix}": dict(visible=False, range=[0, W], constrain="domain"),

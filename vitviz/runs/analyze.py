@@ -225,6 +225,12 @@ class _Unnamed:
     notes: list = field(default_factory=list)
 
 
+def window_settings(attribution: bool) -> set[str]:
+    """The analyze settings that apply to a window model (Swin): attribution, and its target class when it runs.
+    ``save`` and the CLI's ``analyze`` refuse the others with a sentence."""
+    return {"attribution", "target_class"} if attribution else {"attribution"}
+
+
 def _check_window_settings(settings, label: str) -> None:
     """A window model's analyze runs attribution only (the CLI refuses the other options the same way)."""
     from dataclasses import fields
@@ -232,7 +238,7 @@ def _check_window_settings(settings, label: str) -> None:
     from .analysis import AnalysisSettings
 
     default = AnalysisSettings()
-    applies = ("attribution", "target_class", "batch_size") if settings.attribution else ("attribution", "batch_size")
+    applies = window_settings(bool(settings.attribution)) | {"batch_size"}
     given = [f.name for f in fields(settings) if f.name not in applies
              and getattr(settings, f.name) != getattr(default, f.name)]
     if given:
