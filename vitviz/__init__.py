@@ -8,6 +8,7 @@ trace = lens.trace(x, keep=("attn", "resid_post"))     # trace["attn", 11] (B, H
 m = vitviz.explain(lens, x, "attnlrp")                 # m.patches (B, gh, gw); vitviz.methods() lists them all
 sae = vitviz.SAE.fit(tokens, latents=1024, topk=16)    # sparse features (vitviz.features); vitviz.LatentTarget(sae, j)
                                                        # painted concepts: vitviz.ConceptTarget(concept, layer) (vitviz.probes)
+s = vitviz.similarity(lens, lens, paths)               # layer x layer CKA: s.cka, s.low, s.high (L_a, L_b); s.table()
 ```
 
 The public names are loaded on first use (``import vitviz`` itself imports no torch); nothing in this package
@@ -32,6 +33,8 @@ _PUBLIC = {
     "faithfulness": "runs.faithfulness_run", "FaithfulnessTables": "runs.faithfulness_run",
     "SAE": "features.sae", "LatentTarget": "features.splice", "load_sae": "features.public",
     "ConceptTarget": "probes.concepts",
+    "similarity": "runs.similarity_run", "Similarity": "runs.similarity_run", "CNNFeatures": "runs.similarity_run",
+    "LensFeatures": "runs.similarity_run",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -1,0 +1,141 @@
+"""Representation similarity: centred kernel alignment (CKA) between layers, on features of the same images.
+
+- :func:`linear_cka`: Kornblith et al. (ICML 2019), ``‖YᵀX‖²_F / (‖XᵀX‖_F ‖YᵀY‖_F)`` on centred features, all
+  examples at once.
+- :func:`gram` and :func:`unbiased_hsic`: the unbiased HSIC of Song et al. (JMLR 2012) on any kernel's Gram matrices.
+- :class:`MinibatchCKA`: the minibatch estimator of Nguyen, Raghu & Kornblith (ICLR 2021): per minibatch the unbiased
+  HSIC of every pair of layers, summed over minibatches, CKA = Σ HSIC(K, L) / sqrt(Σ HSIC(K, K) · Σ HSIC(L, L)). Its
+  memory is that of one minibatch's Gram matrices plus the sums, whatever the number of images; a Poisson bootstrap
+  over the minibatches (each a group of images) gives the interval.
+
+Examples are images: every function takes features (n, F) whose row i is image i, or Gram matrices (n, n).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+KERNELS = ("linear", "rbf")
+
+
+def linear_cka(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor) -> float:
+    """Linear CKA of two sets of features of the same n examples (Kornblith et al. 2019, eq. 5), in float64.
+
+    Args:
+        x: (n, F1) features; y: (n, F2) features of the same examples in the same order.
+
+    Returns:
+        CKA in [0, 1]; 1 when y is an orthogonal transform of x times a scalar (after centring).
+    """
+    x = torch.as_tensor(x, dtype=torch.float64)
+    y = torch.as_tensor(y, dtype=torch.float64)
+    x, y = x - x.mean(0), y - y.mean(0)
+    cross = torch.linalg.matrix_norm(y.T @ x) ** 2
+    return float(cross / (torch.linalg.matrix_norm(x.T @ x) * torch.linalg.matrix_norm(y.T @ y)))
+
+
+def gram(x: torch.Tensor, kernel: str = "linear", threshold: float = 1.0) -> torch.Tensor:
+    """Gram matrices of the examples in float64.
+
+    Args:
+        x: (n, F) or (L, n, F) features (L layers, each with its own F only in a list: pass one stack per F).
+        kernel: ``"linear"`` (x xᵀ) or ``"rbf"``: exp(-‖xᵢ - xⱼ‖² / (2 σ²)) with σ² = threshold² times the median
+            squared distance of the n examples (Kornblith et al.'s reference code, whose ``threshold`` this is).
+        threshold: the RBF width as a fraction of the median distance.
+
+    Returns:
+        (n, n) or (L, n, n) float64.
+    """
+    x = x.to(torch.float64)
+    dots = x @ x.transpose(-1, -2)
+    if kernel == "linear":
+        return dots
+    if kernel != "rbf":
+        raise ValueError(f"kernel {kernel!r} is not one of {KERNELS}")
+    norms = torch.diagonal(dots, dim1=-2, dim2=-1)
+    squared = (norms[..., :, None] + norms[..., None, :] - 2 * dots).clamp_min(0)
+    median = squared.flatten(-2).median(-1).values[..., None, None]
+    return torch.exp(-squared / (2 * threshold ** 2 * median))
+
+
+def unbiased_hsic(k: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
+    """The unbiased HSIC of Song et al. (2012, eq. 5) between every Gram matrix of ``k`` and every one of ``l``.
+
+    With K̃, L̃ the Gram matrices with zeroed diagonals and 1 the ones vector,
+    HSIC₁ = [tr(K̃L̃) + 1ᵀK̃1 · 1ᵀL̃1 / ((n-1)(n-2)) - 2/(n-2) · 1ᵀK̃L̃1] / (n(n-3)).
+
+    Args:
+        k: (A, n, n) symmetric; l: (B, n, n) symmetric, the same n examples; n >= 4.
+
+    Returns:
+        (A, B) float64.
+    """
+    n = k.shape[-1]
+    if n < 4:
+        raise ValueError(f"the unbiased HSIC needs 4 or more examples, not {n}")
+    k = k.to(torch.float64) * (1 - torch.eye(n, dtype=torch.float64, device=k.device))
+    l = l.to(torch.float64) * (1 - torch.eye(n, dtype=torch.float64, device=l.device))
+    k_rows, l_rows = k.sum(-1), l.sum(-1)  # (A, n), (B, n): K̃1, L̃1
+    trace = torch.einsum("aij,bij->ab", k, l)  # tr(K̃L̃), both symmetric
+    totals = k_rows.sum(-1)[:, None] * l_rows.sum(-1)[None, :] / ((n - 1) * (n - 2))
+    cross = 2 / (n - 2) * (k_rows @ l_rows.T)
+    return (trace + totals - cross) / (n * (n - 3))
+
+
+def self_hsic(k: torch.Tensor) -> torch.Tensor:
+    """``unbiased_hsic(k, k)``'s diagonal without its off-diagonal pairs: (A, n, n) -> (A,)."""
+    n = k.shape[-1]
+    k = k.to(torch.float64) * (1 - torch.eye(n, dtype=torch.float64, device=k.device))
+    rows = k.sum(-1)
+    return ((k * k).sum((-1, -2)) + rows.sum(-1) ** 2 / ((n - 1) * (n - 2))
+            - 2 / (n - 2) * (rows * rows).sum(-1)) / (n * (n - 3))
+
+
+class MinibatchCKA:
+    """CKA of every layer of one model against every layer of another, accumulated minibatch by minibatch.
+
+    Nguyen, Raghu & Kornblith (ICLR 2021, eq. 3): the unbiased HSIC of each minibatch's Gram matrices is summed over
+    minibatches, so the memory is one minibatch's Gram matrices and (L_a, L_b) sums, independent of the number of
+    images. The interval is a Poisson bootstrap over minibatches: each replicate weights every minibatch by a
+    Poisson(1) count, and the 2.5 and 97.5 percentiles of the replicates' CKA bound it (NaN with fewer than two
+    minibatches: the spread between groups of images is then unknown).
+
+    Args:
+        num_a, num_b: layers of each side (L_a, L_b).
+        replicates: bootstrap replicates (0: no interval).
+        seed: of the bootstrap's weights.
+    """
+
+    def __init__(self, num_a: int, num_b: int, replicates: int = 200, seed: int = 0):
+        self.replicates = replicates
+        self.rng = np.random.default_rng(seed)
+        self.ab = np.zeros((1 + replicates, num_a, num_b))  # row 0: every minibatch once; then the replicates
+        self.aa = np.zeros((1 + replicates, num_a))
+        self.bb = np.zeros((1 + replicates, num_b))
+        self.batches = 0
+        self.images = 0
+
+    def update(self, grams_a: torch.Tensor, grams_b: torch.Tensor, same: bool = False) -> None:
+        """Add one minibatch: (L_a, n, n) and (L_b, n, n) Gram matrices of the same n >= 4 images.
+
+        ``same``: the two sides are one model's layers (``grams_b`` is ``grams_a``): its self-HSIC is computed once.
+        """
+        ab = unbiased_hsic(grams_a, grams_b).cpu().numpy()
+        aa = self_hsic(grams_a).cpu().numpy()
+        bb = aa if same else self_hsic(grams_b).cpu().numpy()
+        weights = np.concatenate([[1.0], self.rng.poisson(1.0, self.replicates)])
+        self.ab += weights[:, None, None] * ab
+        self.aa += weights[:, None] * aa
+        self.bb += weights[:, None] * bb
+        self.batches += 1
+        self.images += grams_a.shape[-1]
+
+    def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cka, low, high), each (L_a, L_b) float64."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values = self.ab / np.sqrt(np.clip(self.aa[:, :, None] * self.bb[:, None, :], 0, None))
+        cka = values[0]
+        if self.replicates == 0 or self.batches < 2:
+            return cka, np.full_like(cka, np.nan), np.full_like(cka, np.nan)
+        low, high = np.nanpercentile(values[1:], [2.5, 97.5], axis=0)
+        return cka, low, high
