@@ -44,9 +44,12 @@ def gram(x: torch.Tensor, kernel: str = "linear", threshold: float = 1.0) -> tor
         threshold: the RBF width as a fraction of the median distance.
 
     Returns:
-        (n, n) or (L, n, n) float64.
+        (n, n) or (L, n, n) float64, of the features centred over the n examples: the unbiased HSIC does not change
+        when every example's features move by one vector, and without centring a large common mean (a ViT's residual
+        stream has one) would cancel most of float64's digits.
     """
     x = x.to(torch.float64)
+    x = x - x.mean(-2, keepdim=True)
     dots = x @ x.transpose(-1, -2)
     if kernel == "linear":
         return dots
