@@ -26,7 +26,7 @@ import pandas as pd
 import torch
 
 from ..analyses.similarity import KERNELS, MinibatchCKA, gram
-from ..errors import ModelError, VitvizError
+from ..errors import ImageError, ModelError, VitvizError
 from ..types import ModelInput
 
 POOLINGS = {
@@ -247,19 +247,37 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
     side_a = features_of(lens_a, point)
     same = lens_b is lens_a
     side_b = side_a if same else features_of(lens_b, point)
-    batches = np.array_split(np.arange(len(images)), -(-len(images) // batch_size))
+    sizes = iter([len(b) for b in np.array_split(np.arange(len(images)), -(-len(images) // batch_size))])
     accumulator = MinibatchCKA(len(side_a.layer_names), len(side_b.layer_names), replicates=bootstrap, seed=seed)
     from ..lens import _as_rgb
 
-    done = 0
-    for batch in batches:
-        pictures = [_as_rgb(images[i], int(i)).image for i in batch]  # decoded once for both models
+    def add(pictures: list) -> None:
         grams_a = _grams(side_a, pictures, pooling, kernel, threshold)
         grams_b = grams_a if same else _grams(side_b, pictures, pooling, kernel, threshold)
         accumulator.update(grams_a, grams_b, same=same)
-        done += len(batch)
-        if progress is not None:
-            progress(done, len(images))
+
+    # Images are decoded once for both models, a minibatch at a time; one that cannot be read is skipped and the
+    # next images fill its minibatch.
+    pending, skipped, target = [], [], next(sizes)
+    for i, item in enumerate(images):
+        try:
+            pending.append(_as_rgb(item, i).image)
+        except ImageError as exc:
+            skipped.append((exc.name, exc.reason))
+        if len(pending) >= target:
+            add(pending)
+            pending, target = [], next(sizes, target)
+            if progress is not None:
+                progress(i + 1, len(images))
+    if len(pending) >= MIN_BATCH:
+        add(pending)
+    else:
+        skipped += [(f"image {len(images) - len(pending) + k + 1}", f"left over in a last minibatch of fewer than "
+                     f"{MIN_BATCH} images (others could not be read)") for k in range(len(pending))]
+    if progress is not None and pending:
+        progress(len(images), len(images))
+    if accumulator.batches == 0:
+        raise VitvizError(f"fewer than {MIN_BATCH} of the {len(images)} images could be read: CKA needs {MIN_BATCH}.")
     cka, low, high = accumulator.result()
     settings = {
         "model_a": side_a.label, "model_b": side_b.label, "same_model": same,
@@ -272,6 +290,7 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
                     f"Poisson(1) weights, seed {seed})" + (
                         "; none: fewer than two minibatches" if accumulator.batches < 2 else ""),
         "layers": "0-based in arrays and tables; 1-based on screen",
+        "skipped": skipped,
     }
     return Similarity(cka=cka, low=low, high=high, images=accumulator.images, layers_a=side_a.layer_names,
                       layers_b=side_b.layer_names, settings=settings)
