@@ -5,8 +5,8 @@
 - :func:`gram` and :func:`unbiased_hsic`: the unbiased HSIC of Song et al. (JMLR 2012) on any kernel's Gram matrices.
 - :class:`MinibatchCKA`: the minibatch estimator of Nguyen, Raghu & Kornblith (ICLR 2021): per minibatch the unbiased
   HSIC of every pair of layers, summed over minibatches, CKA = Σ HSIC(K, L) / sqrt(Σ HSIC(K, K) · Σ HSIC(L, L)). Its
-  memory is that of one minibatch's Gram matrices plus the sums, whatever the number of images; a Poisson bootstrap
-  over the minibatches (each a group of images) gives the interval.
+  memory is that of one minibatch's Gram matrices plus the sums, whatever the number of images; a Bayesian bootstrap
+  over the images (:func:`weighted_hsic`) gives the interval.
 
 Examples are images: every function takes features (n, F) whose row i is image i, or Gram matrices (n, n).
 """
@@ -85,6 +85,56 @@ def unbiased_hsic(k: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
     return (trace + totals - cross) / (n * (n - 3))
 
 
+def weighted_hsic(k: torch.Tensor, l: torch.Tensor, w: torch.Tensor, same: bool = False) -> torch.Tensor:
+    """The unbiased HSIC with every example weighted, for a Bayesian bootstrap over examples (Rubin 1981).
+
+    Song et al.'s estimator is HSIC₁ = E[k_ij l_ij] + E[k_ij l_qr] - 2 E[k_ij l_iq], each mean over distinct indices.
+    Here each of the three means is weighted by the product of its examples' weights (w_i w_j, w_i w_j w_q w_r,
+    w_i w_j w_q): with every weight 1 it is :func:`unbiased_hsic`; with 0/1 weights, :func:`unbiased_hsic` of the
+    chosen examples. The sums over distinct indices come from the unrestricted ones by inclusion-exclusion, and their
+    normalisers from the power sums S_k = Σ w^k.
+
+    Args:
+        k: (A, n, n), l: (B, n, n) symmetric Gram matrices of the same n examples.
+        w: (R, n) non-negative weights, at least four of them positive in each row.
+        same: ``l`` is ``k`` and only the matching pairs (a, a) are wanted.
+
+    Returns:
+        (R, A, B) float64; (R, A) when ``same``.
+    """
+    n = k.shape[-1]
+    off = 1 - torch.eye(n, dtype=torch.float64, device=k.device)
+    k = k.to(torch.float64) * off
+    l = k if same else l.to(torch.float64) * off
+    w = w.to(device=k.device, dtype=torch.float64)
+    w2 = w * w
+    # every pair's elementwise product k_ij l_ij, summed under three weightings of (i, j)
+    products = (k * k).flatten(1) if same else (k[:, None] * l[None]).flatten(2)  # (A, n²) or (A, B, n²)
+    weightings = torch.stack([w[:, :, None] * w[:, None, :], w[:, :, None] * w2[:, None, :],
+                              w2[:, :, None] * w2[:, None, :]]).flatten(2)  # (3, R, n²)
+    p11, p12, p22 = torch.einsum("xp,vrp->vrx", products.flatten(0, -2), weightings).unflatten(
+        -1, products.shape[:-1])  # 3 x (R, A[, B])
+    kw = torch.einsum("aij,rj->rai", k, w)  # K̃w
+    lw = kw if same else torch.einsum("bij,rj->rbi", l, w)
+    if same:
+        centre1 = torch.einsum("ri,rai,rai->ra", w, kw, kw)
+        centre2 = torch.einsum("ri,rai,rai->ra", w2, kw, kw)
+        totals = torch.einsum("ri,rai->ra", w, kw) ** 2
+    else:
+        centre1 = torch.einsum("ri,rai,rbi->rab", w, kw, lw)
+        centre2 = torch.einsum("ri,rai,rbi->rab", w2, kw, lw)
+        totals = torch.einsum("ri,rai->ra", w, kw)[:, :, None] * torch.einsum("ri,rbi->rb", w, lw)[:, None, :]
+    triples = centre1 - p12  # Σ over distinct (i, j, q) of w_i w_j w_q k_ij l_iq
+    shared = centre2 - p22  # Σ over distinct (i, j, r) of w_i² w_j w_r k_ij l_ir
+    quads = totals - 4 * shared - 2 * p22  # Σ over distinct (i, j, q, r) of w_i w_j w_q w_r k_ij l_qr
+    s1, s2, s3, s4 = ((w ** p).sum(-1) for p in (1, 2, 3, 4))
+    n2 = s1 ** 2 - s2
+    n3 = s1 ** 3 - 3 * s1 * s2 + 2 * s3
+    n4 = s1 ** 4 - 6 * s1 ** 2 * s2 + 3 * s2 ** 2 + 8 * s1 * s3 - 6 * s4
+    shape = (-1,) + (1,) * (p11.dim() - 1)
+    return p11 / n2.view(shape) + quads / n4.view(shape) - 2 * triples / n3.view(shape)
+
+
 def self_hsic(k: torch.Tensor) -> torch.Tensor:
     """``unbiased_hsic(k, k)``'s diagonal without its off-diagonal pairs: (A, n, n) -> (A,)."""
     n = k.shape[-1]
@@ -99,20 +149,23 @@ class MinibatchCKA:
 
     Nguyen, Raghu & Kornblith (ICLR 2021, eq. 3): the unbiased HSIC of each minibatch's Gram matrices is summed over
     minibatches, so the memory is one minibatch's Gram matrices and (L_a, L_b) sums, independent of the number of
-    images. The interval is a Poisson bootstrap over minibatches: each replicate weights every minibatch by a
-    Poisson(1) count, and the 2.5 and 97.5 percentiles of the replicates' CKA bound it (NaN with fewer than two
-    minibatches: the spread between groups of images is then unknown).
+    images. The interval is a Bayesian bootstrap over images (Rubin 1981): each replicate gives every image an Exp(1)
+    weight, each minibatch's HSIC becomes :func:`weighted_hsic` and counts with its images' mean weight, and the 2.5
+    and 97.5 percentiles of the replicates' CKA bound it. The replicates' sums are (R, L_a, L_b): still independent
+    of the number of images.
 
     Args:
         num_a, num_b: layers of each side (L_a, L_b).
-        replicates: bootstrap replicates (0: no interval).
+        replicates: bootstrap replicates R (0: no interval).
         seed: of the bootstrap's weights.
     """
 
+    CHUNK = 1 << 22  # weights x examples² per step of the bootstrap: bounds its scratch memory (~100 MB float64)
+
     def __init__(self, num_a: int, num_b: int, replicates: int = 200, seed: int = 0):
         self.replicates = replicates
-        self.rng = np.random.default_rng(seed)
-        self.ab = np.zeros((1 + replicates, num_a, num_b))  # row 0: every minibatch once; then the replicates
+        self.generator = torch.Generator().manual_seed(seed)
+        self.ab = np.zeros((1 + replicates, num_a, num_b))  # row 0: the estimate; then the replicates
         self.aa = np.zeros((1 + replicates, num_a))
         self.bb = np.zeros((1 + replicates, num_b))
         self.batches = 0
@@ -123,22 +176,33 @@ class MinibatchCKA:
 
         ``same``: the two sides are one model's layers (``grams_b`` is ``grams_a``): its self-HSIC is computed once.
         """
-        ab = unbiased_hsic(grams_a, grams_b).cpu().numpy()
+        n = grams_a.shape[-1]
+        self.ab[0] += unbiased_hsic(grams_a, grams_b).cpu().numpy()
         aa = self_hsic(grams_a).cpu().numpy()
-        bb = aa if same else self_hsic(grams_b).cpu().numpy()
-        weights = np.concatenate([[1.0], self.rng.poisson(1.0, self.replicates)])
-        self.ab += weights[:, None, None] * ab
-        self.aa += weights[:, None] * aa
-        self.bb += weights[:, None] * bb
+        self.aa[0] += aa
+        self.bb[0] += aa if same else self_hsic(grams_b).cpu().numpy()
+        if self.replicates:
+            weights = -torch.log(torch.rand(self.replicates, n, generator=self.generator, dtype=torch.float64))
+            step = max(1, self.CHUNK // (3 * n * n))
+            for start in range(0, self.replicates, step):
+                w = weights[start:start + step]
+                mass = w.mean(-1).numpy()  # the minibatch counts with its images' weight, as it counts with n
+                rows = slice(1 + start, 1 + start + len(w))
+                self.ab[rows] += mass[:, None, None] * weighted_hsic(grams_a, grams_b, w).cpu().numpy()
+                aa = mass[:, None] * weighted_hsic(grams_a, grams_a, w, same=True).cpu().numpy()
+                self.aa[rows] += aa
+                self.bb[rows] += aa if same else mass[:, None] * weighted_hsic(grams_b, grams_b, w, same=True).cpu().numpy()
         self.batches += 1
-        self.images += grams_a.shape[-1]
+        self.images += n
 
     def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(cka, low, high), each (L_a, L_b) float64."""
-        with np.errstate(invalid="ignore", divide="ignore"):
-            values = self.ab / np.sqrt(np.clip(self.aa[:, :, None] * self.bb[:, None, :], 0, None))
+        """(cka, low, high), each (L_a, L_b) float64; low and high NaN without replicates."""
+        denominator = self.aa[:, :, None] * self.bb[:, None, :]
+        # An unbiased self-HSIC can fall to or below 0 on a few images: that replicate's CKA is undefined.
+        values = np.divide(self.ab, np.sqrt(denominator, where=denominator > 0, out=np.ones_like(denominator)),
+                           where=denominator > 0, out=np.full_like(denominator, np.nan))
         cka = values[0]
-        if self.replicates == 0 or self.batches < 2:
+        if self.replicates == 0:
             return cka, np.full_like(cka, np.nan), np.full_like(cka, np.nan)
         low, high = np.nanpercentile(values[1:], [2.5, 97.5], axis=0)
         return cka, low, high

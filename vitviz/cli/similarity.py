@@ -21,7 +21,7 @@ COLUMN_DOCS = {
     "layer_a, layer_b": "0-based layer of the first and second --model (the app shows 1-based); a CNN's stages in "
                         "forward order (their module names: settings.json layers_a / layers_b)",
     "cka": "minibatch CKA with the unbiased HSIC, 0 (unrelated) to 1 (the same up to rotation and scale)",
-    "low, high": "the 95 % bootstrap interval over minibatches; empty with fewer than two minibatches",
+    "low, high": "the 95 % Bayesian bootstrap interval over images (settings.json interval); empty with --bootstrap 0",
     "images": "images the estimate used",
 }
 

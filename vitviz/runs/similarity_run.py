@@ -176,7 +176,7 @@ class Similarity:
 
     Attributes:
         cka: (L_a, L_b) float64, layer i of A (0-based, row) against layer j of B (column); 1-based on screen.
-        low, high: (L_a, L_b) the bootstrap interval's 2.5 and 97.5 percentiles; NaN with fewer than two minibatches.
+        low, high: (L_a, L_b) the bootstrap interval's 2.5 and 97.5 percentiles over images; NaN with bootstrap=0.
         images: how many images the estimate used.
         layers_a, layers_b: the layers' names (``"block 1"``, ... ; a CNN's stage modules ``"layer1"``, ...).
         settings: models, point, pooling (with what it means), kernel, batch size, minibatches, estimator, interval.
@@ -214,7 +214,7 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
 
     Minibatch CKA with the unbiased HSIC (Nguyen, Raghu & Kornblith, ICLR 2021): images go through both models
     ``batch_size`` at a time and only the sums of each minibatch's HSIC stay, so memory does not grow with the number
-    of images; the interval is a bootstrap over those minibatches (:class:`vitviz.analyses.similarity.MinibatchCKA`).
+    of images; the interval is a Bayesian bootstrap over the images (:class:`vitviz.analyses.similarity.MinibatchCKA`).
 
     Args:
         lens_a, lens_b: :class:`vitviz.Lens` (read at ``point``), :class:`LensFeatures` or :class:`CNNFeatures`;
@@ -286,9 +286,9 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
         "batch_size": batch_size, "minibatches": accumulator.batches, "images": accumulator.images,
         "estimator": "minibatch CKA with the unbiased HSIC (Song et al. 2012) summed over minibatches "
                      "(Nguyen, Raghu & Kornblith, ICLR 2021); examples are images",
-        "interval": f"95 % percentile bootstrap over the {accumulator.batches} minibatches ({bootstrap} replicates, "
-                    f"Poisson(1) weights, seed {seed})" + (
-                        "; none: fewer than two minibatches" if accumulator.batches < 2 else ""),
+        "interval": f"95 % percentile Bayesian bootstrap over the {accumulator.images} images ({bootstrap} replicates "
+                    f"of Exp(1) image weights, seed {seed}; each minibatch's unbiased HSIC weighted)" if bootstrap
+                    else "none (bootstrap 0)",
         "layers": "0-based in arrays and tables; 1-based on screen",
         "skipped": skipped,
     }
