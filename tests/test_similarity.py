@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -256,3 +257,66 @@ def test_the_diagonal_pairs_layers_at_the_same_relative_depth():
     result = vitviz.Similarity(cka=np.arange(12.0).reshape(4, 3), low=np.zeros((4, 3)), high=np.ones((4, 3)),
                                images=4, layers_a=("a",) * 4, layers_b=("b",) * 3)
     assert result.diagonal()["layer_b"].tolist() == [0, 1, 1, 2]  # depth 1/4 -> 1/3, 2/4 -> 2/3 (rounded), ...
+
+
+# --- the command line, as the README types it -------------------------------------------------------------------
+SAMPLES = sorted(p for p in ASSETS.iterdir() if p.suffix == ".jpg")
+
+
+@pytest.mark.slow
+def test_readme_similarity_within_the_bundled_model_writes_the_python_calls_numbers(tmp_path, monkeypatch, bundled):
+    monkeypatch.chdir(ASSETS.parent)
+    out = tmp_path / "cka"
+    args = readme_command(".venv/bin/python -m vitviz similarity assets/ --out", out)
+    assert args[:2] == ["-m", "vitviz"] and main(args[2:]) == 0
+    table = pd.read_parquet(out / "cka.parquet")
+    settings = json.loads((out / "settings.json").read_text())
+    assert list(table.columns) == ["layer_a", "layer_b", "cka", "low", "high", "images"] and len(table) == 144
+    assert (table["images"] == 4).all() and settings["layers_a"][0] == "block 1" and settings["pooling"] == "tokens"
+    lens = Lens(bundled)
+    want = vitviz.similarity(lens, lens, SAMPLES)  # the same images, the same seed: the same numbers
+    np.testing.assert_array_equal(table.pivot(index="layer_a", columns="layer_b", values="cka").to_numpy(), want.cka)
+    np.testing.assert_array_equal(table["low"].to_numpy(), want.low.ravel())
+    assert (table["low"] <= table["cka"]).all() and (table["cka"] <= table["high"]).all()
+    assert not list(out.glob(".*"))  # no temporary or lock file left behind
+
+
+@pytest.mark.slow
+def test_readme_similarity_of_the_bundled_model_against_a_resnet50_checkpoint(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    resnet = timm.create_model("resnet50", pretrained=False).eval()
+    save_file(resnet.state_dict(), tmp_path / "resnet50.safetensors")
+    (tmp_path / "photos").mkdir()
+    for p in SAMPLES:
+        (tmp_path / "photos" / p.name).write_bytes(p.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    args = readme_command(".venv/bin/python -m vitviz similarity photos/ --model bundled --model resnet50", None)
+    assert args[:2] == ["-m", "vitviz"] and main(args[2:]) == 0
+    table = pd.read_parquet(tmp_path / "cka_resnet" / "cka.parquet")
+    settings = json.loads((tmp_path / "cka_resnet" / "settings.json").read_text())
+    assert settings["layers_b"] == ["act1", "layer1", "layer2", "layer3", "layer4"] and settings["pooling"] == "mean"
+    assert len(table) == 12 * 5 and table[["cka", "low", "high"]].notna().all().all()
+    cnn = CNNFeatures(resnet)  # the checkpoint's weights, read back: the same stages' numbers
+    want = vitviz.similarity(vitviz.open("bundled", device="cpu"), cnn, sorted((tmp_path / "photos").iterdir()),
+                             pooling="mean")
+    np.testing.assert_allclose(table.pivot(index="layer_a", columns="layer_b", values="cka").to_numpy(), want.cka,
+                               rtol=0, atol=0)
+    # The README's Python block, run as it stands beside the same files.
+    (tmp_path / "assets").mkdir()
+    for p in SAMPLES:
+        (tmp_path / "assets" / p.name).write_bytes(p.read_bytes())
+    section = (ASSETS.parent / "README.md").read_text().split("## How layers relate")[1].split("\n## ")[0]
+    namespace: dict = {}
+    exec(re.search(r"```python\n(.*?)```", section, re.S).group(1), namespace)
+    assert namespace["s"].cka.shape == (12, 12) and namespace["t"].cka.shape == (12, 5)
+    np.testing.assert_array_equal(namespace["t"].cka, want.cka)
+
+
+def test_similarity_refuses_three_models_and_a_point_without_tokens(tmp_path, capsys):
+    assert main(["similarity", str(ASSETS), "--model", "a", "--model", "b", "--model", "c",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "one model with itself or two models" in capsys.readouterr().err
+    with pytest.raises(VitvizError, match="compares token features"):
+        LensFeatures(tiny_lens(depth=1), point="attn")
