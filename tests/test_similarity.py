@@ -253,10 +253,25 @@ def test_a_vit_against_a_cnn_reads_every_stage_and_refuses_cls_pooling():
         vitviz.similarity(lens, lens, photos(3))
 
 
-def test_the_diagonal_pairs_layers_at_the_same_relative_depth():
+def test_the_curve_pairs_layers_at_the_same_relative_depth_or_each_layer_with_the_next():
     result = vitviz.Similarity(cka=np.arange(12.0).reshape(4, 3), low=np.zeros((4, 3)), high=np.ones((4, 3)),
                                images=4, layers_a=("a",) * 4, layers_b=("b",) * 3)
     assert result.diagonal()["layer_b"].tolist() == [0, 1, 1, 2]  # depth 1/4 -> 1/3, 2/4 -> 2/3 (rounded), ...
+    assert result.diagonal()["cka"].tolist() == [0.0, 4.0, 7.0, 11.0]
+    within = vitviz.Similarity(cka=np.arange(9.0).reshape(3, 3), low=np.zeros((3, 3)), high=np.ones((3, 3)),
+                               images=4, layers_a=("a",) * 3, layers_b=("a",) * 3, settings={"same_model": True})
+    assert within.diagonal()[["layer_a", "layer_b", "cka"]].to_numpy().tolist() == [[0, 1, 1.0], [1, 2, 5.0]]
+
+
+def test_few_images_leave_an_undefined_self_hsic_out_of_the_interval_not_in_it():
+    # Four images: many replicates' weighted self-HSIC is <= 0. Such a replicate must not turn a layer's CKA with
+    # itself into -1 (the sign of a negative self-HSIC over its absolute value).
+    x = torch.from_numpy(features(4, 6, 30))
+    accumulator = MinibatchCKA(1, 1, replicates=400, seed=1)
+    accumulator.update(gram(x)[None], gram(x)[None], same=True)
+    cka, low, high = accumulator.result()
+    assert cka[0, 0] == pytest.approx(1.0, abs=1e3 * F64)
+    assert low[0, 0] == pytest.approx(1.0, abs=1e3 * F64) and high[0, 0] == pytest.approx(1.0, abs=1e3 * F64)
 
 
 # --- the command line, as the README types it -------------------------------------------------------------------

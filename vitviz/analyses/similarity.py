@@ -197,10 +197,10 @@ class MinibatchCKA:
 
     def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(cka, low, high), each (L_a, L_b) float64; low and high NaN without replicates."""
-        denominator = self.aa[:, :, None] * self.bb[:, None, :]
-        # An unbiased self-HSIC can fall to or below 0 on a few images: that replicate's CKA is undefined.
-        values = np.divide(self.ab, np.sqrt(denominator, where=denominator > 0, out=np.ones_like(denominator)),
-                           where=denominator > 0, out=np.full_like(denominator, np.nan))
+        # An unbiased self-HSIC can fall to or below 0 on a few images: the CKA of that layer is then undefined.
+        defined = (self.aa[:, :, None] > 0) & (self.bb[:, None, :] > 0)
+        denominator = np.sqrt(np.abs(self.aa[:, :, None] * self.bb[:, None, :]))
+        values = np.divide(self.ab, denominator, where=defined, out=np.full_like(denominator, np.nan))
         cka = values[0]
         if self.replicates == 0:
             return cka, np.full_like(cka, np.nan), np.full_like(cka, np.nan)

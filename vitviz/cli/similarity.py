@@ -62,27 +62,8 @@ def add_parser(sub) -> None:
     add_out(p)
 
 
-def open_side(args: argparse.Namespace, model: str, checkpoint: str | None):
-    """A ViT as :func:`vitviz.open` opens it, or a timm CNN (:class:`vitviz.CNNFeatures`)."""
-    import timm
-    import torch
-
-    from ..adapters.cnn import is_cnn
-    from ..lens import Lens
-    from ..runs.similarity_run import CNNFeatures
-    from ..sources.models import load_model
-    from ..sources.names import parse_model_name
-
-    if parse_model_name(model).kind == "timm" and timm.is_model(model):
-        with torch.device("meta"):
-            architecture = timm.create_model(model, pretrained=False)
-        if is_cnn(architecture):
-            return CNNFeatures.open(model, checkpoint, device=args.device)
-    return Lens(load_model(spec_of(args, model, checkpoint)))
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..runs.similarity_run import similarity
+    from ..runs.similarity_run import open_features, similarity
 
     models = args.model or ["bundled"]
     if len(models) > 2:
@@ -96,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
     files, problems = expand(args)
     if not files:
         return no_image()
-    side_a = open_side(args, models[0], checkpoints[0])
-    side_b = side_a if len(models) == 1 else open_side(args, models[1], checkpoints[1])
+    side_a = open_features(spec_of(args, models[0], checkpoints[0]))
+    side_b = side_a if len(models) == 1 else open_features(spec_of(args, models[1], checkpoints[1]))
     progress = Progress(len(files), desc="similarity")
     try:
         result = similarity(side_a, side_b, [f.path for f in files], point=args.point, pooling=args.pooling,

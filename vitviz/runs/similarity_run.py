@@ -159,6 +159,34 @@ def pool(tokens: torch.Tensor, prefix: int, pooling: str, cls_index: int | None 
     return patches.mean(1) if pooling == "mean" else patches.flatten(1)
 
 
+def is_cnn_name(name: str) -> bool:
+    """Whether ``name`` is a timm CNN whose stages :class:`CNNFeatures` reads (built on the meta device: no memory)."""
+    import timm
+
+    from ..adapters.cnn import is_cnn
+    from ..sources.names import parse_model_name
+
+    if parse_model_name(name).kind != "timm" or not timm.is_model(name):
+        return False
+    with torch.device("meta"):
+        return is_cnn(timm.create_model(name, pretrained=False))
+
+
+def open_features(spec):
+    """A :class:`vitviz.sources.models.ModelSpec` opened for a comparison: a timm CNN as :class:`CNNFeatures`, any
+    other model as :func:`vitviz.open` opens it.
+
+    Raises:
+        ModelError: the model cannot be loaded (the sentence says why).
+    """
+    from ..lens import Lens
+    from ..sources.models import load_model
+
+    if is_cnn_name(spec.name):
+        return CNNFeatures.open(spec.name, spec.checkpoint, device=spec.device)
+    return Lens(load_model(spec))
+
+
 def features_of(side, point: str):
     """A Lens as :class:`LensFeatures` at ``point``; a :class:`LensFeatures` or :class:`CNNFeatures` as it is."""
     from ..lens import Lens
@@ -198,11 +226,16 @@ class Similarity:
                              "low": self.low.ravel(), "high": self.high.ravel(), "images": self.images})
 
     def diagonal(self) -> pd.DataFrame:
-        """Each layer of A against B's layer at the same relative depth (the same index when the depths agree):
-        layer_a, layer_b (0-based), cka, low, high."""
+        """The curve along the map: for two models, each layer of A against B's layer at the same relative depth (the
+        same index when the depths agree); within one model, each layer against the next (how much each block
+        changes the representation). Columns layer_a, layer_b (0-based), cka, low, high."""
         la, lb = self.cka.shape
-        a = np.arange(la)
-        b = np.clip(np.round((a + 1) * lb / la).astype(int) - 1, 0, lb - 1)
+        if self.settings.get("same_model"):
+            a = np.arange(la - 1)
+            b = a + 1
+        else:
+            a = np.arange(la)
+            b = np.clip(np.round((a + 1) * lb / la).astype(int) - 1, 0, lb - 1)
         return pd.DataFrame({"layer_a": a, "layer_b": b, "cka": self.cka[a, b], "low": self.low[a, b],
                              "high": self.high[a, b]})
 
