@@ -336,3 +336,36 @@ def test_similarity_refuses_three_models_and_a_point_without_tokens(tmp_path, ca
     assert "one model with itself or two models" in capsys.readouterr().err
     with pytest.raises(VitvizError, match="compares token features"):
         LensFeatures(tiny_lens(depth=1), point="attn")
+
+
+def test_an_unreadable_image_is_skipped_and_the_next_ones_fill_its_minibatch(tmp_path):
+    from PIL import Image
+
+    paths = []
+    for i, picture in enumerate(photos(9)):
+        paths.append(tmp_path / f"p{i}.png")
+        Image.fromarray(picture).save(paths[-1])
+    paths[2].write_bytes(b"not an image")
+    lens = tiny_lens(depth=2)
+    good = [p for p in paths if p.name != "p2.png"]
+    result = vitviz.similarity(lens, lens, paths, batch_size=4, pooling="mean")
+    # Planned as 5 + 4 for nine files: the first minibatch fills up past the bad file (p0..p5), the second is left
+    # with three readable images and joins the first rather than being dropped.
+    assert result.images == 8 and result.settings["minibatches"] == 1
+    assert [name for name, _ in result.settings["skipped"]] == ["p2.png"]
+    want = vitviz.similarity(lens, lens, good, batch_size=8, pooling="mean")
+    np.testing.assert_array_equal(result.cka, want.cka)
+    paths[8].write_bytes(b"not an image either")  # now 5 + 2 readable: the same rule, one minibatch of seven
+    assert vitviz.similarity(lens, lens, paths, batch_size=4, pooling="mean").images == 7
+    twelve = vitviz.similarity(lens, lens, photos(12), batch_size=5, pooling="mean")
+    assert twelve.settings["minibatches"] == 3 and twelve.images == 12  # 4 + 4 + 4: never over batch_size
+
+
+def test_the_command_exits_1_when_fewer_than_four_images_can_be_read(tmp_path, capsys):
+    for i in range(3):
+        (tmp_path / f"bad{i}.jpg").write_bytes(b"not an image")
+    (tmp_path / "good.jpg").write_bytes((ASSETS / "chelsea.jpg").read_bytes())
+    assert main(["similarity", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "skipped bad0.jpg" in err and "fewer than 4 of the 4 images could be read" in err
+    assert not (tmp_path / "out" / "cka.parquet").exists()

@@ -38,7 +38,7 @@ def gram(x: torch.Tensor, kernel: str = "linear", threshold: float = 1.0) -> tor
     """Gram matrices of the examples in float64.
 
     Args:
-        x: (n, F) or (L, n, F) features (L layers, each with its own F only in a list: pass one stack per F).
+        x: (n, F) features of n examples, or (L, n, F): L layers of the same width at once.
         kernel: ``"linear"`` (x xᵀ) or ``"rbf"``: exp(-‖xᵢ - xⱼ‖² / (2 σ²)) with σ² = threshold² times the median
             squared distance of the n examples (Kornblith et al.'s reference code, whose ``threshold`` this is).
         threshold: the RBF width as a fraction of the median distance.
@@ -190,8 +190,9 @@ class MinibatchCKA:
                 rows = slice(1 + start, 1 + start + len(w))
                 self.ab[rows] += mass[:, None, None] * weighted_hsic(grams_a, grams_b, w).cpu().numpy()
                 aa = mass[:, None] * weighted_hsic(grams_a, grams_a, w, same=True).cpu().numpy()
+                bb = aa if same else mass[:, None] * weighted_hsic(grams_b, grams_b, w, same=True).cpu().numpy()
                 self.aa[rows] += aa
-                self.bb[rows] += aa if same else mass[:, None] * weighted_hsic(grams_b, grams_b, w, same=True).cpu().numpy()
+                self.bb[rows] += bb
         self.batches += 1
         self.images += n
 

@@ -63,7 +63,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..runs.similarity_run import open_features, similarity
+    from ..runs.similarity_run import TooFewImages, open_features, similarity
 
     models = args.model or ["bundled"]
     if len(models) > 2:
@@ -84,12 +84,15 @@ def run(args: argparse.Namespace) -> int:
         result = similarity(side_a, side_b, [f.path for f in files], point=args.point, pooling=args.pooling,
                             batch_size=args.batch_size, kernel=args.kernel, threshold=args.rbf_threshold,
                             bootstrap=args.bootstrap, progress=lambda done, _total: progress.update(done))
+    except TooFewImages as exc:
+        for name, reason in exc.skipped:
+            print(f"skipped {name}: {reason}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
+        return no_image()
     finally:
         progress.close()
     for name, reason in result.settings["skipped"]:
         print(f"skipped {name}: {reason}", file=sys.stderr)
-    if result.images == 0:
-        return no_image()
     buffer = io.BytesIO()
     result.table().to_parquet(buffer, index=False)
     settings = {"command": "similarity", "versions": versions(),

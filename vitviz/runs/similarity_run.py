@@ -40,6 +40,14 @@ TOKEN_POINTS = ("embed", "resid_pre", "ln1", "attn_out", "resid_mid", "ln2", "ml
 MIN_BATCH = 4  # the unbiased HSIC needs four examples
 
 
+class TooFewImages(VitvizError):
+    """Fewer than four of the images could be read; ``skipped``: (name, reason) of each that could not."""
+
+    def __init__(self, message: str, skipped: list[tuple[str, str]]):
+        super().__init__(message)
+        self.skipped = skipped
+
+
 class LensFeatures:
     """A ViT's per-layer features at one named point, read through :meth:`vitviz.Lens.trace` (never another forward).
 
@@ -280,37 +288,48 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
     side_a = features_of(lens_a, point)
     same = lens_b is lens_a
     side_b = side_a if same else features_of(lens_b, point)
-    sizes = iter([len(b) for b in np.array_split(np.arange(len(images)), -(-len(images) // batch_size))])
+    # Near-equal minibatches of at most batch_size images, unless that would leave one under MIN_BATCH.
+    count = min(-(-len(images) // batch_size), len(images) // MIN_BATCH)
+    sizes = iter([len(b) for b in np.array_split(np.arange(len(images)), count)])
     accumulator = MinibatchCKA(len(side_a.layer_names), len(side_b.layer_names), replicates=bootstrap, seed=seed)
     from ..lens import _as_rgb
 
-    def add(pictures: list) -> None:
+    def add(loaded: list) -> None:
+        pictures = [item.image for item in loaded]
         grams_a = _grams(side_a, pictures, pooling, kernel, threshold)
         grams_b = grams_a if same else _grams(side_b, pictures, pooling, kernel, threshold)
         accumulator.update(grams_a, grams_b, same=same)
 
-    # Images are decoded once for both models, a minibatch at a time; one that cannot be read is skipped and the
-    # next images fill its minibatch.
-    pending, skipped, target = [], [], next(sizes)
+    # Images are decoded once for both models, a minibatch at a time. One that cannot be read is skipped and the next
+    # images fill its minibatch; each full minibatch waits until the next is full, so that a last one left short by
+    # unreadable files joins it instead of being dropped.
+    pending, held, skipped, target = [], [], [], next(sizes)
     for i, item in enumerate(images):
         try:
-            pending.append(_as_rgb(item, i).image)
+            pending.append(_as_rgb(item, i))
         except ImageError as exc:
             skipped.append((exc.name, exc.reason))
         if len(pending) >= target:
-            add(pending)
-            pending, target = [], next(sizes, target)
-            if progress is not None:
-                progress(i + 1, len(images))
+            if held:
+                add(held)
+                if progress is not None:
+                    progress(i + 1 - len(pending), len(images))
+            held, pending, target = pending, [], next(sizes, target)
     if len(pending) >= MIN_BATCH:
-        add(pending)
+        if held:
+            add(held)
+        held = pending
     else:
-        skipped += [(f"image {len(images) - len(pending) + k + 1}", f"left over in a last minibatch of fewer than "
-                     f"{MIN_BATCH} images (others could not be read)") for k in range(len(pending))]
-    if progress is not None and pending:
+        held += pending
+    if len(held) >= MIN_BATCH:
+        add(held)
+    else:
+        skipped += [(item.name, f"fewer than {MIN_BATCH} readable images in all") for item in held]
+    if progress is not None:
         progress(len(images), len(images))
     if accumulator.batches == 0:
-        raise VitvizError(f"fewer than {MIN_BATCH} of the {len(images)} images could be read: CKA needs {MIN_BATCH}.")
+        raise TooFewImages(f"fewer than {MIN_BATCH} of the {len(images)} images could be read: CKA needs {MIN_BATCH}.",
+                           skipped)
     cka, low, high = accumulator.result()
     settings = {
         "model_a": side_a.label, "model_b": side_b.label, "same_model": same,
