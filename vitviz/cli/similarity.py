@@ -13,7 +13,7 @@ import sys
 from ..errors import VitvizError
 from ..io.atomic import atomic_write_bytes, signals_held
 from ..io.output import check_writable
-from .options import (Progress, add_device, add_inputs, add_out, expand, no_image, spec_of, versions)
+from .options import Progress, add_inputs, add_model, add_out, expand, no_image, spec_of, versions
 
 CKA_NAME = "cka.parquet"
 SETTINGS_NAME = "settings.json"
@@ -34,14 +34,11 @@ def add_parser(sub) -> None:
                     "layer of the first --model against every layer of the second (or of the first again) to "
                     "DIR/cka.parquet (layer_a, layer_b, cka, low, high, images) and DIR/settings.json. The estimate "
                     "is minibatch CKA with the unbiased HSIC (Nguyen, Raghu & Kornblith, ICLR 2021): memory does "
-                    "not grow with the number of images. A timm CNN (resnet50, convnext_tiny, ...) may be either "
-                    "model: its stages are compared.")
+                    "not grow with the number of images. Give --model once for the within-model map, twice to "
+                    "compare two models; a timm CNN (resnet50, convnext_tiny, ...) may be either model: its stages "
+                    "are compared. --batch-size is the minibatch (4 or more).")
     add_inputs(p)
-    p.add_argument("--model", action="append", metavar="M",
-                   help="a ViT as every command takes it ('bundled' by default), or a timm CNN name; give it twice "
-                        "to compare two models, once for the within-model map")
-    p.add_argument("--checkpoint", action="append", metavar="PATH",
-                   help="local weights, one per --model in the same order, '-' for none")
+    add_model(p, per_model=True, batch_size=32)  # --batch-size: images per minibatch and per forward (4 or more)
     p.add_argument("--point", default="resid_post",
                    help="a ViT's token point per block (default resid_post: each block's output; also resid_pre, "
                         "resid_mid, ln1, ln2, attn_out, mlp_out, mlp_hidden)")
@@ -53,12 +50,6 @@ def add_parser(sub) -> None:
     p.add_argument("--rbf-threshold", type=float, default=1.0, metavar="T", help="RBF width (default 1.0)")
     p.add_argument("--bootstrap", type=int, default=200, metavar="R",
                    help="bootstrap replicates of the interval (default 200; 0: none)")
-    p.add_argument("--batch-size", type=int, default=32, metavar="B",
-                   help="images per minibatch and per forward (default 32; 4 or more)")
-    p.add_argument("--img-size", type=int, metavar="PX", help="ViT input resolution (default: the model's own)")
-    add_device(p)
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"],
-                   help="ViT precision; half precisions need a GPU")
     add_out(p)
 
 
