@@ -1,0 +1,221 @@
+"""Direct contributions: the target (a class logit, the probe's class, a projection) split into what each part of
+the residual stream wrote into it.
+
+The last block's output is a sum: r = embed + Σ_l (Σ_h head_{l,h} + attn_bias_l + mlp_l), where head h of block l
+writes its slice of the output projection applied to its context z (times LayerScale where the model has it),
+``attn_bias`` is the projection's bias (times LayerScale) and ``mlp`` the MLP branch. With the readout's norms frozen
+at the image's own scale (:mod:`vitviz.residual.frozen`) the target is affine in r: target = J · r + b, J the gradient
+of the frozen readout, b its value at r = 0 (the norms' β and the head's bias: the component ``bias``). So
+
+    target = J · embed + Σ_l Σ_h J · head_{l,h} + Σ_l J · attn_bias_l + Σ_l J · mlp_l + b
+
+exactly, whatever the pooling (CLS, the mean of the patch tokens, both for a probe: J is zero where the head does not
+read). A head's contribution splits further by the token it read from (its source patch):
+J · head_{l,h} = Σ_s Σ_q A[q, s] · (v_s W_h) · J_q, the s-th term being what that head moved from token s into the
+answer. :func:`readout` returns both, and checks that the parts add up to the model's own target value.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..adapters import Hooks
+from ..explainers.attribution import Target, default_target
+from ..layout import TokenLayout
+from ..types import ModelInput
+from .frozen import FrozenNorms, ReadoutNotApplicable
+
+COMPONENTS = ("embed", "attn_head", "attn_bias", "mlp", "bias")
+
+
+@dataclass
+class Readout:
+    """A target split into direct contributions, for a batch of B images (L blocks, H heads).
+
+    Layers and heads are 0-based in arrays and in :meth:`table` (1-based on screen).
+
+    Attributes:
+        total: (B,) the target as the model's own forward computes it.
+        embed: (B,) the embedding's contribution (patch + position embeddings, prefix tokens).
+        heads: (B, L, H) each attention head's.
+        attn_bias: (B, L) each attention output projection's bias.
+        mlp: (B, L) each MLP's.
+        bias: (B,) the readout's constant: the frozen norms' β and the head's bias.
+        head_sources: (B, L, H, N) each head's contribution split by the token it read from (sums to ``heads``);
+            None when not asked for.
+        target: the bound target (its ``text()`` says what was read out).
+        layout: the token layout (prefix tokens, patch grid) of the input.
+        images: the images' names, in batch order.
+    """
+
+    total: np.ndarray
+    embed: np.ndarray
+    heads: np.ndarray
+    attn_bias: np.ndarray
+    mlp: np.ndarray
+    bias: np.ndarray
+    head_sources: np.ndarray | None
+    target: Target
+    layout: TokenLayout
+    images: list[str] = field(default_factory=list)
+
+    @property
+    def parts_sum(self) -> np.ndarray:
+        """(B,) the sum of every contribution and the constant (equals :attr:`total` up to rounding)."""
+        return (self.embed + self.heads.sum((1, 2)) + self.attn_bias.sum(1) + self.mlp.sum(1) + self.bias)
+
+    @property
+    def residual(self) -> np.ndarray:
+        """(B,) total − the sum of the parts: what rounding left (the model's forward runs in its own precision)."""
+        return self.total - self.parts_sum
+
+    def table(self) -> pd.DataFrame:
+        """One row per image and component: ``image`` (0-based), ``name`` (the image's name), ``component``
+        (embed, attn_head, attn_bias, mlp, bias), ``layer`` and ``head`` (0-based; empty where they do not apply),
+        ``value`` (the contribution, in the target's units)."""
+        B, L, H = self.heads.shape
+        rows = []
+        for b in range(B):
+            name = self.images[b] if b < len(self.images) else f"image {b + 1}"
+            rows.append((b, name, "embed", None, None, self.embed[b]))
+            for l in range(L):
+                rows.extend((b, name, "attn_head", l, h, self.heads[b, l, h]) for h in range(H))
+                rows.append((b, name, "attn_bias", l, None, self.attn_bias[b, l]))
+                rows.append((b, name, "mlp", l, None, self.mlp[b, l]))
+            rows.append((b, name, "bias", None, None, self.bias[b]))
+        table = pd.DataFrame(rows, columns=["image", "name", "component", "layer", "head", "value"])
+        for column in ("layer", "head"):
+            table[column] = table[column].astype("Int64")
+        table["value"] = table["value"].astype(float)
+        return table
+
+    def patches(self, layer: int, head: int) -> np.ndarray:
+        """(B, gh, gw) what head ``head`` of block ``layer`` (0-based) moved from each patch into the target; the
+        prefix tokens' shares (CLS, registers) are in :attr:`head_sources` and not on the grid."""
+        if self.head_sources is None:
+            raise ValueError("this readout was computed without per-source shares (sources=False)")
+        npt = self.layout.num_prefix_tokens
+        gh, gw = self.layout.grid_size
+        return self.head_sources[:, layer, head, npt:].reshape(-1, gh, gw)
+
+    def top_heads(self, k: int = 5, image: int | None = None) -> list[tuple[int, int, float]]:
+        """The k heads with the largest |contribution| as (layer, head, value), 0-based; over the batch's mean
+        contribution unless ``image`` is given."""
+        values = self.heads.mean(0) if image is None else self.heads[image]
+        order = np.argsort(-np.abs(values), axis=None)[:k]
+        return [(int(i // values.shape[1]), int(i % values.shape[1]), float(values.flat[i])) for i in order]
+
+
+def why_not(lens) -> str | None:
+    """One sentence saying why the direct readout does not apply to ``lens``'s model, or None."""
+    why = lens.loaded.why_not("readout")
+    if why is None and any(lens.adapter.head_write(lens.model, l) is None for l in range(lens.num_layers)):
+        why = (f"{lens.label}'s attention blocks do not say how their heads write into the residual stream, so the "
+               "direct readout does not apply to it yet.")
+    return why
+
+
+def _frozen_readout(lens, tokens: torch.Tensor, target: Target) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gradient J (B, N, D) of the readout with frozen norms at the last block's tokens, and its value at zero
+    tokens b (B,): target(r') = J · r' + b for every r' while the head is linear."""
+    rules = FrozenNorms()
+    keep = ("logits", "pooled")
+    with torch.inference_mode(False), torch.enable_grad():
+        x = tokens.detach().clone().requires_grad_(True)
+        hooks = Hooks(keep=keep, rules=rules)
+        lens.adapter.readout(lens.model, x, hooks)
+        value = target(hooks.kept)
+        (grad,) = torch.autograd.grad(value.sum(), x)
+    rules.replay()
+    with torch.no_grad():
+        hooks = Hooks(keep=keep, rules=rules)
+        lens.adapter.readout(lens.model, torch.zeros_like(tokens), hooks)
+        constant = target(hooks.kept)
+    return grad.detach(), constant.detach()
+
+
+def _inputs(lens, x) -> ModelInput:
+    if isinstance(x, ModelInput):
+        return x
+    if isinstance(x, torch.Tensor):
+        return ModelInput(tensor=x, images=[])
+    return lens.preprocess(x)
+
+
+def readout(lens, x, target: Target | None = None, sources: bool = True, tolerance: float = 1e-3) -> Readout:
+    """Split ``target`` into the direct contributions of every part of the residual stream.
+
+    Args:
+        lens: a :class:`vitviz.Lens` of a model that attends globally (ViT, DeiT, DINOv2, CLIP's vision tower, ...,
+            and probe heads on them).
+        x: images as :meth:`vitviz.Lens.trace` takes them (a :class:`ModelInput`, a tensor (B, 3, H, W), paths).
+        target: a :class:`vitviz.ClassLogit` (default: each image's top-1 class), or for a headless model a
+            :class:`vitviz.Projection` of the pooled vector (the default there); any target that reads ``logits``
+            or ``pooled`` linearly.
+        sources: also split each head's contribution by the token it read from (:meth:`Readout.patches`); costs
+            one (B, H, N, N) product per block.
+        tolerance: the largest |total − sum of parts| allowed, relative to the sum of the parts' magnitudes: more
+            means the readout is not linear in the tokens and the split is refused.
+
+    Returns:
+        Readout: ``total`` (B,), ``heads`` (B, L, H), ... and :meth:`Readout.table`.
+
+    Raises:
+        ReadoutNotApplicable: a model whose heads or readout cannot be split (window attention, attention pooling,
+            a norm between heads and projection), with the reason.
+    """
+    why = why_not(lens)
+    if why:
+        raise ReadoutNotApplicable(why)
+    inputs = _inputs(lens, x)
+    model, adapter, L = lens.model, lens.adapter, lens.num_layers
+    target = target or default_target(model)
+    keep = ["embed", "z", "mlp_out", "attn_out", ("resid_post", L - 1), "pooled"]
+    keep += ["logits"] if lens.has_head else []
+    keep += ["attn", "v"] if sources else []
+    trace = lens.trace(inputs, keep=keep)
+    points = {k: trace[k] for k in ("pooled", "logits") if k in trace}
+    target = target.bind(points)
+    total = target(points).double()
+    J, constant = _frozen_readout(lens, trace["resid_post", L - 1], target)
+    J = J.double()
+
+    def dot(value: torch.Tensor) -> torch.Tensor:  # (B, N, D) -> (B,)
+        return (J * value.double()).sum((1, 2))
+
+    embed = dot(trace["embed"])
+    heads, attn_bias, mlp, head_sources = [], [], [], []
+    for l in range(L):
+        write = adapter.head_write(model, l)
+        H = write.heads
+        scaled = J if write.scale is None else J * write.scale.double()
+        JW = (scaled @ write.weight.double()).unflatten(-1, (H, -1)).transpose(1, 2)  # (B, H, N, d)
+        z = trace["z", l].double()
+        heads.append((JW * z).sum((2, 3)))
+        bias_l = torch.zeros_like(embed) if write.bias is None else scaled.sum(1) @ write.bias.double()
+        attn_bias.append(bias_l)
+        mlp.append(dot(trace["mlp_out", l]))
+        branch = dot(trace["attn_out", l])
+        if not torch.allclose(heads[-1].sum(1) + bias_l, branch, rtol=1e-4, atol=1e-4 * float(branch.abs().max()) + 1e-6):
+            raise RuntimeError(f"block {l}: the heads' writes do not add up to the attention branch "
+                               f"({adapter.name}'s head_write disagrees with its forward)")
+        if sources:
+            M = JW @ trace["v", l].double().transpose(-1, -2)  # (B, H, N_query, N_source)
+            head_sources.append((trace["attn", l].double() * M).sum(2))
+    result = Readout(
+        total=total.cpu().numpy(), embed=embed.cpu().numpy(), heads=torch.stack(heads, 1).cpu().numpy(),
+        attn_bias=torch.stack(attn_bias, 1).cpu().numpy(), mlp=torch.stack(mlp, 1).cpu().numpy(),
+        bias=constant.double().cpu().numpy(),
+        head_sources=torch.stack(head_sources, 1).cpu().numpy() if sources else None,
+        target=target, layout=trace.layout, images=[s.name for s in (inputs.sources or [])])
+    scale = (np.abs(result.embed) + np.abs(result.heads).sum((1, 2)) + np.abs(result.attn_bias).sum(1)
+             + np.abs(result.mlp).sum(1) + np.abs(result.bias))
+    off = np.abs(result.residual)
+    if np.any(off > tolerance * scale + 1e-6):
+        raise ReadoutNotApplicable(
+            f"the direct contributions of {lens.label} do not add up to its own {target.text()} (off by "
+            f"{off.max():.3g} of {scale.max():.3g}): its readout is not linear in the tokens, so it cannot be split.")
+    return result
