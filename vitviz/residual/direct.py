@@ -219,3 +219,89 @@ def readout(lens, x, target: Target | None = None, sources: bool = True, toleran
             f"the direct contributions of {lens.label} do not add up to its own {target.text()} (off by "
             f"{off.max():.3g} of {scale.max():.3g}): its readout is not linear in the tokens, so it cannot be split.")
     return result
+
+
+@dataclass
+class DirectVectors:
+    """Every component's direct contribution to a whole output vector (all C logits, or the pooled vector).
+
+    Attributes:
+        values: (B, K, P) component k's contribution to each of the P outputs; K = 1 + L·H + 2L in the order of
+            :attr:`components`.
+        constant: (B, P) the readout's constant (the frozen norms' β, the head's bias).
+        total: (B, P) the point as the model's own forward computes it.
+        components: K rows of (component, layer, head), 0-based, None where they do not apply.
+        point: ``"logits"`` or ``"pooled"``.
+        num_layers, num_heads: L and H.
+    """
+
+    values: np.ndarray
+    constant: np.ndarray
+    total: np.ndarray
+    components: list[tuple[str, int | None, int | None]]
+    point: str
+    num_layers: int
+    num_heads: int
+
+    def heads(self) -> np.ndarray:
+        """(B, L, H, P) each head's contribution."""
+        B, _, P = self.values.shape
+        return self.values[:, 1:1 + self.num_layers * self.num_heads].reshape(B, self.num_layers, self.num_heads, P)
+
+    @property
+    def residual(self) -> np.ndarray:
+        """(B, P) total − (constant + the sum of the contributions)."""
+        return self.total - self.constant - self.values.sum(1)
+
+
+def direct_vectors(lens, x, point: str = "logits") -> DirectVectors:
+    """Each component's direct contribution to every entry of ``point`` (one image at a time, so memory is
+    K·N·D per image: 100 MB for ViT-B/16).
+
+    Args:
+        lens: a :class:`vitviz.Lens` the direct readout applies to (:func:`why_not`).
+        x: images as :meth:`vitviz.Lens.trace` takes them.
+        point: ``"logits"`` (every class: which classes a head writes toward) or ``"pooled"`` (the vector the head
+            reads; CLIP: what is projected into the joint space).
+
+    Returns:
+        DirectVectors: ``values`` (B, K, P), ``heads()`` (B, L, H, P).
+    """
+    why = why_not(lens)
+    if why:
+        raise ReadoutNotApplicable(why)
+    if point == "logits" and not lens.has_head:
+        raise ReadoutNotApplicable(f"{lens.label} has no classifier head: read the pooled vector (point='pooled').")
+    inputs = _inputs(lens, x)
+    model, adapter, L = lens.model, lens.adapter, lens.num_layers
+    trace = lens.trace(inputs, keep=["embed", "z", "mlp_out", ("resid_post", L - 1), point])
+    rules = FrozenNorms()
+    with torch.no_grad():
+        adapter.readout(model, trace["resid_post", L - 1], Hooks(keep=(point,), rules=rules))
+    writes = [adapter.head_write(model, l) for l in range(L)]
+    H = writes[0].heads
+    components = [("embed", None, None)] + [("attn_head", l, h) for l in range(L) for h in range(H)] \
+        + [("attn_bias", l, None) for l in range(L)] + [("mlp", l, None) for l in range(L)]
+    values, constants = [], []
+    B, N, D = trace["embed"].shape
+    for b in range(B):
+        parts = [trace["embed"][b][None]]
+        for l, w in enumerate(writes):
+            z = trace["z", l][b]  # (H, N, d)
+            W = w.weight.unflatten(1, (w.heads, -1)).permute(1, 2, 0)  # (H, d, D)
+            out = z @ W  # (H, N, D)
+            parts.append(out if w.scale is None else out * w.scale)
+        for w in writes:
+            bias = torch.zeros(D, dtype=trace["embed"].dtype, device=trace["embed"].device) if w.bias is None \
+                else (w.bias if w.scale is None else w.bias * w.scale)
+            parts.append(bias.expand(1, N, D))
+        parts += [trace["mlp_out", l][b][None] for l in range(L)]
+        batch = torch.cat([torch.zeros(1, N, D, dtype=parts[0].dtype, device=parts[0].device)] + parts)
+        hooks = Hooks(keep=(point,), rules=rules.replay(repeat=batch.shape[0], image=b))
+        with torch.no_grad():
+            adapter.readout(model, batch, hooks)
+        out = hooks.kept[point].double()
+        constants.append(out[0])
+        values.append(out[1:] - out[0])
+    return DirectVectors(torch.stack(values).cpu().numpy(), torch.stack(constants).cpu().numpy(),
+                         trace[point].double().cpu().numpy(), components, point, L, H)

@@ -53,10 +53,16 @@ class FrozenNorms(Rules):
         self.scales: list[torch.Tensor] = []
         self._replay: int | None = None
         self._repeat = 1
+        self._image: int | None = None
 
-    def replay(self, repeat: int = 1) -> "FrozenNorms":
-        """Switch to replaying the recorded scales (from the first norm again)."""
-        self._replay, self._repeat = 0, repeat
+    def replay(self, repeat: int = 1, image: int | None = None) -> "FrozenNorms":
+        """Switch to replaying the recorded scales (from the first norm again).
+
+        Args:
+            repeat: each image's scales repeated this many times along the batch (image-major).
+            image: replay only this image's scales (the batch then holds ``repeat`` inputs of that image).
+        """
+        self._replay, self._repeat, self._image = 0, repeat, image
         return self
 
     def norm(self, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -68,6 +74,8 @@ class FrozenNorms(Rules):
         else:
             scale = self.scales[self._replay]
             self._replay += 1
+            if self._image is not None:
+                scale = scale[self._image:self._image + 1]
             if self._repeat > 1:
                 scale = scale.repeat_interleave(self._repeat, dim=0)
         y = (x if kind == "rms" else x - x.mean(-1, keepdim=True)) / scale.to(x.dtype)
