@@ -6,9 +6,9 @@
 - :func:`logit_lens` (:mod:`.logit_lens`): the model's own head applied after every block (per image, and per patch
   on request); :class:`TunedLens`: one affine map per block fitted to the last block's output first.
 """
-from .direct import COMPONENTS, DirectVectors, Readout, direct_vectors, readout, why_not
+from .direct import COMPONENTS, DirectVectors, Readout, direct_vectors, head_effects, readout, why_not
 from .frozen import FrozenNorms, ReadoutNotApplicable
 from .logit_lens import LogitLens, TunedLens, logit_lens
 
-__all__ = ["COMPONENTS", "DirectVectors", "FrozenNorms", "LogitLens", "Readout", "ReadoutNotApplicable", "TunedLens", "direct_vectors", "logit_lens",
+__all__ = ["COMPONENTS", "DirectVectors", "FrozenNorms", "LogitLens", "Readout", "ReadoutNotApplicable", "TunedLens", "direct_vectors", "head_effects", "logit_lens",
            "readout", "why_not"]

@@ -177,7 +177,7 @@ def readout(lens, x, target: Target | None = None, sources: bool = True, toleran
     keep += ["logits"] if lens.has_head else []
     keep += ["attn", "v"] if sources else []
     trace = lens.trace(inputs, keep=keep)
-    points = {k: trace[k] for k in ("pooled", "logits") if k in trace}
+    points = {k: trace[k].clone() for k in ("pooled", "logits") if k in trace}  # plain tensors: bind may keep them
     target = target.bind(points)
     total = target(points).double()
     J, constant = _frozen_readout(lens, trace["resid_post", L - 1], target)
@@ -305,3 +305,31 @@ def direct_vectors(lens, x, point: str = "logits") -> DirectVectors:
         values.append(out[1:] - out[0])
     return DirectVectors(torch.stack(values).cpu().numpy(), torch.stack(constants).cpu().numpy(),
                          trace[point].double().cpu().numpy(), components, point, L, H)
+
+
+def head_effects(lens, x, heads: list[tuple[int, int]], target: Target | None = None) -> pd.DataFrame:
+    """Each head's direct contribution beside its total effect: the target minus the target with that head's context
+    ``z`` zeroed and the forward run on (later blocks then react, and the final norm's scale moves).
+
+    Args:
+        lens, x, target: as :func:`readout`.
+        heads: (layer, head) pairs, 0-based.
+
+    Returns:
+        DataFrame with ``image`` (0-based), ``layer``, ``head`` (0-based), ``direct`` and ``total`` (target units).
+    """
+    result = readout(lens, x, target, sources=False)
+    inputs = _inputs(lens, x)
+    point = "logits" if lens.has_head else "pooled"
+    rows = []
+    for layer, head in heads:
+        def zero(value, _point, head=head):
+            value = value.clone()
+            value[:, head] = 0
+            return value
+
+        trace = lens.trace(inputs, keep=[point], edit={f"blocks.{layer}.z": zero})
+        ablated = result.target({point: trace[point]}).double().cpu().numpy()
+        rows.extend((b, layer, head, float(result.heads[b, layer, head]), float(result.total[b] - ablated[b]))
+                    for b in range(len(ablated)))
+    return pd.DataFrame(rows, columns=["image", "layer", "head", "direct", "total"])
