@@ -209,7 +209,7 @@ def test_the_last_blocks_head_ablated_without_final_norm_moves_the_logit_by_exac
     model.norm = torch.nn.Identity()
     lens = lens_of(model, torch.float64)
     x = images(2).double()
-    effects = vitviz.residual.head_effects(lens, x, heads=[(3, 0), (1, 2)], target=ClassLogit(2))
+    effects = vitviz.head_effects(lens, x, heads=[(3, 0), (1, 2)], target=ClassLogit(2))
     last = effects[(effects.layer == 3) & (effects.head == 0)]
     np.testing.assert_allclose(last.total.to_numpy(), last.direct.to_numpy(), rtol=1e-10, atol=1e-13)
     earlier = effects[(effects.layer == 1)]

@@ -35,7 +35,7 @@ _PUBLIC = {
     "SAE": "features.sae", "LatentTarget": "features.splice", "load_sae": "features.public",
     "ConceptTarget": "probes.concepts",
     "readout": "residual", "Readout": "residual", "logit_lens": "residual", "LogitLens": "residual",
-    "TunedLens": "residual", "ReadoutNotApplicable": "residual",
+    "TunedLens": "residual", "ReadoutNotApplicable": "residual", "head_effects": "residual",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -95,11 +95,14 @@ class Readout:
     def patches(self, layer: int, head: int) -> np.ndarray:
         """(B, gh, gw) what head ``head`` of block ``layer`` (0-based) moved from each patch into the target; the
         prefix tokens' shares (CLS, registers) are in :attr:`head_sources` and not on the grid."""
+        return self.patch_maps()[:, layer, head]
+
+    def patch_maps(self) -> np.ndarray:
+        """(B, L, H, gh, gw) every head's :meth:`patches`."""
         if self.head_sources is None:
             raise ValueError("this readout was computed without per-source shares (sources=False)")
-        npt = self.layout.num_prefix_tokens
-        gh, gw = self.layout.grid_size
-        return self.head_sources[:, layer, head, npt:].reshape(-1, gh, gw)
+        B, L, H, _ = self.head_sources.shape
+        return self.head_sources[..., self.layout.num_prefix_tokens:].reshape(B, L, H, *self.layout.grid_size)
 
     def top_heads(self, k: int = 5, image: int | None = None) -> list[tuple[int, int, float]]:
         """The k heads with the largest |contribution| as (layer, head, value), 0-based; over the batch's mean
