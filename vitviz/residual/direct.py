@@ -336,3 +336,29 @@ def head_effects(lens, x, heads: list[tuple[int, int]], target: Target | None = 
         rows.extend((b, layer, head, float(result.heads[b, layer, head]), float(result.total[b] - ablated[b]))
                     for b in range(len(ablated)))
     return pd.DataFrame(rows, columns=["image", "layer", "head", "direct", "total"])
+
+
+def names_table(heads: np.ndarray, labels: tuple[str, ...] | None, k: int = 3) -> pd.DataFrame:
+    """Each head's ``k`` classes from its (L, H, C) direct contributions to every logit (mean over images), each
+    taken relative to the head's mean over all classes (a head adding the same amount to every logit moves no
+    probability: softmax ignores it).
+
+    Returns:
+        DataFrame with ``layer``, ``head`` (0-based), ``rank`` (1 = first), ``class``, ``label`` and ``value`` (the
+        relative contribution, logit units).
+    """
+    relative = heads - heads.mean(-1, keepdims=True)
+    labels = labels or ()
+    rows = []
+    for l in range(relative.shape[0]):
+        for h in range(relative.shape[1]):
+            for rank, c in enumerate(np.argsort(-relative[l, h], kind="stable")[:k], 1):
+                label = labels[c] if c < len(labels) else f"class {c}"
+                rows.append((l, h, rank, int(c), label, float(relative[l, h, c])))
+    return pd.DataFrame(rows, columns=["layer", "head", "rank", "class", "label", "value"])
+
+
+def head_names(lens, x, k: int = 3) -> pd.DataFrame:
+    """What each head writes toward, in class names, over the images ``x`` (:func:`names_table` of the mean of
+    :func:`direct_vectors`' heads)."""
+    return names_table(direct_vectors(lens, x, point="logits").heads().mean(0), lens.class_labels, k)
