@@ -57,3 +57,13 @@ def test_the_readout_page_shows_the_current_images_parts_and_with_a_probe_head_t
     assert not at.exception and not at.error
     hover = _chart(at, "readout_heatmap")["data"][0]["text"]
     assert any("writes toward: class" in cell for row in hover for cell in row)
+
+    # The heads page names every head the same way (its first rank over the image set)
+    at.switch_page("pages/2_heads.py").run()
+    at.toggle(key="heads_names_on").set_value(True).run()
+    assert not at.exception and not at.error
+    grid = at.dataframe[0].value
+    assert grid.shape == (12, 6) and list(grid.index[:2]) == ["layer 1", "layer 2"]
+    names = vitviz.residual.head_names(headed, [f"assets/{n}" for n in ("chelsea.jpg", "coffee.jpg")])
+    first = names[(names["rank"] == 1) & (names.layer == 11) & (names["head"] == 3)].iloc[0]
+    assert grid.loc["layer 12", "head 4"].startswith(first.label + " (")

@@ -62,3 +62,12 @@ def set_head_names(ctx, k: int = 3):
         return residual.names_table(heads, lens.class_labels, k)
     return with_progress(("head_names", ctx.spec, ctx.framing, tuple(im.sha256 for im in ctx.images), k),
                          "Naming the heads: image", compute)
+
+
+def names_grid(table):
+    """The heads' names (:func:`set_head_names`) as a layers x heads table of "class (+value)", 1-based labels."""
+    first = table[table["rank"] == 1].assign(text=lambda t: [f"{n} ({v:+.2g})" for n, v in zip(t.label, t.value)])
+    shown = first.pivot(index="layer", columns="head", values="text")
+    shown.index = [f"layer {l + 1}" for l in shown.index]
+    shown.columns = [f"head {h + 1}" for h in shown.columns]
+    return shown
