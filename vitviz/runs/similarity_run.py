@@ -351,4 +351,6 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
 def _grams(side, pictures: list, pooling: str, kernel: str, threshold: float) -> torch.Tensor:
     """(L, n, n) float64 Gram matrices of one side's layers for one minibatch."""
     features = side.features(side.preprocess(pictures), pooling)
-    return torch.stack([gram(f.float(), kernel, threshold) for f in features])
+    # float64 on the model's device (CUDA has it), on the host for MPS (which has no float64)
+    return torch.stack([gram(f.float().cpu() if f.device.type == "mps" else f.float(), kernel, threshold)
+                        for f in features])
