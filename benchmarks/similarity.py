@@ -11,6 +11,10 @@ Prints
   3. the peak resident memory added by one ``similarity`` call (VmHWM; a fresh process per N, after a warm-up call)
      at each N: flat in N when the images stream from disk.
 
+  0. (``--parts``) one minibatch of 32 taken apart, interleaved over ``--repeats`` runs (medians): the forward that
+     reads the 12 blocks (``lens.trace``), the 12 Gram matrices (pooling tokens: 256 patches x 384 dims per image),
+     and the CKA sums with and without the bootstrap's 200 replicates; the load of a shared machine moves each part
+     alike, so their ratios hold better than those of whole runs;
   4. (``--calibration``, no model) the interval's calibration on simulated features: for unrelated and for related
      features (48 dims, 60 fresh samples each), the spread (standard deviation) of the estimate over samples against
      the bootstrap's mean 95 % width / 3.92, and how often the interval holds the true value (0, or the mean
@@ -69,6 +73,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, nargs="+", default=[32, 64, 128])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--calibration", action="store_true", help="only the interval's calibration (no model)")
+    parser.add_argument("--parts", action="store_true", help="only one minibatch's parts")
     parser.add_argument("--memory-of", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -76,6 +81,8 @@ def main() -> None:
         return memory_of(args.memory_of, args.folder)
     if args.calibration:
         return calibration()
+    if args.parts:
+        return parts(args.repeats)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, timm {timm.__version__}")
     lens = vitviz.open("bundled", device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
@@ -115,6 +122,30 @@ def main() -> None:
             out = subprocess.run([sys.executable, __file__, "--memory-of", str(n), "--folder", str(folder)],
                                  capture_output=True, text=True, check=True).stdout
             print(f"N = {n}: +{float(out.split()[-1]):.0f} MiB", flush=True)
+
+
+def parts(repeats: int) -> None:
+    from vitviz.analyses.similarity import MinibatchCKA, gram
+    from vitviz.runs.similarity_run import LensFeatures
+
+    lens = vitviz.open("bundled", device="cpu")
+    side = LensFeatures(lens)
+    with tempfile.TemporaryDirectory() as tmp:
+        pictures = [load_image(p).image for p in sorted(make_images(Path(tmp), BATCH).iterdir())]
+    x = lens.preprocess(pictures)
+    features = side.features(x, "tokens")  # 12 x (32, 256 * 384)
+    grams = torch.stack([gram(f) for f in features])
+    times = {"forward": [], "grams": [], "sums": [], "sums_bootstrap": []}
+    for _ in range(repeats):
+        times["forward"].append(timed(lambda: lens.trace(x, keep="resid_post")))
+        times["grams"].append(timed(lambda: torch.stack([gram(f) for f in features])))
+        times["sums"].append(timed(lambda: MinibatchCKA(12, 12, replicates=0).update(grams, grams, same=True)))
+        times["sums_bootstrap"].append(timed(lambda: MinibatchCKA(12, 12).update(grams, grams, same=True)))
+    m = {k: statistics.median(v) for k, v in times.items()}
+    print(f"one minibatch of {BATCH}, 12 x 12, torch {torch.get_num_threads()} threads: forward (trace) "
+          f"{m['forward']:.2f} s; Gram matrices {m['grams']:.3f} s ({m['grams'] / m['forward']:.1%}); CKA sums "
+          f"{m['sums']:.4f} s ({m['sums'] / m['forward']:.2%}); with the bootstrap {m['sums_bootstrap']:.3f} s "
+          f"({m['sums_bootstrap'] / m['forward']:.1%})")
 
 
 def calibration(samples: int = 60) -> None:
