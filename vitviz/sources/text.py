@@ -21,6 +21,8 @@ class TextNotAvailable(VitvizError):
     """Text was asked of a model without a text tower, or of a folder without a tokenizer (the sentence says which)."""
 
 
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "tokenizer_config.json")
+
 # model_type of a full image–text config -> the transformers class that holds both towers
 FULL_MODELS = {"clip": "CLIPModel"}
 
@@ -52,7 +54,7 @@ class TextTower:
     @property
     def scale(self) -> float:
         """``logit_scale.exp()``: the image–text score is this times the cosine."""
-        return float(self.model.logit_scale.detach().float().exp())
+        return float(self.model.logit_scale.detach().double().exp())
 
     @property
     def projection_dim(self) -> int:
@@ -64,7 +66,7 @@ class TextTower:
 
     def encode(self, texts: Sequence[str], batch_size: int = 256) -> torch.Tensor:
         """(T, P) unit-norm text embeddings of ``texts`` (transformers' ``get_text_features``, normalised), float32
-        on the model's device.
+        (float64 for a float64 model) on the model's device.
 
         Raises:
             TextNotAvailable: no tokenizer was saved with the model, or no text was given.
@@ -88,19 +90,26 @@ class TextTower:
                 features = self.model.get_text_features(input_ids=tokens["input_ids"].to(param.device),
                                                         attention_mask=tokens["attention_mask"].to(param.device))
                 features = getattr(features, "pooler_output", features)
-                out.append(features.float())
+                out.append(features.to(torch.promote_types(features.dtype, torch.float32)))
         embeds = torch.cat(out)
         return embeds / embeds.norm(dim=-1, keepdim=True)
 
 
 def load_tokenizer(source: str, local_only: bool):
     """The tokenizer saved with the model, or None where there is none."""
+    from pathlib import Path
+
     from transformers import AutoTokenizer
 
+    folder = Path(source)
+    if folder.is_dir() and not any((folder / f).is_file() for f in TOKENIZER_FILES):
+        return None
     try:
-        return AutoTokenizer.from_pretrained(source, local_files_only=local_only)
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only)
     except Exception:  # noqa: BLE001 - no tokenizer files: encode() says so when text is asked for
         return None
+    # transformers builds a tokenizer of the special tokens alone where no vocabulary was saved
+    return tokenizer if len(tokenizer) > 3 else None
 
 
 def text_tower(full_model: torch.nn.Module, source: str, local_only: bool) -> TextTower:
