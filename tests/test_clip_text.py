@@ -189,19 +189,18 @@ def test_live_occlusion_drops_are_transformers_scores_of_the_occluded_images(len
 
 
 def test_text_span_picks_the_direction_that_explains_most_variance():
-    """Writes along e1 (variance 4) and e2 (variance 1): e1 first with 4/5 of the variance, then e2 with the
-    rest; the text e1 + e2 (cos 0.71 with both) is never picked though it has the largest raw projection."""
+    """Writes along e1, e2, e3 with variances 4, 1, 0.5 (uncorrelated over the sample). Texts: e1, 2e1 + e2 and e3.
+    e1 first (4 / 5.5 of the variance); what is left of 2e1 + e2 is e2 at a fifth of its length, and read at unit
+    length it explains 1 / 5.5, more than e3's 0.5 / 5.5 (its raw projection would lose to e3); then e3. The images' common write (the mean) is not variance."""
     rng = np.random.default_rng(0)
-    a, b = rng.standard_normal(400), rng.standard_normal(400)
-    a, b = (a - a.mean()) / a.std(), (b - b.mean()) / b.std()
-    b = b - a * (a @ b) / (a @ a)  # uncorrelated over the sample
-    b = b / b.std()
-    C = np.zeros((400, 3))
-    C[:, 0], C[:, 1] = 2 * a, b
-    texts = np.array([[0, 1.0, 0], [3.0, 3.0, 0], [1.0, 0, 0]])
-    picks = text_span(C, texts, k=2)
-    assert [j for j, _ in picks] == [2, 0]
-    assert picks[0][1] == pytest.approx(0.8, abs=1e-9) and picks[1][1] == pytest.approx(0.2, abs=1e-9)
+    q, _ = np.linalg.qr(rng.standard_normal((400, 3)))  # orthonormal columns: uncorrelated, zero mean after centring
+    q = q - q.mean(0)
+    q, _ = np.linalg.qr(q)
+    C = q * np.sqrt(400 * np.array([4.0, 1.0, 0.5])) + np.array([0, 50.0, 0])  # a mean along e2 is no variance
+    texts = np.array([[0, 0, 1.0], [2.0, 1.0, 0], [1.0, 0, 0]])
+    picks = text_span(C, texts, k=3)
+    assert [j for j, _ in picks] == [2, 1, 0]
+    np.testing.assert_allclose([share for _, share in picks], np.array([4, 1, 0.5]) / 5.5, rtol=0, atol=1e-9)
 
 
 def test_textspan_names_the_planted_text_first_for_the_planted_head(tmp_path, images):
