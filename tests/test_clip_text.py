@@ -240,3 +240,67 @@ def test_description_pool_covers_its_kinds():
     assert len(pool) == len(set(pool)) >= 150
     for word in ("dog", "red", "wood", "striped", "round", "two", "left", "beach", "painting"):
         assert any(word in text for text in pool), word
+
+
+# ------------------------------------------------------------------------------------------------ the README's lines
+
+HUB_ID = "hf:openai/clip-vit-base-patch32"
+
+
+def _readme_clip_python() -> str:
+    import re
+
+    from conftest import ASSETS
+
+    text = (ASSETS.parent / "README.md").read_text()
+    section = text[text.index("## CLIP: images scored against words"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_clip_line_offline_says_why(tmp_path, monkeypatch, capsys, network_calls):
+    """The hub line typed offline (the hub off, every connection refused): exit 2, one sentence, nothing written."""
+    from PIL import Image
+
+    from conftest import ASSETS, readme_command
+    from vitviz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Image.open(ASSETS / "chelsea.jpg").convert("RGB").save("photo.jpg")
+    args = readme_command(".venv/bin/python -m vitviz analyze photo.jpg --model hf:openai/clip-vit-base-patch32", None)
+    assert main(args[2:]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "could not be loaded" in err and "hub cannot be reached" in err, err
+    assert not (tmp_path / "clip" / "analysis.npz").exists()
+
+
+def test_the_readme_clip_line_runs_on_a_saved_clip_folder(tmp_path, monkeypatch, clip_folder):
+    """The same line with the hub id swapped for a saved CLIPModel folder (the only change): the maps are written."""
+    from PIL import Image
+
+    from conftest import ASSETS, readme_command
+    from vitviz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Image.open(ASSETS / "chelsea.jpg").convert("RGB").save("photo.jpg")
+    line = readme_command(".venv/bin/python -m vitviz analyze photo.jpg --model hf:openai/clip-vit-base-patch32", None)
+    args = [clip_folder if a == HUB_ID else a for a in line]
+    assert main(args[2:]) == 0
+    saved = np.load(tmp_path / "clip" / "analysis.npz")
+    assert saved["attribution_attnlrp"].shape == (1, 4, 4) and saved["attribution_legrad"].shape == (1, 4, 4)
+
+
+def test_the_readme_clip_python_runs_on_a_saved_clip_folder(monkeypatch, clip_folder):
+    """The README's CLIP Python lines, run from the repository root with the hub id swapped for a saved CLIPModel
+    folder (the only change)."""
+    from conftest import ASSETS
+
+    code = _readme_clip_python()
+    assert HUB_ID in code
+    monkeypatch.chdir(ASSETS.parent)
+    scope = {}
+    exec(compile(code.replace(HUB_ID, clip_folder), "README.md", "exec"), scope)
+    assert tuple(scope["t"].shape) == (2, 16)
+    assert scope["m"].patches.shape == (2, 4, 4)
+    assert scope["r"].total.shape == (2,)
+    spans = scope["spans"]
+    assert len(spans) == 3 * 4 * 3 and spans["variance_explained"].between(0, 1).all()
