@@ -51,8 +51,8 @@ def logits_per_image(reference, x, texts) -> torch.Tensor:
     model, tokenizer = reference
     tokens = tokenizer(texts, padding=True, return_tensors="pt")
     with torch.no_grad():
-        return model(input_ids=tokens["input_ids"].to(model.device), attention_mask=tokens["attention_mask"].to(model.device),
-                     pixel_values=x.to(device=model.device, dtype=model.dtype)).logits_per_image
+        return model(input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"],
+                     pixel_values=x.to(model.dtype)).logits_per_image
 
 
 def test_encode_text_is_transformers_text_features_normalised(lens, reference):
@@ -80,6 +80,24 @@ def test_vision_only_model_says_there_is_no_text(tmp_path, lens):
         vitviz.explain(vision, torch.zeros(1, 3, 32, 32), "gradcam", target=vitviz.TextTarget("a dog"))
     with pytest.raises(TextNotAvailable, match="no text tower"):
         vitviz.textspan(vision, torch.zeros(2, 3, 32, 32))
+
+
+def test_siglip_text_is_refused_with_a_sentence(tmp_path, images):
+    """A whole SigLIP folder opens as its vision tower; text, TextSpan and the readout are refused in words."""
+    config = transformers.SiglipConfig(
+        text_config=dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=16),
+        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8))
+    transformers.SiglipModel(config).save_pretrained(tmp_path)
+    siglip = vitviz.open(str(tmp_path))
+    with pytest.raises(TextNotAvailable, match="does not read SigLIP's text tower yet"):
+        siglip.encode_text("a dog")
+    with pytest.raises(TextNotAvailable, match="SigLIP's text tower"):
+        vitviz.explain(siglip, images, "attnlrp", target=vitviz.TextTarget("a dog"))
+    with pytest.raises(vitviz.ReadoutNotApplicable, match="attention head"):
+        vitviz.readout(siglip, images, target=vitviz.TextTarget("a dog"))
+    assert vitviz.explain(siglip, images, "attnlrp").patches.shape == (4, 4, 4)  # its vision tower still explains
 
 
 def test_folder_without_tokenizer_says_so(tmp_path):
@@ -191,7 +209,8 @@ def test_live_occlusion_drops_are_transformers_scores_of_the_occluded_images(len
 def test_text_span_picks_the_direction_that_explains_most_variance():
     """Writes along e1, e2, e3 with variances 4, 1, 0.5 (uncorrelated over the sample). Texts: e1, 2e1 + e2 and e3.
     e1 first (4 / 5.5 of the variance); what is left of 2e1 + e2 is e2 at a fifth of its length, and read at unit
-    length it explains 1 / 5.5, more than e3's 0.5 / 5.5 (its raw projection would lose to e3); then e3. The images' common write (the mean) is not variance."""
+    length it explains 1 / 5.5, more than e3's 0.5 / 5.5 (its raw projection would lose to e3); then e3. The images'
+    common write (the mean) is not variance."""
     rng = np.random.default_rng(0)
     q, _ = np.linalg.qr(rng.standard_normal((400, 3)))  # orthonormal columns: uncorrelated, zero mean after centring
     q = q - q.mean(0)

@@ -125,7 +125,7 @@ class Lens:
         """
         from .sources.text import TextNotAvailable, why_no_text
 
-        why = why_no_text(self.loaded.text, self.label)
+        why = why_no_text(self.loaded.text, self.label, self.model)
         if why:
             raise TextNotAvailable(why)
         return self.loaded.text

@@ -117,8 +117,12 @@ def text_tower(full_model: torch.nn.Module, source: str, local_only: bool) -> Te
     return TextTower(full_model, load_tokenizer(source, local_only), source)
 
 
-def why_no_text(text: TextTower | None, label: str) -> str | None:
+def why_no_text(text: TextTower | None, label: str, model: torch.nn.Module | None = None) -> str | None:
     """One sentence saying why a model has no text to read, or None."""
+    model_type = getattr(getattr(model, "config", None), "model_type", "") or ""
+    if text is None and model_type.startswith("siglip"):
+        return (f"{label}: vitviz does not read SigLIP's text tower yet (only CLIP's), so it cannot score images "
+                "against texts; the vision tower's maps, heads and probes all apply.")
     if text is None:
         return (f"{label} has no text tower: open a whole CLIP model (a folder saved from transformers' CLIPModel, "
                 "or hf:openai/clip-vit-base-patch32) rather than its vision tower alone.")
