@@ -37,7 +37,7 @@ _PUBLIC = {
     "SAE": "features.sae", "LatentTarget": "features.splice", "load_sae": "features.public",
     "ConceptTarget": "probes.concepts",
     "readout": "residual", "Readout": "residual", "logit_lens": "residual", "LogitLens": "residual",
-    "TunedLens": "residual", "ReadoutNotApplicable": "residual",
+    "TunedLens": "residual", "ReadoutNotApplicable": "residual", "head_effects": "residual",
     "TextTarget": "explainers.text", "textspan": "residual.textspan",
 }
 

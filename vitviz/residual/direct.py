@@ -95,11 +95,14 @@ class Readout:
     def patches(self, layer: int, head: int) -> np.ndarray:
         """(B, gh, gw) what head ``head`` of block ``layer`` (0-based) moved from each patch into the target; the
         prefix tokens' shares (CLS, registers) are in :attr:`head_sources` and not on the grid."""
+        return self.patch_maps()[:, layer, head]
+
+    def patch_maps(self) -> np.ndarray:
+        """(B, L, H, gh, gw) every head's :meth:`patches`."""
         if self.head_sources is None:
             raise ValueError("this readout was computed without per-source shares (sources=False)")
-        npt = self.layout.num_prefix_tokens
-        gh, gw = self.layout.grid_size
-        return self.head_sources[:, layer, head, npt:].reshape(-1, gh, gw)
+        B, L, H, _ = self.head_sources.shape
+        return self.head_sources[..., self.layout.num_prefix_tokens:].reshape(B, L, H, *self.layout.grid_size)
 
     def top_heads(self, k: int = 5, image: int | None = None) -> list[tuple[int, int, float]]:
         """The k heads with the largest |contribution| as (layer, head, value), 0-based; over the batch's mean
@@ -177,7 +180,7 @@ def readout(lens, x, target: Target | None = None, sources: bool = True, toleran
     keep += ["logits"] if lens.has_head else []
     keep += ["attn", "v"] if sources else []
     trace = lens.trace(inputs, keep=keep)
-    points = {k: trace[k] for k in ("pooled", "logits") if k in trace}
+    points = {k: trace[k].clone() for k in ("pooled", "logits") if k in trace}  # plain tensors: bind may keep them
     target = target.bind(points)
     total = target(points).double()
     J, constant = _frozen_readout(lens, trace["resid_post", L - 1], target)
@@ -305,3 +308,57 @@ def direct_vectors(lens, x, point: str = "logits") -> DirectVectors:
         values.append(out[1:] - out[0])
     return DirectVectors(torch.stack(values).cpu().numpy(), torch.stack(constants).cpu().numpy(),
                          trace[point].double().cpu().numpy(), components, point, L, H)
+
+
+def head_effects(lens, x, heads: list[tuple[int, int]], target: Target | None = None) -> pd.DataFrame:
+    """Each head's direct contribution beside its total effect: the target minus the target with that head's context
+    ``z`` zeroed and the forward run on (later blocks then react, and the final norm's scale moves).
+
+    Args:
+        lens, x, target: as :func:`readout`.
+        heads: (layer, head) pairs, 0-based.
+
+    Returns:
+        DataFrame with ``image`` (0-based), ``layer``, ``head`` (0-based), ``direct`` and ``total`` (target units).
+    """
+    result = readout(lens, x, target, sources=False)
+    inputs = _inputs(lens, x)
+    point = "logits" if lens.has_head else "pooled"
+    rows = []
+    for layer, head in heads:
+        def zero(value, _point, head=head):
+            value = value.clone()
+            value[:, head] = 0
+            return value
+
+        trace = lens.trace(inputs, keep=[point], edit={f"blocks.{layer}.z": zero})
+        ablated = result.target({point: trace[point]}).double().cpu().numpy()
+        rows.extend((b, layer, head, float(result.heads[b, layer, head]), float(result.total[b] - ablated[b]))
+                    for b in range(len(ablated)))
+    return pd.DataFrame(rows, columns=["image", "layer", "head", "direct", "total"])
+
+
+def names_table(heads: np.ndarray, labels: tuple[str, ...] | None, k: int = 3) -> pd.DataFrame:
+    """Each head's ``k`` classes from its (L, H, C) direct contributions to every logit (mean over images), each
+    taken relative to the head's mean over all classes (a head adding the same amount to every logit moves no
+    probability: softmax ignores it).
+
+    Returns:
+        DataFrame with ``layer``, ``head`` (0-based), ``rank`` (1 = first), ``class``, ``label`` and ``value`` (the
+        relative contribution, logit units).
+    """
+    relative = heads - heads.mean(-1, keepdims=True)
+    labels = labels or ()
+    rows = []
+    for l in range(relative.shape[0]):
+        for h in range(relative.shape[1]):
+            for rank, c in enumerate(np.argsort(-relative[l, h], kind="stable")[:k], 1):
+                label = labels[c] if c < len(labels) else f"class {c}"
+                rows.append((l, h, rank, int(c), label, float(relative[l, h, c])))
+    return pd.DataFrame(rows, columns=["layer", "head", "rank", "class", "label", "value"])
+
+
+def head_names(lens, x, k: int = 3) -> pd.DataFrame:
+    """What each head writes toward, in class names, over the images ``x`` (:func:`names_table` of the mean of
+    :func:`direct_vectors`' heads)."""
+    return names_table(direct_vectors(lens, x, point="logits").heads().mean(0), lens.class_labels, k)

@@ -70,6 +70,12 @@ class LogitLens:
     images: list[str] = field(default_factory=list)
     tuned: bool = False
 
+    def probabilities(self) -> np.ndarray:
+        """(B, L, C) the softmax over the classes of each layer's logits."""
+        z = self.logits.astype(np.float64)
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
     def label(self, c: int) -> str:
         return self.labels[c] if self.labels and c < len(self.labels) else f"class {c}"
 
