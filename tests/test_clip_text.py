@@ -222,6 +222,20 @@ def test_text_span_picks_the_direction_that_explains_most_variance():
     np.testing.assert_allclose([share for _, share in picks], np.array([4, 1, 0.5]) / 5.5, rtol=0, atol=1e-9)
 
 
+def test_text_span_with_rank_reads_texts_inside_the_writes_top_directions():
+    """rank=1: every text is projected on the writes' first principal direction (e1 here), so the first pick explains
+    e1's share whichever text it is, and nothing is left of the others for a second pick."""
+    rng = np.random.default_rng(1)
+    q, _ = np.linalg.qr(rng.standard_normal((200, 3)))
+    q = q - q.mean(0)
+    q, _ = np.linalg.qr(q)
+    C = q * np.sqrt(200 * np.array([4.0, 1.0, 0.5]))
+    texts = np.array([[0, 1.0, 0], [0.1, 0, 1.0], [0, 0, 1.0]])
+    picks = text_span(C, texts, k=3, rank=1)
+    assert [j for j, _ in picks] == [1] and picks[0][1] == pytest.approx(4 / 5.5, abs=1e-9)
+    assert [j for j, _ in text_span(C, texts, k=1)] == [0]  # without rank: e2 (variance 1) beats 0.1 e1 + e3
+
+
 def test_textspan_names_the_planted_text_first_for_the_planted_head(tmp_path, images):
     model, tokenizer = tiny_clip()
     pool = descriptions()[:40]
