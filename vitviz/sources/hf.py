@@ -100,11 +100,6 @@ def _model_type(config, name: str, types: dict):
 
 
 def load(name: str, device: torch.device, dtype: torch.dtype, more: dict | None = None):
-    """:func:`load_parts` without the text tower: (model, family, source)."""
-    return load_parts(name, device, dtype, more)[:3]
-
-
-def load_parts(name: str, device: torch.device, dtype: torch.dtype, more: dict | None = None):
     """Build a transformers vision model with eager attention, in eval mode, on ``device``.
 
     A whole image–text model (a ``CLIPModel`` folder, :func:`vitviz.sources.text.is_full_model`) is built whole, once:

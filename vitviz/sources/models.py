@@ -496,7 +496,7 @@ def _load_hf(spec: ModelSpec) -> LoadedModel:
                          "processor's; leave the resolution at the model's own.")
     device = resolve_device(spec.device)
     dtype = _resolve_dtype(spec.dtype, device)
-    model, family, source, text = hf.load_parts(spec.name, device, dtype, adapters.hf_model_types())
+    model, family, source, text = hf.load(spec.name, device, dtype, adapters.hf_model_types())
     config, notes = hf.data_config(model, source)
     adapter = adapters.adapter_for(model)
     layout = adapter.layout(model, tuple(config["input_size"][-2:]))
