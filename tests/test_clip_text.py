@@ -100,6 +100,13 @@ def test_siglip_text_is_refused_with_a_sentence(tmp_path, images):
     assert vitviz.explain(siglip, images, "attnlrp").patches.shape == (4, 4, 4)  # its vision tower still explains
 
 
+def test_no_text_is_refused_with_a_sentence(lens):
+    with pytest.raises(TextNotAvailable, match="at least one text"):
+        vitviz.TextTarget([])
+    with pytest.raises(TextNotAvailable, match="none of them empty"):
+        lens.encode_text(["a dog", " "])
+
+
 def test_folder_without_tokenizer_says_so(tmp_path):
     lens = vitviz.open(save_tiny_clip(tmp_path, tokenizer=False))
     with pytest.raises(TextNotAvailable, match="no tokenizer saved with it"):

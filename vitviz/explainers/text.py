@@ -12,8 +12,10 @@ perturbed copy (occlusion, Integrated Gradients' path); the readout always freez
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+
 import torch
 
+from ..sources.text import TextNotAvailable
 from .attribution import Target
 
 
@@ -43,7 +45,7 @@ class TextTarget(Target):
     def __post_init__(self):
         texts = (self.texts,) if isinstance(self.texts, str) else tuple(str(t) for t in self.texts)
         if not texts:
-            raise ValueError("TextTarget needs at least one text, e.g. vitviz.TextTarget(\"a photo of a dog\").")
+            raise TextNotAvailable("TextTarget needs at least one text, e.g. vitviz.TextTarget(\"a photo of a dog\").")
         object.__setattr__(self, "texts", texts)
 
     def for_lens(self, lens, linear: bool = False) -> "TextTarget":
