@@ -2,7 +2,8 @@
 
 The model: the bundled DINOv2 ViT-S/14 @224 (real weights, float32) with a probe head fitted here on the four sample
 photos' crops (4 classes, layer 12, cls+mean: what `vitviz probe` trains), so the target is a real class logit.
-Measured in the same run, on the same images, each row with its own baseline right before it (median of repeats):
+Measured in the same run, on the same images, each row with its own baseline right before it (median of repeats,
+CPU time of one torch thread, so other processes on a loaded machine do not enter the ratios):
 
   forward       ``lens.trace(x, keep="logits")``: the plain forward (timm's fused path): the baseline;
   readout       ``vitviz.readout(lens, x)``: every head's, MLP's, bias's share, with per-source patch shares;
@@ -39,9 +40,9 @@ from vitviz import probes, residual  # noqa: E402
 def timed(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = time.process_time()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return statistics.median(times)
 
 
@@ -49,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(1)  # CPU time of one thread: the machine's other load does not enter the ratios
     with tempfile.TemporaryDirectory() as tmp:
         labelled = crops(Path(tmp) / "crops", per_photo=6)
         backbone = vitviz.open("bundled", device="cpu")

@@ -7,7 +7,7 @@ from ui.attribution import target_picker, target_title
 from ui.charts import file_stem, point_customdata, show_chart
 from ui.display import display_controls, map_figure
 from ui.downloads import download_row
-from ui.readout import image_readout, set_head_names, set_logit_lens
+from ui.readout import image_patch_lens, image_readout, set_head_names, set_logit_lens, set_tuned_lens
 from ui.state import setup
 from vitviz import residual
 from vitviz.errors import VitvizError
@@ -109,12 +109,44 @@ else:
     st.caption("Each row applies the model's own final norm and head to that block's output; the last row is the "
                "model's prediction. The columns are the final top class and each layer's top two.")
 
+    st.markdown("**Which class each patch says, block by block**")
+    per_patch = image_patch_lens(ctx)
+    p1, p2 = st.columns([1, 2])
+    lens_layer = p1.slider("Block", 1, per_patch.logits.shape[1], per_patch.logits.shape[1], key="readout_patch_layer") - 1
+    lens_class = p2.selectbox("Class", classes, format_func=lambda c: f"{c}: {lens_result.label(c)}",
+                              key="readout_patch_class")
+    patch_probs = per_patch.patch_probabilities(lens_layer, lens_class, r.layout)
+    _, patch_fig = map_figure(ctx.result.model_input, patch_probs, r.layout, display,
+                              titles=[f"block {lens_layer + 1}: {lens_result.label(lens_class)}"],
+                              value_name="probability", title="Each patch's token read alone through the head")
+    show_chart(patch_fig, "readout_patch_lens", file_stem("patch_lens", ctx.image.name, f"block{lens_layer + 1}"),
+               vector=False, width=panel_width(patch_fig))
+    st.caption("Every patch's token at that block read alone through the final norm and the head (as if every "
+               "token were that one): the probability it gives the class. The Display box sets the colour scale.")
+
+    with st.expander("Tuned lens: one affine map per block, fitted on the image set"):
+        st.caption("Belrose et al. (2023) fit a map per block that carries its tokens toward the last block's before "
+                   "the head reads them; here each map is a ridge least-squares fit on the sidebar's images, a quarter "
+                   "of them held out, and the table says how well each block's plain and tuned readings agree with "
+                   "the model on the held-out images (KL divergence to the final distribution, nats; share of images "
+                   "whose top class the block already gives).")
+        if len(ctx.images) < 2:
+            st.info("Add at least one more image in the sidebar: the tuned lens needs one to fit and one to check.")
+        elif st.button("Fit the tuned lens", key="readout_tuned"):
+            tuned = set_tuned_lens(ctx)
+            fit = tuned.fit.assign(layer=tuned.fit.layer + 1).rename(columns={
+                "layer": "block", "kl_plain": "KL plain (nats)", "kl_tuned": "KL tuned (nats)",
+                "top1_plain": "top-1 plain", "top1_tuned": "top-1 tuned", "images_fit": "images fitted",
+                "images_held_out": "images held out"})
+            st.dataframe(fit, hide_index=True, width="stretch")
+
 settings = {"image": ctx.image.name, "model": ctx.loaded.card().get("spec"), "target": r.target.describe(),
             "indices": "layer and head 0-based in the arrays (1-based on screen)",
             "definition": "target = embed + sum of heads + attention biases + MLPs + constant, the final norm's scale "
                           "frozen at the image's own value",
             "total": float(r.total[0]), "parts_sum": float(r.parts_sum[0]),
             "selected": {"layer": layer + 1, "head": head + 1, "indices": "1-based"}}
+download_row(file_stem("readout_table", ctx.image.name), r.table(), None)
 download_row(file_stem("readout", ctx.image.name),
              {"heads": r.heads[0], "attn_bias": r.attn_bias[0], "mlp": r.mlp[0], "embed": r.embed,
               "constant": r.bias, "total": r.total, "head_patches": r.patch_maps()[0].astype(np.float32)}, settings)

@@ -53,6 +53,16 @@ def test_the_readout_page_shows_the_current_images_parts_and_with_a_probe_head_t
                                rtol=1e-5, atol=1e-7)
     target = next(s for s in at.selectbox if s.key == "readout_target")
     assert target.value.startswith(f"{final}: class {'abc'[final]}")
+    patch_chart = _chart(at, "readout_patch_lens")["data"]
+    hover = next(t for t in patch_chart if t.get("type") == "heatmap")
+    per_patch = vitviz.logit_lens(headed, [f"assets/{name}"], per_patch=True).patches[0, -1, 1:]  # last block
+    probs = np.exp(per_patch - per_patch.max(-1, keepdims=True))
+    probs = (probs / probs.sum(-1, keepdims=True))[:, final]
+    np.testing.assert_allclose(np.sort(_decode(hover["z"]).ravel()), np.sort(probs), rtol=1e-4, atol=1e-6)
+    next(b for b in at.button if b.key == "readout_tuned").click().run()
+    assert not at.exception and not at.error
+    fit = next(d.value for d in at.dataframe if "KL tuned (nats)" in d.value.columns)
+    assert list(fit["block"]) == list(range(1, 13)) and set(fit["images held out"]) == {1}
     at.toggle(key="readout_names").set_value(True).run()
     assert not at.exception and not at.error
     hover = _chart(at, "readout_heatmap")["data"][0]["text"]

@@ -48,6 +48,27 @@ def set_logit_lens(ctx) -> residual.LogitLens:
                          "Logit lens: reading every block …", compute)
 
 
+def image_patch_lens(ctx) -> residual.LogitLens:
+    """The current image's logit lens per patch (every token of every block read alone), (1, L, N, C)."""
+    def compute(progress):
+        lens = _lens(ctx)
+        with model_run():
+            progress(0, 1)
+            return residual.logit_lens(lens, [ctx.image.image], per_patch=True)
+    return with_progress(("patch_lens", ctx.spec, ctx.framing, ctx.image.sha256), "Logit lens per patch …", compute)
+
+
+def set_tuned_lens(ctx) -> residual.TunedLens:
+    """A tuned lens fitted on the image set (a quarter held out), and its held-out fit."""
+    def compute(progress):
+        lens = _lens(ctx)
+        with model_run():
+            progress(0, 1)
+            return residual.TunedLens.fit_images(lens, [im.image for im in ctx.images])
+    return with_progress(("tuned_lens", ctx.spec, ctx.framing, tuple(im.sha256 for im in ctx.images)),
+                         "Tuned lens: fitting one map per block …", compute)
+
+
 def set_head_names(ctx, k: int = 3):
     """Each head's top classes over the image set (:func:`vitviz.residual.head_names`), one image at a time."""
     def compute(progress):
