@@ -7,7 +7,8 @@ from ui.attribution import target_picker, target_title
 from ui.charts import file_stem, point_customdata, show_chart
 from ui.display import display_controls, map_figure
 from ui.downloads import download_row
-from ui.readout import image_patch_lens, image_readout, set_head_names, set_logit_lens, set_tuned_lens
+from ui.readout import (image_patch_lens, image_readout, set_head_names, set_logit_lens, set_textspan,
+                        set_tuned_lens)
 from ui.state import setup
 from vitviz import residual
 from vitviz.errors import VitvizError
@@ -30,9 +31,13 @@ if why:
     st.stop()
 
 c1, c2 = st.columns([2, 3])
-target_class = target_picker(ctx, c1, "readout_target", say_headless=False)
+has_text = Lens(ctx.loaded).has_text
+text = c1.text_input("Text (CLIP: split the image–text score for it)", "a photo of a cat", key="readout_text",
+                     help="CLIP's score logit_scale.exp() · cos(image, text), the image embedding's norm frozen at "
+                          "this image's own value.") if has_text else None
+target_class = None if has_text else target_picker(ctx, c1, "readout_target", say_headless=False)
 try:
-    r = image_readout(ctx, target_class)
+    r = image_readout(ctx, target_class, text or None)
 except VitvizError as exc:
     st.info(str(exc))
     st.stop()
@@ -59,7 +64,7 @@ picked = [int(v) for v in point_customdata(points[0])] if points else []
 top_layer, top_head, _ = r.top_heads(1)[0]
 layer, head = (picked[0], picked[1]) if len(picked) == 2 else (top_layer, top_head)
 
-unit = "logit" if ctx.loaded.has_head else "projection"
+unit = "score" if text else "logit" if ctx.loaded.has_head else "projection"
 left, right = st.columns([3, 2])
 with left:
     show_chart(contribution_heatmap(r.heads[0], f"contribution ({unit})", selected=(layer, head), names=names),
@@ -90,6 +95,21 @@ st.caption(f"The head's contribution {r.heads[0, layer, head]:+.4g} split by the
            f"weight times that token's value, through the frozen readout); the patches hold "
            f"{r.patches(layer, head)[0].sum():+.4g}, the prefix tokens ({', '.join(r.layout.prefix_tokens)}) "
            f"{prefix.sum():+.4g}. Diverging colours centred on 0, limits ± the 99th percentile of |value|.")
+
+if has_text:
+    st.subheader("TextSpan: each late head in words")
+    st.caption("Over the sidebar's images, each head of the last four blocks writes a vector into CLIP's joint space; "
+               "TextSpan (Gandelsman et al., ICLR 2024) picks, one after another, the description whose direction "
+               "explains the most of that head's variance over the images and removes it. vitviz's own descriptions "
+               "(objects, colours, materials, textures, shapes, counts, positions, scenes, styles). The paper uses "
+               "thousands of images: with a few, read the names as hints.")
+    if len(ctx.images) < 2:
+        st.info("Add at least one more image in the sidebar: TextSpan reads how a head's output varies over images.")
+    elif st.button("Name the late heads in words (TextSpan)", key="readout_textspan"):
+        spans = set_textspan(ctx)
+        shown = spans.assign(layer=spans.layer + 1, head=spans["head"] + 1).rename(columns={
+            "variance_explained": "variance explained", "head_variance": "head's variance"})
+        st.dataframe(shown, hide_index=True, width="stretch")
 
 st.subheader("Logit lens: the head read after every block")
 if not ctx.loaded.has_head:

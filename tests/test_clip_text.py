@@ -344,3 +344,30 @@ def test_the_readme_clip_python_runs_on_a_saved_clip_folder(monkeypatch, clip_fo
     assert scope["r"].total.shape == (2,)
     spans = scope["spans"]
     assert len(spans) == 3 * 4 * 3 and spans["variance_explained"].between(0, 1).all()
+
+
+def test_the_readme_clip_readout_line_splits_transformers_score_on_a_saved_clip_folder(tmp_path, monkeypatch,
+                                                                                      clip_folder, reference):
+    """`readout --text` with the hub id swapped for a saved CLIPModel folder: per image the parts add up to
+    transformers' logits_per_image for that text (float32: 100 eps32 of the summed magnitudes)."""
+    import pandas as pd
+    from PIL import Image
+
+    from conftest import ASSETS, readme_command
+    from vitviz.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    Image.open(ASSETS / "chelsea.jpg").convert("RGB").save("photo.jpg")
+    line = readme_command(".venv/bin/python -m vitviz readout photo.jpg --model hf:openai/clip-vit-base-patch32",
+                          None)
+    args = [clip_folder if a == HUB_ID else a for a in line]
+    assert main(args[2:]) == 0
+    table = pd.read_parquet(tmp_path / "clip-readout" / "readout.parquet")
+    assert not (tmp_path / "clip-readout" / "logit_lens.parquet").exists()
+    lens = vitviz.open(clip_folder, device="cpu")
+    x = lens.preprocess(["photo.jpg"])
+    score = logits_per_image(reference, x.tensor, ["a photo of a cat"])[0, 0]
+    magnitude = table.value.abs().sum()
+    assert abs(table.value.sum() - float(score)) <= 100 * 1.2e-7 * magnitude
+    assert main(["readout", "photo.jpg", "--model", clip_folder, "--text", "a cat", "--target", "1", "--out",
+                 str(tmp_path / "both")]) == 2

@@ -29,6 +29,9 @@ def add_parser(sub) -> None:
     add_inputs(p)
     p.add_argument("--target", metavar="CLASS",
                    help="the class whose logit is split: its 0-based index or its name (default: each image's top-1)")
+    p.add_argument("--text", action="append", metavar="TEXT",
+                   help="CLIP: split the image-text score for this text instead (repeat for several: each image is "
+                        "scored against its best match); needs a whole CLIP model (its text tower)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="classes per layer in logit_lens.parquet")
     p.add_argument("--tuned", action="store_true",
                    help="also fit a tuned lens (one affine map per block, ridge least squares, 25%% of the images held "
@@ -83,7 +86,11 @@ def run(args: argparse.Namespace) -> int:
     why = residual.why_not(lens)
     if why:
         raise VitvizError(why)
-    target = _target(lens, args.target)
+    if args.text and args.target is not None:
+        raise VitvizError("give --target (a class) or --text (CLIP's score for a text), not both.")
+    target = None if args.text else _target(lens, args.target)
+    if args.text and not lens.has_text:
+        raise VitvizError(f"--text needs a whole CLIP model with its text tower; {lens.label} has none.")
     tuned = None
     if args.tuned:
         decoded, _, _ = decode(files)
@@ -91,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
             raise VitvizError("--tuned needs a model with a classifier head and at least 2 images.")
         tuned = residual.TunedLens.fit_images(lens, lens.preprocess([im.image for im in decoded]),
                                               batch_size=args.batch_size)
-    work = ReadoutWork(None if target is None else target.cls, args.top)
+    work = ReadoutWork(None if target is None else target.cls, args.top, tuple(args.text or ()))
     tables, lenses, maps, residuals, names, bad = [], [], [], [], [], list(problems)
     progress, seen = Progress(len(files), desc="readout"), 0
     try:

@@ -25,16 +25,23 @@ class ReadoutBatch:
 @dataclass(frozen=True)
 class ReadoutWork:
     """The per-batch function: the readout of ``target_class`` (None: each image's top-1; a headless model's pooled
-    vector's projection) and, with a head, the logit lens's ``top`` classes per layer. Picklable for Ray."""
+    vector's projection), or of CLIP's score for ``texts`` (each image's best match among them), and, with a head,
+    the logit lens's ``top`` classes per layer. Picklable for Ray."""
 
     target_class: int | None = None
     top: int = 5
+    texts: tuple[str, ...] = ()
 
     def __call__(self, lens, batch) -> ReadoutBatch:
         from .. import residual
         from ..explainers.attribution import ClassLogit
 
-        target = ClassLogit(self.target_class, labels=lens.class_labels) if lens.has_head else None
+        if self.texts:
+            from ..explainers.text import TextTarget
+
+            target = TextTarget(self.texts)
+        else:
+            target = ClassLogit(self.target_class, labels=lens.class_labels) if lens.has_head else None
         r = residual.readout(lens, batch.x, target)
         r.images = list(batch.names)
         lens_table = None
