@@ -34,7 +34,7 @@ def require_chromium() -> None:
             pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
 # At least these pages; the walk visits every link of the sidebar nav.
-PAGES = ["Overview & tokens", "Attention heads", "Rollout", "Attention distance", "Embedding filters",
+PAGES = ["Overview", "Attention heads", "Attention rollout", "Attention distance", "Embedding filters",
          "Position embeddings"]
 GRID_WIDTH = 16  # the bundled DINOv2 ViT-S/14 at 224 px: a 16x16 patch grid
 PICKER = 'iframe[title*="streamlit_image_coordinates"]'
@@ -204,7 +204,7 @@ def test_every_page_renders_without_exceptions(page):
 
 def test_a_deep_link_on_a_fresh_server_opens_the_page_inside_the_app(page):
     """Opening /rollout first on a fresh server shows app.py's page list, not Streamlit's legacy pages/ list."""
-    assert FIRST_VISIT["nav"][:3] == ["Overview & tokens", "Attention heads", "Rollout"]
+    assert FIRST_VISIT["nav"][:3] == ["Overview", "Attention heads", "Attention rollout"]
 
 
 def test_upload_becomes_the_current_image(page):
