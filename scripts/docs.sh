@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/ensure_venv.sh --dev >/dev/null
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 NO_MKDOCS_2_WARNING=1 COLUMNS=100
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 NO_MKDOCS_2_WARNING=1
 if [[ "${1:-}" == "serve" ]]; then
     exec .venv/bin/python -m mkdocs serve
 fi

@@ -57,8 +57,11 @@ def _command(parser: argparse.ArgumentParser, level: int) -> list[str]:
 
 def cli_reference() -> str:
     """Markdown for every command of ``python -m vitviz``, in the order ``--help`` lists them."""
+    import os
+
     from vitviz.cli.entry import parser
 
+    os.environ["COLUMNS"] = "80"  # argparse wraps usage to the terminal: the page's code block fits 80 columns
     top = parser()
     out = []
     for action in top._actions:
