@@ -15,7 +15,7 @@ EXPECTED = {
     "Start": ["Overview"],
     "Attention": ["Attention heads", "Attention rollout", "Attention distance", "Attention anatomy", "Queries & keys"],
     "Attribution": ["Attribution", "Faithfulness"],
-    "Representations": ["Probes", "Painted concepts", "Features"],
+    "Representations": ["Probes", "Painted concepts", "Features", "Readout"],
     "Weights": ["Embedding filters", "Position embeddings"],
     "Repair": ["Registers & sinks"],
     "Across models": ["Compare models"],
@@ -65,3 +65,12 @@ def test_every_page_opens_with_its_title_and_its_question():
             heading = at.main.header[0].value
             assert heading == title or heading.startswith(f"{title} · "), (info.file, heading)
             assert at.main.markdown[0].value == f"**{info.question}**", info.file  # the first line under the heading
+
+
+def test_the_readme_and_get_started_list_every_page_with_its_question():
+    """The front page's table and Get started's say what each page answers in the app's own words, linked to its
+    app-tour section: a page added to ui/navigation.py without them fails here."""
+    for doc, folder in ((ROOT / "README.md", "docs/app/"), (ROOT / "docs" / "get-started.md", "app/")):
+        text = doc.read_text()
+        for p in navigation.PAGES:
+            assert p.question in text and f"[{p.title}]({folder}{p.docs}.md#" in text, (doc.name, p.title)

@@ -55,7 +55,9 @@ SECTIONS: dict[str, list[PageInfo]] = {
                  "representations"),
         PageInfo("pages/12_features.py", "Features",
                  "Which sparse features (SAE latents) fire on this image, and where?", "representations"),
-        # READOUT: the lead adds the Readout page (pages/16_readout.py) on this line.
+        PageInfo("pages/16_readout.py", "Readout",
+                 "What did each head, MLP and patch write toward the answer, in the answer's own units?",
+                 "representations"),
     ],
     "Weights": [
         PageInfo("pages/5_filters.py", "Embedding filters",
