@@ -7,7 +7,8 @@ from ui.attribution import target_picker, target_title
 from ui.charts import file_stem, point_customdata, show_chart
 from ui.display import display_controls, map_figure
 from ui.downloads import download_row
-from ui.readout import image_readout, set_head_names, set_logit_lens
+from ui.readout import (image_patch_lens, image_readout, set_head_names, set_logit_lens, set_textspan,
+                        set_tuned_lens)
 from ui.state import setup
 from ui.navigation import heading
 from vitviz import residual
@@ -31,9 +32,13 @@ if why:
     st.stop()
 
 c1, c2 = st.columns([2, 3])
-target_class = target_picker(ctx, c1, "readout_target", say_headless=False)
+has_text = Lens(ctx.loaded).has_text
+text = c1.text_input("Text (CLIP: split the image–text score for it)", "a photo of a cat", key="readout_text",
+                     help="CLIP's score logit_scale.exp() · cos(image, text), the image embedding's norm frozen at "
+                          "this image's own value.") if has_text else None
+target_class = None if has_text else target_picker(ctx, c1, "readout_target", say_headless=False)
 try:
-    r = image_readout(ctx, target_class)
+    r = image_readout(ctx, target_class, text or None)
 except VitvizError as exc:
     st.info(str(exc))
     st.stop()
@@ -60,7 +65,7 @@ picked = [int(v) for v in point_customdata(points[0])] if points else []
 top_layer, top_head, _ = r.top_heads(1)[0]
 layer, head = (picked[0], picked[1]) if len(picked) == 2 else (top_layer, top_head)
 
-unit = "logit" if ctx.loaded.has_head else "projection"
+unit = "score" if text else "logit" if ctx.loaded.has_head else "projection"
 left, right = st.columns([3, 2])
 with left:
     show_chart(contribution_heatmap(r.heads[0], f"contribution ({unit})", selected=(layer, head), names=names),
@@ -92,6 +97,21 @@ st.caption(f"The head's contribution {r.heads[0, layer, head]:+.4g} split by the
            f"{r.patches(layer, head)[0].sum():+.4g}, the prefix tokens ({', '.join(r.layout.prefix_tokens)}) "
            f"{prefix.sum():+.4g}. Diverging colours centred on 0, limits ± the 99th percentile of |value|.")
 
+if has_text:
+    st.subheader("TextSpan: each late head in words")
+    st.caption("Over the sidebar's images, each head of the last four blocks writes a vector into CLIP's joint space; "
+               "TextSpan (Gandelsman et al., ICLR 2024) picks, one after another, the description whose direction "
+               "explains the most of that head's variance over the images and removes it. vitviz's own descriptions "
+               "(objects, colours, materials, textures, shapes, counts, positions, scenes, styles). The paper uses "
+               "thousands of images: with a few, read the names as hints.")
+    if len(ctx.images) < 2:
+        st.info("Add at least one more image in the sidebar: TextSpan reads how a head's output varies over images.")
+    elif st.button("Name the late heads in words (TextSpan)", key="readout_textspan"):
+        spans = set_textspan(ctx)
+        shown = spans.assign(layer=spans.layer + 1, head=spans["head"] + 1).rename(columns={
+            "variance_explained": "variance explained", "head_variance": "head's variance"})
+        st.dataframe(shown, hide_index=True, width="stretch")
+
 st.subheader("Logit lens: the head read after every block")
 if not ctx.loaded.has_head:
     st.info(residual.logit_lens_why_not(Lens(ctx.loaded)))
@@ -110,12 +130,44 @@ else:
     st.caption("Each row applies the model's own final norm and head to that block's output; the last row is the "
                "model's prediction. The columns are the final top class and each layer's top two.")
 
+    st.markdown("**Which class each patch says, block by block**")
+    per_patch = image_patch_lens(ctx)
+    p1, p2 = st.columns([1, 2])
+    lens_layer = p1.slider("Block", 1, per_patch.logits.shape[1], per_patch.logits.shape[1], key="readout_patch_layer") - 1
+    lens_class = p2.selectbox("Class", classes, format_func=lambda c: f"{c}: {lens_result.label(c)}",
+                              key="readout_patch_class")
+    patch_probs = per_patch.patch_probabilities(lens_layer, lens_class, r.layout)
+    _, patch_fig = map_figure(ctx.result.model_input, patch_probs, r.layout, display,
+                              titles=[f"block {lens_layer + 1}: {lens_result.label(lens_class)}"],
+                              value_name="probability", title="Each patch's token read alone through the head")
+    show_chart(patch_fig, "readout_patch_lens", file_stem("patch_lens", ctx.image.name, f"block{lens_layer + 1}"),
+               vector=False, width=panel_width(patch_fig))
+    st.caption("Every patch's token at that block read alone through the final norm and the head (as if every "
+               "token were that one): the probability it gives the class. The Display box sets the colour scale.")
+
+    with st.expander("Tuned lens: one affine map per block, fitted on the image set"):
+        st.caption("Belrose et al. (2023) fit a map per block that carries its tokens toward the last block's before "
+                   "the head reads them; here each map is a ridge least-squares fit on the sidebar's images, a quarter "
+                   "of them held out, and the table says how well each block's plain and tuned readings agree with "
+                   "the model on the held-out images (KL divergence to the final distribution, nats; share of images "
+                   "whose top class the block already gives).")
+        if len(ctx.images) < 2:
+            st.info("Add at least one more image in the sidebar: the tuned lens needs one to fit and one to check.")
+        elif st.button("Fit the tuned lens", key="readout_tuned"):
+            tuned = set_tuned_lens(ctx)
+            fit = tuned.fit.assign(layer=tuned.fit.layer + 1).rename(columns={
+                "layer": "block", "kl_plain": "KL plain (nats)", "kl_tuned": "KL tuned (nats)",
+                "top1_plain": "top-1 plain", "top1_tuned": "top-1 tuned", "images_fit": "images fitted",
+                "images_held_out": "images held out"})
+            st.dataframe(fit, hide_index=True, width="stretch")
+
 settings = {"image": ctx.image.name, "model": ctx.loaded.card().get("spec"), "target": r.target.describe(),
             "indices": "layer and head 0-based in the arrays (1-based on screen)",
             "definition": "target = embed + sum of heads + attention biases + MLPs + constant, the final norm's scale "
                           "frozen at the image's own value",
             "total": float(r.total[0]), "parts_sum": float(r.parts_sum[0]),
             "selected": {"layer": layer + 1, "head": head + 1, "indices": "1-based"}}
+download_row(file_stem("readout_table", ctx.image.name), r.table(), None)
 download_row(file_stem("readout", ctx.image.name),
              {"heads": r.heads[0], "attn_bias": r.attn_bias[0], "mlp": r.mlp[0], "embed": r.embed,
               "constant": r.bias, "total": r.total, "head_patches": r.patch_maps()[0].astype(np.float32)}, settings)

@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from ..adapters import Hooks
-from ..explainers.attribution import Target, default_target
+from ..explainers.attribution import Target, default_target, for_lens
 from ..layout import TokenLayout
 from ..types import ModelInput
 from .frozen import FrozenNorms, ReadoutNotApplicable
@@ -175,7 +175,7 @@ def readout(lens, x, target: Target | None = None, sources: bool = True, toleran
         raise ReadoutNotApplicable(why)
     inputs = _inputs(lens, x)
     model, adapter, L = lens.model, lens.adapter, lens.num_layers
-    target = target or default_target(model)
+    target = for_lens(target or default_target(model), lens, linear=True)
     keep = ["embed", "z", "mlp_out", "attn_out", ("resid_post", L - 1), "pooled"]
     keep += ["logits"] if lens.has_head else []
     keep += ["attn", "v"] if sources else []

@@ -76,6 +76,16 @@ class LogitLens:
         e = np.exp(z - z.max(-1, keepdims=True))
         return e / e.sum(-1, keepdims=True)
 
+    def patch_probabilities(self, layer: int, cls: int, layout, image: int = 0) -> np.ndarray:
+        """(1, gh, gw) the probability each patch's token gives class ``cls`` at block ``layer`` (0-based), read
+        alone (``per_patch=True``); prefix tokens left out."""
+        if self.patches is None:
+            raise ValueError("this logit lens was read without per_patch=True")
+        z = self.patches[image, layer].astype(np.float64)  # (N, C)
+        e = np.exp(z - z.max(-1, keepdims=True))
+        probs = e[:, cls] / e.sum(-1)
+        return probs[layout.num_prefix_tokens:].reshape(1, *layout.grid_size)
+
     def label(self, c: int) -> str:
         return self.labels[c] if self.labels and c < len(self.labels) else f"class {c}"
 
