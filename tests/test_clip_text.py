@@ -370,3 +370,33 @@ def test_the_readme_clip_readout_line_splits_transformers_score_on_a_saved_clip_
     assert abs(table.value.sum() - float(score)) <= 100 * 1.2e-7 * magnitude
     assert main(["readout", "photo.jpg", "--model", clip_folder, "--text", "a cat", "--target", "1", "--out",
                  str(tmp_path / "both")]) == 2
+
+
+def test_a_latents_nearest_descriptions_read_its_direction_through_clips_own_norm_and_projection(clip_folder):
+    """Each description's readout direction equals P (γ ⊙ Wᵀt) / σ_ref computed from transformers' post_layernorm
+    (γ, eps) and visual_projection (W) in float64 (P centres; σ_ref the reference token's spread): the CLS token is
+    the one the head reads. A latent whose decoder row is one text's direction names that text first."""
+    from vitviz.features.classes import nearest_descriptions, text_directions
+    from vitviz.features.sae import SAE
+
+    lens64 = vitviz.open(clip_folder, device="cpu")
+    lens64 = vitviz.Lens(replace(lens64.loaded, model=copy.deepcopy(lens64.model).double(), dtype=torch.float64))
+    texts = ["a red car", "a green tree", "three dogs", "a wooden table"]
+    ref = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    got = text_directions(lens64, ref, texts).numpy()
+    model, _ = transformers.CLIPModel.from_pretrained(clip_folder).eval(), None
+    ln = model.vision_model.post_layernorm
+    gamma, eps = ln.weight.detach().double().numpy(), ln.eps
+    W = model.visual_projection.weight.detach().double().numpy()  # (P, D)
+    t = lens64.encode_text(texts).double().numpy()
+    r = ref.numpy()
+    sigma = np.sqrt(((r - r.mean()) ** 2).mean() + eps)
+    raw = (t @ W) * gamma / sigma  # (T, D)
+    expected = raw - raw.mean(-1, keepdims=True)
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
+    sae = SAE.fit(torch.randn(64, 32), latents=4, topk=1, seed=0, epochs=1)
+    with torch.no_grad():
+        sae.W_dec[1] = torch.as_tensor(expected[2], dtype=sae.W_dec.dtype) * sae.W_dec[1].norm() / np.linalg.norm(expected[2])
+    sae.info["point_kind"] = "resid_post"
+    table = nearest_descriptions(lens64, sae, [1], n=2, texts=texts)
+    assert table["text"].iloc[0] == "three dogs"
