@@ -306,8 +306,10 @@ def head_effects(lens, x, heads: list[tuple[int, int]], target: Target | None = 
     ``z`` zeroed and the forward run on (later blocks then react, and the final norm's scale moves).
 
     Args:
-        lens, x, target: as :func:`readout`.
+        lens: as :func:`readout`.
+        x: as :func:`readout`.
         heads: (layer, head) pairs, 0-based.
+        target: as :func:`readout`.
 
     Returns:
         DataFrame with ``image`` (0-based), ``layer``, ``head`` (0-based), ``direct`` and ``total`` (target units).
