@@ -43,7 +43,8 @@ except VitvizError as exc:
     st.info(str(exc))
     st.stop()
 what = target_title(r.target)
-c2.markdown(f"**Target:** {what} = **{r.total[0]:.4g}** (the model's own value); the parts below add up to "
+target_box = c2 if has_text or ctx.loaded.has_head else st  # a headless model picks nothing: the line spans the page
+target_box.markdown(f"**Target:** {what} = **{r.total[0]:.4g}** (the model's own value); the parts below add up to "
             f"{r.parts_sum[0]:.4g}.")
 
 names = None
