@@ -45,7 +45,7 @@ except VitvizError as exc:
 what = target_title(r.target)
 target_box = c2 if has_text or ctx.loaded.has_head else st  # a headless model picks nothing: the line spans the page
 target_box.markdown(f"**Target:** {what} = **{r.total[0]:.4g}** (the model's own value); the parts below add up to "
-            f"{r.parts_sum[0]:.4g}.")
+                    f"{r.parts_sum[0]:.4g}.")
 
 names = None
 if ctx.loaded.has_head and st.session_state.get("readout_names"):
