@@ -7,8 +7,10 @@ from ui.attribution import target_picker, target_title
 from ui.charts import file_stem, point_customdata, show_chart
 from ui.display import display_controls, map_figure
 from ui.downloads import download_row
-from ui.readout import image_patch_lens, image_readout, set_head_names, set_logit_lens, set_tuned_lens
+from ui.readout import (image_patch_lens, image_readout, set_head_names, set_logit_lens, set_textspan,
+                        set_tuned_lens)
 from ui.state import setup
+from ui.navigation import heading
 from vitviz import residual
 from vitviz.errors import VitvizError
 from vitviz.figures.core import panel_width
@@ -18,8 +20,8 @@ from vitviz.lens import Lens
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Readout · {ctx.image.name}")
-st.caption("What did each part of the model write toward the answer? The last block's output is a sum — the "
+heading(__file__, ctx.image.name)
+st.caption("The last block's output is a sum — the "
            "embedding, every head's share of its block's output projection, every attention bias and MLP — and with "
            "the final norm's scale frozen at this image's own value the head reading it is linear, so the target "
            "splits exactly into those parts plus a constant (the norms' and the head's biases). The parts add up to the "
@@ -30,15 +32,20 @@ if why:
     st.stop()
 
 c1, c2 = st.columns([2, 3])
-target_class = target_picker(ctx, c1, "readout_target", say_headless=False)
+has_text = Lens(ctx.loaded).has_text
+text = c1.text_input("Text (CLIP: split the image–text score for it)", "a photo of a cat", key="readout_text",
+                     help="CLIP's score logit_scale.exp() · cos(image, text), the image embedding's norm frozen at "
+                          "this image's own value.") if has_text else None
+target_class = None if has_text else target_picker(ctx, c1, "readout_target", say_headless=False)
 try:
-    r = image_readout(ctx, target_class)
+    r = image_readout(ctx, target_class, text or None)
 except VitvizError as exc:
     st.info(str(exc))
     st.stop()
 what = target_title(r.target)
-c2.markdown(f"**Target:** {what} = **{r.total[0]:.4g}** (the model's own value); the parts below add up to "
-            f"{r.parts_sum[0]:.4g}.")
+target_box = c2 if has_text or ctx.loaded.has_head else st  # a headless model picks nothing: the line spans the page
+target_box.markdown(f"**Target:** {what} = **{r.total[0]:.4g}** (the model's own value); the parts below add up to "
+                    f"{r.parts_sum[0]:.4g}.")
 
 names = None
 if ctx.loaded.has_head and st.session_state.get("readout_names"):
@@ -59,7 +66,7 @@ picked = [int(v) for v in point_customdata(points[0])] if points else []
 top_layer, top_head, _ = r.top_heads(1)[0]
 layer, head = (picked[0], picked[1]) if len(picked) == 2 else (top_layer, top_head)
 
-unit = "logit" if ctx.loaded.has_head else "projection"
+unit = "score" if text else "logit" if ctx.loaded.has_head else "projection"
 left, right = st.columns([3, 2])
 with left:
     show_chart(contribution_heatmap(r.heads[0], f"contribution ({unit})", selected=(layer, head), names=names),
@@ -69,7 +76,7 @@ with right:
     show_chart(component_bars(r.heads[0].sum(-1), r.attn_bias[0], r.mlp[0], float(r.embed[0]), float(r.bias[0]),
                               f"contribution ({unit})"), "readout_bars", file_stem("readout_components", ctx.image.name))
 order = r.top_heads(3, image=0)
-st.caption(f"Red raises the target, blue lowers it; limits ± the 95th percentile of |value| over the heads, the heads "
+st.caption("Red raises the target, blue lowers it; limits ± the 95th percentile of |value| over the heads, the heads "
            f"beyond drawn in the end colour and marked ▲ / ▼. Largest heads: "
            + ", ".join(f"layer {l + 1} head {h + 1} ({v:+.3g})" for l, h, v in order)
            + ". Click a cell to see what that head moved from each patch.")
@@ -90,6 +97,21 @@ st.caption(f"The head's contribution {r.heads[0, layer, head]:+.4g} split by the
            f"weight times that token's value, through the frozen readout); the patches hold "
            f"{r.patches(layer, head)[0].sum():+.4g}, the prefix tokens ({', '.join(r.layout.prefix_tokens)}) "
            f"{prefix.sum():+.4g}. Diverging colours centred on 0, limits ± the 99th percentile of |value|.")
+
+if has_text:
+    st.subheader("TextSpan: each late head in words")
+    st.caption("Over the sidebar's images, each head of the last four blocks writes a vector into CLIP's joint space; "
+               "TextSpan (Gandelsman et al., ICLR 2024) picks, one after another, the description whose direction "
+               "explains the most of that head's variance over the images and removes it. vitviz's own descriptions "
+               "(objects, colours, materials, textures, shapes, counts, positions, scenes, styles). The paper uses "
+               "thousands of images: with a few, read the names as hints.")
+    if len(ctx.images) < 2:
+        st.info("Add at least one more image in the sidebar: TextSpan reads how a head's output varies over images.")
+    elif st.button("Name the late heads in words (TextSpan)", key="readout_textspan"):
+        spans = set_textspan(ctx)
+        shown = spans.assign(layer=spans.layer + 1, head=spans["head"] + 1).rename(columns={
+            "variance_explained": "variance explained", "head_variance": "head's variance"})
+        st.dataframe(shown, hide_index=True, width="stretch")
 
 st.subheader("Logit lens: the head read after every block")
 if not ctx.loaded.has_head:

@@ -10,6 +10,7 @@ from ui.downloads import download_row
 from ui.guard import guarded
 from ui.similarity import similarity_section
 from ui.state import setup, upload_too_large
+from ui.navigation import heading
 from vitviz.analyses.compare import (STATISTICS, StatsTableError, check_stats_table, combine, head_summary, layer_summary,
                             model_overview, read_stats_table, stats_path)
 from vitviz.figures.compare_figures import depth_comparison
@@ -24,7 +25,7 @@ def _unique(name: str, taken) -> str:
 
 
 ctx = setup()  # the tables need no image: without one, only the in-app run is unavailable
-st.header("Compare models")
+heading(__file__)
 stats_tab, cka_tab = st.tabs(["Per-head statistics", "Layer similarity (CKA)"])
 with cka_tab:
     similarity_section(ctx)

@@ -1,4 +1,4 @@
-"""``python -m vitviz readout`` as the README types it, and the README's Python lines for the readout.
+"""``python -m vitviz readout`` as the docs type it (docs/guide/readout.md), and that page's Python lines for the readout.
 
 The probe lines run on the bundled model with a probe written by tests/test_probe_head.write_probe (random weights,
 layer 9, cls+mean pooling); the reference for the written numbers is the probe applied by hand to the bundled model's
@@ -111,7 +111,7 @@ def test_a_bad_target_is_a_sentence_naming_it(probe_folder, monkeypatch, tmp_pat
 def test_the_readmes_python_lines_for_the_readout_run_as_written(probe_folder, monkeypatch):
     folder, _ = probe_folder
     monkeypatch.chdir(folder)
-    readme = (ASSETS.parent / "README.md").read_text()
+    readme = (ASSETS.parent / "docs" / "guide" / "readout.md").read_text()
     block = re.search(r"```python\n(import vitviz\nlens = vitviz.open\(\"bundled\", head=\"probe/probe.safetensors\"\)"
                       r".*?)```", readme, re.S).group(1)
     scope: dict = {}
@@ -121,3 +121,25 @@ def test_the_readmes_python_lines_for_the_readout_run_as_written(probe_folder, m
     assert np.all(np.abs(r.residual) <= 1e-4 * np.abs(r.total).max())
     assert scope["ll"].logits.shape == (2, 9, 3) and scope["ll"].patches.shape == (2, 9, 257, 3)
     assert len(scope["tuned"].fit) == 9
+
+
+def test_readout_on_ray_writes_the_tables_the_local_engine_writes(tmp_path):
+    """One Ray actor holding a tiny ViT with a head: the same rows and values as this process computes."""
+    import timm
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=4, img_size=32)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "tiny.safetensors"))
+    common = [str(ASSETS / "chelsea.jpg"), str(ASSETS / "coffee.jpg"), str(ASSETS / "rocket.jpg"), "--model",
+              "vit_tiny_patch16_224", "--checkpoint", str(tmp_path / "tiny.safetensors"), "--img-size", "32",
+              "--device", "cpu", "--batch-size", "2"]
+    assert main(["readout", *common, "--out", str(tmp_path / "local")]) == 0
+    assert main(["readout", *common, "--engine", "ray", "--workers", "1", "--out", str(tmp_path / "ray")]) == 0
+    for name in ("readout.parquet", "logit_lens.parquet"):
+        local, ray = (pd.read_parquet(tmp_path / where / name) for where in ("local", "ray"))
+        pd.testing.assert_frame_equal(local.drop(columns=["value", "logit", "prob"], errors="ignore"),
+                                      ray.drop(columns=["value", "logit", "prob"], errors="ignore"))
+        numeric = [c for c in ("value", "logit", "prob") if c in local]
+        np.testing.assert_allclose(local[numeric].to_numpy(), ray[numeric].to_numpy(), rtol=1e-5, atol=1e-6)
+    assert json.loads((tmp_path / "ray" / "settings.json").read_text())["engine"] == "ray"

@@ -77,3 +77,32 @@ def test_the_readout_page_shows_the_current_images_parts_and_with_a_probe_head_t
     names = vitviz.residual.head_names(headed, [f"assets/{n}" for n in ("chelsea.jpg", "coffee.jpg")])
     first = names[(names["rank"] == 1) & (names.layer == 11) & (names["head"] == 3)].iloc[0]
     assert grid.loc["layer 12", "head 4"].startswith(first.label + " (")
+
+
+def test_the_readout_page_splits_clips_score_for_the_typed_text_and_names_heads_with_textspan(tmp_path):
+    """A saved tiny CLIPModel folder picked in the sidebar: the target is the typed text's score, its heads' values
+    are vitviz.readout's with vitviz.TextTarget of that text, and TextSpan's table lists the late heads."""
+    from streamlit.testing.v1 import AppTest
+
+    from tiny_clip import save_tiny_clip
+
+    folder = save_tiny_clip(tmp_path / "clip")
+    at = AppTest.from_file(APP, default_timeout=600)
+    at.session_state["kept_samples"] = ["chelsea.jpg", "coffee.jpg"]
+    at.run()
+    at.sidebar.selectbox(key="model_choice").set_value("Hugging Face (hub id or local folder)").run()
+    at.sidebar.text_input(key="hf_name").input(folder).run()
+    at.switch_page("pages/16_readout.py").run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    at.text_input(key="readout_text").input("a red car").run()
+    assert not at.exception and not at.error
+    name = at.header[0].value.split(" · ")[1]
+    lens = vitviz.open(folder, device="cpu")
+    expected = vitviz.readout(lens, [f"assets/{name}"], target=vitviz.TextTarget("a red car"))
+    heat = _chart(at, "readout_heatmap")["data"][0]
+    np.testing.assert_allclose(_decode(heat["z"]), expected.heads[0], rtol=1e-5,
+                               atol=1e-6 * np.abs(expected.heads).max())
+    next(b for b in at.button if b.key == "readout_textspan").click().run()
+    assert not at.exception and not at.error
+    spans = next(d.value for d in at.dataframe if "variance explained" in d.value.columns)
+    assert set(spans.layer) == {1, 2, 3} and spans["rank"].max() == 3

@@ -319,11 +319,11 @@ def test_readme_similarity_of_the_bundled_model_against_a_resnet50_checkpoint(tm
                              pooling="mean")
     np.testing.assert_allclose(table.pivot(index="layer_a", columns="layer_b", values="cka").to_numpy(), want.cka,
                                rtol=0, atol=0)
-    # The README's Python block, run as it stands beside the same files.
+    # The guide's Python block, run as it stands beside the same files.
     (tmp_path / "assets").mkdir()
     for p in SAMPLES:
         (tmp_path / "assets" / p.name).write_bytes(p.read_bytes())
-    section = (ASSETS.parent / "README.md").read_text().split("## How layers relate")[1].split("\n## ")[0]
+    section = (ASSETS.parent / "docs" / "guide" / "similarity.md").read_text()
     namespace: dict = {}
     exec(re.search(r"```python\n(.*?)```", section, re.S).group(1), namespace)
     assert namespace["s"].cka.shape == (12, 12) and namespace["t"].cka.shape == (12, 5)

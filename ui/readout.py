@@ -8,6 +8,7 @@ import numpy as np
 import vitviz
 from vitviz import residual
 from vitviz.explainers.attribution import ClassLogit
+from vitviz.explainers.text import TextTarget
 
 from .cache import model_run
 from .progress import with_progress
@@ -17,22 +18,35 @@ def _lens(ctx) -> vitviz.Lens:
     return vitviz.Lens(ctx.loaded)
 
 
-def target_of(ctx, target_class: int | None):
-    """The class logit picked (None: the top-1), or for a headless model the pooled vector's projection (None)."""
+def target_of(ctx, target_class: int | None, text: str | None = None):
+    """CLIP's score for ``text`` when given; else the class logit picked (None: the top-1), or for a headless model
+    the pooled vector's projection (None)."""
+    if text:
+        return TextTarget(text)
     return ClassLogit(target_class, labels=ctx.loaded.class_labels) if ctx.loaded.has_head else None
 
 
-def image_readout(ctx, target_class: int | None) -> residual.Readout:
+def image_readout(ctx, target_class: int | None, text: str | None = None) -> residual.Readout:
     """The current image's direct readout (with each head's per-source shares)."""
     def compute(progress):
         lens = _lens(ctx)
         with model_run():
             progress(0, 1)
-            result = residual.readout(lens, [ctx.image.image], target_of(ctx, target_class))
+            result = residual.readout(lens, [ctx.image.image], target_of(ctx, target_class, text))
         result.images = [ctx.image.name]
         return result
-    return with_progress(("readout", ctx.spec, ctx.framing, ctx.image.sha256, target_class), "Readout: splitting the "
-                         "target into its parts …", compute)
+    return with_progress(("readout", ctx.spec, ctx.framing, ctx.image.sha256, target_class, text),
+                         "Readout: splitting the target into its parts …", compute)
+
+
+def set_textspan(ctx, k: int = 3):
+    """TextSpan over the image set (:func:`vitviz.textspan`): each late head's top descriptions."""
+    def compute(progress):
+        lens = _lens(ctx)
+        with model_run():
+            return vitviz.textspan(lens, [im.image for im in ctx.images], k=k, progress=progress)
+    return with_progress(("textspan", ctx.spec, ctx.framing, tuple(im.sha256 for im in ctx.images), k),
+                         "TextSpan: images", compute)
 
 
 def set_logit_lens(ctx) -> residual.LogitLens:

@@ -10,6 +10,8 @@ sae = vitviz.SAE.fit(tokens, latents=1024, topk=16)    # sparse features (vitviz
                                                        # painted concepts: vitviz.ConceptTarget(concept, layer) (vitviz.probes)
 r = vitviz.readout(lens, x, target=vitviz.ClassLogit(3))  # r.table(): each head's, MLP's, ... share of the logit
 ll = vitviz.logit_lens(lens, x)                        # ll.logits (B, L, C): the head read after every block
+# CLIP (a whole CLIPModel folder): lens.encode_text([...]) (T, P); vitviz.TextTarget("a photo of a dog") for explain
+# and readout; vitviz.textspan(lens, images) names each late head's directions in words
 s = vitviz.similarity(lens, lens, paths)               # layer x layer CKA: s.cka, s.low, s.high (L_a, L_b); s.table()
 ```
 
@@ -37,6 +39,7 @@ _PUBLIC = {
     "ConceptTarget": "probes.concepts",
     "readout": "residual", "Readout": "residual", "logit_lens": "residual", "LogitLens": "residual",
     "TunedLens": "residual", "ReadoutNotApplicable": "residual", "head_effects": "residual",
+    "TextTarget": "explainers.text", "textspan": "residual.textspan",
     "similarity": "runs.similarity_run", "Similarity": "runs.similarity_run", "CNNFeatures": "runs.similarity_run",
     "LensFeatures": "runs.similarity_run",
 }

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import io
 import json
-from pathlib import Path
+import sys
 
-from ..errors import VitvizError
-from .options import (Progress, add_inputs, add_model, add_out, check_batch_size, decode, expand, open_lens,
-                      skipped_records, versions)
+from ..errors import ImageError, VitvizError
+from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, check_batch_size,
+                      decode, engine_of, expand, no_image, open_lens, skipped_records, versions)
 
 READOUT, LOGIT_LENS, HEAD_MAPS, TUNED, SETTINGS = ("readout.parquet", "logit_lens.parquet", "head_patches.npz",
                                                    "tuned_lens.parquet", "settings.json")
@@ -29,12 +29,16 @@ def add_parser(sub) -> None:
     add_inputs(p)
     p.add_argument("--target", metavar="CLASS",
                    help="the class whose logit is split: its 0-based index or its name (default: each image's top-1)")
+    p.add_argument("--text", action="append", metavar="TEXT",
+                   help="CLIP: split the image-text score for this text instead (repeat for several: each image is "
+                        "scored against its best match); needs a whole CLIP model (its text tower)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="classes per layer in logit_lens.parquet")
     p.add_argument("--tuned", action="store_true",
                    help="also fit a tuned lens (one affine map per block, ridge least squares, 25%% of the images held "
                         "out; at least 2 images) and write its held-out fit to DIR/tuned_lens.parquet")
     add_out(p)
     add_model(p, labels=True, head=True)
+    add_engine(p, ENGINE_WORKERS_HELP, workers_default=0)
 
 
 def _target(lens, text: str | None):
@@ -69,44 +73,54 @@ def run(args: argparse.Namespace) -> int:
     from .. import residual
     from ..io.atomic import atomic_write_bytes
     from ..io.output import check_writable
+    from ..runs.engines import run_batches
+    from ..runs.readout_run import ReadoutWork
 
     check_batch_size(args)
+    engine = engine_of(args)
     check_writable(args.out)
     files, problems = expand(args)
-    decoded, names, bad = decode(files)
-    if not decoded:
-        raise VitvizError("no image could be read from the inputs given.")
+    if not files:
+        return no_image()
     lens = open_lens(args)
     why = residual.why_not(lens)
     if why:
         raise VitvizError(why)
-    target = _target(lens, args.target)
-    x = lens.preprocess([im.image for im in decoded])
+    if args.text and args.target is not None:
+        raise VitvizError("give --target (a class) or --text (CLIP's score for a text), not both.")
+    target = None if args.text else _target(lens, args.target)
+    if args.text and not lens.has_text:
+        raise VitvizError(f"--text needs a whole CLIP model with its text tower; {lens.label} has none.")
     tuned = None
     if args.tuned:
-        if lens.has_head is False or len(decoded) < 2:
+        decoded, _, _ = decode(files)
+        if not lens.has_head or len(decoded) < 2:
             raise VitvizError("--tuned needs a model with a classifier head and at least 2 images.")
-        tuned = residual.TunedLens.fit_images(lens, x, batch_size=args.batch_size)
-    tables, lenses, maps, residuals, texts = [], [], [], [], []
-    progress = Progress(len(decoded), desc="readout")
-    for start in range(0, len(decoded), args.batch_size):
-        batch = x.tensor[start:start + args.batch_size]
-        r = residual.readout(lens, batch, target)
-        r.images = names[start:start + len(batch)]
-        table = r.table()
-        table["image"] += start
-        tables.append(table)
-        maps.append(r.patch_maps().astype(np.float32))
-        residuals.append(np.abs(r.residual))
-        texts.append(r.target.text())
-        if lens.has_head:
-            ll = residual.logit_lens(lens, batch, tuned=None)
-            ll.images = r.images
-            lt = ll.table(top=args.top)
-            lt["image"] += start
-            lenses.append(lt)
-        progress.update(min(start + len(batch), len(decoded)))
-    progress.close()
+        tuned = residual.TunedLens.fit_images(lens, lens.preprocess([im.image for im in decoded]),
+                                              batch_size=args.batch_size)
+    work = ReadoutWork(None if target is None else target.cls, args.top, tuple(args.text or ()))
+    tables, lenses, maps, residuals, names, bad = [], [], [], [], [], list(problems)
+    progress, seen = Progress(len(files), desc="readout"), 0
+    try:
+        for batch in run_batches(work, lens, files, args.batch_size, engine):
+            for name, reason in batch.bad:
+                print(f"skipped {name}: {reason}", file=sys.stderr)
+                bad.append(ImageError(name, reason))
+            if batch.value is not None:
+                value, offset = batch.value, len(names)
+                tables.append(value.table.assign(image=value.table.image + offset))
+                if value.lens is not None:
+                    lenses.append(value.lens.assign(image=value.lens.image + offset))
+                maps.append(value.maps)
+                residuals.append(value.residual)
+                names += list(batch.names)
+                described, text = value.target, value.target_text
+            seen += batch.files
+            progress.update(seen)
+    finally:
+        progress.close()
+    if not names:
+        raise VitvizError("no image could be read from the inputs given.")
     readout_table = pd.concat(tables, ignore_index=True)
     atomic_write_bytes(args.out / READOUT, _parquet(readout_table))
     if lenses:
@@ -116,11 +130,10 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_bytes(args.out / HEAD_MAPS, buffer.getvalue())
     if tuned is not None:
         atomic_write_bytes(args.out / TUNED, _parquet(tuned.fit))
-    layout = lens.layout_for(x)
     settings = {
         "command": "readout", "model": lens.loaded.card(), "versions": versions(), "images": names,
-        "skipped": skipped_records(problems + bad), "target": r.target.describe(), "target_text": sorted(set(texts)),
-        "token_layout": layout.to_dict(), "batch_size": args.batch_size,
+        "skipped": skipped_records(bad), "target": described, "target_text": text,
+        "token_layout": lens.layout.to_dict(), "batch_size": args.batch_size, "engine": engine.kind,
         "indices": "image, layer, head and class 0-based in every file (on screen layers and heads are 1-based)",
         "components": {"embed": "patch + position embeddings and prefix tokens entering block 1",
                        "attn_head": "one head's slice of the attention output projection applied to its context z "
@@ -143,6 +156,6 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_bytes(args.out / SETTINGS, (json.dumps(settings, indent=2, default=float) + "\n").encode())
     top = readout_table[readout_table.component == "attn_head"].groupby(["layer", "head"]).value.mean()
     best = top.abs().idxmax()
-    print(f"{len(decoded)} image(s), target {texts[0]}: the head with the largest mean direct share is layer "
+    print(f"{len(names)} image(s), target {text}: the head with the largest mean direct share is layer "
           f"{best[0] + 1} head {best[1] + 1} ({top[best]:+.4g}); wrote {args.out / READOUT}")
     return 0
