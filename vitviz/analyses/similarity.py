@@ -22,7 +22,8 @@ def linear_cka(x: np.ndarray | torch.Tensor, y: np.ndarray | torch.Tensor) -> fl
     """Linear CKA of two sets of features of the same n examples (Kornblith et al. 2019, eq. 5), in float64.
 
     Args:
-        x: (n, F1) features; y: (n, F2) features of the same examples in the same order.
+        x: (n, F1) features.
+        y: (n, F2) features of the same examples in the same order.
 
     Returns:
         CKA in [0, 1]; 1 when y is an orthogonal transform of x times a scalar (after centring).
@@ -68,7 +69,8 @@ def unbiased_hsic(k: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
     HSIC₁ = [tr(K̃L̃) + 1ᵀK̃1 · 1ᵀL̃1 / ((n-1)(n-2)) - 2/(n-2) · 1ᵀK̃L̃1] / (n(n-3)).
 
     Args:
-        k: (A, n, n) symmetric; l: (B, n, n) symmetric, the same n examples; n >= 4.
+        k: (A, n, n) symmetric Gram matrices, n >= 4.
+        l: (B, n, n) symmetric Gram matrices of the same n examples.
 
     Returns:
         (A, B) float64.
@@ -95,7 +97,8 @@ def weighted_hsic(k: torch.Tensor, l: torch.Tensor, w: torch.Tensor, same: bool 
     normalisers from the power sums S_k = Σ w^k.
 
     Args:
-        k: (A, n, n), l: (B, n, n) symmetric Gram matrices of the same n examples.
+        k: (A, n, n) symmetric Gram matrices.
+        l: (B, n, n) symmetric Gram matrices of the same n examples.
         w: (R, n) non-negative weights, at least four of them positive in each row.
         same: ``l`` is ``k`` and only the matching pairs (a, a) are wanted.
 
@@ -155,7 +158,8 @@ class MinibatchCKA:
     of the number of images.
 
     Args:
-        num_a, num_b: layers of each side (L_a, L_b).
+        num_a: layers of one side (L_a).
+        num_b: layers of the other (L_b).
         replicates: bootstrap replicates R (0: no interval).
         seed: of the bootstrap's weights.
     """

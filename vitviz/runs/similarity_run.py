@@ -212,9 +212,11 @@ class Similarity:
 
     Attributes:
         cka: (L_a, L_b) float64, layer i of A (0-based, row) against layer j of B (column); 1-based on screen.
-        low, high: (L_a, L_b) the bootstrap interval's 2.5 and 97.5 percentiles over images; NaN with bootstrap=0.
+        low: (L_a, L_b) the bootstrap interval's 2.5 percentile over images; NaN with bootstrap=0.
+        high: (L_a, L_b) its 97.5 percentile.
         images: how many images the estimate used.
-        layers_a, layers_b: the layers' names (``"block 1"``, ... ; a CNN's stage modules ``"layer1"``, ...).
+        layers_a: model A's layer names (``"block 1"``, ... ; a CNN's stage modules ``"layer1"``, ...).
+        layers_b: model B's.
         settings: models, point, pooling (with what it means), kernel, batch size, minibatches, estimator, interval.
     """
 
@@ -258,8 +260,8 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
     of images; the interval is a Bayesian bootstrap over the images (:class:`vitviz.analyses.similarity.MinibatchCKA`).
 
     Args:
-        lens_a, lens_b: :class:`vitviz.Lens` (read at ``point``), :class:`LensFeatures` or :class:`CNNFeatures`;
-            the same object twice gives the within-model map from one forward per batch.
+        lens_a: a :class:`vitviz.Lens` (read at ``point``), a :class:`LensFeatures` or a :class:`CNNFeatures`.
+        lens_b: the same kinds; ``lens_a`` itself gives the within-model map from one forward per batch.
         images: paths, PIL images or (H, W, 3) arrays (anything :meth:`vitviz.Lens.preprocess` takes); 4 or more.
         point: a ViT's token point per block (``resid_post``: each block's output).
         pooling: ``"tokens"``, ``"mean"`` or ``"cls"``: what one image's features are (:data:`POOLINGS`).
