@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import OptionError
 from ..layout import TokenLayout
 from . import common
 from .base import Hooks, point_name
@@ -169,7 +170,8 @@ class WindowGeometry:
     def slot_of(self, row: int, col: int) -> tuple[int, int]:
         """(window, slot) holding the token at (row, col) of the stage grid (0-based)."""
         if not (0 <= row < self.grid_size[0] and 0 <= col < self.grid_size[1]):
-            raise ValueError(f"token (row {row}, col {col}) is outside the {self.grid_size} grid of stage {self.stage + 1}")
+            raise OptionError(f"token (row {row}, col {col}) is outside the {self.grid_size} grid of stage "
+                              f"{self.stage + 1}")
         hit = np.argwhere((self.token_positions() == (row, col)).all(-1))
         return int(hit[0, 0]), int(hit[0, 1])
 

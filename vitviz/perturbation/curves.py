@@ -27,6 +27,7 @@ from PIL import Image
 
 from ..adapters import adapter_for, run
 from ..capture import num_classes
+from ..errors import OptionError
 from ..layout import TokenLayout
 from ..analyses.maps import query_attention_map
 
@@ -40,7 +41,7 @@ PROTOCOL_AUC = "AUC by the trapezoid rule over f; lower deletion AUC and higher 
 def default_fractions(steps: int = 11) -> np.ndarray:
     """``steps`` evenly spaced fractions from 0 to 1: (steps,)."""
     if steps < 2:
-        raise ValueError(f"the perturbation curve needs at least 2 steps, not {steps}")
+        raise OptionError(f"the perturbation curve needs at least 2 steps, not {steps}")
     return np.linspace(0.0, 1.0, steps)
 
 
@@ -53,7 +54,7 @@ def step_counts(fractions: np.ndarray, num_patches: int) -> np.ndarray:
     """k = round(f * P) with halves rounded up (not to even): (S,) -> (S,) int."""
     f = np.asarray(fractions, dtype=np.float64)
     if f.ndim != 1 or (f < 0).any() or (f > 1).any() or (np.diff(f) <= 0).any():
-        raise ValueError("perturbation fractions must increase strictly within [0, 1]")
+        raise OptionError("perturbation fractions must increase strictly within [0, 1]")
     return np.floor(f * num_patches + 0.5 + 1e-9).astype(int)
 
 
@@ -86,7 +87,7 @@ def perturb(image: torch.Tensor, masks: np.ndarray, mode: str) -> torch.Tensor:
         (S, 3, H, W).
     """
     if mode not in MODES:
-        raise ValueError(f"perturbation mode must be one of {MODES}, not {mode!r}")
+        raise OptionError(f"perturbation mode must be one of {MODES}, not {mode!r}")
     keep = torch.from_numpy(~masks if mode == "deletion" else masks).to(image.device)
     return image[None] * keep[:, None].to(image.dtype)
 
@@ -340,7 +341,7 @@ def ordered(grid_map: np.ndarray, ordering: str = "signed") -> np.ndarray:
         return np.maximum(grid_map, 0)
     if ordering == "absolute":
         return np.abs(grid_map)
-    raise ValueError(f"unknown ordering {ordering!r}: choose from {', '.join(ORDERINGS)}")
+    raise OptionError(f"unknown ordering {ordering!r}: choose from {', '.join(ORDERINGS)}")
 
 
 def random_seed_maps(grid_size: tuple[int, int], first_seed: int = 0, seeds: int = RANDOM_SEEDS) -> dict:

@@ -44,6 +44,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..errors import OptionError, ViewNotApplicable
 from .curves import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits,
                            patch_masks, patch_order, pixel_masks, score_inputs, step_counts, _to_model)
 from ..layout import TokenLayout
@@ -71,7 +72,7 @@ CHEFER_TEXT = ("Chefer et al. CVPR'21: patches removed most relevant first (posi
 def protocol_text(replacement: str) -> str:
     """The deletion/insertion protocol in words with the ``replacement`` chosen (:data:`REPLACEMENT_TEXT`)."""
     if replacement not in REPLACEMENT_TEXT:
-        raise ValueError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
+        raise OptionError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
     return (f"{PROTOCOL_ORDER}; deletion replaces them by {REPLACEMENT_TEXT[replacement]}, insertion starts from "
             f"that replacement everywhere and restores them; {PROTOCOL_AUC}")
 
@@ -100,7 +101,7 @@ def replacement_of(image: torch.Tensor, replacement: str) -> torch.Tensor:
         return torch.zeros_like(image)
     if replacement == "blur":
         return blurred(image)
-    raise ValueError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
+    raise OptionError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
 
 
 def protocol_order(grid_map: np.ndarray, protocol: str) -> np.ndarray:
@@ -186,7 +187,7 @@ def protocol_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray], lay
     """
     unknown = [p for p in protocols if p not in PROTOCOLS + CHEFER]
     if unknown:
-        raise ValueError(f"unknown protocol {', '.join(unknown)}: choose from {', '.join(PROTOCOLS + CHEFER)}")
+        raise OptionError(f"unknown protocol {', '.join(unknown)}: choose from {', '.join(PROTOCOLS + CHEFER)}")
     fractions = default_fractions() if fractions is None else np.asarray(fractions, dtype=np.float64)
     base = replacement_of(image, replacement)
     scores: dict[str, Score] = {}
@@ -197,8 +198,8 @@ def protocol_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray], lay
         with torch.inference_mode():
             logits = model_logits(model, _to_model(model, image[None])) if _has_head(model) else None
         if logits is None:
-            raise ValueError("Chefer's positive/negative perturbation counts top-1 agreement and needs a classifier "
-                             "head; this model has none.")
+            raise ViewNotApplicable("Chefer's positive/negative perturbation counts top-1 agreement and needs a "
+                                    "classifier head; this model has none.")
         scores |= dict.fromkeys([p for p in protocols if p in CHEFER],
                                 Top1Agreement(int(logits[0].argmax()) if target is None else target))
     steps = {p: chefer_fractions() if p in CHEFER else fractions for p in protocols}
