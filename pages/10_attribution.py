@@ -10,6 +10,7 @@ from ui.downloads import download_row
 from ui.paper import paper_downloads
 from ui.repair import repair_view
 from ui.state import setup, view_applies
+from vitviz.errors import VitvizError
 from vitviz.explainers.attribution import LABELS, PIXEL_METHODS, methods_for, why_not
 from vitviz.figures.attribution_figures import attribution_groups, conservation_figure, maps_figure
 from vitviz.figures.paper_figure import paper_figure
@@ -55,7 +56,7 @@ if not methods:
 
 try:
     results = attributions(ctx, methods, target_class, concept=concept)
-except ValueError as exc:  # a family whose forward the rules cannot reach yet
+except VitvizError as exc:  # a family whose forward the rules cannot reach yet
     st.info(str(exc))
     st.stop()
 target_text = results[0].target.text()

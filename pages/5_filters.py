@@ -4,6 +4,7 @@ import streamlit as st
 from ui.charts import show_chart
 from ui.downloads import download_row
 from ui.state import setup
+from vitviz.errors import VitvizError
 from vitviz.figures.core import bars, labelled_tile_image, tile_grid_figure
 from vitviz.analyses.filters import minmax_tiles, patch_filter_pca, patch_filters
 
@@ -13,7 +14,7 @@ if ctx is None:
 st.header("Patch-embedding filters")
 try:
     filters = patch_filters(ctx.loaded.model)
-except ValueError as exc:
+except VitvizError as exc:
     st.error(str(exc))
     st.stop()
 pca = patch_filter_pca(filters)

@@ -13,6 +13,7 @@ from ui.display import display_in_use
 from ui.downloads import download_row
 from ui.progress import with_progress
 from vitviz.adapters import editing
+from vitviz.errors import VitvizError
 from vitviz.explainers.attribution import LABELS, Attribution, Projection, attribute, default_target, methods_for, why_not
 from vitviz.explainers import registered
 from vitviz.figures.attribution_figures import maps_figure
@@ -122,7 +123,7 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
         st.caption(sentence)
     try:
         result, = attributions(ctx, [method], target_class)
-    except ValueError as exc:  # a family whose forward the rules cannot reach yet
+    except VitvizError as exc:  # a family whose forward the rules cannot reach yet
         st.info(str(exc))
         return
     text = result.target.text()

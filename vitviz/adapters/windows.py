@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import OptionError
+from ..errors import FileContentError, OptionError
 from ..layout import TokenLayout
 from . import common
 from .base import Hooks, point_name
@@ -201,8 +201,8 @@ class WindowGeometry:
                       data["grid_size"], data["window_size"], data["shift"], data["stride_px"],
                       bool(data.get(PAD_FIRST, False)))
         if PAD_FIRST not in data and g.shifted and g.padded_size != g.grid_size:
-            raise ValueError(f"block {g.index + 1}'s record lacks {PAD_FIRST!r}: its shifted windows over a padded "
-                             "grid cannot be placed without it")
+            raise FileContentError(f"block {g.index + 1}'s record lacks {PAD_FIRST!r}: its shifted windows over a "
+                                   "padded grid cannot be placed without it")
         return g
 
 
