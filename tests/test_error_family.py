@@ -23,6 +23,8 @@ PROGRAMMING_ERRORS = {
     ("residual/direct.py", "Readout.patch_maps"): "a caller reading shares it asked not to compute",
     ("explainers/base.py", "register_method"): "a method class registered twice or with an unknown need (import time)",
     ("adapters/registry.py", "register_adapter"): "an adapter class registered twice (import time)",
+    ("adapters/registry.py", "adapter_for"): "a model no adapter claims reaching the adapters (loaders refuse it "
+                                             "first with why_unsupported, as a ModelError)",
     ("layout.py", "TokenLayout.to_grid"): "patch values of another layout handed over by calling code",
     ("analyses/stats.py", "statistics_table"): "calling code passing as many names as images",
     ("analyses/stats.py", "table_for_images"): "calling code passing as many names as images",

@@ -10,7 +10,6 @@ import threading
 
 import torch
 
-from ..errors import ModelNotSupported
 from .base import Adapter
 
 ADAPTERS: dict[str, Adapter] = {}
@@ -62,7 +61,7 @@ def adapter_for(model: torch.nn.Module) -> Adapter:
     """
     found = find_adapter(model)
     if found is None:
-        raise ModelNotSupported(f"no vitviz adapter reads a {type(model).__name__}")
+        raise ValueError(f"no vitviz adapter reads a {type(model).__name__}")
     return found
 
 

@@ -194,7 +194,7 @@ class WindowGeometry:
         """The geometry :meth:`to_dict` wrote, its ``allowed`` pairs rebuilt (:meth:`build`).
 
         Raises:
-            ValueError: a record without the padding order (written before vitviz recorded it) of a shifted block
+            FileContentError: a record without the padding order (written before vitviz recorded it) of a shifted block
                 whose grid is padded, where the order decides which token sits in which slot.
         """
         g = cls.build(data["block (0-based, across stages)"], data["stage (0-based)"], data["block_in_stage (0-based)"],

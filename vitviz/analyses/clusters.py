@@ -38,7 +38,7 @@ class TokenClusters:
 
 
 def check_k(k: int, num_points: int) -> None:
-    """Raise ValueError with a sentence unless 2 <= k <= 12 and there are at least k points."""
+    """Raise OptionError with a sentence unless 2 <= k <= 12 and there are at least k points."""
     lo, hi = K_RANGE
     if not lo <= k <= hi:
         raise OptionError(f"the number of clusters must be between {lo} and {hi}, not {k}")

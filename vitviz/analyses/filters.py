@@ -26,7 +26,7 @@ def patch_filters(model) -> np.ndarray:
     """The linear patch-embedding filters (D, C, P, P) of a ViT.
 
     Raises:
-        ValueError: the model has no linear RGB patch filters (hybrid or conv stem).
+        ViewNotApplicable: the model has no linear RGB patch filters (hybrid or conv stem).
     """
     from ..adapters import adapter_for
 

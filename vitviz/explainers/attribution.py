@@ -408,7 +408,7 @@ def relevance(model, x: torch.Tensor, method: str = "attnlrp", target: Target | 
         target: default :func:`default_target`.
 
     Raises:
-        ValueError: the model's family does not run its forward through the rules (sentence says why).
+        MethodError: the model's family does not run its forward through the rules (sentence says why).
     """
     _check(model, method)
     rules = {"attnlrp": AttnLRP, "cp-lrp": CPLRP, "gradient": Rules}[method]()

@@ -122,7 +122,7 @@ def _parquet_list(path: Path) -> list[str]:
     """The paths a Parquet list holds: its ``path`` column, else its ``image`` column (non-empty strings, in order).
 
     Raises:
-        ValueError: a sentence: not Parquet, neither column, or more than :data:`MAX_LIST_LINES` rows (read from
+        FileContentError: a sentence: not Parquet, neither column, or more than :data:`MAX_LIST_LINES` rows (read from
             the file's footer, before any row is read).
     """
     import pyarrow as pa
