@@ -11,6 +11,7 @@ from ui.downloads import download_row
 from ui.explain import BLOCK, CLUSTER_SOURCES, FINAL, KEYS, cached_clusters
 from ui.guard import guarded
 from ui.state import view_applies, setup
+from ui.navigation import heading
 from vitviz.analyses.clusters import K_RANGE
 from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import cluster_figure
@@ -21,7 +22,7 @@ ctx = setup()
 if ctx is None:
     st.stop()
 r, layout = ctx.result, ctx.result.layout
-st.header(f"{ctx.image.name} as the model sees it")
+heading(__file__, f"{ctx.image.name} as the model sees it")
 
 left, right = st.columns([3, 2])
 with left, guarded("the image and its patch grid"):

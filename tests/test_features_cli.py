@@ -179,7 +179,7 @@ def test_top_table_is_the_brute_force_top_n_per_latent(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_the_readme_features_examples_run_as_typed(tmp_path, monkeypatch, capsys):
-    """The README's features train line, then its Python example on the folder it wrote (assets/ linked beside)."""
+    """The documented features train line, then its Python example (docs/guide/features.md) on the folder it wrote (assets/ linked beside)."""
     import re
 
     from conftest import readme_command
@@ -191,11 +191,10 @@ def test_the_readme_features_examples_run_as_typed(tmp_path, monkeypatch, capsys
     info = json.loads((tmp_path / "sae" / "sae.json").read_text())
     assert (info["layer"], info["latents"], info["topk"], info["images"]["count"]) == (9, 256, 8, 4)
     assert info["training"]["tokens"] == 5 * 4 * 256
-    text = (ASSETS.parent / "README.md").read_text()
-    section = text[text.index("## Features: sparse autoencoders"):]
+    section = (ASSETS.parent / "docs" / "guide" / "features.md").read_text()
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     capsys.readouterr()
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/guide/features.md", "exec"), {})
     assert capsys.readouterr().out == "(1, 16, 16) (1, 256)\n"  # what the README's comment says it prints
 
 
