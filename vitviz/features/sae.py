@@ -320,7 +320,7 @@ class SAE(torch.nn.Module):
                 metrics = trainer.step(batch)
                 trainer.epoch, trainer.batch = (epoch, index + 1)
                 if epochs is None and epoch > 0:  # all the data read once: the plateau and the budget may end it
-                    trainer.stopped = _converged(trainer, until)
+                    trainer.stopped = converged(trainer, until)
                 if path is not None and (trainer.step_count % checkpoint_every == 0 or trainer.stopped):
                     trainer.save_checkpoint(path)
                 if bar is not None:
@@ -332,8 +332,8 @@ class SAE(torch.nn.Module):
                     break
             else:
                 trainer.epoch, trainer.batch = epoch + 1, 0
-                if epochs is None and not trainer.stopped and trainer.step_count >= until.max_steps:
-                    trainer.stopped = "budget"  # a first pass longer than the budget, now complete
+                if epochs is None:  # a first pass may be longer than the budget: it is completed
+                    trainer.stopped = converged(trainer, until, pass_end=True)
         if not trainer.stopped:  # the epochs asked for, or the one-shot stream, ran out
             trainer.stopped = "budget"
         if path is not None:
@@ -418,9 +418,10 @@ class SAE(torch.nn.Module):
                 param.copy_(tensors[name])
 
 
-def _converged(trainer: "Trainer", until: Convergence) -> str | None:
-    """"plateau", "budget" or None (train on), after a step of a run whose data has been read once."""
-    if trainer.step_count >= until.min_steps and trainer.step_count % until.window == 0:
+def converged(trainer: "Trainer", until: Convergence, pass_end: bool = False) -> str | None:
+    """``"plateau"``, ``"budget"`` or None (train on), asked after a step of a run that has read all its data once;
+    the plateau is tested every ``window`` steps and at the end of every pass."""
+    if trainer.step_count >= until.min_steps and (pass_end or trainer.step_count % until.window == 0):
         gain = trainer.history.gain()
         if gain is not None and gain < until.tol:
             return "plateau"
