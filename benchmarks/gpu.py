@@ -227,9 +227,9 @@ def sae_figure(small: bool = False) -> str:
     # training step's cost does not depend on what the tokens are. SAE.fit trains on the CPU (it takes no device).
     n, latents = (2_048, 512) if small else (32_768, 4096)
     tokens = torch.randn(n, 384, generator=torch.Generator().manual_seed(0))
-    SAE.fit(tokens[:512], latents=latents, topk=32, seed=0)  # warm-up
+    SAE.fit(tokens[:512], latents=latents, topk=32, seed=0, epochs=1)  # warm-up
     t = time.perf_counter()
-    SAE.fit(tokens, latents=latents, topk=32, seed=0)
+    SAE.fit(tokens, latents=latents, topk=32, seed=0, epochs=1)
     seconds = time.perf_counter() - t
     return (f"{n / seconds:,.0f} tokens/s on the CPU ({torch.get_num_threads()} threads; K {latents}, k 32, D 384, "
             f"batch 256, {n} tokens; SAE.fit takes no device yet)")
