@@ -92,8 +92,8 @@ def test_the_defaults_alone_recover_the_planted_dictionary_and_say_they_converge
 def test_one_epoch_stops_on_its_budget_still_rising_and_says_so_in_a_warning_and_sae_json(tmp_path):
     """The old default (one pass, 118 steps) recovers a few atoms; the run says it had not converged."""
     X, atoms = planted()
-    with pytest.warns(NotConvergedWarning, match=r"budget \(epochs=1\) at explained variance 0\.\d+ with the "
-                                                 r"explained variance still rising"):
+    with pytest.warns(NotConvergedWarning, match=r"budget \(epochs=1\) at explained variance 0\.\d+ \(the mean "
+                                                 r"of its last 118 steps\) with the explained variance still rising"):
         sae = SAE.fit(X, latents=192, topk=3, seed=0, epochs=1)
     assert recovered(sae, atoms) < 0.5
     training = sae.info["training"]

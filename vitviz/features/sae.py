@@ -134,7 +134,8 @@ def stop_record(history: History, reason: str, budget: str, tol: float) -> dict:
         w = min(history.window, len(history.values) // 2)
         told = ("too few steps to tell whether it had converged" if gain is None else
                 f"the explained variance still rising (the mean of the last {w} steps {gain:+.4f} on the {w} before)")
-        sentence = (f"SAE training stopped on its budget ({budget}) at explained variance {final:.3f} with {told}: "
+        sentence = (f"SAE training stopped on its budget ({budget}) at explained variance {final:.3f} (the mean of "
+                    f"its last {min(history.window, len(history.values))} steps) with {told}: "
                     "train longer (more epochs or steps, or leave the epoch count out to train until it converges).")
         warnings.warn(sentence, NotConvergedWarning, stacklevel=3)
     return {"stop_reason": reason, "budget": budget, "explained_variance": final, "explained_variance_gain": gain,
