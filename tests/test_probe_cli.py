@@ -113,7 +113,7 @@ def test_the_readme_probes_example_runs_as_written(tmp_path, bundled):
     done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["dict_keys(['layer', 'accuracy', 'low', 'high', 'folds', 'C'])",
+    assert done.stdout.splitlines() == ["dict_keys(['layer', 'accuracy', 'low', 'high', 'folds', 'C', 'C_at_edge'])",
                                         "2 ('astronaut', 'rocket') True"]
     assert (tmp_path / "probe" / "probe.json").is_file()
 
