@@ -125,7 +125,7 @@ class History:
 
 def stop_record(history: History, reason: str, budget: str, tol: float) -> dict:
     """``info["training"]``'s account of why a run stopped; warns (:class:`NotConvergedWarning`) when it stopped on
-    its ``budget`` (a phrase: "50000 steps", "epochs=5") while the explained variance was still rising by ``tol`` or
+    its ``budget`` (a phrase: "max_steps=50000", "epochs=5") while the explained variance was still rising by ``tol`` or
     more per window (or too few steps were run to tell)."""
     gain, final = history.gain(), history.final()
     rising = reason == "budget" and (gain is None or gain >= tol)
