@@ -29,6 +29,7 @@ PAGES = [
     st.Page("pages/13_queries_keys.py", title="Queries & keys"),
     st.Page("pages/14_probes.py", title="Probes"),
     st.Page("pages/15_concepts.py", title="Probes · painted concepts"),
+    st.Page("pages/16_readout.py", title="Readout"),
 ]
 page = st.navigation(PAGES)
 if first_visit(page.url_path):  # a sample picked in the first visit's explanation opens the heads page

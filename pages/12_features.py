@@ -3,7 +3,7 @@ import streamlit as st
 
 from ui.charts import file_stem, show_chart
 from ui.display import patch_picker
-from ui.features import checked_point, codes_of, deletion_of, drivers_of, nearest_of, sae_at
+from ui.features import checked_point, codes_of, deletion_of, descriptions_of, drivers_of, nearest_of, sae_at
 from ui.state import setup
 from vitviz.errors import VitvizError
 from vitviz.features.figures import (activation_histogram, deletion_figure, image_latents_figure,
@@ -119,6 +119,17 @@ else:
                "logit with respect to a shift added to every token, through the final norm (its spread held constant), "
                "the pooling and the head — a logit lens: the blocks after the SAE's layer are skipped, so this is what "
                "the direction says to the head, not what the model does with it downstream (that is the next section).")
+
+words = descriptions_of(ctx, sae, path.strip(), latent)
+if isinstance(words, str):
+    st.info(words)
+elif words is not None:
+    st.markdown(f"**Latent {latent}: nearest descriptions of its decoder direction (CLIP)**")
+    st.dataframe({"rank": words["rank"].tolist(), "description": words["text"].tolist(),
+                  "cosine": [round(c, 4) for c in words.cosine]}, hide_index=True, key="features_descriptions")
+    st.caption("Cosine of the latent's decoder row with each description's readout direction: the gradient of "
+               "⟨visual_projection(pooled), text embedding⟩ with respect to a shift added to every token (the final "
+               "norm's spread held constant), over vitviz's own descriptions.")
 
 st.subheader("Which latents drive the output")
 if st.toggle("Compute: one backward pass through the SAE spliced in", key="features_drivers"):

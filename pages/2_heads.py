@@ -12,6 +12,7 @@ from ui.explorer import browser_draws, heads_explorer
 from ui.guard import guarded
 from ui.paper import paper_downloads
 from ui.persist import saved_view, set_view
+from ui.readout import names_grid, set_head_names
 from ui.repair import repair_view
 from ui import windows
 from ui.state import setup
@@ -20,6 +21,8 @@ from vitviz.layout import PATCH_NUMBERING
 from vitviz.analyses.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
 from vitviz.figures.overlay import OVERLAY_STYLES
 from vitviz.figures.paper_figure import heads_groups, paper_figure
+from vitviz.lens import Lens
+from vitviz.residual import why_not as residual_why_not
 
 DINO_KEEP = 0.6
 
@@ -332,3 +335,16 @@ if st.toggle("Show an attribution map of this image", key="heads_attr_on"):
     panel_col, _ = st.columns(2)
     with panel_col, guarded("the attribution map"):
         attribution_panel(ctx, "heads_attr")
+
+
+# ---- Names: what each head writes toward, in the classes' own words (ui/readout.py, vitviz.residual) ----
+if ctx.loaded.has_head and residual_why_not(Lens(ctx.loaded)) is None:
+    st.subheader("What does each head write toward?")
+    if st.toggle("Name every head by the classes it writes toward (over the image set)", key="heads_names_on",
+                 help="Each head's direct contribution to every class's logit (its share of the last block's output, "
+                      "read through the frozen final norm and the head), averaged over the sidebar's images and taken "
+                      "relative to its mean over the classes. The Readout page splits one logit by head and patch."):
+        with guarded("the heads' names"):
+            st.dataframe(names_grid(set_head_names(ctx)), width="stretch")
+            st.caption("Rows are layers, columns heads (both 1-based); each cell: the head's top class and how much "
+                       "more it adds to that logit than to the average class.")

@@ -77,6 +77,22 @@ def deletion_of(ctx, sae: SAE, path: str, steps: int, seeds: int):
                                  names=[im.name for im in ctx.images])))
 
 
+def descriptions_of(ctx, sae: SAE, path: str, latent: int, n: int = 5):
+    """CLIP: the latent's ``n`` nearest descriptions (:func:`vitviz.features.classes.nearest_descriptions`), or None
+    for a model without a text tower, or the sentence saying why there are none (a str)."""
+    from vitviz.features.classes import nearest_descriptions, why_no_descriptions
+
+    lens = Lens(ctx.loaded)
+    if not lens.has_text:
+        return None
+    why = why_no_descriptions(lens, sae)
+    if why:
+        return why
+    key = ("features-descriptions", ctx.spec, path, _version(path), latent, n)
+    return store().get_or_compute(key, _model_run("Reading the latent's direction against words ...", lambda: (
+        nearest_descriptions(lens, sae, [latent], n))))
+
+
 def nearest_of(ctx, sae: SAE, path: str, latent: int, n: int = 5):
     """The latent's ``n`` nearest classes (:func:`vitviz.features.classes.nearest_classes`) on the sidebar's model and
     head, or the sentence saying why there are none (a str)."""

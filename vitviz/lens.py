@@ -110,6 +110,40 @@ class Lens:
         """``"global"`` (attention (B, H, N, N) per block) or ``"window"`` (Swin: (B, nW, H, T, T))."""
         return self.adapter.scope
 
+    # --- text (CLIP) ----------------------------------------------------------------------------
+    @property
+    def has_text(self) -> bool:
+        """Whether the model came with a text tower (a whole CLIP model): :meth:`encode_text` applies."""
+        return self.loaded.text is not None
+
+    @property
+    def text_tower(self):
+        """The text encoder and projections (:class:`vitviz.sources.text.TextTower`).
+
+        Raises:
+            TextNotAvailable: a vision-only model (the sentence says what to open instead).
+        """
+        from .sources.text import TextNotAvailable, why_no_text
+
+        why = why_no_text(self.loaded.text, self.label, self.model)
+        if why:
+            raise TextNotAvailable(why)
+        return self.loaded.text
+
+    def encode_text(self, texts: str | Sequence[str]) -> torch.Tensor:
+        """(T, P) unit-norm text embeddings in the joint space (transformers' ``get_text_features``, normalised),
+        float32 on the model's device. The image–text score is ``text_scale · cos(visual_projection(pooled), ·)``.
+
+        Raises:
+            TextNotAvailable: no text tower, or no tokenizer saved with the model.
+        """
+        return self.text_tower.encode(texts)
+
+    @property
+    def text_scale(self) -> float:
+        """CLIP's ``logit_scale.exp()``: the image–text score is this times the cosine (100 for OpenAI's models)."""
+        return self.text_tower.scale
+
     def points(self) -> list[str]:
         """Every named point of this model's forward, in forward order (``"blocks.3.attn"``, ...).
 

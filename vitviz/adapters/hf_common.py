@@ -22,7 +22,7 @@ import torch
 from ..sources.hf import vision_config
 from ..layout import TokenLayout
 from . import common
-from .base import Adapter, Hooks, point_name, run
+from .base import Adapter, HeadWrite, Hooks, branch_scale, point_name, run
 
 
 @dataclass(frozen=True)
@@ -234,6 +234,18 @@ class HFAdapter(Adapter):
         features = hooks("final_norm", self.final_norm(model, tokens, hooks))
         if hooks.wants("pooled") or hooks.wants("logits"):
             self.head(model, features, hooks)
+
+    def head_write(self, model, layer: int) -> HeadWrite | None:
+        """The attention module's output projection and the layer's layer scale (pre-norm layers write
+        ``output(z) * scale`` into the residual stream)."""
+        module = self.layers(model)[layer]
+        attn = getattr(module, self.block.attention)
+        proj = getattr(attn, self.block.output)
+        if not isinstance(proj, torch.nn.Linear):
+            return None
+        weight = proj.weight
+        return HeadWrite(weight, proj.bias, branch_scale(self.block.scales(module)[0], weight.shape[0], weight),
+                         weight.shape[1] // attn.head_dim)
 
     def why_no_extra_token(self, model) -> str | None:
         """The embeddings add any position table before ``embed`` and attention is blind to token order after it

@@ -170,6 +170,9 @@ class ProbeHeadAdapter(Adapter):
     def why_not(self, model, view: str) -> str | None:
         return self.inner(model).why_not(model.backbone, view)
 
+    def head_write(self, model, layer: int):
+        return self.inner(model).head_write(model.backbone, layer)
+
     def why_not_attribution(self, model, method: str) -> str | None:
         return self.inner(model).why_not_attribution(model.backbone, method)
 

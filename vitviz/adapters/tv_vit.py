@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..layout import TokenLayout
 from . import common
-from .base import Adapter, Hooks, point_name
+from .base import Adapter, HeadWrite, Hooks, point_name
 from .registry import register_adapter
 
 
@@ -99,6 +99,10 @@ class TorchvisionViT(Adapter):
         pooled = hooks("pooled", features[:, 0])
         if hooks.wants("logits"):
             hooks("logits", model.heads(pooled))
+
+    def head_write(self, model, layer: int) -> HeadWrite:
+        mha = model.encoder.layers[layer].self_attention
+        return HeadWrite(mha.out_proj.weight, mha.out_proj.bias, None, int(mha.num_heads))
 
     def position_encoding(self, model) -> str:
         return "learned absolute position embedding"

@@ -230,6 +230,10 @@ def why_not_views(family: str) -> dict[str, str]:
         "registers": (f"The registers view does not apply ({family}): the model has no register or other prefix "
                       "tokens, only patch tokens in windows."),
     }
+    why["readout"] = (f"The direct readout is not supported yet for window attention ({family}): its tokens are "
+                      "merged into coarser grids between stages, so a head's write to the pooled vector would also "
+                      "have to pass through each patch merging; the logit lens and per-head readout read global "
+                      "attention models.")
     why["flow"] = why["rollout"]
     return why
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .attribution import Target
+from .attribution import Target, for_lens
 from ..types import ModelInput
 from .base import (METHOD_MODULES, NEEDS, Map, MapMethod, MethodError, get_method, methods, names, parse_methods,
                    register_method, registered)
@@ -48,6 +48,7 @@ def explain(lens, x, method: str, target: Target | None = None, trace=None, **op
         MethodError: an unknown method, or one that does not apply to this model or target (a sentence says why).
     """
     found = get_method(method)
+    target = for_lens(target, lens)
     why = found.why_not(lens) or found.why_not_target(lens, target)
     if why:
         raise MethodError(why)

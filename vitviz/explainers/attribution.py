@@ -261,6 +261,14 @@ class Projection(Target):
         return f"projection of {self.vector} on its unperturbed direction"
 
 
+def for_lens(target: Target | None, lens, linear: bool = False) -> Target | None:
+    """``target`` with what it reads from the opened model itself (a :class:`vitviz.TextTarget`'s text embeddings):
+    its ``for_lens(lens, linear)`` where it has one. ``linear``: the caller (the direct readout) needs the target
+    linear in the pooled vector."""
+    resolve = getattr(target, "for_lens", None)
+    return target if resolve is None else resolve(lens, linear=linear)
+
+
 def default_target(model, cls: int | None = None) -> Target:
     """The logit of ``cls`` (default top-1) for a classifier, else the projection of the pooled vector."""
     adapter = adapter_for(model)

@@ -246,6 +246,8 @@ def repeat_target(bound: Target, index: int, n: int) -> Target:
 
     from .attribution import ClassLogit, Projection
 
+    if hasattr(bound, "repeat"):  # a target that knows what it fixed per image (vitviz.TextTarget)
+        return bound.repeat(index, n)
     if isinstance(bound, ClassLogit):
         return replace(bound, classes=(bound.classes[index],) * n)
     if isinstance(bound, Projection):
