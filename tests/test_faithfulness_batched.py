@@ -3,8 +3,8 @@ images, maps and protocols through the model together gives the curves of protoc
 
 Not bit for bit: a row's operations are the same in any batch, but the CPU's float32 matrix products block their
 sums by the batch's size (image by image: batches of 2 and 9 rows; batched: up to batch_size), so a score can move by
-an ulp or two of float32 (measured over 5,160 values of these tests: 93 % bit for bit, the rest at most 3.0e-8 apart, an ulp or two). The tolerance,
-1e-6 absolute on scores in [0, 1], is ~8 ulps of float32 at 1 (eps 1.2e-7); Chefer's 0/1 top-1 agreement must be
+an ulp or two of float32 (measured over 5,160 values of these tests: 93 % bit for bit, the rest at most 3.0e-8
+apart). The tolerance, 1e-6 absolute on scores in [0, 1], is ~8 ulps of float32 at 1 (eps 1.2e-7); Chefer's 0/1 top-1 agreement must be
 equal (a flip would need two logits within an ulp)."""
 import numpy as np
 import pytest

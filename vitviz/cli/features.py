@@ -104,12 +104,12 @@ def _train(args, files) -> int:
         warnings.simplefilter("ignore", NotConvergedWarning)  # said below as a sentence, not as a Python warning
         sae = train(lens, files, settings, args.out, progress=True, engine=engine, shards=args.shards)
     m, t = sae.info["metrics"], sae.info["training"]
+    over = "last epoch" if settings.epochs else f"last {Convergence().window} steps"
     why = ("when the explained variance stopped rising" if t["stop_reason"] == "plateau" else
            f"on its budget ({t['budget']})")
     print(f"wrote {args.out / 'sae.safetensors'} and sae.json: {sae.latents} latents, k = {sae.topk}; stopped {why} "
           f"after {t['steps']} steps ({t['epochs_run']:g} epochs); training explained variance "
-          f"{m['explained_variance']:.3f} ({'last epoch' if settings.epochs else f'last {Convergence().window} steps'}), L0 {m['l0']:.1f}, "
-          f"dead {m['dead_fraction']:.1%}", file=sys.stderr)
+          f"{m['explained_variance']:.3f} ({over}), L0 {m['l0']:.1f}, dead {m['dead_fraction']:.1%}", file=sys.stderr)
     if t["warning"]:
         print(f"warning: {t['warning']}", file=sys.stderr)
     return 0

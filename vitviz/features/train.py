@@ -5,8 +5,9 @@ batch's tokens (B · n of them) are shuffled by a permutation of (seed, epoch, b
 ``batch_tokens`` rows. Nothing but one batch of tokens is in memory. After every image batch the whole training
 state (weights, Adam, dead-latent counters, where the stream stands) is written atomically to
 ``DIR/checkpoint.pt`` (after every batch of images the model or the shards gave, every :data:`CHECKPOINT_STEPS`
-steps while an epoch is read from memory, and at the end); running the same command again continues from it and ends with the weights of an uninterrupted run. The SAE is
-initialised on the first batch's tokens (b_dec at their mean, the scale from their spread).
+steps while an epoch is read from memory, and at the end); running the same command again continues from it and
+ends with the weights of an uninterrupted run. The SAE is initialised on the first batch's tokens (b_dec at their
+mean, the scale from their spread).
 
 Without ``epochs`` it trains until converged, as :meth:`vitviz.SAE.fit` does (:class:`vitviz.features.sae.Convergence`:
 at least one pass and 2,000 steps, then until the explained variance plateaus, at most 50,000 steps). A small image

@@ -278,7 +278,8 @@ def protocol_curves_batch(model, images: torch.Tensor, maps: list[dict[str, np.n
     group = lambda score: score.point or id(score)  # noqa: E731 (rows that can share a forward)
     for key in dict.fromkeys(group(score) for score, _, _ in rows):
         _score_rows(model, [r for r in rows if group(r[0]) == key], batch_size)
-    return [_result(list(m), protocols, setup[3], c, setup[2], replacement) for m, setup, c in zip(maps, setups, curves)]
+    return [_result(list(m), protocols, setup[3], c, setup[2], replacement)
+            for m, setup, c in zip(maps, setups, curves)]
 
 
 def _ends_into(curves: dict, scores: dict, score: Score, steps: dict, num_patches: int):

@@ -64,8 +64,8 @@ class CSearch:
         i, j = (0, 1) if self.edge == "smallest" else (-1, -2)
         told = (f"it scored {self.accuracy[i]:.3f} against {self.accuracy[j]:.3f} for C = {self.grid[j]:g}: the best C "
                 f"may lie {'below' if i == 0 else 'above'} the range" if self.beyond else
-                f"it tied with C = {self.grid[j]:g} ({self.accuracy[i]:.3f}; ties go to the smaller C): the accuracy is "
-                "flat there")
+                f"it tied with C = {self.grid[j]:g} ({self.accuracy[i]:.3f}; ties go to the smaller C): the accuracy "
+                "is flat there")
         return (f"C = {self.C:g} is the {self.edge} of the search's range ({self.grid[0]:g} to {self.grid[-1]:g}); "
                 f"{told}.")
 
