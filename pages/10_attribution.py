@@ -10,6 +10,7 @@ from ui.downloads import download_row
 from ui.paper import paper_downloads
 from ui.repair import repair_view
 from ui.state import setup, view_applies
+from ui.navigation import heading
 from vitviz.explainers.attribution import LABELS, PIXEL_METHODS, methods_for, why_not
 from vitviz.figures.attribution_figures import attribution_groups, conservation_figure, maps_figure
 from vitviz.figures.paper_figure import paper_figure
@@ -18,7 +19,7 @@ from vitviz.explainers import registered
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Attribution · {ctx.image.name}")
+heading(__file__, ctx.image.name)
 view_applies(ctx, "attribution")
 loaded, r = ctx.loaded, ctx.result
 if why_not(loaded.model):

@@ -5,6 +5,7 @@ from ui.charts import file_stem, show_chart
 from ui.display import patch_picker
 from ui.features import checked_point, codes_of, deletion_of, descriptions_of, drivers_of, nearest_of, sae_at
 from ui.state import setup
+from ui.navigation import heading
 from vitviz.errors import VitvizError
 from vitviz.features.figures import (activation_histogram, deletion_figure, image_latents_figure,
                                      latent_patches_figure, latent_scores_figure)
@@ -13,7 +14,7 @@ from vitviz.sources.preprocess import preprocess
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Features · {ctx.image.name}")
+heading(__file__, ctx.image.name)
 st.caption("A sparse autoencoder (SAE) splits one layer's patch tokens into many latents, few active per token "
            "(TopK, Gao et al. 2024). Train one on your images with `python -m vitviz features train INPUT... --layer L "
            "--latents K --topk k --out DIR`, or give a saev checkpoint or a ViT-Prisma folder. Latents are numbered "

@@ -10,6 +10,7 @@ from ui.downloads import download_row
 from ui.readout import (image_patch_lens, image_readout, set_head_names, set_logit_lens, set_textspan,
                         set_tuned_lens)
 from ui.state import setup
+from ui.navigation import heading
 from vitviz import residual
 from vitviz.errors import VitvizError
 from vitviz.figures.core import panel_width
@@ -19,8 +20,8 @@ from vitviz.lens import Lens
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Readout · {ctx.image.name}")
-st.caption("What did each part of the model write toward the answer? The last block's output is a sum — the "
+heading(__file__, ctx.image.name)
+st.caption("The last block's output is a sum — the "
            "embedding, every head's share of its block's output projection, every attention bias and MLP — and with "
            "the final norm's scale frozen at this image's own value the head reading it is linear, so the target "
            "splits exactly into those parts plus a constant (the norms' and the head's biases). The parts add up to the "
@@ -74,7 +75,7 @@ with right:
     show_chart(component_bars(r.heads[0].sum(-1), r.attn_bias[0], r.mlp[0], float(r.embed[0]), float(r.bias[0]),
                               f"contribution ({unit})"), "readout_bars", file_stem("readout_components", ctx.image.name))
 order = r.top_heads(3, image=0)
-st.caption(f"Red raises the target, blue lowers it; limits ± the 95th percentile of |value| over the heads, the heads "
+st.caption("Red raises the target, blue lowers it; limits ± the 95th percentile of |value| over the heads, the heads "
            f"beyond drawn in the end colour and marked ▲ / ▼. Largest heads: "
            + ", ".join(f"layer {l + 1} head {h + 1} ({v:+.3g})" for l, h, v in order)
            + ". Click a cell to see what that head moved from each patch.")

@@ -11,6 +11,7 @@ from ui.downloads import download_row
 from ui.explain import BLOCK, CLUSTER_SOURCES, FINAL, KEYS, cached_clusters
 from ui.guard import guarded
 from ui.state import view_applies, setup
+from ui.navigation import heading
 from vitviz.analyses.clusters import K_RANGE
 from vitviz.figures.explain_figures import cluster_figure
 from vitviz.figures.core import bars, patch_grid_image, rgb_image
@@ -20,7 +21,7 @@ ctx = setup()
 if ctx is None:
     st.stop()
 r, layout = ctx.result, ctx.result.layout
-st.header(f"{ctx.image.name} as the model sees it")
+heading(__file__, f"{ctx.image.name} as the model sees it")
 
 left, right = st.columns([3, 2])
 with left, guarded("the image and its patch grid"):

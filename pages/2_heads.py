@@ -16,6 +16,7 @@ from ui.readout import names_grid, set_head_names
 from ui.repair import repair_view
 from ui import windows
 from ui.state import setup
+from ui.navigation import heading
 from vitviz.figures.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.layout import PATCH_NUMBERING
 from vitviz.analyses.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
@@ -29,7 +30,7 @@ DINO_KEEP = 0.6
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Attention heads · {ctx.image.name}")
+heading(__file__, ctx.image.name)
 if ctx.loaded.attention_scope == "window":  # Swin: each head's window around a clicked patch
     windows.heads_view(ctx)
     st.stop()

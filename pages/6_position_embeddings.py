@@ -5,6 +5,7 @@ from ui.cache import cached_position_similarity
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.state import setup
+from ui.navigation import heading
 from vitviz.errors import ViewNotApplicable
 from vitviz.figures.core import similarity_grid, similarity_map
 from vitviz.analyses.posembed import position_at, position_fraction
@@ -48,7 +49,7 @@ if ctx is None:
 loaded, layout = ctx.loaded, ctx.loaded.layout
 gh, gw = layout.grid_size
 native = loaded.native_pos_embed
-st.header("Position-embedding similarity")
+heading(__file__)
 try:  # at the model's own grid first: a model without the embedding gets its sentence before any control
     cached_position_similarity(ctx.spec, layout.grid_size)
 except ViewNotApplicable as exc:

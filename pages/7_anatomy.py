@@ -7,6 +7,7 @@ from ui.display import display_controls, map_figure, panel_download, patch_picke
 from ui.downloads import download_row
 from ui.explain import cached_layer_qkv
 from ui.state import view_applies, setup
+from ui.navigation import heading
 from vitviz.analyses.anatomy import attention_anatomy
 from vitviz.figures.explain_figures import (contributions_figure, score_map_figure, softmax_figure, sorted_scores_figure,
                                     vector_figure)
@@ -16,7 +17,7 @@ TOP = 10
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Attention anatomy · {ctx.image.name}")
+heading(__file__, ctx.image.name)
 view_applies(ctx, "anatomy")
 r, layout = ctx.result, ctx.result.layout
 L, H = r.attention.shape[:2]

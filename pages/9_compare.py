@@ -8,6 +8,7 @@ from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.guard import guarded
 from ui.state import setup, upload_too_large
+from ui.navigation import heading
 from vitviz.analyses.compare import (STATISTICS, StatsTableError, check_stats_table, combine, head_summary, layer_summary,
                             model_overview, read_stats_table, stats_path)
 from vitviz.figures.compare_figures import depth_comparison
@@ -22,7 +23,7 @@ def _unique(name: str, taken) -> str:
 
 
 ctx = setup()  # the tables need no image: without one, only the in-app run is unavailable
-st.header("Compare models")
+heading(__file__)
 st.caption("In the ViT paper (Fig. 7 right, Appendix D.7) some heads attend across the whole image already in the "
            "lowest layers while others stay local, and hybrids (a ResNet stem before the Transformer) have fewer "
            "local early heads; the same plot compares supervised and self-supervised (DINO, DINOv2) models.")

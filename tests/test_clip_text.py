@@ -282,7 +282,7 @@ def test_description_pool_covers_its_kinds():
         assert any(word in text for text in pool), word
 
 
-# ------------------------------------------------------------------------------------------------ the README's lines
+# ------------------------------------------------------------------------- the documented lines (docs/guide/clip.md)
 
 HUB_ID = "hf:openai/clip-vit-base-patch32"
 
@@ -292,8 +292,7 @@ def _readme_clip_python() -> str:
 
     from conftest import ASSETS
 
-    text = (ASSETS.parent / "README.md").read_text()
-    section = text[text.index("## CLIP: images scored against words"):]
+    section = (ASSETS.parent / "docs" / "guide" / "clip.md").read_text()
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -330,7 +329,7 @@ def test_the_readme_clip_line_runs_on_a_saved_clip_folder(tmp_path, monkeypatch,
 
 
 def test_the_readme_clip_python_runs_on_a_saved_clip_folder(monkeypatch, clip_folder):
-    """The README's CLIP Python lines, run from the repository root with the hub id swapped for a saved CLIPModel
+    """The CLIP Python lines of docs/guide/clip.md, run from the repository root with the hub id swapped for a saved CLIPModel
     folder (the only change)."""
     from conftest import ASSETS
 
@@ -338,7 +337,7 @@ def test_the_readme_clip_python_runs_on_a_saved_clip_folder(monkeypatch, clip_fo
     assert HUB_ID in code
     monkeypatch.chdir(ASSETS.parent)
     scope = {}
-    exec(compile(code.replace(HUB_ID, clip_folder), "README.md", "exec"), scope)
+    exec(compile(code.replace(HUB_ID, clip_folder), "docs/guide/clip.md", "exec"), scope)
     assert tuple(scope["t"].shape) == (2, 16)
     assert scope["m"].patches.shape == (2, 4, 4)
     assert scope["r"].total.shape == (2,)

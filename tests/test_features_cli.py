@@ -218,7 +218,7 @@ def test_top_table_is_the_brute_force_top_n_per_latent(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_the_readme_features_examples_run_as_typed(tmp_path, monkeypatch, capsys):
-    """The README's features train line, then its Python example on the folder it wrote (assets/ linked beside)."""
+    """The documented features train line, then its Python example (docs/guide/features.md) on the folder it wrote (assets/ linked beside)."""
     import re
 
     from conftest import readme_command
@@ -229,18 +229,17 @@ def test_the_readme_features_examples_run_as_typed(tmp_path, monkeypatch, capsys
     assert main(args[2:]) == 0
     info = json.loads((tmp_path / "sae" / "sae.json").read_text())
     assert (info["layer"], info["latents"], info["topk"], info["images"]["count"]) == (9, 256, 8, 4)
-    # what the README says of this line: it stops on the plateau after 2,000 steps (2,000 epochs of the four photos'
-    # 1,024 tokens) at a training explained variance of 0.95, and says so on its last line
+    # what docs/guide/features.md says of this line: it stops on the plateau after 2,000 steps (2,000 epochs of the
+    # four photos' 1,024 tokens) at a training explained variance of 0.95, and says so on its last line
     training = info["training"]
     assert (training["stop_reason"], training["steps"], training["epochs_run"]) == ("plateau", 2000, 2000)
     assert training["tokens"] == 2000 * 4 * 256 and training["warning"] is None
     assert round(training["explained_variance"], 2) == round(info["metrics"]["explained_variance"], 2) == 0.95
     assert "stopped when the explained variance stopped rising after 2000 steps" in capsys.readouterr().err
-    text = (ASSETS.parent / "README.md").read_text()
-    section = text[text.index("## Features: sparse autoencoders"):]
+    section = (ASSETS.parent / "docs" / "guide" / "features.md").read_text()
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     capsys.readouterr()
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/guide/features.md", "exec"), {})
     assert capsys.readouterr().out == "(1, 16, 16) (1, 256)\n"  # what the README's comment says it prints
 
 

@@ -97,7 +97,7 @@ def test_faithfulness_head_runs_chefers_protocols_on_the_probe_classes(setup, tm
 
 @pytest.mark.slow
 def test_the_readme_probes_example_runs_as_written(tmp_path, bundled):
-    """The README's probes example, typed as it stands, on photos/<class>/ made of crops of two sample photos."""
+    """The probes example (docs/guide/probes.md), typed as it stands, on photos/<class>/ made of crops of two sample photos."""
     import re
     import subprocess
     import sys
@@ -112,8 +112,7 @@ def test_the_readme_probes_example_runs_as_written(tmp_path, bundled):
         W, H = photo.size
         for i, (x, y) in enumerate([(0, 0), (W // 4, H // 4), (W // 2, 0), (0, H // 2)]):
             photo.crop((x, y, x + W // 2, y + H // 2)).save(tmp_path / "photos" / name / f"{i}.jpg")
-    text = (root / "README.md").read_text()
-    section = text[text.index("## Probes: what a layer knows"):]
+    section = (root / "docs" / "guide" / "probes.md").read_text()
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     (tmp_path / "example.py").write_text(code)
     done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,

@@ -171,7 +171,7 @@ def planted_model(layer: int = 0, head: int = 1, cls: int = 4, patches=(5, 10)):
     model = tiny_timm(seed=2, img=64).double()
     D = model.embed_dim
     attn = model.blocks[layer].attn
-    H, d = attn.num_heads, attn.head_dim
+    d = attn.head_dim
     with torch.no_grad():
         model.pos_embed.zero_()
         model.patch_embed.proj.bias.zero_()

@@ -1,4 +1,4 @@
-"""``python -m vitviz readout`` as the README types it, and the README's Python lines for the readout.
+"""``python -m vitviz readout`` as the docs type it (docs/guide/readout.md), and that page's Python lines for the readout.
 
 The probe lines run on the bundled model with a probe written by tests/test_probe_head.write_probe (random weights,
 layer 9, cls+mean pooling); the reference for the written numbers is the probe applied by hand to the bundled model's
@@ -111,7 +111,7 @@ def test_a_bad_target_is_a_sentence_naming_it(probe_folder, monkeypatch, tmp_pat
 def test_the_readmes_python_lines_for_the_readout_run_as_written(probe_folder, monkeypatch):
     folder, _ = probe_folder
     monkeypatch.chdir(folder)
-    readme = (ASSETS.parent / "README.md").read_text()
+    readme = (ASSETS.parent / "docs" / "guide" / "readout.md").read_text()
     block = re.search(r"```python\n(import vitviz\nlens = vitviz.open\(\"bundled\", head=\"probe/probe.safetensors\"\)"
                       r".*?)```", readme, re.S).group(1)
     scope: dict = {}

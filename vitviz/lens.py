@@ -176,6 +176,15 @@ class Lens:
         sources = [_as_rgb(item, i) for i, item in enumerate(images)]
         return replace(preprocess([s.image for s in sources], self.loaded.data_config), sources=sources)
 
+    def as_input(self, x) -> ModelInput:
+        """``x`` as :meth:`trace` takes it (a :class:`ModelInput`, a normalised tensor (B, 3, H, W), or images as
+        :meth:`preprocess` takes them) as a :class:`ModelInput`."""
+        if isinstance(x, ModelInput):
+            return x
+        if isinstance(x, torch.Tensor):
+            return ModelInput(tensor=x, images=[])
+        return self.preprocess(x)
+
     # --- a forward -----------------------------------------------------------------------------
     def trace(self, x, keep: str | Iterable = ("attn",), edit: Mapping[str, Callable] | None = None,
               stop_after: str | None = None, grad: bool = False, rules: Rules | None = None) -> "Trace":
@@ -203,8 +212,7 @@ class Lens:
         Raises:
             VitvizError: an unknown point or layer (the sentence lists the points).
         """
-        inputs = x if isinstance(x, ModelInput) else (
-            ModelInput(tensor=x, images=[]) if isinstance(x, torch.Tensor) else self.preprocess(x))
+        inputs = self.as_input(x)
         stop = None if stop_after is None else self._names([stop_after])[0]
         trace = trace_model(self.model, inputs, keep=self._names(keep), edit=edit, stop_after=stop, grad=grad,
                             rules=rules, layout=self.layout_for(inputs), adapter=self.adapter)

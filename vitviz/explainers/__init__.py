@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 
 from .attribution import Target, for_lens
-from ..types import ModelInput
 from .base import (METHOD_MODULES, NEEDS, Map, MapMethod, MethodError, get_method, methods, names, parse_methods,
                    register_method, registered)
 
@@ -19,11 +18,7 @@ __all__ = ["Map", "MapMethod", "MethodError", "METHOD_MODULES", "NEEDS", "explai
 
 def as_tensor(lens, x) -> torch.Tensor:
     """A batch as a normalised tensor (B, 3, H, W): a ModelInput's, a tensor as it is, or images preprocessed."""
-    if isinstance(x, ModelInput):
-        return x.tensor
-    if isinstance(x, torch.Tensor):
-        return x
-    return lens.preprocess(x).tensor
+    return lens.as_input(x).tensor
 
 
 def explain(lens, x, method: str, target: Target | None = None, trace=None, **options) -> Map:

@@ -25,7 +25,6 @@ import torch
 from ..adapters import Hooks
 from ..explainers.attribution import Target, default_target, for_lens
 from ..layout import TokenLayout
-from ..types import ModelInput
 from .frozen import FrozenNorms, ReadoutNotApplicable
 
 COMPONENTS = ("embed", "attn_head", "attn_bias", "mlp", "bias")
@@ -140,14 +139,6 @@ def _frozen_readout(lens, tokens: torch.Tensor, target: Target) -> tuple[torch.T
     return grad.detach(), constant.detach()
 
 
-def _inputs(lens, x) -> ModelInput:
-    if isinstance(x, ModelInput):
-        return x
-    if isinstance(x, torch.Tensor):
-        return ModelInput(tensor=x, images=[])
-    return lens.preprocess(x)
-
-
 def readout(lens, x, target: Target | None = None, sources: bool = True, tolerance: float = 1e-3) -> Readout:
     """Split ``target`` into the direct contributions of every part of the residual stream.
 
@@ -173,7 +164,7 @@ def readout(lens, x, target: Target | None = None, sources: bool = True, toleran
     why = why_not(lens)
     if why:
         raise ReadoutNotApplicable(why)
-    inputs = _inputs(lens, x)
+    inputs = lens.as_input(x)
     model, adapter, L = lens.model, lens.adapter, lens.num_layers
     target = for_lens(target or default_target(model), lens, linear=True)
     keep = ["embed", "z", "mlp_out", "attn_out", ("resid_post", L - 1), "pooled"]
@@ -275,7 +266,7 @@ def direct_vectors(lens, x, point: str = "logits") -> DirectVectors:
         raise ReadoutNotApplicable(why)
     if point == "logits" and not lens.has_head:
         raise ReadoutNotApplicable(f"{lens.label} has no classifier head: read the pooled vector (point='pooled').")
-    inputs = _inputs(lens, x)
+    inputs = lens.as_input(x)
     model, adapter, L = lens.model, lens.adapter, lens.num_layers
     trace = lens.trace(inputs, keep=["embed", "z", "mlp_out", ("resid_post", L - 1), point])
     rules = FrozenNorms()
@@ -315,14 +306,16 @@ def head_effects(lens, x, heads: list[tuple[int, int]], target: Target | None = 
     ``z`` zeroed and the forward run on (later blocks then react, and the final norm's scale moves).
 
     Args:
-        lens, x, target: as :func:`readout`.
+        lens: as :func:`readout`.
+        x: as :func:`readout`.
         heads: (layer, head) pairs, 0-based.
+        target: as :func:`readout`.
 
     Returns:
         DataFrame with ``image`` (0-based), ``layer``, ``head`` (0-based), ``direct`` and ``total`` (target units).
     """
     result = readout(lens, x, target, sources=False)
-    inputs = _inputs(lens, x)
+    inputs = lens.as_input(x)
     point = "logits" if lens.has_head else "pooled"
     rows = []
     for layer, head in heads:

@@ -21,8 +21,6 @@ import pandas as pd
 import torch
 
 from ..adapters import Hooks
-from ..types import ModelInput
-from .direct import _inputs
 from .frozen import ReadoutNotApplicable
 
 
@@ -128,7 +126,7 @@ def logit_lens(lens, x, per_patch: bool = False, tuned: "TunedLens | None" = Non
     why = why_not(lens)
     if why:
         raise ReadoutNotApplicable(why)
-    inputs = _inputs(lens, x)
+    inputs = lens.as_input(x)
     trace = lens.trace(inputs, keep=["resid_post"])
     logits, patches = [], []
     with torch.no_grad():
@@ -188,7 +186,7 @@ class TunedLens:
         why = why_not(lens)
         if why:
             raise ReadoutNotApplicable(why)
-        inputs = _inputs(lens, x)
+        inputs = lens.as_input(x)
         B = inputs.tensor.shape[0]
         if B < 2:
             raise ReadoutNotApplicable("a tuned lens needs at least 2 images: one to fit its maps, one to check them.")
