@@ -93,21 +93,29 @@ def perturb(image: torch.Tensor, masks: np.ndarray, mode: str) -> torch.Tensor:
 
 
 class Score:
-    """What a perturbed input is scored by. Subclasses set ``name`` and implement ``__call__``."""
+    """What a perturbed input is scored by. Subclasses set ``name`` and either ``point`` (the model point read:
+    ``"logits"`` or ``"pooled"``) with :meth:`of` (that point's rows -> scores; rows of different images and scores
+    then share forwards, :func:`vitviz.perturbation.protocols.protocol_curves_batch`), or ``__call__``."""
 
     name = ""
+    point: str | None = None
 
     def describe(self) -> str:
         return self.name
 
-    def __call__(self, model, x: torch.Tensor) -> np.ndarray:  # (B, 3, H, W) -> (B,)
+    def of(self, values: torch.Tensor) -> np.ndarray:
+        """(B, …) values of :attr:`point` -> (B,) scores."""
         raise NotImplementedError
+
+    def __call__(self, model, x: torch.Tensor) -> np.ndarray:  # (B, 3, H, W) -> (B,)
+        return self.of(run(model, x, keep=(self.point,), fast=True)[self.point])
 
 
 class ClassProbability(Score):
     """Softmax probability of one class (models with a classifier head)."""
 
     name = "class probability"
+    point = "logits"
 
     def __init__(self, target: int):
         self.target = int(target)
@@ -115,8 +123,8 @@ class ClassProbability(Score):
     def describe(self) -> str:
         return f"softmax probability of class {self.target}"
 
-    def __call__(self, model, x):
-        return model_logits(model, x).float().softmax(dim=-1)[:, self.target].double().cpu().numpy()
+    def of(self, values):
+        return values.float().softmax(dim=-1)[:, self.target].double().cpu().numpy()
 
 
 def model_logits(model, x: torch.Tensor) -> torch.Tensor:
@@ -138,6 +146,7 @@ class PreLogitsCosine(Score):
     """Cosine similarity of the pre-logits vector with that of the original input (headless models)."""
 
     name = "pre-logits cosine"
+    point = "pooled"
 
     def __init__(self, reference: torch.Tensor, vector: str = "forward_head(pre_logits=True)"):
         self.reference = reference.float().reshape(1, -1)
@@ -146,8 +155,8 @@ class PreLogitsCosine(Score):
     def describe(self) -> str:
         return f"cosine similarity of the pre-logits vector ({self.vector}) with the original's"
 
-    def __call__(self, model, x):
-        return torch.nn.functional.cosine_similarity(pre_logits(model, x).float(), self.reference.to(x.device),
+    def of(self, values):
+        return torch.nn.functional.cosine_similarity(values.float(), self.reference.to(values.device),
                                                      dim=-1).double().cpu().numpy()
 
 
