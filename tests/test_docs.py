@@ -129,6 +129,15 @@ def test_the_heads_tutorial_prints_what_its_page_shows_and_writes_its_figures(tm
     _check_tutorial(args, "what_heads_do", "what-heads-do.md", ["heads_qk.png", "heads_effects.png"], tmp_path)
 
 
+@pytest.mark.slow
+def test_the_registers_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/repair_registers.py", tmp_path)
+    _check_tutorial(args, "repair_registers", "repair-registers.md", ["registers_sinks.png", "registers_planted.png"],
+                    tmp_path)
+
+
 class _Refs(html.parser.HTMLParser):
     """The pictures and local links of one built page."""
 

@@ -82,6 +82,8 @@ image = axes[1].imshow(towards, cmap="RdBu_r", vmin=-abs(towards).max(), vmax=ab
                        extent=(0.5, H + 0.5, L + 0.5, 0.5), aspect="auto")
 axes[1].set_title("patched chelsea -> coffee: share of the way", fontsize=9)
 fig.colorbar(image, ax=axes[1], shrink=0.6)
+axes[0].set_yticks(range(9, 13))
+axes[1].set_yticks(range(1, 13))
 for ax in axes:
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
