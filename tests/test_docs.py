@@ -70,22 +70,72 @@ def test_the_faithfulness_example_prints_a_verdict_per_method(tmp_path, bundled)
         assert rows[method].endswith(("within chance", "random seed"))
 
 
+def _check_tutorial(args: list[str], script: str, page: str, figures: list[str], out: Path) -> None:
+    """docs/tutorials/<script>.py run with ``args`` (its documented line, --out pointed at ``out``) from the
+    repository root: its printed lines are docs/tutorials/<script>.txt, which the page includes; its page shows
+    ``figures`` in that order, and the script writes each at the size of the one kept in docs/tutorials/img/."""
+    from PIL import Image
+
+    printed = _run(args, ROOT)
+    assert printed == (ROOT / "docs" / "tutorials" / f"{script}.txt").read_text()
+    text = (ROOT / "docs" / "tutorials" / page).read_text()
+    assert f'--8<-- "docs/tutorials/{script}.txt"' in text and f'--8<-- "docs/tutorials/{script}.py"\n' in text
+    shown = re.findall(r"!\[[^]]*\]\(img/([^)]+)\)", text)
+    assert shown == figures
+    for name in shown:
+        with Image.open(out / name) as made, Image.open(ROOT / "docs" / "tutorials" / "img" / name) as kept:
+            assert made.size == kept.size, name  # the page's figure is this script's, at its size
+
+
 @pytest.mark.slow
 def test_the_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
     """docs/tutorials/first_maps.py run as its page says (from the repository root), into a temporary folder: its
     printed lines are the ones the page includes, and it writes the figures the page shows."""
     from conftest import readme_command
-    from PIL import Image
 
     args = readme_command(".venv/bin/python docs/tutorials/first_maps.py", tmp_path)
-    printed = _run(args, ROOT)
-    assert printed == (ROOT / "docs" / "tutorials" / "first_maps.txt").read_text()
-    page = (ROOT / "docs" / "tutorials" / "first-maps.md").read_text()
-    shown = re.findall(r"!\[[^]]*\]\(img/([^)]+)\)", page)
-    assert shown == ["maps.png", "deletion.png"]
-    for name in shown:
-        with Image.open(tmp_path / name) as made, Image.open(ROOT / "docs" / "tutorials" / "img" / name) as kept:
-            assert made.size == kept.size, name  # the page's figure is this script's, at its size
+    _check_tutorial(args, "first_maps", "first-maps.md", ["maps.png", "deletion.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_probe_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/probe_layer.py", tmp_path)
+    _check_tutorial(args, "probe_layer", "probe-layer.md", ["probe_accuracy.png", "probe_maps.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_readout_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/readout_parts.py", tmp_path)
+    _check_tutorial(args, "readout_parts", "readout-parts.md", ["readout_heads.png", "logit_lens.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_sae_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/sae_features.py", tmp_path)
+    _check_tutorial(args, "sae_features", "sae-features.md", ["sae_image.png", "sae_latent.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_heads_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/what_heads_do.py", tmp_path)
+    _check_tutorial(args, "what_heads_do", "what-heads-do.md", ["heads_qk.png", "heads_effects.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_registers_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/repair_registers.py", tmp_path)
+    _check_tutorial(args, "repair_registers", "repair-registers.md", ["registers_sinks.png", "registers_planted.png"],
+                    tmp_path)
 
 
 class _Refs(html.parser.HTMLParser):
