@@ -59,15 +59,18 @@ with st.expander("Train an SAE here", expanded=trained is None), guarded("the SA
         trained = st.session_state[TRAINED] = train_here(ctx, images, settings, cap)
     elif st.session_state.get(CANCELLED):
         st.info("Training cancelled: nothing was kept.")
-    if trained is not None:
-        m = trained.sae.info["metrics"]
-        st.success(f"Trained here: {trained.sae.latents} latents, k = {trained.sae.topk}, layer "
-                   f"{trained.sae.info['layer']}, {trained.sae.info['images']['count']} images; explained variance "
-                   f"{m['explained_variance']:.3f}, L0 {m['l0']:.1f}, dead {m['dead_fraction']:.1%} (last epoch).")
-        st.download_button("Download the SAE folder (zip)", trained.zip, f"{trained.folder}.zip", "application/zip",
-                           key="features_train_download", on_click="ignore",
-                           help="The folder `features train` writes (sae.safetensors, sae.json); unzipped, give it "
-                                "to the box below, `features top` or vitviz.load_sae.")
+if trained is not None:
+    m = trained.sae.info["metrics"]
+    done, download = st.columns([4, 1], vertical_alignment="center")
+    done.success(f"Trained here: {trained.sae.latents} latents, k = {trained.sae.topk}, layer "
+                 f"{trained.sae.info['layer']}, {trained.sae.info['images']['count']} images; explained variance "
+                 f"{m['explained_variance']:.3f}, L0 {m['l0']:.1f}, dead {m['dead_fraction']:.1%} (over the last "
+                 "epoch).")
+    download.download_button("Download (zip)", trained.zip, f"{trained.folder}.zip", "application/zip",
+                             key="features_train_download", on_click="ignore", icon=":material/download:",
+                             help="The folder `features train` writes (sae.safetensors, sae.json); unzipped, give it "
+                                  + ("to `features top` or vitviz.load_sae." if shared else
+                                     "to the box below, `features top` or vitviz.load_sae."))
 
 path = "" if shared else st.text_input("SAE (a features train folder, a ViT-Prisma folder or a saev file)",
                                        key="features_sae", placeholder="runs/sae").strip()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import ASSETS
+from test_shared_safety import operator_env  # noqa: F401  (a fixture)
 
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TWO = ["astronaut.jpg", "chelsea.jpg"]
@@ -40,6 +41,18 @@ def test_default_settings_converge_on_two_photos(lens):
     # one image batch per epoch (the whole set in one forward): one report per epoch, the total known from the start
     assert [d for d, _, _ in done] == list(range(1, 51)) and {t for _, t, _ in done} == {50}
     assert done[-1][2]["explained_variance"] > done[0][2]["explained_variance"] + 0.5
+
+
+def test_progress_counts_epochs_when_an_epoch_is_several_forwards(lens, monkeypatch):
+    """More images than one forward takes: epochs done go up by 1 / (batches per epoch)."""
+    from vitviz.features import session
+    from vitviz.features.train import TrainSettings
+
+    done = []
+    monkeypatch.setattr(session, "MAX_BATCH_IMAGES", 1)
+    session.train_small(lens, _loaded(TWO), TrainSettings("resid_post", 9, 64, 4, epochs=2),
+                        lambda d, t, m: done.append((d, t)))
+    assert done == [(0.5, 2), (1.0, 2), (1.5, 2), (2.0, 2)]
 
 
 def test_the_zip_is_the_folder_features_train_writes(lens, tmp_path):
@@ -129,6 +142,20 @@ def test_features_page_trains_an_sae_and_shows_its_top_latents(lens, tmp_path):
     assert [int(t.split()[1]) for t in titles] == [int(j) for j in image_top_latents(maps, 8, "max")]
     assert "features_latent_patches" in " ".join(c.proto.id for c in at.get("plotly_chart"))
 
+    # trained again (other k): the page follows the new SAE, nothing cached from the first one is shown
+    at.number_input(key="features_train_topk").set_value(2).run()
+    at.button(key="features_train").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    again = at.session_state[TRAINED]
+    assert again.sae.topk == 2
+    maps2 = again.sae.encode(tokens).detach().numpy().T.reshape(64, 16, 16)
+    titles2 = [a["text"] for a in _chart(at, "features_image")["layout"]["annotations"]]
+    assert [int(t.split()[1]) for t in titles2] == [int(j) for j in image_top_latents(maps2, 8, "max")]
+    assert titles2 != titles
+    at.number_input(key="features_train_topk").set_value(8).run()
+    at.button(key="features_train").click().run()  # the first settings again: the stored SAE, not trained twice
+    assert at.session_state[TRAINED] is trained
+
     # the download, unzipped, is what load_sae and the page's path box read: the same latents drawn
     with zipfile.ZipFile(io.BytesIO(trained.zip)) as z:
         z.extractall(tmp_path)
@@ -139,3 +166,28 @@ def test_features_page_trains_an_sae_and_shows_its_top_latents(lens, tmp_path):
     at.radio(key="features_source").set_value("the one at the path").run()
     assert not at.exception, [e.message for e in at.exception]
     assert [a["text"] for a in _chart(at, "features_image")["layout"]["annotations"]] == titles
+
+
+@pytest.mark.slow
+def test_on_a_shared_server_the_page_trains_within_the_cap_without_a_path_box(operator_env):
+    from streamlit.testing.v1 import AppTest
+
+    from ui.features import TRAINED
+    from vitviz.features.session import SHARED_CAP
+
+    operator_env(VITVIZ_SHARED="1", VITVIZ_MAX_RUNS="1")
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    at.switch_page("pages/12_features.py").run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert not any(t.key == "features_sae" for t in at.text_input)  # no server path a browser user names
+    assert any("Give an SAE above (train one)" in i.value for i in at.info)
+    assert any(f"This server trains at most {SHARED_CAP.text()} at once." in c.value for c in at.caption)
+    assert at.select_slider(key="features_train_latents").options[-1] == str(SHARED_CAP.latents)
+    assert at.number_input(key="features_train_epochs").max == SHARED_CAP.epochs
+    at.checkbox(key="features_train_samples").uncheck().run()
+    at.select_slider(key="features_train_latents").set_value(64).run()
+    at.number_input(key="features_train_epochs").set_value(5).run()
+    at.button(key="features_train").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.session_state[TRAINED].sae.latents == 64
+    assert "features_image" in " ".join(c.proto.id for c in at.get("plotly_chart"))

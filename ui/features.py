@@ -138,9 +138,9 @@ def train_here(ctx, images: list, settings: TrainSettings, cap: SizeCap) -> Trai
             label = f"Training {settings.latents} latents (k = {settings.topk}) on {len(images)} images ..."
             bar = st.progress(0.0, text=label)
 
-            def progress(done: int, total: int, metrics: dict) -> None:
-                bar.progress(done / total, text=f"{label} {done} of {total} image batches · explained "
-                                                f"variance {metrics['explained_variance']:.3f} · L0 {metrics['l0']:.1f}")
+            def progress(done: float, total: int, metrics: dict) -> None:
+                bar.progress(done / total, text=f"{label} {done:g} of {total} epochs · explained variance "
+                                                f"{metrics['explained_variance']:.3f} · L0 {metrics['l0']:.1f}")
 
             trained = train_small(Lens(ctx.loaded), images, settings, progress, cap)
             stop.empty()

@@ -95,15 +95,16 @@ class TrainedSAE:
 
 
 def train_small(lens, images: Sequence, settings: TrainSettings,
-                progress: Callable[[int, int, dict], None] | None = None, cap: SizeCap = SizeCap()) -> TrainedSAE:
+                progress: Callable[[float, int, dict], None] | None = None, cap: SizeCap = SizeCap()) -> TrainedSAE:
     """Train ``settings`` on ``images`` in a temporary folder (:func:`vitviz.features.train.train`, the model run
     once: the tokens are kept as float16 shards for the epochs).
 
     Args:
         images: paths, :class:`vitviz.io.inputs.ImageFile` or :class:`vitviz.io.images.LoadedImage` (named by
             ``.name``); ``settings.batch_size`` is replaced by the set's size, up to :data:`MAX_BATCH_IMAGES`.
-        progress: ``fn(image batches done, of total, the last step's metrics)`` (``explained_variance``, ``l0``,
-            ...) after each image batch; an exception it raises stops the run and nothing is kept.
+        progress: ``fn(epochs done (a float: image batches done / batches per epoch), of epochs, the last step's
+            metrics)`` (``explained_variance``, ``l0``, ...) after each image batch; an exception it raises stops the
+            run and nothing is kept.
         cap: the size cap (:data:`SHARED_CAP` on a shared server).
 
     Raises:
@@ -119,8 +120,9 @@ def train_small(lens, images: Sequence, settings: TrainSettings,
     check_point(lens, settings.point, settings.layer)
     settings = replace(settings, batch_size=min(len(images), MAX_BATCH_IMAGES))
     settings.check()
-    total = -(-len(images) // settings.batch_size) * settings.epochs
-    callback = None if progress is None else (lambda done, metrics: progress(done, total, metrics))
+    per_epoch = -(-len(images) // settings.batch_size)
+    callback = None if progress is None else (
+        lambda done, metrics: progress(done / per_epoch, settings.epochs, metrics))
     folder = f"sae-layer{settings.layer}-{settings.latents}x{settings.topk}"
     with tempfile.TemporaryDirectory(prefix="vitviz-sae-") as tmp:
         out = Path(tmp) / folder
