@@ -26,8 +26,8 @@ heading(__file__, ctx.image.name)
 shared = operator_settings().shared
 cap = SHARED_CAP if shared else SizeCap()  # a shared server's size cap on what one request trains
 st.caption("A sparse autoencoder (SAE) splits one layer's patch tokens into many latents, few active per token "
-           "(TopK, Gao et al. 2024). Train one here on the images below, or on more images with `python -m vitviz "
-           "features train INPUT... --layer L --latents K --topk k --out DIR`"
+           "(TopK, Gao et al. 2024). Train one here on the sidebar's images (below), or on more images with "
+           "`python -m vitviz features train INPUT... --layer L --latents K --topk k --out DIR`"
            + ("." if shared else ", and give its folder, a saev checkpoint or a ViT-Prisma folder below.")
            + " Latents are numbered from 0, as in the files; patches (row, column) from 1.")
 

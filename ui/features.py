@@ -130,8 +130,9 @@ def train_here(ctx, images: list, settings: TrainSettings, cap: SizeCap) -> Trai
     A click on Cancel reruns the page, which stops the script inside the next progress update: nothing is kept."""
     key = ("features-train", ctx.spec, ctx.framing, tuple(im.sha256 for im in images), settings)
 
+    st.session_state.pop(CANCELLED, None)
+
     def run() -> TrainedSAE:
-        st.session_state.pop(CANCELLED, None)
         with model_run():
             stop = st.empty()
             stop.button("Cancel", key="features_train_cancel", on_click=_cancel, icon=":material/stop:")
