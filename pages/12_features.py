@@ -101,6 +101,9 @@ st.caption(f"{sae.latents} latents, k = {sae.topk or 'ReLU (no top k)'}, reading
            f"layer {sae.info.get('layer')}"
            + (f"; training: explained variance {metrics['explained_variance']:.3f}, L0 {metrics['l0']:.1f}, "
               f"dead {metrics['dead_fraction']:.1%}" if "explained_variance" in metrics else "") + ".")
+not_converged = (sae.info.get("training") or {}).get("warning")
+if not_converged:
+    st.warning(f"Its training did not converge: {not_converged}")
 
 codes = codes_of(ctx, sae, ident, point)
 index = [im.name for im in ctx.images].index(ctx.image.name)

@@ -86,6 +86,9 @@ show_chart(accuracy_figure(result.table, result.chance, result.layer,
 st.caption(f"{backbone.label}. Chance {result.chance:.0%} (the largest group). Pooling: {POOLINGS[pooling]}. "
            f"With few images the intervals are wide: {len(result.images)} images give a step of "
            f"{1 / len(result.images):.0%} per image.")
+head_note = result.C_search.note() if result.C_search else None
+if head_note:
+    st.caption(f"The head's {head_note}")
 st.dataframe(pd.DataFrame(result.table).assign(accuracy=lambda d: d.accuracy.round(3), low=lambda d: d.low.round(3),
                                                high=lambda d: d.high.round(3)),
              hide_index=True, height=min(460, 36 * (len(result.table) + 1)))

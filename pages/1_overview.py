@@ -13,6 +13,7 @@ from ui.guard import guarded
 from ui.state import view_applies, setup
 from ui.navigation import heading
 from vitviz.analyses.clusters import K_RANGE
+from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import cluster_figure
 from vitviz.figures.core import bars, patch_grid_image, rgb_image
 from vitviz.layout import PATCH_NUMBERING
@@ -102,7 +103,7 @@ with cluster_col, guarded("the token clusters"):
     try:
         clusters = cached_clusters(ctx.spec, ctx.image.sha256, ctx.image.image, r, source, cluster_layer,
                                    cluster_head, k)
-    except ValueError as exc:  # keys of a model family whose q, k and v are not read here
+    except VitvizError as exc:  # keys of a model family whose q, k and v are not read here
         st.error(str(exc))
         st.stop()
     what = {FINAL: "final features", BLOCK: f"output of layer {cluster_layer + 1}",

@@ -10,6 +10,7 @@ from ui.display import Display, display_controls, map_figure, panel_download, pa
 from ui.downloads import download_row
 from ui.explorer import browser_draws, heads_explorer
 from ui.guard import guarded
+from ui.numbers import number
 from ui.paper import paper_downloads
 from ui.persist import saved_view, set_view
 from ui.readout import names_grid, set_head_names
@@ -78,10 +79,7 @@ def _view_padding(view: dict) -> tuple[int, ...]:
 def _browser_view(view: dict, patch: int | None) -> HeadsView | None:
     """The explorer's view (URL keys, as the browser reports them or the URL holds them) in the page's terms."""
     def number(k, default):
-        try:
-            return float(view[k])
-        except (KeyError, TypeError, ValueError):
-            return default
+        return number(view.get(k), default)
     query, direction = view.get("query", "cls" if layout.has_class_token else "mean"), view.get("dir", "query")
     if query not in ("cls", "mean", "patch") or (query == "cls" and not layout.has_class_token):
         query = "cls" if layout.has_class_token else "mean"
@@ -215,10 +213,8 @@ def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | N
 
 def _view_int(text, default: int, lo: int, hi: int) -> int:
     """A whole number of the browser's view (URL text), clamped to [lo, hi]; ``default`` when it is not a number."""
-    try:
-        return int(min(hi, max(lo, float(text))))
-    except (TypeError, ValueError):
-        return default
+    value = number(text)
+    return default if value is None else int(min(hi, max(lo, value)))
 
 
 def _browser_compare(view: dict, v: HeadsView) -> None:

@@ -9,6 +9,7 @@ from ui.explain import cached_layer_qkv
 from ui.state import view_applies, setup
 from ui.navigation import heading
 from vitviz.analyses.anatomy import attention_anatomy
+from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import (contributions_figure, score_map_figure, softmax_figure, sorted_scores_figure,
                                     vector_figure)
 
@@ -48,7 +49,7 @@ query = layout.cls_index if query_label == "CLS" else layout.num_prefix_tokens +
 query_patch = None if query_label == "CLS" else patch
 try:
     qkv = cached_layer_qkv(ctx.spec, ctx.image.sha256, ctx.image.image, layer)
-except ValueError as exc:  # a model family whose q, k and v are not read here
+except VitvizError as exc:  # a model family whose q, k and v are not read here
     st.error(str(exc))
     st.stop()
 a = attention_anatomy(qkv, head, query)

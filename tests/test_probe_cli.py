@@ -32,9 +32,15 @@ def test_probe_writes_the_head_and_analyze_head_gives_the_probe_logits(setup, tm
     out = tmp_path / "probe"
     assert main(["probe", str(root / "set"), "--folders", "--layer", "5", "--pooling", "mean", "--out", str(out),
                  *model_args(weights)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "5  " in printed and "<- head" in printed and "chance (largest class): 0.500" in printed
     info = json.loads((out / "probe.json").read_text())
+    for row in info["layers"]:  # each layer's C and how many outer folds chose an end of the grid, as printed
+        assert f"   {row['C']:g} ({row['C_at_edge']}/{row['folds']})" in printed.splitlines()[row["layer"]]
+    search = info["head"]["C_search"]
+    assert search["C"] == info["head"]["C"] and search["grid"] == [1e-3, 1e-2, 1e-1, 1.0, 10.0]
+    assert (f"note: the head's {search['note']}" in captured.err) == (search["C_at_edge"] is not None)
     assert info["layer"] == 5 and info["pooling"] == "mean" and info["classes"] == ["cat", "dog"]
     assert [r["layer"] for r in info["layers"]] == list(range(1, 13)) and info["chance"] == 0.5
     assert {"accuracy", "low", "high"} <= set(info["layers"][0]) and info["sklearn"]
@@ -112,7 +118,7 @@ def test_the_readme_probes_example_runs_as_written(tmp_path, bundled):
     done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["dict_keys(['layer', 'accuracy', 'low', 'high', 'folds', 'C'])",
+    assert done.stdout.splitlines() == ["dict_keys(['layer', 'accuracy', 'low', 'high', 'folds', 'C', 'C_at_edge'])",
                                         "2 ('astronaut', 'rocket') True"]
     assert (tmp_path / "probe" / "probe.json").is_file()
 

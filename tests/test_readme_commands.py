@@ -448,6 +448,8 @@ def test_features_top_after_features_train_writes_the_table_and_the_two_sheets(f
     """The Features section's two lines in order: `features train ... --out sae/`, then `features top sae/ assets/
     --top 16 --sheets 3,17` on what it wrote (the stand-in has no head: no nearest_classes.json, and it says so)."""
     assert main(typed("features_train")) == 0
+    training = json.loads(Path("sae/sae.json").read_text())["training"]  # trained until converged, as the README says
+    assert training["stop_reason"] == "plateau" and training["steps"] >= 2000 and training["warning"] is None
     assert main(typed("features_top")) == 0
     assert "no nearest_classes.json" in capsys.readouterr().err
     top = pd.read_parquet("sae/top.parquet")

@@ -55,6 +55,7 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
+from ..errors import ViewNotApplicable
 from ..layout import TokenLayout
 
 MODEL_POINTS = ("embed", "final_norm", "pooled", "logits")
@@ -306,7 +307,7 @@ class Adapter:
 
     def patch_filters(self, model: torch.nn.Module) -> torch.Tensor:
         """The linear RGB patch-embedding filters (D, 3, P, P)."""
-        raise ValueError(f"{type(model).__name__} has no linear RGB patch filters.")
+        raise ViewNotApplicable(f"{type(model).__name__} has no linear RGB patch filters.")
 
     def attention_steps(self, model: torch.nn.Module, layer: int) -> list[str]:
         """The layer's steps from its input to the scores, in words (the anatomy page)."""

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import ViewNotApplicable
 from ..sources.hf import vision_config
 from ..layout import TokenLayout
 from . import common
@@ -283,7 +284,7 @@ class HFAdapter(Adapter):
             if isinstance(module, torch.nn.Conv2d) and module.in_channels == 3 and \
                     module.kernel_size[0] == module.stride[0] == patch:
                 return module.weight
-        raise ValueError(f"{type(model).__name__} has no linear RGB patch filters.")
+        raise ViewNotApplicable(f"{type(model).__name__} has no linear RGB patch filters.")
 
     def extra_steps(self, model, layer: int) -> list[str]:
         """The layer's steps between its normed input and the scores besides the projections, in words."""

@@ -27,6 +27,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..errors import ViewNotApplicable
 from ..layout import TokenLayout
 from . import common
 from .base import Adapter, HeadWrite, Hooks, branch_scale, point_name, run
@@ -465,8 +466,8 @@ class TimmViT(Adapter):
         proj = getattr(model.patch_embed, "proj", None)
         if getattr(model.patch_embed, "backbone", None) is not None or not isinstance(proj, torch.nn.Conv2d) \
                 or proj.in_channels != 3:
-            raise ValueError(f"{type(model).__name__} has no linear RGB patch filters (its patch embedding reads "
-                             "a CNN's features).")
+            raise ViewNotApplicable(f"{type(model).__name__} has no linear RGB patch filters (its patch embedding "
+                                    "reads a CNN's features).")
         return proj.weight
 
     def attention_steps(self, model, layer: int) -> list[str]:
