@@ -11,13 +11,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SHOTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "features"
 
 
-def _set_number(page, label: str, value: int) -> None:
-    box = page.get_by_label(label, exact=True)
-    box.fill(str(value))
-    box.press("Enter")
-    _wait_idle(page, quiet=800)
-
-
 def test_features_page_trains_in_the_browser_and_cancel_keeps_nothing():
     require_chromium()
     from playwright.sync_api import sync_playwright
@@ -30,20 +23,20 @@ def test_features_page_trains_in_the_browser_and_cancel_keeps_nothing():
         _wait_idle(page, timeout=600_000)
         assert page.get_by_text("Give an SAE above").count() == 1
 
-        _set_number(page, "Epochs", 500)  # long enough to be cancelled half way
+        # the defaults (until converged, four photos) run long enough to be cancelled half way
         page.get_by_role("button", name="Train", exact=True).click()
-        page.get_by_text("epochs · explained variance", exact=False).wait_for(timeout=240_000)
+        page.get_by_text("· explained variance", exact=False).wait_for(timeout=240_000)
         page.screenshot(path=SHOTS / "training.png")
         page.get_by_role("button", name="Cancel").click()
         _wait_idle(page, timeout=240_000)
         assert page.get_by_text("Training cancelled: nothing was kept.").count() == 1
         assert page.locator('[data-testid="stPlotlyChart"]').count() == 0
 
-        _set_number(page, "Epochs", 50)
         page.get_by_role("button", name="Train", exact=True).click()
         _wait_idle(page, timeout=600_000)
         done = page.get_by_text("Trained here:", exact=False)
-        assert done.count() == 1 and "4 images; explained variance 0." in done.inner_text()
+        assert done.count() == 1 and "4 images; explained variance 0.9" in done.inner_text()
+        assert "converged." in done.inner_text()
         assert page.locator('[data-testid="stPlotlyChart"]').count() >= 2  # top latents, one latent's patches
         assert page.get_by_role("heading", name="Top latents of this image").count() == 1
         page.screenshot(path=SHOTS / "trained_top.png")

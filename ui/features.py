@@ -136,12 +136,13 @@ def train_here(ctx, images: list, settings: TrainSettings, cap: SizeCap) -> Trai
         with model_run():
             stop = st.empty()
             stop.button("Cancel", key="features_train_cancel", on_click=_cancel, icon=":material/stop:")
-            label = f"Training {settings.latents} latents (k = {settings.topk}) on {len(images)} images ..."
+            label = (f"Training {settings.latents} latents (k = {settings.topk}) on {len(images)} images "
+                     + ("until converged" if settings.epochs is None else f"for {settings.epochs} epochs") + " ...")
             bar = st.progress(0.0, text=label)
 
-            def progress(done: float, total: int, metrics: dict) -> None:
-                bar.progress(done / total, text=f"{label} {done:g} of {total} epochs · explained variance "
-                                                f"{metrics['explained_variance']:.3f} · L0 {metrics['l0']:.1f}")
+            def progress(fraction: float, metrics: dict) -> None:
+                bar.progress(fraction, text=f"{label} step {metrics['step']:,} · explained variance "
+                                            f"{metrics['explained_variance']:.3f} · L0 {metrics['l0']:.1f}")
 
             trained = train_small(Lens(ctx.loaded), images, settings, progress, cap)
             stop.empty()

@@ -1,5 +1,5 @@
 """A small SAE trained on a handful of images in one go (the Features page's Train button): ``features train`` in a
-temporary folder, its tokens cached once as float16 shards, the finished folder handed back as a zip.
+temporary folder (the model runs once; the tokens are held for the epochs), the finished folder handed back as a zip.
 
 ```python
 from vitviz.features.session import default_settings, train_small
@@ -21,12 +21,13 @@ from ..errors import VitvizError
 from .sae import SAE_INFO, SAE_WEIGHTS, SAE
 from .train import TrainSettings, train
 
-# What converges on a few photos: on 2 of the bundled samples (512 patch tokens, the bundled model's layer 9) these
-# reach an explained variance of ~0.9 in 50 epochs, a few seconds on a CPU (tests/test_features_session.py).
+# Until converged (the trainer's plateau test, vitviz.features.sae.Convergence: at least 2,000 steps) on 2 of the
+# bundled samples (512 patch tokens, the bundled model's layer 9): explained variance 0.97 in 2,000 steps, 15-20 s on
+# a CPU shared with other jobs; 4 photos 0.95 (tests/test_features_session.py).
 DEFAULT_LATENTS = 256
 DEFAULT_TOPK = 8
-DEFAULT_EPOCHS = 50
-DEFAULT_BATCH_TOKENS = 128
+DEFAULT_EPOCHS = None  # until converged
+DEFAULT_BATCH_TOKENS = 256
 # Images per forward: the whole set of a small run in one batch, so each epoch shuffles every token together.
 MAX_BATCH_IMAGES = 16
 
@@ -47,14 +48,18 @@ class SizeCap:
         """Raises VitvizError naming the first setting over the cap."""
         for what, value, cap in (("images", n_images, self.images), ("latents", settings.latents, self.latents),
                                  ("epochs", settings.epochs, self.epochs)):
-            if cap is not None and value > cap:
+            if cap is not None and value is not None and value > cap:
                 raise VitvizError(f"{value} {what} is more than this server trains at once (at most {cap} {what}): "
                                   f"use fewer, or `python -m vitviz features train` on your own machine.")
 
     def text(self) -> str:
-        """``"16 images, 1024 latents, 100 epochs"``."""
-        return ", ".join(f"{v} {k}" for k, v in (("images", self.images), ("latents", self.latents),
-                                                 ("epochs", self.epochs)) if v is not None)
+        """``"16 images, 1024 latents, 100 epochs (or until converged: at most 50,000 steps)"``."""
+        from .sae import Convergence
+
+        epochs = (f"{self.epochs} epochs (or until converged: at most {Convergence().max_steps:,} steps)"
+                  if self.epochs is not None else None)
+        return ", ".join(f"{v} {k}" for k, v in (("images", self.images), ("latents", self.latents)) if v is not None
+                         ) + (f", {epochs}" if epochs else "")
 
 
 # A shared server: a run at the cap is 100 passes over at most 16 images' tokens (the model runs once), and the
@@ -68,9 +73,8 @@ def default_layer(num_layers: int) -> int:
 
 
 def default_settings(lens, layer: int | None = None, point: str = "resid_post") -> TrainSettings:
-    """The settings the page starts from: :data:`DEFAULT_LATENTS` latents, k = :data:`DEFAULT_TOPK`,
-    :data:`DEFAULT_EPOCHS` epochs of :data:`DEFAULT_BATCH_TOKENS`-token steps, at ``layer`` (1-based; default
-    :func:`default_layer`)."""
+    """The settings the page starts from: :data:`DEFAULT_LATENTS` latents, k = :data:`DEFAULT_TOPK`, trained until
+    converged in :data:`DEFAULT_BATCH_TOKENS`-token steps, at ``layer`` (1-based; default :func:`default_layer`)."""
     return TrainSettings(point=point, layer=default_layer(lens.num_layers) if layer is None else int(layer),
                          latents=DEFAULT_LATENTS, topk=DEFAULT_TOPK, epochs=DEFAULT_EPOCHS,
                          batch_tokens=DEFAULT_BATCH_TOKENS)
@@ -95,16 +99,17 @@ class TrainedSAE:
 
 
 def train_small(lens, images: Sequence, settings: TrainSettings,
-                progress: Callable[[float, int, dict], None] | None = None, cap: SizeCap = SizeCap()) -> TrainedSAE:
-    """Train ``settings`` on ``images`` in a temporary folder (:func:`vitviz.features.train.train`, the model run
-    once: the tokens are kept as float16 shards for the epochs).
+                progress: Callable[[float, dict], None] | None = None, cap: SizeCap = SizeCap()) -> TrainedSAE:
+    """Train ``settings`` on ``images`` in a temporary folder (:func:`vitviz.features.train.train`: the model runs
+    once, the tokens are held in memory for the later epochs).
 
     Args:
         images: paths, :class:`vitviz.io.inputs.ImageFile` or :class:`vitviz.io.images.LoadedImage` (named by
             ``.name``); ``settings.batch_size`` is replaced by the set's size, up to :data:`MAX_BATCH_IMAGES`.
-        progress: ``fn(epochs done (a float: image batches done / batches per epoch), of epochs, the last step's
-            metrics)`` (``explained_variance``, ``l0``, ...) after each image batch; an exception it raises stops the
-            run and nothing is kept.
+        progress: ``fn(fraction done, the last step's metrics)`` after each image batch (``explained_variance``,
+            ``l0``, ``step``, ...); the fraction is epochs done / epochs, or for a run until converged steps done /
+            the fewest steps such a run takes (:class:`vitviz.features.sae.Convergence`), at most 1. An exception it
+            raises stops the run and nothing is kept.
         cap: the size cap (:data:`SHARED_CAP` on a shared server).
 
     Raises:
@@ -113,6 +118,7 @@ def train_small(lens, images: Sequence, settings: TrainSettings,
     from dataclasses import replace
 
     from .data import check_point
+    from .sae import Convergence
 
     if not images:
         raise VitvizError("no images to train on: add images in the sidebar.")
@@ -121,12 +127,17 @@ def train_small(lens, images: Sequence, settings: TrainSettings,
     settings = replace(settings, batch_size=min(len(images), MAX_BATCH_IMAGES))
     settings.check()
     per_epoch = -(-len(images) // settings.batch_size)
-    callback = None if progress is None else (
-        lambda done, metrics: progress(done / per_epoch, settings.epochs, metrics))
+
+    def fraction(done: int, metrics: dict) -> float:
+        if settings.epochs is None:
+            return min(metrics["step"] / Convergence().min_steps, 1.0)
+        return done / (per_epoch * settings.epochs)
+
+    callback = None if progress is None else (lambda done, metrics: progress(fraction(done, metrics), metrics))
     folder = f"sae-layer{settings.layer}-{settings.latents}x{settings.topk}"
     with tempfile.TemporaryDirectory(prefix="vitviz-sae-") as tmp:
         out = Path(tmp) / folder
-        sae = train(lens, list(images), settings, out, progress=False, callback=callback, shards=Path(tmp) / "shards")
+        sae = train(lens, list(images), settings, out, progress=False, callback=callback)
         data = folder_zip(out, folder, [SAE_WEIGHTS, SAE_INFO])
     return TrainedSAE(sae, data, folder, hashlib.sha256(data).hexdigest())
 
