@@ -12,6 +12,8 @@ import pytest
 from conftest import ASSETS
 from test_shared_safety import operator_env  # noqa: F401  (a fixture)
 
+# the short runs here (a few epochs) stop before converging on purpose; the defaults' test turns the warning into an error
+pytestmark = pytest.mark.filterwarnings("ignore::vitviz.features.sae.NotConvergedWarning")
 APP = str(Path(__file__).resolve().parent.parent / "app.py")
 TWO = ["astronaut.jpg", "chelsea.jpg"]
 
@@ -115,7 +117,6 @@ def test_a_progress_callback_that_raises_stops_the_run(lens):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::vitviz.features.sae.NotConvergedWarning")  # short runs
 def test_features_page_trains_an_sae_and_shows_its_top_latents(lens, tmp_path):
     from streamlit.testing.v1 import AppTest
 
@@ -178,7 +179,6 @@ def test_features_page_trains_an_sae_and_shows_its_top_latents(lens, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.filterwarnings("ignore::vitviz.features.sae.NotConvergedWarning")  # short runs
 def test_on_a_shared_server_the_page_trains_within_the_cap_without_a_path_box(operator_env):
     from streamlit.testing.v1 import AppTest
 
