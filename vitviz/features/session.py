@@ -62,13 +62,14 @@ class SizeCap:
                          ) + (f", {epochs}" if epochs else "")
 
 
-# A shared server: a run at the cap is 100 passes over at most 16 images' tokens (the model runs once), and the
-# weights of 1024 latents of a D = 1024 model are 8 MB (24 MB with Adam's state).
+# A shared server: a run at the cap is 100 passes over at most 16 images' tokens, or until converged at most
+# Convergence.max_steps steps (the model runs once either way); the weights of 1024 latents of a D = 1024 model are
+# 8 MB (24 MB with Adam's state). Every run also holds one of the server's run slots (VITVIZ_MAX_RUNS).
 SHARED_CAP = SizeCap(images=16, latents=1024, epochs=100)
 
 
 def default_layer(num_layers: int) -> int:
-    """1-based: three quarters of the way up (layer 9 of 12), where patch tokens carry parts and objects."""
+    """1-based: three quarters of the way up (layer 9 of 12, the layer the guide's `features train` example reads)."""
     return max(1, round(0.75 * num_layers))
 
 
