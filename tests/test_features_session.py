@@ -166,6 +166,8 @@ def test_features_page_trains_an_sae_and_shows_its_top_latents(lens, tmp_path):
     at.button(key="features_train").click().run()  # the first settings again: the stored SAE, not trained twice
     assert at.session_state[TRAINED] is trained
 
+    [zip_button] = [b.proto for b in at.get("download_button") if b.proto.label == "Download (zip)"]
+    assert zip_button.ignore_rerun  # a plain browser download: the click reruns nothing
     # the download, unzipped, is what load_sae and the page's path box read: the same latents drawn
     with zipfile.ZipFile(io.BytesIO(trained.zip)) as z:
         z.extractall(tmp_path)
