@@ -77,7 +77,7 @@ with right:
                               f"contribution ({unit})"), "readout_bars", file_stem("readout_components", ctx.image.name))
 order = r.top_heads(3, image=0)
 st.caption("Red raises the target, blue lowers it; limits ± the 95th percentile of |value| over the heads, the heads "
-           f"beyond drawn in the end colour and marked ▲ / ▼. Largest heads: "
+           "beyond drawn in the end colour and marked ▲ / ▼. Largest heads: "
            + ", ".join(f"layer {l + 1} head {h + 1} ({v:+.3g})" for l, h, v in order)
            + ". Click a cell to see what that head moved from each patch.")
 if ctx.loaded.has_head:

@@ -78,7 +78,7 @@ def _view_padding(view: dict) -> tuple[int, ...]:
 
 def _browser_view(view: dict, patch: int | None) -> HeadsView | None:
     """The explorer's view (URL keys, as the browser reports them or the URL holds them) in the page's terms."""
-    def number(k, default):
+    def setting(k, default):
         return number(view.get(k), default)
     query, direction = view.get("query", "cls" if layout.has_class_token else "mean"), view.get("dir", "query")
     if query not in ("cls", "mean", "patch") or (query == "cls" and not layout.has_class_token):
@@ -91,13 +91,13 @@ def _browser_view(view: dict, patch: int | None) -> HeadsView | None:
     display = Display(cmap=view.get("cmap") if view.get("cmap") in SEQUENTIAL else "Inferno",
                       scale_mode=view.get("scale") if view.get("scale") in SCALE_MODES else SCALE_MODES[0],
                       style=view.get("style") if view.get("style") in OVERLAY_STYLES else OVERLAY_STYLES[0],
-                      opacity=min(1.0, max(0.0, number("opacity", 0.8))), smooth=False,
+                      opacity=min(1.0, max(0.0, setting("opacity", 0.8))), smooth=False,
                       exclude_sinks=str(view.get("sinks", "1")).lower() not in ("0", "false"),
                       outline_clipped=str(view.get("clip", "1")).lower() not in ("0", "false"),
                       padding=_view_padding(view))
     ranking = view.get("order") if view.get("order") in RANKINGS else "head number"
-    layer = int(min(L, max(1, number("layer", L)))) - 1
-    return HeadsView(layer, query, mode, min(1.0, max(0.0, number("keep", 0.0))), ranking, display)
+    layer = int(min(L, max(1, setting("layer", L)))) - 1
+    return HeadsView(layer, query, mode, min(1.0, max(0.0, setting("keep", 0.0))), ranking, display)
 
 
 def _panel(v: HeadsView):
