@@ -77,7 +77,8 @@ def test_corrected_queries_and_keys_give_every_attention_row_of_the_model(adapte
             fixed = qkm.correct(qk.queries, qk.keys)
             # the corrections are the paper's, step for step
             pq, pk = _paper_corrections(qk.queries.reshape(-1, d), qk.keys.reshape(-1, d))
-            # float64 corrections: means and norms over the image's tokens, summed(n_tokens, EPS64) ~ 1e-14 for a tiny model's <= 50 tokens
+            # float64 corrections: means and norms over the image's tokens,
+            # summed(n_tokens, EPS64) ~ 1e-14 for a tiny model's <= 50 tokens
             np.testing.assert_allclose(fixed.queries.reshape(-1, d), pq, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(fixed.keys.reshape(-1, d), pk, rtol=1e-12, atol=1e-12)
             parts = qkm.score_scale_and_bias(qk.queries, qk.keys, scores, qk.windows)

@@ -134,7 +134,8 @@ def test_mean_distance_both_conventions_equal_the_paper_on_non_square_patches_an
     mass = np.random.default_rng(1).uniform(0.0, 0.6, size=(2, 3, N))  # every row its own prefix share
     attention = random_attention(layers=2, heads=3, prefix_mass=mass)
     renormalised, probing = mean_attention_distance_conventions(attention[None], LAYOUT)
-    # float64 distances, 18-token rows: summed(18, EPS64) = 4e-15 relative per row, then means over rows; 1e-12 leaves room
+    # float64 distances, 18-token rows: summed(18, EPS64) = 4e-15 relative per row, then means over rows;
+    # 1e-12 leaves room
     np.testing.assert_allclose(renormalised[0], paper_distance(attention), rtol=1e-12)
     np.testing.assert_allclose(probing[0], paper_distance(attention, renormalise=False), rtol=1e-12)
     np.testing.assert_allclose(mean_attention_distance(attention[None], LAYOUT)[0], paper_distance(attention),

@@ -35,7 +35,8 @@ def test_one_group_is_one_scale_its_tiles_and_its_colour_bar_agree():
     values = np.concatenate([r.maps for r in rows])  # (6, 4, 4)
     top = np.percentile(values, 99)  # numpy, not the code under test: "0 to the 99th percentile of all maps"
     (scale,) = fig.scales
-    # float64 maps; numpy's percentile on both sides (same sort, same interpolation): <= 2 EPS64 apart, a wrong percentile >= 1e-3
+    # float64 maps; numpy's percentile on both sides (same sort, same interpolation): <= 2 EPS64 apart,
+    # a wrong percentile >= 1e-3
     assert scale.lo == 0 and scale.hi == pytest.approx(top, rel=1e-12)
     (bar,) = fig.bars
     assert (bar.mappable.norm.vmin, bar.mappable.norm.vmax) == (scale.lo, scale.hi)  # the bar spans the tiles' scale
