@@ -32,8 +32,11 @@ def test_probe_writes_the_head_and_analyze_head_gives_the_probe_logits(setup, tm
     out = tmp_path / "probe"
     assert main(["probe", str(root / "set"), "--folders", "--layer", "5", "--pooling", "mean", "--out", str(out),
                  *model_args(weights)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "5  " in printed and "<- head" in printed and "chance (largest class): 0.500" in printed
+    # stderr is no terminal here: one plain line per step, no "\r" (a log showed "features 4/4^Mfeatures and ...")
+    assert "\r" not in captured.err and "8/8 images" in captured.err.splitlines()[-2], captured.err
     info = json.loads((out / "probe.json").read_text())
     assert info["layer"] == 5 and info["pooling"] == "mean" and info["classes"] == ["cat", "dog"]
     assert [r["layer"] for r in info["layers"]] == list(range(1, 13)) and info["chance"] == 0.5
