@@ -3,7 +3,7 @@
 A fresh (cold) server, ``streamlit run app.py`` with this interpreter, shared mode, ``VITVIZ_CACHE_MB`` and
 ``VITVIZ_MAX_RUNS`` as given. One Chromium, one browser context per student (separate cookies, so separate
 Streamlit sessions), all started at once. Each student opens the app, goes to "Attention heads", uploads a photo
-of their own and waits for its first map; then opens "Rollout" and "Attribution" and waits for each page's maps;
+of their own and waits for its first map; then opens "Attention rollout" and "Attribution" and waits for each page's maps;
 every ``--faithfulness-every``-th student then opens "Faithfulness" and presses the button (defaults: AttnLRP,
 rollout, random; 11 steps) and waits for the curves.
 
@@ -65,7 +65,7 @@ class Student:
     error: str | None = None
 
 
-HEADERS = {"Attention heads": "Attention heads · ", "Rollout": "Attention rollout · ", "Attribution": "Attribution · ",
+HEADERS = {"Attention heads": "Attention heads · ", "Attention rollout": "Attention rollout · ", "Attribution": "Attribution · ",
            "Faithfulness": "Faithfulness · "}
 
 
@@ -89,7 +89,7 @@ async def _student(browser, url: str, student: Student, data: bytes, others: lis
         upload = page.locator('[data-testid="stFileUploaderDropzoneInput"]').first
         await upload.wait_for(state="attached")
         await upload.set_input_files({"name": student.name, "mimeType": "image/png", "buffer": data})
-        pages = [("Attention heads", True), ("Rollout", True), ("Attribution", True)]
+        pages = [("Attention heads", True), ("Attention rollout", True), ("Attribution", True)]
         for i, (label, chart) in enumerate(pages):
             if i:
                 await page.get_by_role("link", name=label, exact=True).click()
@@ -167,7 +167,7 @@ def main() -> None:
                    "details": [(s.name, s.error, s.exceptions[:2]) for s in failed]},
         "first_map": _stats([s.times_s["Attention heads"] for s in students if "Attention heads" in s.times_s]),
         "pages": {p: _stats([s.times_s[p] for s in students if p in s.times_s])
-                  for p in ("Rollout", "Attribution", "Faithfulness")},
+                  for p in ("Attention rollout", "Attribution", "Faithfulness")},
         "saw_waiting": {"students": sum(s.waited_for > 0 for s in students),
                         "largest_n": max((s.waited_for for s in students), default=0)},
         "saw_another_students_image": [(s.name, s.others_seen) for s in students if s.others_seen],

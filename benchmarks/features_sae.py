@@ -78,7 +78,8 @@ def throughput(images: int = 16, batch: int = 8, repeats: int = 3) -> None:
     files = [ImageFile(p, f"{i}_{p.name}") for i, p in enumerate(paths)]
     with tempfile.TemporaryDirectory() as out:
         t = time.perf_counter()
-        train(lens, files, TrainSettings(point="resid_post", layer=LAYER, latents=4096, topk=32, batch_size=batch),
+        train(lens, files, TrainSettings(point="resid_post", layer=LAYER, latents=4096, topk=32, epochs=1,
+                                               batch_size=batch),
               Path(out), progress=False)
         whole = time.perf_counter() - t
     rate = lambda sec, n=tokens_per_batch: n / sec  # noqa: E731
@@ -105,7 +106,8 @@ def memory(sizes=(8, 32)) -> None:
             for i in range(n):  # copies: the same file named twice is read once
                 (Path(tmp) / f"{i}.jpg").write_bytes(ASSETS[i % len(ASSETS)].read_bytes())
             wall, hwm, _ = cli_in_fresh_process(["features", "train", tmp, "--layer", str(LAYER), "--latents", "4096",
-                                                 "--topk", "32", "--device", "cpu", "--out", str(Path(tmp) / "out")])
+                                                 "--topk", "32", "--epochs", "1", "--device", "cpu",
+                                                 "--out", str(Path(tmp) / "out")])
         print(f"| {n} | {wall:.1f} | {hwm / 1024:.0f} |")
 
 

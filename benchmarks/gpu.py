@@ -8,9 +8,9 @@ converted cache is there, else the same architecture with random weights, said s
 ``vit_base_patch16_224``, random weights): a plain forward (``model(x)``, timm's fused attention, inference mode);
 the full analysis as ``analyze`` runs it (:func:`vitviz.runs.analysis.analyze_batch`: preprocessing, the forward with
 every attention map, every per-image analysis, the attention copied to the host); AttnLRP, LeGrad and Grad-CAM
-(:func:`vitviz.explainers.attribution.attribute`); faithfulness (:func:`vitviz.runs.faithfulness_run.image_tables`: rollout and a
-random floor of two seeds, MoRF / LeRF / insertion, 11 steps); and SAE training tokens/s once ``vitviz.features``
-exists. On the GPU at batch 1, 8 and 64 in float32 and bfloat16; on the CPU at batch 1 in float32 (--small:
+(:func:`vitviz.explainers.attribution.attribute`); faithfulness (:func:`vitviz.runs.faithfulness_run.image_tables`,
+the batch's perturbed inputs 64 per forward: rollout and a random floor of two seeds, MoRF / LeRF / insertion, 11
+steps); and SAE training tokens/s once ``vitviz.features`` exists. On the GPU at batch 1, 8 and 64 in float32 and bfloat16; on the CPU at batch 1 in float32 (--small:
 batch 1 at 112 px, 3 steps). Then ``pytest -m gpu`` on the test files that hold gpu-marked tests.
 
 Each figure is the median of up to 5 timed calls after one untimed warm-up call, in milliseconds per image, with
@@ -227,9 +227,9 @@ def sae_figure(small: bool = False) -> str:
     # training step's cost does not depend on what the tokens are. SAE.fit trains on the CPU (it takes no device).
     n, latents = (2_048, 512) if small else (32_768, 4096)
     tokens = torch.randn(n, 384, generator=torch.Generator().manual_seed(0))
-    SAE.fit(tokens[:512], latents=latents, topk=32, seed=0)  # warm-up
+    SAE.fit(tokens[:512], latents=latents, topk=32, seed=0, epochs=1)  # warm-up
     t = time.perf_counter()
-    SAE.fit(tokens, latents=latents, topk=32, seed=0)
+    SAE.fit(tokens, latents=latents, topk=32, seed=0, epochs=1)
     seconds = time.perf_counter() - t
     return (f"{n / seconds:,.0f} tokens/s on the CPU ({torch.get_num_threads()} threads; K {latents}, k 32, D 384, "
             f"batch 256, {n} tokens; SAE.fit takes no device yet)")

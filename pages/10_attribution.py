@@ -1,7 +1,7 @@
 """Attribution: which pixels and patches made the model give its output (AttnLRP, CP-LRP, LeGrad, Grad-CAM)."""
 import streamlit as st
 
-from ui.attribution import (attributions, keep_available, overlay_choices, scale_caption, target_picker,
+from ui.attribution import (attributions, keep_available, label, overlay_choices, scale_caption, target_picker,
                             target_title)
 from ui.charts import file_stem, show_chart
 from ui.concepts import concept_refusals, concept_target_picker
@@ -10,7 +10,9 @@ from ui.downloads import download_row
 from ui.paper import paper_downloads
 from ui.repair import repair_view
 from ui.state import setup, view_applies
-from vitviz.explainers.attribution import LABELS, PIXEL_METHODS, methods_for, why_not
+from ui.navigation import heading
+from vitviz.errors import VitvizError
+from vitviz.explainers.attribution import methods_for, why_not
 from vitviz.figures.attribution_figures import attribution_groups, conservation_figure, maps_figure
 from vitviz.figures.paper_figure import paper_figure
 from vitviz.explainers import registered
@@ -18,7 +20,7 @@ from vitviz.explainers import registered
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Attribution · {ctx.image.name}")
+heading(__file__, ctx.image.name)
 view_applies(ctx, "attribution")
 loaded, r = ctx.loaded, ctx.result
 if why_not(loaded.model):
@@ -42,7 +44,7 @@ if concept is not None:  # LeGrad scores the model's output; Grad-CAM reads the 
     available = [m for m in available if m not in refused]
 keep_available("attr_methods", available)  # chosen for another model or target
 methods = c1.multiselect("Methods", available, default=[m for m in ("attnlrp", "legrad", "gradcam") if m in available],
-                         format_func=LABELS.get, key="attr_methods")
+                         format_func=label, key="attr_methods")
 target_class = target_picker(ctx, c2, "attr_target") if concept is None else None
 pixels = c3.radio("Resolution", ["patches", "pixels"], key="attr_resolution",
                   help="Relevance methods give a value per pixel; the patch map is its sum per patch. LeGrad and "
@@ -55,7 +57,7 @@ if not methods:
 
 try:
     results = attributions(ctx, methods, target_class, concept=concept)
-except ValueError as exc:  # a family whose forward the rules cannot reach yet
+except VitvizError as exc:  # a family whose forward the rules cannot reach yet
     st.info(str(exc))
     st.stop()
 target_text = results[0].target.text()
@@ -80,7 +82,7 @@ relevance = [res for res in results if res.pixels is not None]
 if relevance:
     show_chart(conservation_figure(relevance, target_text=target_text), "attr_conservation",
                file_stem("attribution_conservation", ctx.image.name))
-    shares = "; ".join(f"{LABELS[res.method]} {c['pixel_share']:.1%}" for res in relevance
+    shares = "; ".join(f"{label(res.method)} {c['pixel_share']:.1%}" for res in relevance
                        for c in res.conservation() if c["pixel_share"] is not None)
     st.caption(f"Share of the target's value that reaches the pixels: {shares}. The rest went to the prefix tokens, "
                "the position embedding, biases and (AttnLRP) the softmax: relevance propagation conserves it only "
@@ -89,22 +91,22 @@ if relevance:
 download_row(stem, {f"attribution_{res.method.replace('-', '_')}": res.patches for res in results}
              | {f"attribution_{res.method.replace('-', '_')}_pixels": res.pixels for res in relevance},
              {"image": ctx.image.name, "model": loaded.card().get("spec"), "target": results[0].target.describe(),
-              "methods": {m: LABELS[m] for m in methods},
+              "methods": {m: label(m) for m in methods},
               "conservation": {res.method: res.conservation() for res in relevance}})
 
 
 # ---- Repair: these attributions before and after (ui/repair.py) ----
 def _repair_maps(side):
-    kept = [m for m in methods if side.compared.kind != "register" or m in PIXEL_METHODS]
+    kept = [m for m in methods if side.compared.kind != "register" or registered()[m].pixels]
     if side.edit is not None and len(kept) < len(methods):
         st.caption("LeGrad and Grad-CAM read the patch tokens by position and do not know the extra token yet: "
                    "they are left out under the test-time register.")
-    return {LABELS[a.method]: a.patches[0] for a in attributions(ctx, kept, target_class, side)}
+    return {label(a.method): a.patches[0] for a in attributions(ctx, kept, target_class, side)}
 
 
 if concept is None:
     repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)",
-                value_name="relevance", signed=[LABELS[m] for m in methods if registered()[m].signed],
+                value_name="relevance", signed=[label(m) for m in methods if registered()[m].signed],
                 padding=display.padding)
 else:
     st.caption("Repairs (before and after) compare the model's own target; choose it above to see them.")

@@ -10,17 +10,18 @@ from ui.guard import guarded
 from ui.repair import NORMS_AXES, faithfulness_view, offer_register, show_table
 from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
 from ui.state import setup, view_applies
+from ui.navigation import heading
 from vitviz.analyses.registers import OUTLIER_FACTOR, SEARCH_RULE, Repair, TestTimeRegister, outlier_rule
 from vitviz.figures.registers_figures import maps_figure, norm_by_layer, output_change_table
 
 ctx = setup()
 if ctx is None:
     st.stop()
+heading(__file__, ctx.image.name)
 view_applies(ctx, "registers")
 if ctx.loaded.attention_scope == "window":
     st.info(f"{ctx.loaded.label} attends within shifted windows and has no prefix tokens: there is no register to add.")
     st.stop()
-st.header(f"Registers · {ctx.image.name}")
 st.caption("Large ViTs write a few high-norm *outlier* tokens into background patches, and attention to them "
            "puts bright specks in the maps (Darcet et al. 2024). A handful of MLP neurons write them; moving those "
            "neurons' activation onto one extra token at test time (a *test-time register*, Jiang et al. 2025) cleans "

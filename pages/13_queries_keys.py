@@ -10,6 +10,7 @@ from ui.display import Display, map_figure
 from ui.downloads import download_row
 from ui.progress import cached, with_progress
 from ui.state import setup
+from ui.navigation import heading
 from vitviz.heads import patching, qk
 from vitviz.heads.figures import COLOUR_TEXT, effect_heatmap, position_key, qk_grid, qk_scatter
 
@@ -21,7 +22,7 @@ if ctx is None:
     st.stop()
 images = ctx.images[:MAX_IMAGES]
 names = [im.name for im in images]
-st.header(f"Queries & keys · {len(images)} image{'s' if len(images) != 1 else ''}")
+heading(__file__, f"{len(images)} image{'s' if len(images) != 1 else ''}")
 if ctx.loaded.attention_scope == "window":
     st.info(f"{ctx.loaded.label} attends within windows: its queries and keys meet only inside one window, so there is "
             "no one picture of a head over an image. This page reads models whose tokens attend to every token.")

@@ -10,6 +10,7 @@ import streamlit as st
 from ui.cache import cached_model
 from ui.charts import file_stem, show_chart
 from ui.state import PROBE_HEAD, setup
+from ui.navigation import heading
 from vitviz.errors import VitvizError
 from vitviz.lens import Lens
 from vitviz.probes import LabelledImages, fit
@@ -21,13 +22,13 @@ UNUSED = "(not used)"
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header("Probes · what each layer knows")
+heading(__file__)
 st.caption("A linear probe (logistic regression, L2, C chosen by stratified cross-validation on the training images "
            "only) on each layer's pooled vector says from which layer on your groups are linearly decodable (Alain & "
            "Bengio 2016; DINOv2's linear evaluation). Accuracy is out-of-fold: every image is predicted by a probe that "
            "never saw it; the bars are 95% Wilson intervals over the images, the dashed line is chance (the largest "
            "group's share). The best layer's probe becomes a head the other pages can use. To probe a concept painted "
-           "on patches instead of whole images, see the next page, Probes · painted concepts.")
+           "on patches instead of whole images, see the Painted concepts page.")
 backbone_spec = replace(ctx.spec, head=None)
 backbone = cached_model(backbone_spec)  # probes are trained on the backbone, never on a probe head
 if backbone.attention_scope != "global":
@@ -85,6 +86,9 @@ show_chart(accuracy_figure(result.table, result.chance, result.layer,
 st.caption(f"{backbone.label}. Chance {result.chance:.0%} (the largest group). Pooling: {POOLINGS[pooling]}. "
            f"With few images the intervals are wide: {len(result.images)} images give a step of "
            f"{1 / len(result.images):.0%} per image.")
+head_note = result.C_search.note() if result.C_search else None
+if head_note:
+    st.caption(f"The head's {head_note}")
 st.dataframe(pd.DataFrame(result.table).assign(accuracy=lambda d: d.accuracy.round(3), low=lambda d: d.low.round(3),
                                                high=lambda d: d.high.round(3)),
              hide_index=True, height=min(460, 36 * (len(result.table) + 1)))

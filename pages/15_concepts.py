@@ -7,6 +7,7 @@ from ui.charts import file_stem, show_chart
 from ui.concepts import BRUSHES, backbone_spec, fit, fitted, paint_picker, painted_set, painting
 from ui.downloads import button_row
 from ui.state import setup
+from ui.navigation import heading
 from vitviz.errors import VitvizError
 from vitviz.lens import Lens
 from vitviz.probes.concepts import HOLDOUT, LABEL_RULE, MAPS
@@ -15,7 +16,7 @@ from vitviz.probes.figures import concept_accuracy_figure, concept_maps_figure
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header("Probes · concepts painted on the image")
+heading(__file__)
 st.caption("Paint the patches of a concept on one or more images; for every layer a logistic probe (L2, C = 0.1 on "
            "standardised tokens, classes weighted by inverse frequency) reads the patch tokens of that layer's output "
            "(resid_post). Accuracy is out-of-fold; the maps show the probe's probability on every patch of every image.")

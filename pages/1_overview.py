@@ -11,7 +11,9 @@ from ui.downloads import download_row
 from ui.explain import BLOCK, CLUSTER_SOURCES, FINAL, KEYS, cached_clusters
 from ui.guard import guarded
 from ui.state import view_applies, setup
+from ui.navigation import heading
 from vitviz.analyses.clusters import K_RANGE
+from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import cluster_figure
 from vitviz.figures.core import bars, patch_grid_image, rgb_image
 from vitviz.layout import PATCH_NUMBERING
@@ -20,7 +22,7 @@ ctx = setup()
 if ctx is None:
     st.stop()
 r, layout = ctx.result, ctx.result.layout
-st.header(f"{ctx.image.name} as the model sees it")
+heading(__file__, f"{ctx.image.name} as the model sees it")
 
 left, right = st.columns([3, 2])
 with left, guarded("the image and its patch grid"):
@@ -101,7 +103,7 @@ with cluster_col, guarded("the token clusters"):
     try:
         clusters = cached_clusters(ctx.spec, ctx.image.sha256, ctx.image.image, r, source, cluster_layer,
                                    cluster_head, k)
-    except ValueError as exc:  # keys of a model family whose q, k and v are not read here
+    except VitvizError as exc:  # keys of a model family whose q, k and v are not read here
         st.error(str(exc))
         st.stop()
     what = {FINAL: "final features", BLOCK: f"output of layer {cluster_layer + 1}",

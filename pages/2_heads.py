@@ -10,23 +10,28 @@ from ui.display import Display, display_controls, map_figure, panel_download, pa
 from ui.downloads import download_row
 from ui.explorer import browser_draws, heads_explorer
 from ui.guard import guarded
+from ui.numbers import number
 from ui.paper import paper_downloads
 from ui.persist import saved_view, set_view
+from ui.readout import names_grid, set_head_names
 from ui.repair import repair_view
 from ui import windows
 from ui.state import setup
+from ui.navigation import heading
 from vitviz.figures.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.layout import PATCH_NUMBERING
 from vitviz.analyses.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
 from vitviz.figures.overlay import OVERLAY_STYLES
 from vitviz.figures.paper_figure import heads_groups, paper_figure
+from vitviz.lens import Lens
+from vitviz.residual import why_not as residual_why_not
 
 DINO_KEEP = 0.6
 
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Attention heads · {ctx.image.name}")
+heading(__file__, ctx.image.name)
 if ctx.loaded.attention_scope == "window":  # Swin: each head's window around a clicked patch
     windows.heads_view(ctx)
     st.stop()
@@ -74,10 +79,7 @@ def _view_padding(view: dict) -> tuple[int, ...]:
 def _browser_view(view: dict, patch: int | None) -> HeadsView | None:
     """The explorer's view (URL keys, as the browser reports them or the URL holds them) in the page's terms."""
     def number(k, default):
-        try:
-            return float(view[k])
-        except (KeyError, TypeError, ValueError):
-            return default
+        return number(view.get(k), default)
     query, direction = view.get("query", "cls" if layout.has_class_token else "mean"), view.get("dir", "query")
     if query not in ("cls", "mean", "patch") or (query == "cls" and not layout.has_class_token):
         query = "cls" if layout.has_class_token else "mean"
@@ -211,10 +213,8 @@ def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | N
 
 def _view_int(text, default: int, lo: int, hi: int) -> int:
     """A whole number of the browser's view (URL text), clamped to [lo, hi]; ``default`` when it is not a number."""
-    try:
-        return int(min(hi, max(lo, float(text))))
-    except (TypeError, ValueError):
-        return default
+    value = number(text)
+    return default if value is None else int(min(hi, max(lo, value)))
 
 
 def _browser_compare(view: dict, v: HeadsView) -> None:
@@ -332,3 +332,16 @@ if st.toggle("Show an attribution map of this image", key="heads_attr_on"):
     panel_col, _ = st.columns(2)
     with panel_col, guarded("the attribution map"):
         attribution_panel(ctx, "heads_attr")
+
+
+# ---- Names: what each head writes toward, in the classes' own words (ui/readout.py, vitviz.residual) ----
+if ctx.loaded.has_head and residual_why_not(Lens(ctx.loaded)) is None:
+    st.subheader("What does each head write toward?")
+    if st.toggle("Name every head by the classes it writes toward (over the image set)", key="heads_names_on",
+                 help="Each head's direct contribution to every class's logit (its share of the last block's output, "
+                      "read through the frozen final norm and the head), averaged over the sidebar's images and taken "
+                      "relative to its mean over the classes. The Readout page splits one logit by head and patch."):
+        with guarded("the heads' names"):
+            st.dataframe(names_grid(set_head_names(ctx)), width="stretch")
+            st.caption("Rows are layers, columns heads (both 1-based); each cell: the head's top class and how much "
+                       "more it adds to that logit than to the average class.")

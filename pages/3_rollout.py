@@ -12,6 +12,7 @@ from ui.guard import guarded
 from ui.state import view_applies, setup
 from ui.progress import cached, with_progress
 from ui.repair import repair_view
+from ui.navigation import heading
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
 from vitviz.analyses.flow import FLOW_DEFINITION, attention_flow
 from vitviz.analyses.maps import layer_maps
@@ -25,7 +26,7 @@ BESIDE_RAW, BESIDE_ATTRIBUTION = "last layer's attention", "attribution"
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Attention rollout · {ctx.image.name}")
+heading(__file__, ctx.image.name)
 view_applies(ctx, "rollout")
 r, layout = ctx.result, ctx.result.layout
 L = r.attention.shape[0]

@@ -8,18 +8,19 @@ from ui.guard import guarded
 from ui.persist import set_view
 from ui import windows
 from ui.state import setup
+from ui.navigation import heading
 from vitviz.analyses.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
 from vitviz.figures.core import distance_scatter, layer_head_heatmap
 
 ctx = setup()
 if ctx is None:
     st.stop()
+heading(__file__)
 if ctx.loaded.attention_scope == "window":  # Swin: distance within windows, block by block
     windows.distance_view(ctx)
     st.stop()
 r = ctx.result
 L, H = r.distance.shape
-st.header("Mean attention distance")
 scope = st.radio("Images", [f"current image ({ctx.image.name})", f"all {len(ctx.images)} images in the set"],
                  horizontal=True, key="distance_scope")
 if scope.startswith("all"):

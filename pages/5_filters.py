@@ -4,16 +4,18 @@ import streamlit as st
 from ui.charts import show_chart
 from ui.downloads import download_row
 from ui.state import setup
+from ui.navigation import heading
+from vitviz.errors import VitvizError
 from vitviz.figures.core import bars, labelled_tile_image, tile_grid_figure
 from vitviz.analyses.filters import minmax_tiles, patch_filter_pca, patch_filters
 
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header("Patch-embedding filters")
+heading(__file__)
 try:
     filters = patch_filters(ctx.loaded.model)
-except ValueError as exc:
+except VitvizError as exc:
     st.error(str(exc))
     st.stop()
 pca = patch_filter_pca(filters)

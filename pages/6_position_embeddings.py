@@ -4,8 +4,10 @@ import streamlit as st
 from ui.cache import cached_position_similarity
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
+from ui.numbers import whole
 from ui.state import setup
-from vitviz.errors import ViewNotApplicable
+from ui.navigation import heading
+from vitviz.errors import ViewNotApplicable, VitvizError
 from vitviz.figures.core import similarity_grid, similarity_map
 from vitviz.analyses.posembed import position_at, position_fraction
 
@@ -32,9 +34,8 @@ def _select_from_click() -> None:
     data = point.get("customdata")
     if isinstance(data, dict):  # some traces send customdata as {"0": row, "1": col, ...}
         data = [data.get(0, data.get("0")), data.get(1, data.get("1"))]
-    try:
-        position = (int(data[0]), int(data[1]))
-    except (TypeError, IndexError, ValueError):
+    position = tuple(whole(v) for v in data[:2]) if isinstance(data, (list, tuple)) else ()
+    if len(position) != 2 or None in position:
         index = point.get("point_index", point.get("point_number"))
         if index is None:
             return
@@ -48,7 +49,7 @@ if ctx is None:
 loaded, layout = ctx.loaded, ctx.loaded.layout
 gh, gw = layout.grid_size
 native = loaded.native_pos_embed
-st.header("Position-embedding similarity")
+heading(__file__)
 try:  # at the model's own grid first: a model without the embedding gets its sentence before any control
     cached_position_similarity(ctx.spec, layout.grid_size)
 except ViewNotApplicable as exc:
@@ -64,7 +65,7 @@ with right:
 shape = (grid, grid * gw // gh)
 try:
     embeddings, similarity = cached_position_similarity(ctx.spec, shape)
-except ValueError as exc:
+except VitvizError as exc:
     st.error(str(exc))
     st.stop()
 st.session_state["pos_shape"] = shape

@@ -7,7 +7,9 @@ from ui.display import display_controls, map_figure, panel_download, patch_picke
 from ui.downloads import download_row
 from ui.explain import cached_layer_qkv
 from ui.state import view_applies, setup
+from ui.navigation import heading
 from vitviz.analyses.anatomy import attention_anatomy
+from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import (contributions_figure, score_map_figure, softmax_figure, sorted_scores_figure,
                                     vector_figure)
 
@@ -16,7 +18,7 @@ TOP = 10
 ctx = setup()
 if ctx is None:
     st.stop()
-st.header(f"Attention anatomy · {ctx.image.name}")
+heading(__file__, ctx.image.name)
 view_applies(ctx, "anatomy")
 r, layout = ctx.result, ctx.result.layout
 L, H = r.attention.shape[:2]
@@ -47,7 +49,7 @@ query = layout.cls_index if query_label == "CLS" else layout.num_prefix_tokens +
 query_patch = None if query_label == "CLS" else patch
 try:
     qkv = cached_layer_qkv(ctx.spec, ctx.image.sha256, ctx.image.image, layer)
-except ValueError as exc:  # a model family whose q, k and v are not read here
+except VitvizError as exc:  # a model family whose q, k and v are not read here
     st.error(str(exc))
     st.stop()
 a = attention_anatomy(qkv, head, query)

@@ -12,6 +12,7 @@ from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
 from ui.progress import cached, with_progress
 from ui.state import setup, upload_too_large, view_applies
+from ui.navigation import heading
 from vitviz.runs.analysis import AnalysisSettings
 from vitviz.explainers.attribution import default_target
 from vitviz.explainers import explain, names as explainer_names, registered
@@ -127,7 +128,7 @@ def screen_table(table: pd.DataFrame) -> pd.DataFrame:
 
 
 ctx = setup()
-st.header("Faithfulness" + (f" · {ctx.image.name}" if ctx is not None else ""))
+heading(__file__, ctx.image.name if ctx is not None else None)
 view = st.radio("View", ["this image", "a finished run over an image set"], horizontal=True, key="faith_view",
                 help="A run over an image set comes from `python -m vitviz faithfulness`: its auc.parquet gives "
                      "intervals over images and paired differences, which one image cannot.")

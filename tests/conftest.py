@@ -130,17 +130,24 @@ def capture_in_threads(model, inputs: list[torch.Tensor]) -> list:
     return results
 
 
+def documented_files() -> list[Path]:
+    """README.md and every page of the documentation site (docs/**/*.md): the text that tells users what to type."""
+    root = ASSETS.parent
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+
+
 def readme_command(prefix: str, out: Path | None) -> list[str]:
-    """The README's one command line starting with ``prefix``, as argv after the interpreter,
-    with its ``--out`` pointed at ``out`` (everything else typed as it stands; ``out=None``: the line whole,
-    its relative paths then read and written in the current folder). A prefix that matches several lines
-    is an error: a README line added above the intended one must not be typed instead. A ``# comment``
-    after the command is the shell's, not an argument. ``tests/test_readme_commands.py`` checks that every
-    command line of the README is typed this way by some test."""
+    """The one documented command line starting with ``prefix`` (in README.md or a page of docs/), as argv after
+    the interpreter, with its ``--out`` pointed at ``out`` (everything else typed as it stands; ``out=None``: the
+    line whole, its relative paths then read and written in the current folder). A prefix that matches two
+    different lines is an error: a line added above the intended one must not be typed instead (the same line on
+    two pages is one line). A ``# comment`` after the command is the shell's, not an argument.
+    ``tests/test_readme_commands.py`` checks that every command line of the README and the docs is typed this way
+    by some test."""
     import shlex
 
-    lines = [l for l in (ASSETS.parent / "README.md").read_text().splitlines() if l.startswith(prefix)]
-    assert len(lines) == 1, f"README lines starting with {prefix!r}: {lines}"
+    lines = sorted({l for f in documented_files() for l in f.read_text().splitlines() if l.startswith(prefix)})
+    assert len(lines) == 1, f"documented lines starting with {prefix!r}: {lines}"
     line = lines[0]
     args = shlex.split(line, comments=True)[1:]
     if out is not None:

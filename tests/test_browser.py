@@ -34,7 +34,7 @@ def require_chromium() -> None:
             pytest.fail("Chromium is missing: .ci/run should have installed the Debian package 'chromium'.")
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
 # At least these pages; the walk visits every link of the sidebar nav.
-PAGES = ["Overview & tokens", "Attention heads", "Rollout", "Attention distance", "Embedding filters",
+PAGES = ["Overview", "Attention heads", "Attention rollout", "Attention distance", "Embedding filters",
          "Position embeddings"]
 GRID_WIDTH = 16  # the bundled DINOv2 ViT-S/14 at 224 px: a 16x16 patch grid
 PICKER = 'iframe[title*="streamlit_image_coordinates"]'
@@ -123,6 +123,8 @@ def page(server):
         pg.wait_for_selector('[data-testid="stFileUploaderDropzoneInput"]', state="attached", timeout=180_000)
         _wait_idle(pg)
         FIRST_VISIT["nav"] = pg.locator('[data-testid="stSidebarNav"] a').all_inner_texts()
+        FIRST_VISIT["sidebar_text"] = pg.locator('[data-testid="stSidebarNav"]').inner_text()
+        FIRST_VISIT["visible"] = [a.is_visible() for a in pg.locator('[data-testid="stSidebarNav"] a').all()]
         pg.locator('[data-testid="stFileUploader"]', has_text="Upload images").locator(  # not the Head box's uploader
             '[data-testid="stFileUploaderDropzoneInput"]').set_input_files(str(ASSETS / "coffee.jpg"))
         _wait_idle(pg)
@@ -204,7 +206,19 @@ def test_every_page_renders_without_exceptions(page):
 
 def test_a_deep_link_on_a_fresh_server_opens_the_page_inside_the_app(page):
     """Opening /rollout first on a fresh server shows app.py's page list, not Streamlit's legacy pages/ list."""
-    assert FIRST_VISIT["nav"][:3] == ["Overview & tokens", "Attention heads", "Rollout"]
+    assert FIRST_VISIT["nav"][:3] == ["Overview", "Attention heads", "Attention rollout"]
+
+
+def test_the_sidebar_shows_every_page_under_its_section_without_view_more(page):
+    """ui/navigation.py's sections as drawn at 1440x900: the section headers, then every page's link, none folded
+    away (Streamlit folds pages past the tenth under "View more" unless the navigation is expanded). With 16 pages
+    the last link ends ~870 px down: all on the first screen (docs/img/app/sidebar.png)."""
+    from ui.navigation import SECTIONS
+
+    assert [t.strip() for t in FIRST_VISIT["nav"]] == [p.title for ps in SECTIONS.values() for p in ps]
+    words = [w.strip() for w in FIRST_VISIT["sidebar_text"].splitlines() if w.strip()]
+    assert words == [w for section, ps in SECTIONS.items() for w in (section, *(p.title for p in ps))], words
+    assert "View" not in FIRST_VISIT["sidebar_text"] and all(FIRST_VISIT["visible"]), FIRST_VISIT
 
 
 def test_upload_becomes_the_current_image(page):

@@ -42,7 +42,7 @@ def _commands(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
 def test_every_command_that_loads_a_model_takes_the_same_model_options():
     commands = _commands(parser())
     assert {"analyze", "stats", "registers", "faithfulness", "probe", "qk", "heads", "features train",
-            "features top"} == set(commands)
+            "features top", "readout", "similarity"} == set(commands)
     helps: dict[str, set] = {}
     for name, p in commands.items():
         options = {o: a for a in p._actions for o in a.option_strings}

@@ -216,11 +216,11 @@ def test_a_saved_concept_is_read_back_and_refused_as_a_head(tmp_path):
 @pytest.mark.slow
 def test_the_readme_concept_example_runs_on_the_bundled_model(bundled, monkeypatch):
     root = Path(__file__).resolve().parent.parent
-    section = (root / "README.md").read_text().split("### Concepts painted on the image")[1]
+    section = (root / "docs" / "guide" / "probes.md").read_text().split("## Concepts painted on the image")[1]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     scope = {}
     monkeypatch.chdir(root)  # the example's paths are the repository's assets/
-    exec(compile(code, "README.md", "exec"), scope)
+    exec(compile(code, "docs/guide/probes.md", "exec"), scope)
     concept, m = scope["concept"], scope["m"]
     assert [r["layer"] for r in concept.table] == list(range(1, 13)) and concept.holdout == "blocks"
     assert concept.probability.shape == (2, 12, 16, 16) and m.patches.shape == (1, 16, 16)

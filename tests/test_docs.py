@@ -1,5 +1,8 @@
-"""Documentation a researcher uses, typed by the tests: the README's "From Python" example (its printed lines are
-the README's), the two scripts in examples/ on the bundled model, and the API reference built from the docstrings."""
+"""Documentation a researcher uses, typed by the tests: the README's and the docs' Python examples (their printed
+lines are the pages'), the two scripts in examples/ and the tutorial scripts on the bundled model, and the site
+itself: `scripts/docs.sh` builds it with --strict (any warning, a broken link or anchor, fails), every picture a
+page shows is there, the CLI and API references are complete, and every app page has its screenshot."""
+import html.parser
 import os
 import re
 import subprocess
@@ -19,22 +22,30 @@ def _run(args: list[str], cwd: Path, timeout: int = 900) -> str:
     return done.stdout
 
 
-def _from_python() -> tuple[str, str]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## From Python"):]
-    section = section[:section.index("\n## ", 3)]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    printed = re.search(r"```text\n(.*?)```", section, re.S).group(1)
-    return code, printed
+def _example(text: str) -> tuple[str, str]:
+    """The first ```python block of ``text`` and the ```text block after it (what it prints)."""
+    code = re.search(r"```python\n(.*?)```", text, re.S)
+    printed = re.search(r"```text\n(.*?)```", text[code.end():], re.S).group(1)
+    return code.group(1), printed
 
 
 @pytest.mark.slow
-def test_the_readme_python_example_prints_what_the_readme_says(tmp_path, bundled):
-    code, printed = _from_python()
+def test_the_from_python_page_example_prints_what_the_page_says(tmp_path, bundled):
+    code, printed = _example((ROOT / "docs" / "guide" / "python.md").read_text())
     (tmp_path / "assets").symlink_to(ROOT / "assets")
     (tmp_path / "example.py").write_text(code)
     assert _run(["example.py"], tmp_path) == printed
     assert (tmp_path / "out" / "trace" / "trace.npz").is_file()
+
+
+@pytest.mark.slow
+def test_the_readme_python_example_prints_what_the_readme_says(tmp_path, bundled):
+    text = (ROOT / "README.md").read_text()
+    code, printed = _example(text[text.index("## From Python"):])
+    assert len(code.strip().splitlines()) <= 12  # the front page's example stays short
+    (tmp_path / "assets").symlink_to(ROOT / "assets")
+    (tmp_path / "example.py").write_text(code)
+    assert _run(["example.py"], tmp_path) == printed
 
 
 @pytest.mark.slow
@@ -59,17 +70,191 @@ def test_the_faithfulness_example_prints_a_verdict_per_method(tmp_path, bundled)
         assert rows[method].endswith(("within chance", "random seed"))
 
 
-def test_every_public_name_has_a_docstring_and_is_in_the_api_reference(tmp_path):
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def assert_same_printout(printed: str, expected: str) -> None:
+    """The printed lines equal the page's, each number within one unit of its last printed digit (a float rounded to
+    2 decimals may land on the neighbouring value on another CPU of this kind: float32 sums in another order), the
+    words exactly. Whole numbers (counts, indices) must be equal."""
+    got, want = printed.splitlines(), expected.splitlines()
+    assert len(got) == len(want), f"{len(got)} lines printed, the page shows {len(want)}:\n{printed}"
+    for line, page in zip(got, want):
+        assert NUMBER.sub("#", line) == NUMBER.sub("#", page), (line, page)
+        for a, b in zip(NUMBER.findall(line), NUMBER.findall(page)):
+            if "." not in b and "e" not in b:
+                assert a == b, (line, page)
+                continue
+            decimals = len(b.split(".")[1].split("e")[0]) if "." in b else 0
+            unit = 10.0 ** -decimals * (10.0 ** int(b.split("e")[1]) if "e" in b else 1.0)
+            assert abs(float(a) - float(b)) <= 1.01 * unit, (line, page)
+
+
+def _check_tutorial(args: list[str], script: str, page: str, figures: list[str], out: Path) -> None:
+    """docs/tutorials/<script>.py run with ``args`` (its documented line, --out pointed at ``out``) from the
+    repository root: its printed lines are docs/tutorials/<script>.txt, which the page includes; its page shows
+    ``figures`` in that order, and the script writes each at the size of the one kept in docs/tutorials/img/."""
+    from PIL import Image
+
+    printed = _run(args, ROOT)
+    assert_same_printout(printed, (ROOT / "docs" / "tutorials" / f"{script}.txt").read_text())
+    text = (ROOT / "docs" / "tutorials" / page).read_text()
+    assert f'--8<-- "docs/tutorials/{script}.txt"' in text and f'--8<-- "docs/tutorials/{script}.py"\n' in text
+    shown = re.findall(r"!\[[^]]*\]\(img/([^)]+)\)", text)
+    assert shown == figures
+    for name in shown:
+        with Image.open(out / name) as made, Image.open(ROOT / "docs" / "tutorials" / "img" / name) as kept:
+            assert made.size == kept.size, name  # the page's figure is this script's, at its size
+
+
+@pytest.mark.slow
+def test_the_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    """docs/tutorials/first_maps.py run as its page says (from the repository root), into a temporary folder: its
+    printed lines are the ones the page includes, and it writes the figures the page shows."""
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/first_maps.py", tmp_path)
+    _check_tutorial(args, "first_maps", "first-maps.md", ["maps.png", "deletion.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_probe_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/probe_layer.py", tmp_path)
+    _check_tutorial(args, "probe_layer", "probe-layer.md", ["probe_accuracy.png", "probe_maps.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_readout_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/readout_parts.py", tmp_path)
+    _check_tutorial(args, "readout_parts", "readout-parts.md", ["readout_heads.png", "logit_lens.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_sae_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/sae_features.py", tmp_path)
+    _check_tutorial(args, "sae_features", "sae-features.md", ["sae_image.png", "sae_latent.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_heads_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/what_heads_do.py", tmp_path)
+    _check_tutorial(args, "what_heads_do", "what-heads-do.md", ["heads_qk.png", "heads_effects.png"], tmp_path)
+
+
+@pytest.mark.slow
+def test_the_registers_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+    from conftest import readme_command
+
+    args = readme_command(".venv/bin/python docs/tutorials/repair_registers.py", tmp_path)
+    _check_tutorial(args, "repair_registers", "repair-registers.md", ["registers_sinks.png", "registers_planted.png"],
+                    tmp_path)
+
+
+class _Refs(html.parser.HTMLParser):
+    """The pictures and local links of one built page."""
+
+    def __init__(self):
+        super().__init__()
+        self.images, self.links = [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "img" and attrs.get("src"):
+            self.images.append(attrs["src"])
+        if tag == "a" and attrs.get("href"):
+            self.links.append(attrs["href"])
+
+
+def _site(tmp: Path) -> Path:
+    """The site as `scripts/docs.sh` builds it (strict), into ``tmp``; built once per test session."""
+    site = tmp / "site"
+    if not (site / "index.html").exists():
+        env = os.environ | {"SITE_DIR": str(site), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+        done = subprocess.run(["bash", "scripts/docs.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        assert "WARNING" not in done.stderr, done.stderr[-4000:]
+        assert f"open file://{site}/index.html" in done.stdout
+    return site
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    return _site(tmp_path_factory.mktemp("docs"))
+
+
+def test_the_site_builds_strictly_and_every_picture_and_link_is_there(site):
+    pages = sorted(p for p in site.rglob("*.html") if p.name != "404.html")  # 404.html links by the site's root
+    assert len(pages) > 30
+    for page in pages:
+        refs = _Refs()
+        refs.feed(page.read_text())
+        for src in refs.images:
+            if not src.startswith(("http:", "https:", "data:")):
+                assert (page.parent / src.split("#")[0]).resolve().is_file(), f"{page.relative_to(site)}: {src}"
+        for href in refs.links:
+            target = href.split("#")[0]
+            if target and not re.match(r"^[a-z]+:", target):
+                path = (page.parent / target).resolve()
+                assert path.is_file() or (path / "index.html").is_file(), f"{page.relative_to(site)}: {href}"
+
+
+def test_the_cli_reference_holds_every_command_and_option(site):
+    import argparse
+
+    from vitviz.cli.entry import parser
+
+    text = (site / "cli" / "index.html").read_text()
+
+    def subcommands(p):
+        return next((a.choices for a in p._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+    assert {"analyze", "stats", "faithfulness", "probe", "features", "heads"} <= set(subcommands(parser()))
+    todo, seen = list(subcommands(parser()).values()), 0
+    while todo:
+        sub = todo.pop()
+        assert f"{sub.prog}</code>" in text, sub.prog
+        for action in sub._actions:
+            if not isinstance(action, argparse._HelpAction):
+                for flag in action.option_strings:
+                    assert f"<code>{flag}</code>" in text, (sub.prog, flag)
+                    seen += 1
+        todo += subcommands(sub).values()
+    assert seen > 100 and "python -m vitviz features train</code>" in text
+
+
+def test_every_public_name_has_a_docstring_and_is_in_the_api_reference(site):
     import vitviz
 
+    text = (site / "api" / "index.html").read_text()
     for name in vitviz.__all__:
         if name == "__version__":
             continue
         value = getattr(vitviz, name)
         assert (value.__doc__ or "").strip(), name
-    _run(["-m", "pdoc", "vitviz", "vitviz.lens", "vitviz.explainers", "-o", str(tmp_path / "api")], ROOT)
-    lens_page = (tmp_path / "api" / "vitviz" / "lens.html").read_text()
-    for name in ("Lens", "Trace", "open", "load_trace"):
-        assert f'id="{name}"' in lens_page, name
-    assert "(B, L, H, N, N)" in lens_page  # the shapes are in the reference, not only in the code
-    assert 'id="explain"' in (tmp_path / "api" / "vitviz" / "explainers.html").read_text()
+        assert f'id="vitviz.{vitviz._PUBLIC[name]}.{name}"' in text, name
+    assert "(B, L, H, N, N)" in text  # the shapes are in the reference, not only in the code
+
+
+def test_every_app_page_has_its_screenshot_in_the_app_tour():
+    """Each page of the app's navigation has docs/img/app/<address>.png (scripts/docs_screenshots.py takes them),
+    shown on its section's app-tour page under its title; a new page without one fails here, naming the command."""
+    from ui.navigation import PAGES
+
+    missing = []
+    for p in PAGES:
+        address = re.sub(r"^\d+_", "", Path(p.file).stem)
+        tour = (ROOT / "docs" / "app" / f"{p.docs}.md").read_text()
+        shot = ROOT / "docs" / "img" / "app" / f"{address}.png"
+        if not shot.is_file() or f"## {p.title}\n" not in tour or f"(../img/app/{address}.png)" not in tour:
+            missing.append(address)
+    assert not missing, (f"app pages without a screenshot in the app tour: {missing}; take them with "
+                         f".venv/bin/python scripts/docs_screenshots.py --pages {','.join(missing)}")

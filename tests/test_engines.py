@@ -206,7 +206,8 @@ def test_features_train_on_ray_reads_the_local_token_statistics(tmp_path, backbo
 
     _, weights, paths = backbone
     lens = open_backbone(weights)
-    settings = TrainSettings(point="resid_post", layer=6, latents=16, topk=2, batch_size=3, batch_tokens=8)
+    settings = TrainSettings(point="resid_post", layer=6, latents=16, topk=2, epochs=1, batch_size=3,
+                             batch_tokens=8)
     local = train(lens, paths, settings, tmp_path / "local", progress=False)
     ray = train(lens, paths, settings, tmp_path / "ray", progress=False, engine=Engine("ray", 2))
     assert ray.info["activations"] == local.info["activations"]

@@ -77,14 +77,53 @@ def test_train_reads_the_layers_patch_tokens_and_writes_both_files(tiny, tmp_pat
     np.testing.assert_allclose(sae.decoder.norm(dim=-1).numpy(), 1, atol=1e-6)
 
 
+def test_without_epochs_it_trains_until_the_plateau_and_runs_the_model_once(tiny, tmp_path, capsys, monkeypatch):
+    """10 images are 160 tokens, 10 steps a pass: the defaults repeat over them (from memory) past 2,000 steps."""
+    from vitviz.features import train as train_module
+
+    forwards = []
+    read = train_module.token_batches
+
+    def counted(*args, **kwargs):
+        for batch in read(*args, **kwargs):
+            forwards.append(batch.index)
+            yield batch
+
+    monkeypatch.setattr(train_module, "token_batches", counted)
+    out = tmp_path / "sae"
+    assert main(_args(tiny, out)) == 0
+    training = json.loads((out / "sae.json").read_text())["training"]
+    assert forwards == [0, 1, 2, 3]  # 4 batches of 3 images, once
+    assert training["stop_reason"] == "plateau" and training["steps"] >= 2000 and training["warning"] is None
+    assert training["epochs_run"] == training["steps"] / 10 and training["epochs"] is None
+    err = capsys.readouterr().err
+    assert f"stopped when the explained variance stopped rising after {training['steps']} steps" in err
+    assert "warning" not in err
+
+
+def test_epochs_that_end_while_the_explained_variance_rises_say_so(tiny, tmp_path, capsys):
+    out = tmp_path / "sae"
+    assert main(_args(tiny, out, "--epochs", "3")) == 0
+    training = json.loads((out / "sae.json").read_text())["training"]
+    assert (training["stop_reason"], training["steps"], training["still_rising"]) == ("budget", 30, True)
+    err = capsys.readouterr().err
+    assert "stopped on its budget (epochs=3) after 30 steps" in err
+    assert f"warning: {training['warning']}" in err and "explained variance still rising" in err
+
+
 class Killed(Exception):
     pass
 
 
-def test_a_killed_run_continues_to_the_uninterrupted_weights(tiny, tmp_path):
+def test_a_killed_run_continues_to_the_uninterrupted_weights(tiny, tmp_path, monkeypatch):
+    """Killed in the second epoch, which reads the tokens held in memory; the resumed run holds none and reads the
+    rest of that epoch from the model: the same tokens, the same weights."""
     import vitviz
+    from vitviz.features import train as train_module
     from vitviz.features.train import TrainSettings, train
     from vitviz.io.inputs import expand_inputs
+
+    monkeypatch.setattr(train_module, "CHECKPOINT_STEPS", 1)  # a checkpoint after every batch read from memory too
 
     _, weights, images = tiny
     lens = vitviz.open(NAME, checkpoint=str(weights), img_size=64, device="cpu")
@@ -111,8 +150,8 @@ def test_a_killed_run_continues_to_the_uninterrupted_weights(tiny, tmp_path):
 
 def test_resuming_with_other_settings_is_refused_with_a_sentence(tiny, tmp_path, capsys):
     out = tmp_path / "sae"
-    assert main(_args(tiny, out)) == 0
-    assert main(_args(tiny, out)[:-2] + ["--seed", "1", "--out", str(out)]) == 2
+    assert main(_args(tiny, out, "--epochs", "1")) == 0
+    assert main(_args(tiny, out, "--epochs", "1")[:-4] + ["--seed", "1", "--out", str(out), "--epochs", "1"]) == 2
     err = capsys.readouterr().err
     assert "checkpoint of another run" in err and "seed" in err and "Traceback" not in err
 
@@ -120,7 +159,7 @@ def test_resuming_with_other_settings_is_refused_with_a_sentence(tiny, tmp_path,
 def test_a_sheet_of_a_latent_out_of_range_is_a_sentence(tiny, tmp_path, capsys):
     _, _, images = tiny
     out = tmp_path / "sae"
-    assert main(_args(tiny, out)) == 0
+    assert main(_args(tiny, out, "--epochs", "1")) == 0
     assert main(["features", "top", str(out), str(images), "--device", "cpu", "--sheets", "32"]) == 2
     assert "latent 32 is out of range (0 to 31)" in capsys.readouterr().err
 
@@ -144,7 +183,7 @@ def test_setting_mistakes_get_a_sentence(tiny, tmp_path, capsys, extra, words):
 def test_top_table_is_the_brute_force_top_n_per_latent(tiny, tmp_path):
     model, _, images = tiny
     out = tmp_path / "sae"
-    assert main(_args(tiny, out)) == 0
+    assert main(_args(tiny, out, "--epochs", "1")) == 0
     assert main(["features", "top", str(out), str(images), "--top", "5", "--batch-size", "4", "--device", "cpu"]) == 0
     table = pd.read_parquet(out / "top.parquet")
     first = int(table.latent.iloc[0])
@@ -179,7 +218,7 @@ def test_top_table_is_the_brute_force_top_n_per_latent(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_the_readme_features_examples_run_as_typed(tmp_path, monkeypatch, capsys):
-    """The README's features train line, then its Python example on the folder it wrote (assets/ linked beside)."""
+    """The documented features train line, then its Python example (docs/guide/features.md) on the folder it wrote (assets/ linked beside)."""
     import re
 
     from conftest import readme_command
@@ -190,12 +229,17 @@ def test_the_readme_features_examples_run_as_typed(tmp_path, monkeypatch, capsys
     assert main(args[2:]) == 0
     info = json.loads((tmp_path / "sae" / "sae.json").read_text())
     assert (info["layer"], info["latents"], info["topk"], info["images"]["count"]) == (9, 256, 8, 4)
-    assert info["training"]["tokens"] == 5 * 4 * 256
-    text = (ASSETS.parent / "README.md").read_text()
-    section = text[text.index("## Features: sparse autoencoders"):]
+    # what docs/guide/features.md says of this line: it stops on the plateau after 2,000 steps (2,000 epochs of the
+    # four photos' 1,024 tokens) at a training explained variance of 0.95, and says so on its last line
+    training = info["training"]
+    assert (training["stop_reason"], training["steps"], training["epochs_run"]) == ("plateau", 2000, 2000)
+    assert training["tokens"] == 2000 * 4 * 256 and training["warning"] is None
+    assert round(training["explained_variance"], 2) == round(info["metrics"]["explained_variance"], 2) == 0.95
+    assert "stopped when the explained variance stopped rising after 2000 steps" in capsys.readouterr().err
+    section = (ASSETS.parent / "docs" / "guide" / "features.md").read_text()
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     capsys.readouterr()
-    exec(compile(code, "README.md", "exec"), {})
+    exec(compile(code, "docs/guide/features.md", "exec"), {})
     assert capsys.readouterr().out == "(1, 16, 16) (1, 256)\n"  # what the README's comment says it prints
 
 

@@ -1,13 +1,17 @@
 """The TopK SAE (vitviz.features.sae): the paper's formulas, a planted dictionary recovered, the training step's
 sphere projection and auxiliary-k loss against hand-written references, determinism, resuming, files."""
 import json
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 from vitviz.features import SAE, Trainer, evaluate
-from vitviz.features.sae import AUX_COEF, SAEError
+from vitviz.features.sae import AUX_COEF, Convergence, NotConvergedWarning, SAEError
+
+# most runs here are a few steps on purpose (formulas, files, resuming): their budget warnings are expected
+pytestmark = pytest.mark.filterwarnings("ignore::vitviz.features.sae.NotConvergedWarning")
 
 
 def planted(n=30000, D=48, K=96, k=3, noise=0.01, seed=0):
@@ -63,6 +67,52 @@ def test_planted_dictionary_is_recovered_with_the_planted_l0():
     assert 2.7 <= m["l0"] <= 3.0  # planted: exactly 3 atoms per token
     assert m["explained_variance"] > 0.9
     np.testing.assert_allclose(np.linalg.norm(sae.decoder.numpy(), axis=1), 1, atol=1e-6)
+
+
+def recovered(sae, atoms):
+    """Share of the planted atoms some decoder row points along (cosine >= 0.9)."""
+    return float(((atoms @ sae.decoder.numpy().T).max(1) >= 0.9).mean())
+
+
+def test_the_defaults_alone_recover_the_planted_dictionary_and_say_they_converged():
+    """latents and topk only: 30,000 tokens of 96 planted atoms (48 dims, 3 per token) are one pass of 118 steps;
+    the defaults repeat over them until the explained variance plateaus (~6 s on one core)."""
+    X, atoms = planted()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NotConvergedWarning)
+        sae = SAE.fit(X, latents=192, topk=3, seed=0)
+    assert recovered(sae, atoms) >= 0.9
+    training = sae.info["training"]
+    assert training["stop_reason"] == "plateau" and not training["still_rising"] and training["warning"] is None
+    assert training["steps"] >= Convergence().min_steps and training["epochs"] > 1
+    assert abs(training["explained_variance_gain"]) < Convergence().tol
+    np.testing.assert_allclose(training["explained_variance"], evaluate(sae, X)["explained_variance"], atol=0.01)
+
+
+def test_one_epoch_stops_on_its_budget_still_rising_and_says_so_in_a_warning_and_sae_json(tmp_path):
+    """The old default (one pass, 118 steps) recovers a few atoms; the run says it had not converged."""
+    X, atoms = planted()
+    with pytest.warns(NotConvergedWarning, match=r"budget \(epochs=1\) at explained variance 0\.\d+ \(the mean "
+                                                 r"of its last 118 steps\) with the explained variance still rising"):
+        sae = SAE.fit(X, latents=192, topk=3, seed=0, epochs=1)
+    assert recovered(sae, atoms) < 0.5
+    training = sae.info["training"]
+    assert (training["stop_reason"], training["steps"], training["still_rising"]) == ("budget", 118, True)
+    assert training["explained_variance_gain"] >= Convergence().tol and training["explained_variance"] < 0.9
+    written = json.loads((sae.save(tmp_path) / "sae.json").read_text())["training"]
+    assert written["warning"].startswith("SAE training stopped on its budget (epochs=1)")
+
+
+def test_the_step_budget_ends_a_run_that_has_not_plateaued_and_a_first_pass_is_always_completed():
+    X, _ = planted(n=3000, D=16, K=24, k=2)  # 12 steps a pass
+    with pytest.warns(NotConvergedWarning, match=r"budget \(max_steps=30\)"):  # tol 0: a plateau only if it fell
+        sae = SAE.fit(X, latents=24, topk=2, until=Convergence(min_steps=20, max_steps=30, window=5, tol=0.0))
+    assert (sae.info["training"]["stop_reason"], sae.info["training"]["steps"]) == ("budget", 30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotConvergedWarning)
+        sae = SAE.fit(X, latents=24, topk=2, until=Convergence(min_steps=2, max_steps=5, window=1))
+    assert sae.info["training"]["steps"] == 12 and sae.info["training"]["epochs"] == 1
+    assert sae.info["training"]["stop_reason"] == "budget"
 
 
 def test_a_random_dictionary_is_not_recovered():
@@ -172,16 +222,36 @@ def test_killed_and_resumed_training_equals_the_uninterrupted_run(tmp_path, stre
     assert resumed.info["training"]["tokens"] == whole.info["training"]["tokens"] == 2400
 
 
+def test_a_run_until_converged_killed_and_resumed_stops_where_the_uninterrupted_run_stops(tmp_path):
+    """The plateau test reads the last steps' explained variances: they are in the checkpoint."""
+    X, _ = planted(n=1200, D=16, K=24, k=2)
+    until = Convergence(min_steps=40, max_steps=400, window=10, tol=2e-3)
+    whole = SAE.fit(X, latents=24, topk=2, seed=3, batch_size=100, until=until)
+    assert whole.info["training"]["stop_reason"] == "plateau" and whole.info["training"]["steps"] > 40
+    ckpt = tmp_path / "train.pt"
+    with pytest.raises(Killed):
+        SAE.fit(X, latents=24, topk=2, seed=3, batch_size=100, until=until, checkpoint=ckpt, checkpoint_every=1,
+                callback=_kill_at(whole.info["training"]["steps"] - 3))
+    resumed = SAE.fit(X, latents=24, topk=2, seed=3, batch_size=100, until=until, checkpoint=ckpt)
+    for (name, p), q in zip(whole.named_parameters(), resumed.parameters()):
+        assert torch.equal(p, q), name
+    assert resumed.info["training"] == whole.info["training"]
+    steps = []
+    again = SAE.fit(X, latents=24, topk=2, seed=3, batch_size=100, until=until, checkpoint=ckpt,
+                    callback=lambda s, m: steps.append(s))  # a finished run's checkpoint trains no further
+    assert steps == [] and torch.equal(again.W_dec, whole.W_dec)
+
+
 def test_a_checkpoint_of_other_settings_is_refused(tmp_path):
     X, _ = planted(n=400, D=16, K=24, k=2)
-    SAE.fit(X, latents=24, topk=2, seed=0, checkpoint=tmp_path / "t.pt")
+    SAE.fit(X, latents=24, topk=2, seed=0, epochs=1, checkpoint=tmp_path / "t.pt")
     with pytest.raises(SAEError, match="trained with"):
-        SAE.fit(X, latents=24, topk=2, seed=0, lr=0.5, checkpoint=tmp_path / "t.pt")
+        SAE.fit(X, latents=24, topk=2, seed=0, epochs=1, lr=0.5, checkpoint=tmp_path / "t.pt")
 
 
 def test_save_and_load_round_trip(tmp_path):
     X, _ = planted(n=600, D=16, K=24, k=2)
-    sae = SAE.fit(X, latents=24, topk=2, seed=0, info={"model": "toy"})
+    sae = SAE.fit(X, latents=24, topk=2, seed=0, epochs=1, info={"model": "toy"})
     sae.save(tmp_path / "s")
     info = json.loads((tmp_path / "s" / "sae.json").read_text())
     assert (info["latents"], info["topk"], info["d_model"], info["model"]) == (24, 2, 16, "toy")
@@ -210,7 +280,7 @@ def test_topk_out_of_range_is_a_sentence():
 def test_a_one_shot_iterator_is_one_epoch_of_its_batches_in_order():
     X, _ = planted(n=900, D=16, K=24, k=2)
     batches = [X[i:i + 100] for i in range(0, 900, 100)]
-    listed = SAE.fit(batches, latents=24, topk=2, seed=1, progress=True)
+    listed = SAE.fit(batches, latents=24, topk=2, seed=1, epochs=1, progress=True)
     streamed = SAE.fit((b for b in batches), latents=24, topk=2, seed=1)
     assert torch.equal(listed.W_dec, streamed.W_dec) and streamed.info["training"]["tokens"] == 900
     with pytest.raises(SAEError, match="one-shot iterator of batches is one epoch"):

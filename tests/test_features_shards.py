@@ -117,8 +117,8 @@ def _tokens(n=512, d=16, seed=0):
 
 
 def test_sae_fit_on_the_cpu_device_is_the_default_fit():
-    default = SAE.fit(_tokens(), latents=32, topk=4, seed=1, batch_size=64)
-    on_cpu = SAE.fit(_tokens(), latents=32, topk=4, seed=1, batch_size=64, device="cpu")
+    default = SAE.fit(_tokens(), latents=32, topk=4, seed=1, epochs=1, batch_size=64)
+    on_cpu = SAE.fit(_tokens(), latents=32, topk=4, seed=1, epochs=1, batch_size=64, device="cpu")
     assert on_cpu.W_dec.device.type == "cpu"
     for (name, p), q in zip(default.named_parameters(), on_cpu.parameters()):
         assert torch.equal(p, q), name

@@ -57,7 +57,7 @@ def test_app_py_runs_every_page_inside_the_guard(monkeypatch):
     at = AppTest.from_file(APP, default_timeout=180).run()
     assert not at.exception, [e.message for e in at.exception]
     assert [e.value for e in at.error if "planted" in e.value] == [
-        "vitviz could not draw the Overview & tokens page (RuntimeError: planted). This is a fault in vitviz, not in "
+        "vitviz could not draw the Overview page (RuntimeError: planted). This is a fault in vitviz, not in "
         "your image or settings; the rest of the page is shown, and the details are in the server's log."]
     assert any(t.value.endswith("as the model sees it") for t in at.header)  # drawn before the fault
     assert any(s.value == "Model" for s in at.subheader)

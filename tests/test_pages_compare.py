@@ -124,3 +124,24 @@ def test_the_stats_commands_folder_by_path_equals_its_own_summary_and_no_path_bo
     at.switch_page(PAGE).run()
     assert not at.exception and not any(t.key == "compare_path" for t in at.text_input)
     assert at.file_uploader(key="compare_uploads") is not None
+
+
+def test_the_cka_tab_draws_the_front_doors_map_of_the_sidebars_images(page, bundled):
+    import vitviz
+    from vitviz.lens import Lens
+
+    names = sorted(p.name for p in ASSETS.glob("*.jpg"))
+    page.sidebar.multiselect(key="samples").set_value(names[:3]).run()
+    assert any("needs 4 or more images" in i.value for i in page.info)  # three images: a sentence, no button
+    page.sidebar.multiselect(key="samples").set_value(names).run()
+    page.button(key="cka_run").click().run()
+    assert not page.exception, [e.message for e in page.exception]
+    chart = next(c for c in page.get("plotly_chart") if "cka_map" in (c.proto.id or ""))
+    drawn = _decode(json.loads(chart.proto.spec)["data"][0]["z"])
+    lens = Lens(bundled)
+    want = vitviz.similarity(lens, lens, [load_image(ASSETS / n).image for n in names], batch_size=32)
+    np.testing.assert_array_equal(drawn, want.cka)  # the page draws vitviz's numbers, computed nowhere else
+    spec = json.loads(chart.proto.spec)
+    assert all(str(c).startswith("rgb(") for _, c in spec["data"][0]["colorscale"])  # no theme placeholder colour
+    assert (spec["data"][0]["zmin"], spec["data"][0]["zmax"]) == (0, 1)
+    assert any(d.proto.label == "Data (csv)" for d in page.get("download_button"))

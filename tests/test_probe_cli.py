@@ -36,8 +36,14 @@ def test_probe_writes_the_head_and_analyze_head_gives_the_probe_logits(setup, tm
     printed = captured.out
     assert "5  " in printed and "<- head" in printed and "chance (largest class): 0.500" in printed
     # stderr is no terminal here: one plain line per step, no "\r" (a log showed "features 4/4^Mfeatures and ...")
-    assert "\r" not in captured.err and "8/8 images" in captured.err.splitlines()[-2], captured.err
+    assert "\r" not in captured.err and any(line.startswith("8/8 images") for line in captured.err.splitlines()), \
+        captured.err
     info = json.loads((out / "probe.json").read_text())
+    for row in info["layers"]:  # each layer's C and how many outer folds chose an end of the grid, as printed
+        assert f"   {row['C']:g} ({row['C_at_edge']}/{row['folds']})" in printed.splitlines()[row["layer"]]
+    search = info["head"]["C_search"]
+    assert search["C"] == info["head"]["C"] and search["grid"] == [1e-3, 1e-2, 1e-1, 1.0, 10.0]
+    assert (f"note: the head's {search['note']}" in captured.err) == (search["C_at_edge"] is not None)
     assert info["layer"] == 5 and info["pooling"] == "mean" and info["classes"] == ["cat", "dog"]
     assert [r["layer"] for r in info["layers"]] == list(range(1, 13)) and info["chance"] == 0.5
     assert {"accuracy", "low", "high"} <= set(info["layers"][0]) and info["sklearn"]
@@ -94,7 +100,7 @@ def test_faithfulness_head_runs_chefers_protocols_on_the_probe_classes(setup, tm
 
 @pytest.mark.slow
 def test_the_readme_probes_example_runs_as_written(tmp_path, bundled):
-    """The README's probes example, typed as it stands, on photos/<class>/ made of crops of two sample photos."""
+    """The probes example (docs/guide/probes.md), typed as it stands, on photos/<class>/ made of crops of two sample photos."""
     import re
     import subprocess
     import sys
@@ -109,14 +115,13 @@ def test_the_readme_probes_example_runs_as_written(tmp_path, bundled):
         W, H = photo.size
         for i, (x, y) in enumerate([(0, 0), (W // 4, H // 4), (W // 2, 0), (0, H // 2)]):
             photo.crop((x, y, x + W // 2, y + H // 2)).save(tmp_path / "photos" / name / f"{i}.jpg")
-    text = (root / "README.md").read_text()
-    section = text[text.index("## Probes: what a layer knows"):]
+    section = (root / "docs" / "guide" / "probes.md").read_text()
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     (tmp_path / "example.py").write_text(code)
     done = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=900,
                           env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root)})
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.splitlines() == ["dict_keys(['layer', 'accuracy', 'low', 'high', 'folds', 'C'])",
+    assert done.stdout.splitlines() == ["dict_keys(['layer', 'accuracy', 'low', 'high', 'folds', 'C', 'C_at_edge'])",
                                         "2 ('astronaut', 'rocket') True"]
     assert (tmp_path / "probe" / "probe.json").is_file()
 

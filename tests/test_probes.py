@@ -252,7 +252,70 @@ def test_the_c_search_chooses_what_sklearns_grid_search_chooses():
         y = np.repeat(np.arange(3), 6)
         X = rng.normal(size=(18, 12))
         X[:, 0] += y * (0.3 + 0.4 * trial)
-        _, C = fit_probe(X, y, seed=trial)
+        C = fit_probe(X, y, seed=trial)[1].C
         cv = StratifiedKFold(n_splits=3, shuffle=True, random_state=trial)
         search = GridSearchCV(_pipeline(1.0, trial), {"logisticregression__C": list(CS)}, cv=cv).fit(X, y)
         assert C == search.best_params_["logisticregression__C"], trial
+
+
+def _noisy_pair(trial: int, seed: int = 0):
+    """30 images, 2 classes, one weak signal feature among 40 (the C search's accuracies differ between Cs)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(trial + 1):
+        y = np.repeat(np.arange(2), 15)
+        X = rng.normal(size=(30, 40))
+        X[:, 0] += y * 1.5
+    return X, y
+
+
+@pytest.mark.parametrize("trial, edge, beyond", [(2, "smallest", True), (5, "smallest", False), (4, None, False)])
+def test_the_c_search_reports_its_accuracies_and_a_choice_at_the_grids_end(trial, edge, beyond):
+    """Accuracies against scikit-learn's GridSearchCV (the same folds: mean_test_score); C = 1e-3 chosen as the
+    best of all (trial 2: the best C may lie below), as a tie with 1e-2 (trial 5: flat), and inside (trial 4)."""
+    from sklearn.model_selection import GridSearchCV, StratifiedKFold
+
+    from vitviz.probes.linear import CS, _pipeline
+
+    X, y = _noisy_pair(trial)
+    _, search = fit_probe(X, y, seed=trial)
+    cv = StratifiedKFold(n_splits=3, shuffle=True, random_state=trial)
+    grid = GridSearchCV(_pipeline(1.0, trial), {"logisticregression__C": list(CS)}, cv=cv).fit(X, y)
+    # the same three fold accuracies (multiples of 1/10), summed in another order: a few ulp
+    np.testing.assert_allclose(search.accuracy, grid.cv_results_["mean_test_score"], rtol=0, atol=1e-12)
+    assert search.C == grid.best_params_["logisticregression__C"] and search.grid == tuple(CS)
+    assert (search.edge, search.beyond) == (edge, beyond)
+    note = search.note()
+    if edge is None:
+        assert note is None
+    else:
+        assert note.startswith("C = 0.001 is the smallest of the search's range (0.001 to 10)")
+        assert ("may lie below the range" in note) == beyond and ("flat there" in note) == (not beyond)
+
+
+def test_a_largest_c_above_its_neighbour_may_lie_above_the_range():
+    from vitviz.probes.linear import CSearch
+
+    search = CSearch((0.1, 1.0, 10.0), (0.5, 0.6, 0.7), 10.0, 3)
+    assert (search.edge, search.beyond) == ("largest", True)
+    assert search.note() == ("C = 10 is the largest of the search's range (0.1 to 10); it scored 0.700 against 0.600 "
+                             "for C = 1: the best C may lie above the range.")
+    assert CSearch((0.1, 1.0), (), 1.0, 0).edge is None  # a class with one image: nothing was searched
+
+
+def test_a_layers_c_at_edge_counts_the_outer_folds_whose_search_chose_an_end():
+    """Against GridSearchCV on each outer fold's training images (what the nested cross-validation runs)."""
+    from sklearn.model_selection import GridSearchCV, StratifiedKFold
+
+    from vitviz.probes.linear import CS, _pipeline
+
+    X, y = _noisy_pair(2)
+    score = score_layer(X, y, layer=1, seed=0)
+    outer = StratifiedKFold(n_splits=5, shuffle=True, random_state=0)
+    ends = 0
+    for train, _ in outer.split(X, y):
+        inner = StratifiedKFold(n_splits=3, shuffle=True, random_state=0)
+        C = GridSearchCV(_pipeline(1.0, 0), {"logisticregression__C": list(CS)}, cv=inner).fit(
+            X[train], y[train]).best_params_["logisticregression__C"]
+        ends += C in (CS[0], CS[-1])
+    assert score.C_at_edge == ends and score.to_dict()["C_at_edge"] == ends
+    assert 0 < ends < 5  # the data set makes the count tell something

@@ -24,6 +24,9 @@ def test_probes_page_trains_every_layer_and_its_probe_becomes_the_head(bundled):
     accuracy, chance = spec["data"][0], spec["data"][1]
     assert accuracy["x"] == list(range(1, 13)) and chance["y"] == [50.0, 50.0]
     assert all(0 <= y <= 100 for y in accuracy["y"])
+    # the head's C search (4 images, 2 inner folds): every C predicts both held-out images, C = 1e-3 wins the tie
+    assert any(c.value == "The head's C = 0.001 is the smallest of the search's range (0.001 to 10); it tied with "
+               "C = 0.01 (1.000; ties go to the smaller C): the accuracy is flat there." for c in at.caption)
     next(b for b in at.button if "as the model's head" in b.label).click().run()
     assert not at.exception and not at.error
     caption = " ".join(c.value for c in at.sidebar.caption)

@@ -1,10 +1,11 @@
-"""Whatever the README tells a user to type, a test types: every command line of its ```bash blocks.
+"""Whatever the README or the documentation site tells a user to type, a test types: every command line of the
+```bash blocks of README.md and docs/**/*.md (``conftest.documented_files``).
 
-The guard (``test_every_readme_command_line_is_typed_by_a_test``) lists the README's command lines (those that
-start with ``.venv/bin/python -m vitviz`` or ``scripts/``) and names each one no test types. A line counts as
+The guard (``test_every_readme_command_line_is_typed_by_a_test``) lists their command lines (those that start
+with ``.venv/bin/python`` or ``scripts/``) and names each one no test types. A line counts as
 typed when it starts with a prefix some test passes to ``conftest.readme_command`` (read from tests/*.py with
 ``ast``), with one of :data:`TYPED_HERE` (this file types them), or is one of :data:`TYPED_ELSEWHERE` (the
-scripts, run by the browser test and CI). A prefix must name exactly one line, as ``readme_command`` requires.
+scripts, run by the browser test and CI). A prefix must name exactly one line (the same line on two pages is one), as ``readme_command`` requires.
 
 The lines this file types run as written, the README's relative paths read and written in a temporary folder
 that holds the files they name (photos/ is made of small crops of the sample photos, assets/ is the repository's).
@@ -28,11 +29,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ASSETS, readme_command
+from conftest import ASSETS, documented_files, readme_command
 from vitviz.cli import main
 
 ROOT = ASSETS.parent
-COMMAND_STARTS = (".venv/bin/python -m vitviz", "scripts/")
+COMMAND_STARTS = (".venv/bin/python", "scripts/")
 VITVIZ = ".venv/bin/python -m vitviz "
 
 # The README's lines this file types: name -> the prefix that picks the one line (readme_command's rule).
@@ -54,11 +55,13 @@ TYPED_HERE = {
     "features_top": VITVIZ + "features top",
     "heads_patch": VITVIZ + "heads assets/chelsea.jpg assets/coffee.jpg --patch",
     "heads_ablate": VITVIZ + "heads assets/ --ablate",
+    "gpu_auto": VITVIZ + "analyze assets/chelsea.jpg --device auto",  # docs/how-to/gpu.md
 }
 # Lines a test or CI runs without readme_command: line -> (the file that runs it, the text there that runs it).
 TYPED_ELSEWHERE = {
     "scripts/app.sh": ("tests/loadtest.py", '["bash", "scripts/app.sh"]'),  # test_browser.py's server
     "scripts/test.sh": (".ci/run", "bash scripts/test.sh"),
+    "scripts/docs.sh": ("tests/test_docs.py", '["bash", "scripts/docs.sh"]'),  # the site's strict build
 }
 
 STANDIN_WIDTH, STANDIN_PX = 48, 112
@@ -95,10 +98,10 @@ def untyped(text: str, prefixes: set[str]) -> list[str]:
     lines = readme_command_lines(text)
     problems = []
     for prefix in sorted(prefixes):
-        named = [l for l in lines if l.startswith(prefix)]
+        named = list(dict.fromkeys(l for l in lines if l.startswith(prefix)))  # a line on two pages is one
         if len(named) > 1:
             problems.append(f"the prefix {prefix!r} names {len(named)} README lines: {named}")
-    for line in lines:
+    for line in dict.fromkeys(lines):  # a line on two pages is checked once
         elsewhere = next((k for k in TYPED_ELSEWHERE if line.split("#")[0].strip() == k), None)
         if elsewhere is not None:
             file, text_there = TYPED_ELSEWHERE[elsewhere]
@@ -109,16 +112,22 @@ def untyped(text: str, prefixes: set[str]) -> list[str]:
     return problems
 
 
+def documented_text() -> str:
+    """README.md and every docs page, one after the other (each file's ``` blocks close in that file)."""
+    return "\n".join(f.read_text() for f in documented_files())
+
+
 def test_every_readme_command_line_is_typed_by_a_test():
-    text = (ROOT / "README.md").read_text()
-    assert len(readme_command_lines(text)) >= 26  # the block reader finds the lines (26 on 2026-11-27)
+    text = documented_text()
+    assert len(readme_command_lines(text)) >= 26  # the block reader finds the lines (26 in the README on 2026-11-27)
+    assert any(f.parent.name == "how-to" for f in documented_files())  # the docs pages are read, not only the README
     assert untyped(text, prefixes_typed_by_tests() | set(TYPED_HERE.values())) == []
 
 
 def test_the_guard_names_a_line_no_test_types_and_a_prefix_that_names_two(monkeypatch):
     """Planted: a new README line, a prefix made ambiguous by it, a script no test runs, a script whose runner no
     longer runs it; and the lines outside ```bash blocks (prose, ```python) are not command lines."""
-    text = (ROOT / "README.md").read_text()
+    text = documented_text()
     prefixes = prefixes_typed_by_tests() | set(TYPED_HERE.values())
     new = VITVIZ + "heads assets/ --ablate all --mode zero --out z/"
     planted = text.replace("```bash\n", "```bash\n" + new + "\nscripts/bench.sh\n", 1)
@@ -138,7 +147,7 @@ def test_the_guard_names_a_line_no_test_types_and_a_prefix_that_names_two(monkey
 # ---------------------------------------------------------------------------------------------- helpers
 
 def readme_line(name: str) -> str:
-    lines = [l for l in (ROOT / "README.md").read_text().splitlines() if l.startswith(TYPED_HERE[name])]
+    lines = sorted({l for l in documented_text().splitlines() if l.startswith(TYPED_HERE[name])})
     assert len(lines) == 1, lines
     return lines[0]
 
@@ -439,6 +448,8 @@ def test_features_top_after_features_train_writes_the_table_and_the_two_sheets(f
     """The Features section's two lines in order: `features train ... --out sae/`, then `features top sae/ assets/
     --top 16 --sheets 3,17` on what it wrote (the stand-in has no head: no nearest_classes.json, and it says so)."""
     assert main(typed("features_train")) == 0
+    training = json.loads(Path("sae/sae.json").read_text())["training"]  # trained until converged, as the README says
+    assert training["stop_reason"] == "plateau" and training["steps"] >= 2000 and training["warning"] is None
     assert main(typed("features_top")) == 0
     assert "no nearest_classes.json" in capsys.readouterr().err
     top = pd.read_parquet("sae/top.parquet")
@@ -467,3 +478,15 @@ def test_heads_patch_and_ablate_lines_write_one_effect_per_head(folder, standin)
     assert len(ablate) == 6 * 4 and set(ablate["layer"]) == {12} and set(ablate["head"]) == set(range(1, 7))
     assert set(ablate["kind"]) == {"pooled_cosine"} and ablate["effect"].between(-1, 1 + 1e-6).all()
     assert json.loads(Path("ablate/settings.json").read_text())["mode"] == "mean"
+
+
+@pytest.mark.slow
+def test_the_gpu_pages_device_line_runs_where_cuda_is_or_on_the_cpu(folder):
+    """docs/how-to/gpu.md's line on the bundled model itself (one photo: seconds): ``--device auto`` takes CUDA when
+    there is one, else MPS, else the CPU, and settings.json says which."""
+    import torch
+
+    assert main(typed("gpu_auto")) == 0
+    model = json.loads(Path("out/settings.json").read_text())["model"]
+    expected = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    assert (model["device"].split(":")[0], model["dtype"], model["spec"]["device"]) == (expected, "float32", "auto")

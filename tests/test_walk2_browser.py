@@ -131,7 +131,7 @@ def test_the_first_visit_box_stays_closed_across_page_switches_and_f5(server, br
     page.reload()
     _wait_idle(page)
     assert page.get_by_text(INTRO).count() == 0, "back after F5 on the first page"
-    for name in ("Attention heads", "Rollout", "Attention distance", "Faithfulness", "Overview & tokens"):
+    for name in ("Attention heads", "Attention rollout", "Attention distance", "Faithfulness", "Overview"):
         page.get_by_role("link", name=name, exact=True).click()  # the sidebar's page links
         _wait_idle(page)
         assert page.get_by_text(INTRO).count() == 0, f"back on {name}"

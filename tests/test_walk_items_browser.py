@@ -37,7 +37,7 @@ def _open(page, name: str):
 
 
 def test_the_overview_grid_shows_no_legend(page):
-    _open(page, "Overview & tokens")  # the tests share one page: each opens its own
+    _open(page, "Overview")  # the tests share one page: each opens its own
     page.screenshot(path=SHOTS / "overview.png")
     grid = page.locator('[data-testid="stPlotlyChart"]').first  # the patch grid, the page's first chart
     assert grid.locator(".main-svg").count() > 0

@@ -13,7 +13,8 @@ from ui.display import display_in_use
 from ui.downloads import download_row
 from ui.progress import with_progress
 from vitviz.adapters import editing
-from vitviz.explainers.attribution import LABELS, Attribution, Projection, attribute, default_target, methods_for, why_not
+from vitviz.errors import VitvizError
+from vitviz.explainers.attribution import Attribution, Projection, attribute, default_target, methods_for, why_not
 from vitviz.explainers import registered
 from vitviz.figures.attribution_figures import maps_figure
 from vitviz.sources.preprocess import preprocess
@@ -76,11 +77,16 @@ def target_title(target) -> str:
     return target.text()
 
 
+def label(method: str) -> str:
+    """The map method's name as the registry (:mod:`vitviz.explainers`) gives it to every reader (``"Grad-CAM"``)."""
+    return registered()[method].label
+
+
 def scale_caption(target_text: str, methods: list[str]) -> str:
     """What the maps' colours mean, under every attribution figure."""
     rule = registered()  # each method's colour rule (signed: diverging around 0)
-    signed = [LABELS[m] for m in methods if rule[m].signed]
-    unsigned = [LABELS[m] for m in methods if not rule[m].signed]
+    signed = [label(m) for m in methods if rule[m].signed]
+    unsigned = [label(m) for m in methods if not rule[m].signed]
     return (f"Target: {target_text}. Drawn over the model input with the Display box's overlay and opacity. "
             + (f"Signed maps ({', '.join(signed)}) use a diverging scale centred on 0 with symmetric limits at the "
                "99th percentile of |relevance| (red raises the target, blue lowers it, 0 lets the photo through). "
@@ -114,7 +120,7 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
     available, refused = methods_for(model)
     keep_available(f"{key}_method", available)
     c1, c2 = (st if controls is None else controls).columns(2)
-    method = c1.selectbox("Attribution method", available, format_func=LABELS.get, key=f"{key}_method",
+    method = c1.selectbox("Attribution method", available, format_func=label, key=f"{key}_method",
                           index=available.index("attnlrp") if "attnlrp" in available else 0)
     # The figure's title and the caption state a headless model's target; beside a map it needs no paragraph.
     target_class = target_picker(ctx, c2, f"{key}_target", say_headless=False)
@@ -122,7 +128,7 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
         st.caption(sentence)
     try:
         result, = attributions(ctx, [method], target_class)
-    except ValueError as exc:  # a family whose forward the rules cannot reach yet
+    except VitvizError as exc:  # a family whose forward the rules cannot reach yet
         st.info(str(exc))
         return
     text = result.target.text()
@@ -136,4 +142,4 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
                "CP-LRP and Gradient × Input); computed when chosen and kept for this image, method and target.")
     download_row(stem, {f"attribution_{method.replace('-', '_')}": result.patches},
                  {"image": ctx.image.name, "model": ctx.loaded.card().get("spec"), "target": result.target.describe(),
-                  "method": LABELS[method], "conservation": result.conservation()})
+                  "method": label(method), "conservation": result.conservation()})

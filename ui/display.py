@@ -12,6 +12,7 @@ import streamlit as st
 from PIL import Image
 from streamlit_image_coordinates import streamlit_image_coordinates
 
+from ui.numbers import number
 from vitviz.figures.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.figures.core import map_panel
 from vitviz.layout import TokenLayout
@@ -92,10 +93,7 @@ def display_in_use() -> Display:
         value = state.get(key, saved.get(key))
         return value if value in allowed else default
 
-    try:
-        opacity = min(1.0, max(0.0, float(state.get("opacity", saved.get("opacity", 0.8)))))
-    except (TypeError, ValueError):
-        opacity = 0.8
+    opacity = min(1.0, max(0.0, number(state.get("opacity", saved.get("opacity", 0.8)), 0.8)))
     def flag(key, url_key):
         value = state.get(key, saved.get(url_key, True))
         return str(value).lower() not in ("0", "false")

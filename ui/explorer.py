@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 import streamlit as st
 
+from ui.numbers import number
 from ui.persist import remember_view, saved_view
 from vitviz.figures.explorer import ExplorerPayload, explorer_payload, rollout_payload
 from vitviz.analyses.maps import RANKINGS
@@ -99,8 +100,6 @@ def rollout_explorer(ctx, *, fusion: str, discard: float, start: int, end: int, 
             tuple(exclude_tokens), tuple(np.asarray(sinks, int).tolist()), tuple(sorted(shown.items())), display.padding)
     payload, _ = _mount(key, lambda: _held(key, name, st.session_state.get("patch"), build))
     saved = saved_view()
-    try:
-        depth = int(min(end, max(start + 1, float(saved.get("depth", end)))))
-    except ValueError:
-        depth = end
+    asked = number(saved.get("depth", end))
+    depth = end if asked is None else int(min(end, max(start + 1, asked)))
     return RolloutView(payload, saved.get("readout") == "patch", depth)

@@ -12,6 +12,7 @@ import os
 import streamlit as st
 
 from ui.memo import ByteLRU
+from ui.numbers import whole
 
 # URL key -> (session key of the same choice on the server-drawn pages, or None).
 VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "patch", "keep": "keep",
@@ -76,10 +77,11 @@ def restore_params() -> None:
     if missing:
         st.query_params.update(missing)
     if "patch" in saved and st.session_state.get("patch") is None:
-        try:
-            st.session_state["patch"] = int(saved["patch"])
-        except ValueError:
+        patch = whole(saved["patch"])
+        if patch is None:
             saved.pop("patch")
+        else:
+            st.session_state["patch"] = patch
 
 
 def follow_grid(layout) -> None:
@@ -122,10 +124,7 @@ def kept_uploads() -> ByteLRU:
     """Uploads by content hash, shared by the server's sessions but reachable only through a link that names
     the hash (``?img=...``), so a reload or a shared link brings an image back; least recently used ones go
     first beyond ``VITVIZ_KEEP_MB`` (default 256 MB)."""
-    try:
-        budget = int(os.environ.get("VITVIZ_KEEP_MB", DEFAULT_KEEP_MB))
-    except ValueError:
-        budget = DEFAULT_KEEP_MB
+    budget = whole(os.environ.get("VITVIZ_KEEP_MB", DEFAULT_KEEP_MB), DEFAULT_KEEP_MB)
     return ByteLRU(max(1, budget) << 20)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from vitviz.errors import VitvizError
 from vitviz.sources.preprocess import preprocess
 from vitviz.runs.pipeline import Forward, forward_repaired
 from vitviz.analyses.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
@@ -100,7 +101,7 @@ def _register(ctx) -> TestTimeRegister | None:
             data = json.loads(upload.getvalue())
             register = register_from_json(data if isinstance(data, dict) else {})
             check_register(ctx.loaded.model, register, ctx.result.layout)
-        except ValueError as exc:
+        except (UnicodeDecodeError, json.JSONDecodeError, VitvizError) as exc:
             st.error(f"{upload.name}: {exc} (give the registers.json written for this model).")
             return None
         offer_register(ctx.spec, register.neurons, upload.name)

@@ -586,6 +586,15 @@ def _leave_legacy_navigation() -> None:
             st.rerun()
 
 
+def sample_set(ctx: Context) -> list[LoadedImage]:
+    """Every bundled sample photo (assets/), framed as the sidebar frames its images."""
+    images = [_decode(name, (ASSETS / name).read_bytes()) for name in SAMPLES]
+    if ctx.framing == "pad":
+        fill = mean_colour(ctx.loaded.data_config)
+        images = [_padded(im, im.sha256, fill) for im in images]
+    return images
+
+
 def setup() -> Context | None:
     """Draw the shared sidebar; return the page context, or None (with a message) when there is no image."""
     _leave_legacy_navigation()

@@ -141,7 +141,7 @@ def heads_view(ctx: Context) -> None:
 def distance_view(ctx: Context) -> None:
     """Mean attention distance within windows per block and head, one image or the whole set."""
     r = ctx.result
-    st.header("Mean attention distance within windows")
+    st.subheader("Within windows, block by block")
     scope = st.radio("Images", [f"current image ({ctx.image.name})", f"all {len(ctx.images)} images in the set"],
                      horizontal=True, key="distance_scope")
     results = [r]

@@ -8,6 +8,11 @@ trace = lens.trace(x, keep=("attn", "resid_post"))     # trace["attn", 11] (B, H
 m = vitviz.explain(lens, x, "attnlrp")                 # m.patches (B, gh, gw); vitviz.methods() lists them all
 sae = vitviz.SAE.fit(tokens, latents=1024, topk=16)    # sparse features (vitviz.features); vitviz.LatentTarget(sae, j)
                                                        # painted concepts: vitviz.ConceptTarget(concept, layer) (vitviz.probes)
+r = vitviz.readout(lens, x, target=vitviz.ClassLogit(3))  # r.table(): each head's, MLP's, ... share of the logit
+ll = vitviz.logit_lens(lens, x)                        # ll.logits (B, L, C): the head read after every block
+# CLIP (a whole CLIPModel folder): lens.encode_text([...]) (T, P); vitviz.TextTarget("a photo of a dog") for explain
+# and readout; vitviz.textspan(lens, images) names each late head's directions in words
+s = vitviz.similarity(lens, lens, paths)               # layer x layer CKA: s.cka, s.low, s.high (L_a, L_b); s.table()
 ```
 
 The public names are loaded on first use (``import vitviz`` itself imports no torch); nothing in this package
@@ -32,6 +37,11 @@ _PUBLIC = {
     "faithfulness": "runs.faithfulness_run", "FaithfulnessTables": "runs.faithfulness_run",
     "SAE": "features.sae", "LatentTarget": "features.splice", "load_sae": "features.public",
     "ConceptTarget": "probes.concepts",
+    "readout": "residual", "Readout": "residual", "logit_lens": "residual", "LogitLens": "residual",
+    "TunedLens": "residual", "ReadoutNotApplicable": "residual", "head_effects": "residual",
+    "TextTarget": "explainers.text", "textspan": "residual.textspan",
+    "similarity": "runs.similarity_run", "Similarity": "runs.similarity_run", "CNNFeatures": "runs.similarity_run",
+    "LensFeatures": "runs.similarity_run",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

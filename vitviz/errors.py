@@ -23,10 +23,32 @@ class ModelError(VitvizError):
     """A model, checkpoint or setting that cannot be loaded or used."""
 
 
-class ViewNotApplicable(ValueError):
+# The classes below are also ValueErrors: callers (and tests) that caught the ValueError these sites raised
+# before the family existed still catch them.
+class ModelNotSupported(ModelError, ValueError):
+    """A model whose family or input vitviz cannot read (no adapter for its class, a token layout or input
+    size it does not understand)."""
+
+
+class ViewNotApplicable(VitvizError, ValueError):
     """A view that does not apply to this model (position-embedding similarity of a model without a learned
-    absolute position embedding, patch filters of a convolutional stem). Its message says why in one
-    sentence; the UI shows it as information, not as an error."""
+    absolute position embedding, patch filters of a convolutional stem, a class-token view of a model without
+    one, a head-gradient method of a model without a classifier). Its message says why in one sentence; the
+    UI shows it as information, not as an error."""
+
+
+class MethodError(VitvizError, ValueError):
+    """A map method that is unknown, or does not apply to the model (the sentence says why)."""
+
+
+class OptionError(VitvizError, ValueError):
+    """An option's value outside what it accepts: a name not among its choices (a format, a fusion, a
+    protocol), a number out of its range (a layer, head, class or token index, a fraction, a count)."""
+
+
+class FileContentError(VitvizError, ValueError):
+    """A file the user gave whose content cannot be used (a registers.json of another model, a Parquet list
+    without a path column). Its message is a sentence fragment the caller puts after the file's name."""
 
 
 def first_line(exc: BaseException, limit: int = 200) -> str:

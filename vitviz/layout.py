@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from .errors import ModelNotSupported
+
 
 # How a patch is named on every page (TokenLayout.token_name), said once where the app explains it.
 PATCH_NUMBERING = ("Patch numbers count from 0 in raster order, row by row (the index into the downloads' patch "
@@ -150,8 +152,8 @@ class TokenLayout:
             registers = 0 if reg_token is None else reg_token.shape[1]
         prefix += [f"reg{i}" for i in range(registers)]
         if len(prefix) != model.num_prefix_tokens:
-            raise ValueError(f"token layout of {type(model).__name__} not understood: "
-                             f"{model.num_prefix_tokens} prefix tokens, found {prefix}")
+            raise ModelNotSupported(f"token layout of {type(model).__name__} not understood: "
+                                    f"{model.num_prefix_tokens} prefix tokens, found {prefix}")
         return cls(
             prefix_tokens=tuple(prefix),
             grid_size=(int(grid[0]), int(grid[1])),

@@ -110,6 +110,40 @@ class Lens:
         """``"global"`` (attention (B, H, N, N) per block) or ``"window"`` (Swin: (B, nW, H, T, T))."""
         return self.adapter.scope
 
+    # --- text (CLIP) ----------------------------------------------------------------------------
+    @property
+    def has_text(self) -> bool:
+        """Whether the model came with a text tower (a whole CLIP model): :meth:`encode_text` applies."""
+        return self.loaded.text is not None
+
+    @property
+    def text_tower(self):
+        """The text encoder and projections (:class:`vitviz.sources.text.TextTower`).
+
+        Raises:
+            TextNotAvailable: a vision-only model (the sentence says what to open instead).
+        """
+        from .sources.text import TextNotAvailable, why_no_text
+
+        why = why_no_text(self.loaded.text, self.label, self.model)
+        if why:
+            raise TextNotAvailable(why)
+        return self.loaded.text
+
+    def encode_text(self, texts: str | Sequence[str]) -> torch.Tensor:
+        """(T, P) unit-norm text embeddings in the joint space (transformers' ``get_text_features``, normalised),
+        float32 on the model's device. The image–text score is ``text_scale · cos(visual_projection(pooled), ·)``.
+
+        Raises:
+            TextNotAvailable: no text tower, or no tokenizer saved with the model.
+        """
+        return self.text_tower.encode(texts)
+
+    @property
+    def text_scale(self) -> float:
+        """CLIP's ``logit_scale.exp()``: the image–text score is this times the cosine (100 for OpenAI's models)."""
+        return self.text_tower.scale
+
     def points(self) -> list[str]:
         """Every named point of this model's forward, in forward order (``"blocks.3.attn"``, ...).
 
@@ -142,6 +176,15 @@ class Lens:
         sources = [_as_rgb(item, i) for i, item in enumerate(images)]
         return replace(preprocess([s.image for s in sources], self.loaded.data_config), sources=sources)
 
+    def as_input(self, x) -> ModelInput:
+        """``x`` as :meth:`trace` takes it (a :class:`ModelInput`, a normalised tensor (B, 3, H, W), or images as
+        :meth:`preprocess` takes them) as a :class:`ModelInput`."""
+        if isinstance(x, ModelInput):
+            return x
+        if isinstance(x, torch.Tensor):
+            return ModelInput(tensor=x, images=[])
+        return self.preprocess(x)
+
     # --- a forward -----------------------------------------------------------------------------
     def trace(self, x, keep: str | Iterable = ("attn",), edit: Mapping[str, Callable] | None = None,
               stop_after: str | None = None, grad: bool = False, rules: Rules | None = None) -> "Trace":
@@ -169,8 +212,7 @@ class Lens:
         Raises:
             VitvizError: an unknown point or layer (the sentence lists the points).
         """
-        inputs = x if isinstance(x, ModelInput) else (
-            ModelInput(tensor=x, images=[]) if isinstance(x, torch.Tensor) else self.preprocess(x))
+        inputs = self.as_input(x)
         stop = None if stop_after is None else self._names([stop_after])[0]
         trace = trace_model(self.model, inputs, keep=self._names(keep), edit=edit, stop_after=stop, grad=grad,
                             rules=rules, layout=self.layout_for(inputs), adapter=self.adapter)

@@ -55,13 +55,14 @@ from typing import Callable, Iterable, Mapping
 
 import torch
 
+from ..errors import ViewNotApplicable
 from ..layout import TokenLayout
 
 MODEL_POINTS = ("embed", "final_norm", "pooled", "logits")
 BLOCK_POINTS = ("resid_pre", "ln1", "q", "k", "v", "scores", "attn", "z", "attn_out", "resid_mid", "ln2",
                 "mlp_hidden", "mlp_out", "resid_post")
 VIEWS = ("overview", "heads", "rollout", "flow", "distance", "filters", "position", "anatomy", "faithfulness",
-         "stats", "attribution", "registers")
+         "stats", "attribution", "registers", "readout")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,35 @@ def parse_point(name: str) -> Point:
         _, layer, kind = name.split(".", 2)
         return Point(name, int(layer), kind)
     return Point(name, None, name)
+
+
+@dataclass(frozen=True)
+class HeadWrite:
+    """How one layer's attention heads write into the residual stream, as the block adds them:
+    ``attn_out = (z @ weight.T + bias) * scale`` with z the heads' context concatenated (B, N, H * d).
+
+    Head h's own write is its slice ``z[..., h*d:(h+1)*d] @ weight[:, h*d:(h+1)*d].T * scale``; the bias is shared
+    by all heads (the direct readout lists it apart).
+
+    Attributes:
+        weight: (D, H * d) the output projection's weight.
+        bias: (D,) the output projection's bias, or None.
+        scale: (D,) the layer scale applied to the branch (LayerScale's gamma), or None.
+        heads: H.
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    scale: torch.Tensor | None
+    heads: int
+
+
+def branch_scale(fn, width: int, like: torch.Tensor) -> torch.Tensor | None:
+    """The per-channel factor (D,) of an element-wise layer scale given as a function or module (None: no scale)."""
+    if fn is None or isinstance(fn, torch.nn.Identity):
+        return None
+    with torch.no_grad():
+        return fn(torch.ones(width, dtype=like.dtype, device=like.device))
 
 
 class Rules:
@@ -244,6 +274,12 @@ class Adapter:
         """One sentence saying why ``view`` (one of :data:`VIEWS`) does not apply to this model, or None."""
         return None
 
+    def head_write(self, model: torch.nn.Module, layer: int) -> HeadWrite | None:
+        """How layer ``layer``'s heads write into the residual stream (:class:`HeadWrite`), or None where the
+        attention branch is not affine in the heads' context (a norm or a gate after the heads, post-norm blocks) or
+        the family does not say yet: the direct readout (:mod:`vitviz.residual`) then refuses with a sentence."""
+        return None
+
     def why_not_attribution(self, model: torch.nn.Module, method: str) -> str | None:
         """One sentence saying why the attribution ``method`` (one of :data:`vitviz.explainers.attribution.METHODS`) does not
         apply to this model where the attribution view does, or None."""
@@ -271,7 +307,7 @@ class Adapter:
 
     def patch_filters(self, model: torch.nn.Module) -> torch.Tensor:
         """The linear RGB patch-embedding filters (D, 3, P, P)."""
-        raise ValueError(f"{type(model).__name__} has no linear RGB patch filters.")
+        raise ViewNotApplicable(f"{type(model).__name__} has no linear RGB patch filters.")
 
     def attention_steps(self, model: torch.nn.Module, layer: int) -> list[str]:
         """The layer's steps from its input to the scores, in words (the anatomy page)."""

@@ -87,6 +87,12 @@ class HFClip(HFAdapter):
         else:
             hooks("pooled", features.mean(dim=1))
 
+    def why_not(self, model, view: str) -> str | None:
+        if view == "readout" and _is_siglip(model) and getattr(model, "head", None) is not None:
+            return ("SigLIP pools its tokens with an attention head, which is not linear in the tokens: the direct "
+                    "readout does not apply to it yet (the logit lens and the maps do).")
+        return None
+
     def why_no_extra_token(self, model) -> str | None:
         if _is_siglip(model):
             return "its pooling head (attention pooling or the mean) reads every token and would read the extra one"

@@ -19,10 +19,11 @@ from typing import Callable
 
 import torch
 
+from ..errors import ViewNotApplicable
 from ..sources.hf import vision_config
 from ..layout import TokenLayout
 from . import common
-from .base import Adapter, Hooks, point_name, run
+from .base import Adapter, HeadWrite, Hooks, branch_scale, point_name, run
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,18 @@ class HFAdapter(Adapter):
         if hooks.wants("pooled") or hooks.wants("logits"):
             self.head(model, features, hooks)
 
+    def head_write(self, model, layer: int) -> HeadWrite | None:
+        """The attention module's output projection and the layer's layer scale (pre-norm layers write
+        ``output(z) * scale`` into the residual stream)."""
+        module = self.layers(model)[layer]
+        attn = getattr(module, self.block.attention)
+        proj = getattr(attn, self.block.output)
+        if not isinstance(proj, torch.nn.Linear):
+            return None
+        weight = proj.weight
+        return HeadWrite(weight, proj.bias, branch_scale(self.block.scales(module)[0], weight.shape[0], weight),
+                         weight.shape[1] // attn.head_dim)
+
     def why_no_extra_token(self, model) -> str | None:
         """The embeddings add any position table before ``embed`` and attention is blind to token order after it
         (DINOv3's rotary embedding counts its patch tokens from the end), so a token inserted at ``embed`` after the
@@ -271,7 +284,7 @@ class HFAdapter(Adapter):
             if isinstance(module, torch.nn.Conv2d) and module.in_channels == 3 and \
                     module.kernel_size[0] == module.stride[0] == patch:
                 return module.weight
-        raise ValueError(f"{type(model).__name__} has no linear RGB patch filters.")
+        raise ViewNotApplicable(f"{type(model).__name__} has no linear RGB patch filters.")
 
     def extra_steps(self, model, layer: int) -> list[str]:
         """The layer's steps between its normed input and the scores besides the projections, in words."""

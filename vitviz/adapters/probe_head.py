@@ -22,6 +22,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
+from ..errors import OptionError
 from .base import Adapter, Hooks, point_name
 from .registry import adapter_for, register_adapter
 
@@ -45,7 +46,7 @@ class ProbedModel(torch.nn.Module):
                  classes: tuple[str, ...], info: dict | None = None):
         super().__init__()
         if pooling not in POOLINGS:
-            raise ValueError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
+            raise OptionError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}")
         self.backbone = backbone
         self.head = torch.nn.Linear(weight.shape[1], weight.shape[0])
         param = next(backbone.parameters())
@@ -169,6 +170,9 @@ class ProbeHeadAdapter(Adapter):
     # --- everything else is the backbone's -----------------------------------------------------------------
     def why_not(self, model, view: str) -> str | None:
         return self.inner(model).why_not(model.backbone, view)
+
+    def head_write(self, model, layer: int):
+        return self.inner(model).head_write(model.backbone, layer)
 
     def why_not_attribution(self, model, method: str) -> str | None:
         return self.inner(model).why_not_attribution(model.backbone, method)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ModelNotSupported
 from ..layout import TokenLayout
 from . import common, windows
 from .base import Adapter, Hooks
@@ -37,8 +38,9 @@ def _patch_embed(patch_embed, x: torch.Tensor, hooks: Hooks) -> torch.Tensor:
     """timm ``PatchEmbed`` with NHWC output, its norm through the run's rules: (B, 3, H, W) -> (B, gh, gw, D)."""
     if patch_embed.img_size is not None and patch_embed.strict_img_size and \
             tuple(x.shape[-2:]) != tuple(patch_embed.img_size):
-        raise ValueError(f"this Swin model was built for {patch_embed.img_size[0]}x{patch_embed.img_size[1]} inputs and "
-                         f"was given {x.shape[-2]}x{x.shape[-1]}; load it at that size (timm's strict_img_size).")
+        raise ModelNotSupported(f"this Swin model was built for {patch_embed.img_size[0]}x{patch_embed.img_size[1]} "
+                                f"inputs and was given {x.shape[-2]}x{x.shape[-1]}; load it at that size (timm's "
+                                "strict_img_size).")
     if patch_embed.dynamic_img_pad:
         ph, pw = patch_embed.patch_size
         x = torch.nn.functional.pad(x, (0, (pw - x.shape[-1] % pw) % pw, 0, (ph - x.shape[-2] % ph) % ph))

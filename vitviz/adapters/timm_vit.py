@@ -27,9 +27,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ..errors import ViewNotApplicable
 from ..layout import TokenLayout
 from . import common
-from .base import Adapter, Hooks, point_name, run
+from .base import Adapter, HeadWrite, Hooks, branch_scale, point_name, run
 from .registry import register_adapter
 
 
@@ -275,9 +276,20 @@ def _beit_position(model) -> str:
     return " + ".join(kinds) or "none"
 
 
+def _pool(model, features: torch.Tensor) -> torch.Tensor:
+    """``forward_head``'s pooling: ViT's and EVA's ``pool`` (CLS, the mean of the patch tokens, attention pooling),
+    BEiT's own CLS or mean."""
+    if hasattr(model, "pool"):
+        return model.pool(features)
+    if not model.global_pool:
+        return features
+    return features[:, model.num_prefix_tokens:].mean(dim=1) if model.global_pool == "avg" else features[:, 0]
+
+
 def _standard_head(model, features: torch.Tensor, hooks: Hooks) -> None:
-    """``forward_head`` of ViT, EVA and BEiT: pool, ``fc_norm``, (dropout), then ``head`` reads the pooled vector."""
-    pooled = hooks("pooled", model.forward_head(features, pre_logits=True))
+    """``forward_head`` of ViT, EVA and BEiT spelled out: pool, ``fc_norm`` (through the run's rules, as every
+    norm of the forward), (dropout: none in eval), then ``head`` reads the pooled vector."""
+    pooled = hooks("pooled", common.norm(hooks, model.fc_norm, _pool(model, features)))
     if model.num_classes > 0 and hooks.wants("logits"):
         hooks("logits", model.head(pooled))
 
@@ -409,6 +421,28 @@ class TimmViT(Adapter):
         if hooks.wants("pooled") or hooks.wants("logits"):
             model_reader(model).head(model, features, hooks)
 
+    def head_write(self, model, layer: int) -> HeadWrite | None:
+        """The output projection and layer scale of a pre-norm block whose heads' context goes straight into
+        ``attn.proj`` (no norm or gate between them)."""
+        blk = model.blocks[layer]
+        reader, attn = BLOCKS[type(blk)], blk.attn
+        if reader.post_norm or not isinstance(getattr(attn, "norm", _NONE), torch.nn.Identity) \
+                or getattr(attn, "gate", None) is not None or not isinstance(getattr(attn, "proj", None), torch.nn.Linear):
+            return None
+        weight = attn.proj.weight
+        return HeadWrite(weight, attn.proj.bias, branch_scale(reader.scales(blk)[0], weight.shape[0], weight),
+                         int(attn.num_heads))
+
+    def why_not(self, model, view: str) -> str | None:
+        if view == "readout":
+            if getattr(model, "attn_pool", None) is not None:
+                return ("its head pools the tokens by attention (global_pool='map'), which is not linear in the "
+                        "tokens: the direct readout does not apply to it yet.")
+            if any(self.head_write(model, i) is None for i in range(len(model.blocks))):
+                return ("its attention blocks put a norm or a gate between the heads and the output projection (or "
+                        "norm after each branch), so a head's write is not its own: the direct readout does not apply.")
+        return None
+
     def why_no_extra_token(self, model) -> str | None:
         """Attention is blind to token order once the position embedding is added at ``embed``, so a token
         inserted there runs as a prefix token, unless position enters inside the blocks or the head pools
@@ -432,8 +466,8 @@ class TimmViT(Adapter):
         proj = getattr(model.patch_embed, "proj", None)
         if getattr(model.patch_embed, "backbone", None) is not None or not isinstance(proj, torch.nn.Conv2d) \
                 or proj.in_channels != 3:
-            raise ValueError(f"{type(model).__name__} has no linear RGB patch filters (its patch embedding reads "
-                             "a CNN's features).")
+            raise ViewNotApplicable(f"{type(model).__name__} has no linear RGB patch filters (its patch embedding "
+                                    "reads a CNN's features).")
         return proj.weight
 
     def attention_steps(self, model, layer: int) -> list[str]:

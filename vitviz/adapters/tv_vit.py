@@ -10,9 +10,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..errors import ModelNotSupported
 from ..layout import TokenLayout
 from . import common
-from .base import Adapter, Hooks, point_name
+from .base import Adapter, HeadWrite, Hooks, point_name
 from .registry import register_adapter
 
 
@@ -79,8 +80,8 @@ class TorchvisionViT(Adapter):
 
     def forward(self, model, x: torch.Tensor, hooks: Hooks) -> None:
         if tuple(x.shape[-2:]) != (model.image_size,) * 2:
-            raise ValueError(f"torchvision's ViT runs at {model.image_size}x{model.image_size} pixels only; the input "
-                             f"is {x.shape[-1]}x{x.shape[-2]}.")
+            raise ModelNotSupported(f"torchvision's ViT runs at {model.image_size}x{model.image_size} pixels only; "
+                                    f"the input is {x.shape[-1]}x{x.shape[-2]}.")
         h = model._process_input(x)
         h = torch.cat([model.class_token.expand(h.shape[0], -1, -1), h], dim=1)
         h = hooks("embed", h + model.encoder.pos_embedding)
@@ -99,6 +100,10 @@ class TorchvisionViT(Adapter):
         pooled = hooks("pooled", features[:, 0])
         if hooks.wants("logits"):
             hooks("logits", model.heads(pooled))
+
+    def head_write(self, model, layer: int) -> HeadWrite:
+        mha = model.encoder.layers[layer].self_attention
+        return HeadWrite(mha.out_proj.weight, mha.out_proj.bias, None, int(mha.num_heads))
 
     def position_encoding(self, model) -> str:
         return "learned absolute position embedding"

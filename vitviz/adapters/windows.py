@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import FileContentError, OptionError
 from ..layout import TokenLayout
 from . import common
 from .base import Hooks, point_name
@@ -169,7 +170,8 @@ class WindowGeometry:
     def slot_of(self, row: int, col: int) -> tuple[int, int]:
         """(window, slot) holding the token at (row, col) of the stage grid (0-based)."""
         if not (0 <= row < self.grid_size[0] and 0 <= col < self.grid_size[1]):
-            raise ValueError(f"token (row {row}, col {col}) is outside the {self.grid_size} grid of stage {self.stage + 1}")
+            raise OptionError(f"token (row {row}, col {col}) is outside the {self.grid_size} grid of stage "
+                              f"{self.stage + 1}")
         hit = np.argwhere((self.token_positions() == (row, col)).all(-1))
         return int(hit[0, 0]), int(hit[0, 1])
 
@@ -192,15 +194,15 @@ class WindowGeometry:
         """The geometry :meth:`to_dict` wrote, its ``allowed`` pairs rebuilt (:meth:`build`).
 
         Raises:
-            ValueError: a record without the padding order (written before vitviz recorded it) of a shifted block
+            FileContentError: a record without the padding order (written before vitviz recorded it) of a shifted block
                 whose grid is padded, where the order decides which token sits in which slot.
         """
         g = cls.build(data["block (0-based, across stages)"], data["stage (0-based)"], data["block_in_stage (0-based)"],
                       data["grid_size"], data["window_size"], data["shift"], data["stride_px"],
                       bool(data.get(PAD_FIRST, False)))
         if PAD_FIRST not in data and g.shifted and g.padded_size != g.grid_size:
-            raise ValueError(f"block {g.index + 1}'s record lacks {PAD_FIRST!r}: its shifted windows over a padded "
-                             "grid cannot be placed without it")
+            raise FileContentError(f"block {g.index + 1}'s record lacks {PAD_FIRST!r}: its shifted windows over a "
+                                   "padded grid cannot be placed without it")
         return g
 
 
@@ -230,6 +232,10 @@ def why_not_views(family: str) -> dict[str, str]:
         "registers": (f"The registers view does not apply ({family}): the model has no register or other prefix "
                       "tokens, only patch tokens in windows."),
     }
+    why["readout"] = (f"The direct readout is not supported yet for window attention ({family}): its tokens are "
+                      "merged into coarser grids between stages, so a head's write to the pooled vector would also "
+                      "have to pass through each patch merging; the logit lens and per-head readout read global "
+                      "attention models.")
     why["flow"] = why["rollout"]
     return why
 

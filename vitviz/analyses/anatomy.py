@@ -15,13 +15,14 @@ import numpy as np
 import torch
 
 from ..adapters import adapter_for, point_name, run
+from ..errors import OptionError
 from ..types import to_model_input
 
 
 def _check_layer(model, layer: int) -> None:
     depth = adapter_for(model).num_layers(model)
     if not 0 <= layer < depth:
-        raise ValueError(f"layer {layer + 1} is outside the model's {depth} layers")
+        raise OptionError(f"layer {layer + 1} is outside the model's {depth} layers")
 
 
 @torch.inference_mode()
@@ -132,9 +133,9 @@ def attention_anatomy(qkv: LayerQKV, head: int, query: int) -> AttentionAnatomy:
     """Take apart the attention of token ``query`` in ``head`` (both 0-based) of one layer."""
     H, N, _ = qkv.q.shape
     if not 0 <= head < H:
-        raise ValueError(f"head {head + 1} is outside the layer's {H} heads")
+        raise OptionError(f"head {head + 1} is outside the layer's {H} heads")
     if not 0 <= query < N:
-        raise ValueError(f"token {query} is outside the sequence of {N} tokens")
+        raise OptionError(f"token {query} is outside the sequence of {N} tokens")
     q, keys, values = qkv.q[head, query], qkv.k[head], qkv.v[head]
     scores = keys @ q
     bias = np.zeros(N) if qkv.bias is None else qkv.bias[head, query]

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from ..errors import OptionError
+
 K_RANGE = (2, 12)
 N_INIT = 10
 SEED = 0
@@ -36,12 +38,12 @@ class TokenClusters:
 
 
 def check_k(k: int, num_points: int) -> None:
-    """Raise ValueError with a sentence unless 2 <= k <= 12 and there are at least k points."""
+    """Raise OptionError with a sentence unless 2 <= k <= 12 and there are at least k points."""
     lo, hi = K_RANGE
     if not lo <= k <= hi:
-        raise ValueError(f"the number of clusters must be between {lo} and {hi}, not {k}")
+        raise OptionError(f"the number of clusters must be between {lo} and {hi}, not {k}")
     if k > num_points:
-        raise ValueError(f"{k} clusters need at least {k} patches; the image has {num_points}")
+        raise OptionError(f"{k} clusters need at least {k} patches; the image has {num_points}")
 
 
 def inertia_of(points: np.ndarray, labels: np.ndarray) -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import VitvizError, first_line
+from ..errors import OptionError, VitvizError, first_line
 from ..sources.names import canonical_model_name
 from .stats import STATS_COLUMNS as COLUMNS
 
@@ -173,7 +173,7 @@ def head_summary(table: pd.DataFrame, statistic: str) -> pd.DataFrame:
         model without CLS, is left out). Models in first-seen order, then layer, head.
     """
     if statistic not in STATISTICS:
-        raise ValueError(f"statistic must be one of {list(STATISTICS)}, not {statistic!r}")
+        raise OptionError(f"statistic must be one of {list(STATISTICS)}, not {statistic!r}")
     grouped = table.groupby(["model", "layer", "head"], sort=False, observed=True)[statistic]
     out = grouped.agg(mean="mean", std=lambda v: v.std(ddof=0), n_images="count").reset_index()
     out["n_images"] = out["n_images"].astype("int64")

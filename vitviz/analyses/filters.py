@@ -5,6 +5,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ViewNotApplicable
+
 
 @dataclass
 class FilterPCA:
@@ -24,7 +26,7 @@ def patch_filters(model) -> np.ndarray:
     """The linear patch-embedding filters (D, C, P, P) of a ViT.
 
     Raises:
-        ValueError: the model has no linear RGB patch filters (hybrid or conv stem).
+        ViewNotApplicable: the model has no linear RGB patch filters (hybrid or conv stem).
     """
     from ..adapters import adapter_for
 
@@ -33,7 +35,7 @@ def patch_filters(model) -> np.ndarray:
     except ValueError:
         weight = None
     if weight is None or weight.ndim != 4 or weight.shape[1] != 3:
-        raise ValueError("This model has no linear RGB patch filters (hybrid or convolutional stem).")
+        raise ViewNotApplicable("This model has no linear RGB patch filters (hybrid or convolutional stem).")
     return weight.detach().float().cpu().numpy()
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from scipy.sparse import csr_matrix
 from scipy.sparse.csgraph import breadth_first_order, maximum_flow
 
+from ..errors import OptionError
 from ..layout import TokenLayout
 from .rollout import discard_lowest, fuse_heads, readout_index, readout_name, readout_vector, rollout_step
 
@@ -64,7 +65,7 @@ def layer_capacities(attention: np.ndarray, layout: TokenLayout, *, fusion: str 
     L = attention.shape[0]
     end = L if end is None else end
     if not 0 <= start < end <= L:
-        raise ValueError(f"layer range must satisfy 0 <= start < end <= {L}, got ({start}, {end})")
+        raise OptionError(f"layer range must satisfy 0 <= start < end <= {L}, got ({start}, {end})")
     return [rollout_step(discard_lowest(fuse_heads(attention[layer], fusion), discard, readout_index(layout, query)),
                          exclude_tokens) for layer in range(start, end)]
 

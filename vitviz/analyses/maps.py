@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import OptionError, ViewNotApplicable
 from ..layout import TokenLayout
 from ..tensors import as_tensor, to_host
 
@@ -25,7 +26,7 @@ def query_attention_map(attention: np.ndarray, layout: TokenLayout, layer: int, 
     rows = np.asarray(attention[layer, head])
     if query == "cls":
         if layout.cls_index is None:
-            raise ValueError("this model has no class token; use query='mean' or a patch index")
+            raise ViewNotApplicable("this model has no class token; use query='mean' or a patch index")
         row = rows[layout.cls_index]
     elif query == "mean":
         row = rows[layout.patch_slice].mean(axis=0)
@@ -49,7 +50,7 @@ def threshold_mask(grid_map: np.ndarray, keep: float = 0.6) -> np.ndarray:
     grid_map: (gh, gw) non-negative -> (gh, gw) bool.
     """
     if not 0 < keep <= 1:
-        raise ValueError(f"the kept share of attention must be in (0, 1], not {keep}")
+        raise OptionError(f"the kept share of attention must be in (0, 1], not {keep}")
     flat = grid_map.ravel().astype(np.float64)
     order = np.argsort(-flat, kind="stable")
     cumulative = np.cumsum(flat[order]) / flat.sum()
@@ -112,7 +113,7 @@ def layer_maps(attention: np.ndarray, layout: TokenLayout, layer: int, query: st
     heads = range(attention.shape[1])
     if direction == "key":
         if not isinstance(query, (int, np.integer)):
-            raise ValueError("the keys -> query direction needs a patch: click one on the image")
+            raise OptionError("the keys -> query direction needs a patch: click one on the image")
         return np.stack([key_attention_map(attention, layout, layer, h, int(query)) for h in heads])
     return np.stack([query_attention_map(attention, layout, layer, h, query) for h in heads])
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..adapters import adapter_for, compose_edits, point_name, run
+from ..errors import FileContentError, OptionError, ViewNotApplicable
 from ..layout import TokenLayout
 from ..tensors import to_host
 from .tokens import ARTIFACT_FACTOR, AttentionSinks
@@ -115,7 +116,7 @@ class Outliers:
 def find_outliers(norms: np.ndarray, layout: TokenLayout, factor: float = OUTLIER_FACTOR) -> Outliers:
     """Apply the outlier rule (:func:`outlier_rule`) to token norms: (B, L, N) -> :class:`Outliers`."""
     if factor <= 1:
-        raise ValueError(f"The outlier factor must be above 1 (a multiple of the median norm), not {factor:g}.")
+        raise OptionError(f"The outlier factor must be above 1 (a multiple of the median norm), not {factor:g}.")
     norms = np.asarray(norms, dtype=np.float64)
     patch = norms[:, :, layout.patch_slice]
     median = np.median(patch, axis=-1)
@@ -188,8 +189,8 @@ def _check_hidden_point(model, x: torch.Tensor) -> None:
     """A sentence when the family's MLP has no ``mlp_hidden`` point (its class is not spelled out)."""
     name = point_name("mlp_hidden", 0)
     if name not in run(model, x[:1], keep=(name,), stop_after=point_name("resid_post", 0)):
-        raise ValueError(f"{type(model).__name__}'s MLP is run as its own module here: its hidden units cannot be "
-                         "read, so there are no register neurons to search.")
+        raise ViewNotApplicable(f"{type(model).__name__}'s MLP is run as its own module here: its hidden units "
+                                "cannot be read, so there are no register neurons to search.")
 
 
 def search_register_neurons(model, batches: Iterable[torch.Tensor], layout: TokenLayout,
@@ -285,7 +286,7 @@ class TestTimeRegister:
 
     def __post_init__(self):
         if self.init not in ("zero", "mean"):
-            raise ValueError(f"The extra token starts as 'zero' or 'mean', not {self.init!r}.")
+            raise OptionError(f"The extra token starts as 'zero' or 'mean', not {self.init!r}.")
 
     def layout(self, layout: TokenLayout) -> TokenLayout:
         """The model's layout with the extra token as one more prefix token, after the model's own."""
@@ -324,12 +325,12 @@ def register_from_json(data: dict, k: int | None = None, init: str = "zero") -> 
     """The test-time register of registers.json's best ``k`` neurons (default all it lists)."""
     neurons = data.get("neurons")
     if not isinstance(neurons, list) or not neurons:
-        raise ValueError("lists no register neurons (its model had no outliers: nothing to repair)")
+        raise FileContentError("lists no register neurons (its model had no outliers: nothing to repair)")
     chosen = neurons if k is None else neurons[:k]
     try:
         return TestTimeRegister(tuple((int(n["layer"]) - 1, int(n["index"])) for n in chosen), init)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError("has a neuron without an integer 'layer' and 'index'") from exc
+        raise FileContentError("has a neuron without an integer 'layer' and 'index'") from exc
 
 
 def check_register(model, register: TestTimeRegister, layout: TokenLayout) -> None:
@@ -340,7 +341,7 @@ def check_register(model, register: TestTimeRegister, layout: TokenLayout) -> No
     depth = adapter_for(model).num_layers(model)
     for layer, _ in register.neurons:
         if not 0 <= layer < depth:
-            raise ValueError(f"names layer {layer + 1}, and this model has {depth}")
+            raise FileContentError(f"names layer {layer + 1}, and this model has {depth}")
     names = [point_name("mlp_hidden", layer) for layer in sorted({layer for layer, _ in register.neurons})]
     param = next(model.parameters())
     (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
@@ -350,11 +351,11 @@ def check_register(model, register: TestTimeRegister, layout: TokenLayout) -> No
     for layer, index in register.neurons:
         name = point_name("mlp_hidden", layer)
         if name not in out:
-            raise ValueError(f"names layer {layer + 1}, whose MLP this model runs as its own module (its hidden units "
-                             "cannot be read or moved)")
+            raise FileContentError(f"names layer {layer + 1}, whose MLP this model runs as its own module (its "
+                                   "hidden units cannot be read or moved)")
         width = out[name].shape[-1]
         if not 0 <= index < width:
-            raise ValueError(f"names hidden unit {index} of layer {layer + 1}, which has {width}")
+            raise FileContentError(f"names hidden unit {index} of layer {layer + 1}, which has {width}")
 
 
 def mask_keys(masked: torch.Tensor) -> dict:
@@ -421,7 +422,7 @@ class Repair:
 
     def __post_init__(self):
         if self.kind not in REPAIRS:
-            raise ValueError(f"A repair is one of {', '.join(REPAIRS)}, not {self.kind!r}.")
+            raise OptionError(f"A repair is one of {', '.join(REPAIRS)}, not {self.kind!r}.")
         if (self.kind == "register") != (self.register is not None):
             raise ValueError("A test-time register repair needs its register (and only it does).")
 

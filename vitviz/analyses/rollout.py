@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import OptionError, ViewNotApplicable
 from ..layout import TokenLayout
 from ..tensors import as_tensor, to_host
 
@@ -48,7 +49,7 @@ def _like(result: torch.Tensor, given: np.ndarray | torch.Tensor) -> np.ndarray 
 def fuse_heads(attention: np.ndarray | torch.Tensor, fusion: str = "mean") -> np.ndarray | torch.Tensor:
     """(..., H, N, N) -> (..., N, N) by mean, max or min over heads."""
     if fusion not in FUSIONS:
-        raise ValueError(f"head fusion must be one of {FUSIONS}, not {fusion!r}")
+        raise OptionError(f"head fusion must be one of {FUSIONS}, not {fusion!r}")
     a = as_tensor(attention)
     return _like(a.mean(dim=-3) if fusion == "mean" else getattr(a, "a" + fusion)(dim=-3), attention)
 
@@ -57,7 +58,7 @@ def discard_lowest(attention: np.ndarray | torch.Tensor, fraction: float,
                    keep_column: int | None) -> np.ndarray | torch.Tensor:
     """Zero the lowest ``fraction`` of the weights of an (N, N) matrix, sparing ``keep_column``."""
     if not 0 <= fraction < 1:
-        raise ValueError(f"discard ratio must be in [0, 1), not {fraction}")
+        raise OptionError(f"discard ratio must be in [0, 1), not {fraction}")
     if fraction == 0:
         return attention
     out = as_tensor(attention).clone()
@@ -116,7 +117,7 @@ def readout_name(layout: TokenLayout, query: int | None = None) -> str:
 def _check_range(L: int, start: int, end: int | None) -> int:
     end = L if end is None else end
     if not 0 <= start < end <= L:
-        raise ValueError(f"layer range must satisfy 0 <= start < end <= {L}, got ({start}, {end})")
+        raise OptionError(f"layer range must satisfy 0 <= start < end <= {L}, got ({start}, {end})")
     return end
 
 
@@ -225,7 +226,7 @@ def attention_gradients(model, images, target: int | None = None):
     from ..capture import attention_and_logits, num_classes, to_model_input
 
     if num_classes(model) <= 0:
-        raise ValueError("Gradient-weighted rollout needs a classifier head; this model has none.")
+        raise ViewNotApplicable("Gradient-weighted rollout needs a classifier head; this model has none.")
     with torch.enable_grad():
         x = to_model_input(model, images).detach().requires_grad_(True)
         layers, logits = attention_and_logits(model, x)
@@ -282,7 +283,7 @@ def class_gradient_rollout(model, images, layout: TokenLayout, target: int | Non
     from ..capture import attention_and_logits, num_classes, to_model_input
 
     if num_classes(model) <= 0:
-        raise ValueError("Gradient-weighted rollout needs a classifier head; this model has none.")
+        raise ViewNotApplicable("Gradient-weighted rollout needs a classifier head; this model has none.")
     with torch.enable_grad():
         x = to_model_input(model, images).detach().requires_grad_(True)
         layers, logits = attention_and_logits(model, x, edit)

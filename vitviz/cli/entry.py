@@ -14,7 +14,7 @@ from .options import EXIT_USER_ERROR, Interrupted, interrupted_code
 
 # Commands that write their --out folder: each holds it for one writer from before it computes anything
 # (vitviz.io.lock); a second run on the same folder is refused at once.
-WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers", "qk", "heads", "probe"}
+WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers", "qk", "heads", "probe", "readout", "similarity"}
 # Commands whose tables keep the finished batches when interrupted (the rest write one result whole or not at all).
 RESUMABLE = ("stats", "faithfulness", "features", "probe")
 
@@ -26,13 +26,17 @@ def _commands() -> dict:
     from .features import add_parser as features_parser, run as features_run
     from .heads import add_parsers as heads_parsers, run_heads, run_qk
     from .probe import add_parser as probe_parser, run as probe_run
+    from .readout import add_parser as readout_parser, run as readout_run
     from .registers import add_parser as registers_parser, run as registers_run
+    from .similarity import add_parser as similarity_parser, run as similarity_run
     from .stats import add_parser as stats_parser, run as stats_run
 
     return {"analyze": (analyze_parser, analyze_run), "stats": (stats_parser, stats_run),
             "registers": (registers_parser, registers_run), "features": (features_parser, features_run),
             "faithfulness": (faithfulness_parser, faithfulness_run), "probe": (probe_parser, probe_run),
-            "qk": (heads_parsers, run_qk), "heads": (None, run_heads)}  # heads_parsers adds both
+            "qk": (heads_parsers, run_qk), "heads": (None, run_heads), "readout": (readout_parser, readout_run),
+            "similarity": (similarity_parser, similarity_run)}
+    # heads_parsers adds both qk and heads
 
 
 def parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from pathlib import Path
 
 from ..errors import VitvizError
@@ -32,7 +33,9 @@ def add_parser(sub) -> None:
     train.add_argument("--layer", type=int, required=True, metavar="L", help="block, 1-based")
     train.add_argument("--latents", type=int, required=True, metavar="K", help="latents (dictionary size)")
     train.add_argument("--topk", type=int, required=True, metavar="k", help="latents active per token")
-    train.add_argument("--epochs", type=int, default=1, help="passes over the images (default 1)")
+    train.add_argument("--epochs", type=int,
+                       help="passes over the images (default: until the explained variance stops rising: at least "
+                            "one pass and 2,000 steps, small image sets repeated, at most 50,000 steps)")
     train.add_argument("--batch-tokens", type=int, default=1024, metavar="T",
                        help="tokens per SAE step (default 1024)")
     train.add_argument("--prefix", action="store_true", help="train on the prefix tokens (CLS, registers) too")
@@ -88,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _train(args, files) -> int:
+    from ..features.sae import Convergence, NotConvergedWarning
     from ..features.train import TrainSettings, train
 
     settings = TrainSettings(point=args.point, layer=args.layer, latents=args.latents, topk=args.topk, seed=args.seed,
@@ -96,11 +100,18 @@ def _train(args, files) -> int:
     settings.check()
     engine = engine_of(args)
     lens = open_lens(args)
-    sae = train(lens, files, settings, args.out, progress=True, engine=engine, shards=args.shards)
-    m = sae.info["metrics"]
-    print(f"wrote {args.out / 'sae.safetensors'} and sae.json: {sae.latents} latents, k = {sae.topk}; last epoch: "
-          f"explained variance {m['explained_variance']:.3f}, L0 {m['l0']:.1f}, dead {m['dead_fraction']:.1%}",
-          file=sys.stderr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NotConvergedWarning)  # said below as a sentence, not as a Python warning
+        sae = train(lens, files, settings, args.out, progress=True, engine=engine, shards=args.shards)
+    m, t = sae.info["metrics"], sae.info["training"]
+    over = "last epoch" if settings.epochs else f"last {Convergence().window} steps"
+    why = ("when the explained variance stopped rising" if t["stop_reason"] == "plateau" else
+           f"on its budget ({t['budget']})")
+    print(f"wrote {args.out / 'sae.safetensors'} and sae.json: {sae.latents} latents, k = {sae.topk}; stopped {why} "
+          f"after {t['steps']} steps ({t['epochs_run']:g} epochs); training explained variance "
+          f"{m['explained_variance']:.3f} ({over}), L0 {m['l0']:.1f}, dead {m['dead_fraction']:.1%}", file=sys.stderr)
+    if t["warning"]:
+        print(f"warning: {t['warning']}", file=sys.stderr)
     return 0
 
 

@@ -79,11 +79,14 @@ def run(args: argparse.Namespace) -> int:
     path = result.save(args.out)
     remove_parts(args.out)  # the files hold everything now
     print(f"features and probes of {lens.num_layers} layers in {time.perf_counter() - start:.1f} s", file=sys.stderr)
-    print("layer  accuracy  95% interval")
+    print("layer  accuracy  95% interval  C (folds at the grid's end)")
     for s in result.layers:
         mark = "  <- head" if s.layer == result.layer else ""
-        print(f"{s.layer:5d}  {s.accuracy:8.3f}  {s.low:.3f}-{s.high:.3f}{mark}")
+        print(f"{s.layer:5d}  {s.accuracy:8.3f}  {s.low:.3f}-{s.high:.3f}   {s.C:g} ({s.C_at_edge}/{s.folds}){mark}")
     print(f"chance (largest class): {result.chance:.3f}")
+    note = result.C_search.note() if result.C_search else None
+    if note:
+        print(f"note: the head's {note}", file=sys.stderr)
     print(f"wrote {path} and {path.parent / 'probe.json'}")
     return 0
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .attribution import Target
-from ..types import ModelInput
+from .attribution import Target, for_lens
 from .base import (METHOD_MODULES, NEEDS, Map, MapMethod, MethodError, get_method, methods, names, parse_methods,
                    register_method, registered)
 
@@ -19,11 +18,7 @@ __all__ = ["Map", "MapMethod", "MethodError", "METHOD_MODULES", "NEEDS", "explai
 
 def as_tensor(lens, x) -> torch.Tensor:
     """A batch as a normalised tensor (B, 3, H, W): a ModelInput's, a tensor as it is, or images preprocessed."""
-    if isinstance(x, ModelInput):
-        return x.tensor
-    if isinstance(x, torch.Tensor):
-        return x
-    return lens.preprocess(x).tensor
+    return lens.as_input(x).tensor
 
 
 def explain(lens, x, method: str, target: Target | None = None, trace=None, **options) -> Map:
@@ -48,6 +43,7 @@ def explain(lens, x, method: str, target: Target | None = None, trace=None, **op
         MethodError: an unknown method, or one that does not apply to this model or target (a sentence says why).
     """
     found = get_method(method)
+    target = for_lens(target, lens)
     why = found.why_not(lens) or found.why_not_target(lens, target)
     if why:
         raise MethodError(why)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..adapters import Hooks, Rules, adapter_for, point_name, run
+from ..errors import MethodError, OptionError, ViewNotApplicable
 from ..layout import TokenLayout
 
 # ---------------------------------------------------------------------------------------------
@@ -131,8 +132,8 @@ class AttnLRP(Rules):
             return _layer_norm(module, x)
         if _is_rms_norm(module):
             return _rms_norm(module, x)
-        raise ValueError(f"AttnLRP has no rule for the norm {type(module).__name__}; relevance propagation "
-                         "needs LayerNorm or RMSNorm.")
+        raise MethodError(f"AttnLRP has no rule for the norm {type(module).__name__}; relevance propagation "
+                          "needs LayerNorm or RMSNorm.")
 
     def act(self, fn, x):
         self.calls += 1
@@ -204,8 +205,8 @@ class ClassLogit(Target):
             classes = tuple(int(c) for c in logits.argmax(-1))
         else:
             if not 0 <= self.cls < logits.shape[-1]:
-                raise ValueError(f"class {self.cls} is out of range: the model has {logits.shape[-1]} classes "
-                                 f"(0 to {logits.shape[-1] - 1}).")
+                raise OptionError(f"class {self.cls} is out of range: the model has {logits.shape[-1]} classes "
+                                  f"(0 to {logits.shape[-1] - 1}).")
             classes = (self.cls,) * logits.shape[0]
         return ClassLogit(self.cls, classes, self.labels)
 
@@ -261,14 +262,22 @@ class Projection(Target):
         return f"projection of {self.vector} on its unperturbed direction"
 
 
+def for_lens(target: Target | None, lens, linear: bool = False) -> Target | None:
+    """``target`` with what it reads from the opened model itself (a :class:`vitviz.TextTarget`'s text embeddings):
+    its ``for_lens(lens, linear)`` where it has one. ``linear``: the caller (the direct readout) needs the target
+    linear in the pooled vector."""
+    resolve = getattr(target, "for_lens", None)
+    return target if resolve is None else resolve(lens, linear=linear)
+
+
 def default_target(model, cls: int | None = None) -> Target:
     """The logit of ``cls`` (default top-1) for a classifier, else the projection of the pooled vector."""
     adapter = adapter_for(model)
     if adapter.num_classes(model) > 0:
         return ClassLogit(cls, labels=adapter.class_labels(model))
     if cls is not None:
-        raise ValueError(f"class {cls} was asked for, but the model has no classifier head: its pooled vector's "
-                         "projection is explained instead.")
+        raise ViewNotApplicable(f"class {cls} was asked for, but the model has no classifier head: its pooled vector's "
+                                "projection is explained instead.")
     return Projection(vector=adapter.pooled_text(model))
 
 
@@ -350,7 +359,7 @@ def methods_for(model) -> tuple[list[str], dict[str, str]]:
 def _check(model, method: str) -> None:
     why = why_not(model, method)
     if why:
-        raise ValueError(why)
+        raise MethodError(why)
 
 
 def _to_model(model, x: torch.Tensor) -> torch.Tensor:
@@ -387,7 +396,7 @@ def to_patch_grid(maps: torch.Tensor, coarse: TokenLayout, layout: TokenLayout, 
         up = torch.nn.functional.interpolate(maps[:, None], size=(maps.shape[1] * fy, maps.shape[2] * fx),
                                              mode="bilinear", align_corners=False)[:, 0]
     else:
-        raise ValueError(f"unknown upsampling {mode!r}: nearest or bilinear")
+        raise OptionError(f"unknown upsampling {mode!r}: nearest or bilinear")
     return up[:, :gh, :gw]
 
 
@@ -399,7 +408,7 @@ def relevance(model, x: torch.Tensor, method: str = "attnlrp", target: Target | 
         target: default :func:`default_target`.
 
     Raises:
-        ValueError: the model's family does not run its forward through the rules (sentence says why).
+        MethodError: the model's family does not run its forward through the rules (sentence says why).
     """
     _check(model, method)
     rules = {"attnlrp": AttnLRP, "cp-lrp": CPLRP, "gradient": Rules}[method]()
@@ -412,8 +421,8 @@ def relevance(model, x: torch.Tensor, method: str = "attnlrp", target: Target | 
         score = bound(points)
         (grad,) = torch.autograd.grad(score.sum(), x)
     if method != "gradient" and rules.calls == 0:
-        raise ValueError(f"{adapter.label(model)} models run through their library's own forward here, so "
-                         f"{LABELS[method]}'s rules cannot be applied to them yet.")
+        raise MethodError(f"{adapter.label(model)} models run through their library's own forward here, so "
+                          f"{LABELS[method]}'s rules cannot be applied to them yet.")
     pixels = (x.detach() * grad).sum(1)
     layout = adapter.layout(model, tuple(x.shape[-2:]))
     return Attribution(method, patch_sums(pixels, layout).double().cpu().numpy(), pixels.double().cpu().numpy(),
@@ -454,8 +463,8 @@ def legrad(model, x: torch.Tensor, target: Target | None = None, layers: range |
             try:
                 adapter.readout(model, points[point_name("resid_post", i)], hooks)
             except NotImplementedError:
-                raise ValueError(f"LeGrad reads each layer's tokens through the model's head, which vitviz cannot "
-                                 f"do yet for {adapter.label(model)} models.") from None
+                raise MethodError(f"LeGrad reads each layer's tokens through the model's head, which vitviz cannot "
+                                  f"do yet for {adapter.label(model)} models.") from None
             attn = points[point_name("attn", i)]
             (grad,) = torch.autograd.grad(bound(hooks.kept).sum(), attn, retain_graph=True)
             total = total + grad.clamp_min(0).mean(dim=1).mean(dim=1)[:, layout.num_prefix_tokens:]
@@ -523,8 +532,8 @@ def gradcam(model, x: torch.Tensor, target: Target | None = None, layer: int = -
     with torch.enable_grad():
         points = run(model, x, keep=(name, target.point))
         if name not in points:
-            raise ValueError(f"Grad-CAM reads a block's ln1 activations, which {adapter.label(model)} models do not "
-                             "show yet.")
+            raise MethodError(f"Grad-CAM reads a block's ln1 activations, which {adapter.label(model)} models do not "
+                              "show yet.")
         bound = target.bind(points)
         score = bound(points)
         (grad,) = torch.autograd.grad(score.sum(), points[name])
@@ -551,4 +560,4 @@ def attribute(model, x: torch.Tensor, method: str, target: Target | None = None)
         return legrad(model, x, target)
     if method == "gradcam":
         return gradcam(model, x, target)
-    raise ValueError(f"unknown attribution method {method!r}: choose from {', '.join(METHODS)}.")
+    raise MethodError(f"unknown attribution method {method!r}: choose from {', '.join(METHODS)}.")

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .attribution import Target
-from ..errors import VitvizError
+from ..errors import MethodError, VitvizError
 
 # The method modules, in the order methods are listed (relevance first, then attention, then the baselines).
 METHOD_MODULES = ("attnlrp", "cp_lrp", "gradient", "integrated_gradients", "legrad", "gradcam", "occlusion",
@@ -31,10 +31,6 @@ NEEDS = {
     "global attention": "attention between all tokens (not inside windows)",
     "readout": "each layer's tokens read through the final norm and head",
 }
-
-
-class MethodError(VitvizError, ValueError):
-    """A method that is unknown, or does not apply to the model (the sentence says why)."""
 
 
 @dataclass
@@ -246,6 +242,8 @@ def repeat_target(bound: Target, index: int, n: int) -> Target:
 
     from .attribution import ClassLogit, Projection
 
+    if hasattr(bound, "repeat"):  # a target that knows what it fixed per image (vitviz.TextTarget)
+        return bound.repeat(index, n)
     if isinstance(bound, ClassLogit):
         return replace(bound, classes=(bound.classes[index],) * n)
     if isinstance(bound, Projection):

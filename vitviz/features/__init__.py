@@ -4,7 +4,8 @@ the public formats, spliced into the forward, explained and browsed.
 ```python
 import vitviz
 from vitviz.features import SAE, LatentTarget
-sae = SAE.fit(tokens, latents=1024, topk=16, seed=0)       # tokens (n, D): an array or an iterable of batches
+sae = SAE.fit(tokens, latents=1024, topk=16, seed=0)       # tokens (n, D): an array or an iterable of batches;
+sae.info["training"]["stop_reason"]                        # trained until converged: "plateau", or "budget" (warned)
 z = sae.encode(tokens)                                     # (n, K), at most k non-zero per row
 sae.decoder                                                # (K, D) unit-norm directions
 sae.save("runs/sae")                                       # sae.safetensors + sae.json; SAE.load("runs/sae")
@@ -26,7 +27,8 @@ from __future__ import annotations
 from .. import lazy_attributes
 
 # public name -> the module of this package that defines it (loaded on first use: the CLI parses without torch)
-_PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae", "load_sae": "public",
+_PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae", "Convergence": "sae",
+           "NotConvergedWarning": "sae", "load_sae": "public",
            "load_saev": "public", "load_prisma": "public", "Splice": "splice", "LatentTarget": "splice",
            "feature_attribution": "splice", "concept_deletion": "deletion"}
 

@@ -16,8 +16,11 @@ moves both). The latent's nearest classes are the classes with the largest cosin
 its direction raises most per unit length, read directly by the head, **later blocks skipped** (the logit lens;
 nostalgebraist 2020) — what the direction says, not what the model does with it downstream (that is
 :func:`vitviz.features.splice.feature_attribution`). σ_t is one positive number, so the ranking and the cosines do
-not depend on t for these heads; a head that pools by attention (SigLIP's MAP) or a norm outside the spelled-out
-readout (timm's ``fc_norm``) is linearised at t as it is.
+not depend on t for these heads; a head that pools by attention (SigLIP's MAP) is linearised at t as it is (timm's
+``fc_norm`` after pooling runs through the same rule as the final norm).
+
+For a whole CLIP model the same direction is read against words: each description's readout direction is the gradient
+of ⟨visual_projection(pooled), t⟩ (t its unit text embedding) and :func:`nearest_descriptions` ranks them by cosine.
 
 The point must be in the residual stream's basis (resid_pre, attn_out, resid_mid, mlp_out, resid_post); a probe head
 reads its own layer, so the SAE's layer must not be past it.
@@ -64,15 +67,17 @@ def _width(lens) -> int:
                           stop_after="blocks.0.resid_pre")["blocks.0.resid_pre"].shape[-1])
 
 
-def readout_directions(lens, reference: torch.Tensor, chunk: int = 64) -> torch.Tensor:
+def readout_directions(lens, reference: torch.Tensor, chunk: int = 64, scores=None, count: int | None = None
+                       ) -> torch.Tensor:
     """Every class's readout direction r_c (see the module docstring) at tokens all equal to ``reference``.
 
     Args:
         reference: t (D,), the token every position of the token set holds.
         chunk: classes computed per backward (each is one copy of the token set in the batch).
+        scores: kept points -> (copies, C) the scores read (default: the logits); ``count`` their number C.
 
     Returns:
-        (C, D) float64 on the CPU, row c = ∂ logit_c / ∂δ.
+        (C, D) float64 on the CPU, row c = ∂ score_c / ∂δ.
     """
     from ..adapters import Hooks
     from ..explainers.attribution import AttnLRP
@@ -80,18 +85,71 @@ def readout_directions(lens, reference: torch.Tensor, chunk: int = 64) -> torch.
     model, adapter, layout = lens.model, lens.adapter, lens.layout
     param = next(model.parameters())
     ref = reference.detach().to(device=param.device, dtype=param.dtype)
+    scores = scores or (lambda kept: kept["logits"])
+    count = lens.num_classes if count is None else count
     rows = []
-    for start in range(0, lens.num_classes, chunk):
-        classes = torch.arange(start, min(start + chunk, lens.num_classes), device=param.device)
+    for start in range(0, count, chunk):
+        classes = torch.arange(start, min(start + chunk, count), device=param.device)
         delta = torch.zeros(len(classes), ref.shape[-1], device=param.device, dtype=param.dtype, requires_grad=True)
         with torch.enable_grad():
             tokens = ref.expand(len(classes), layout.num_tokens, -1) + delta[:, None, :]
-            hooks = Hooks(keep=("logits",), rules=AttnLRP())
+            hooks = Hooks(keep=("logits", "pooled"), rules=AttnLRP())
             adapter.readout(model, tokens, hooks)
-            score = hooks.kept["logits"].gather(1, classes[:, None]).sum()
-            (grad,) = torch.autograd.grad(score, delta)  # copy i's shift only reaches copy i's logits
+            score = scores(hooks.kept).gather(1, classes[:, None]).sum()
+            (grad,) = torch.autograd.grad(score, delta)  # copy i's shift only reaches copy i's scores
         rows.append(grad.detach().double().cpu())
     return torch.cat(rows)
+
+
+def text_directions(lens, reference: torch.Tensor, texts: list[str]) -> torch.Tensor:
+    """CLIP: each text's readout direction (T, D), ∂ ⟨visual_projection(pooled), t⟩ / ∂δ (t the text's unit
+    embedding): the direction of the tokens that raises the image–text score of that text most."""
+    embeds = lens.encode_text(texts).clone()  # a plain tensor: it enters the backward below
+    param = next(lens.model.parameters())
+    projection = lens.text_tower.visual_projection.detach().to(device=param.device, dtype=param.dtype)
+    joint = embeds.to(device=param.device, dtype=param.dtype) @ projection  # (T, D): t · W, read at the pooled vector
+    return readout_directions(lens, reference, scores=lambda kept: kept["pooled"] @ joint.T, count=len(texts))
+
+
+def why_no_descriptions(lens, sae: SAE) -> str | None:
+    """Why ``sae``'s latents have no nearest descriptions on ``lens``'s model (no text tower, a point off the residual
+    stream), or None."""
+    if not lens.has_text:
+        return f"Nearest descriptions need a whole CLIP model (its text tower); {lens.label} has none."
+    kind = sae.info.get("point_kind")
+    if kind not in RESIDUAL_POINTS:
+        return (f"Nearest descriptions read a latent's direction in the residual stream; this SAE reads {kind!r}.")
+    if sae.d_model != _width(lens):
+        return f"This SAE reads {sae.d_model}-wide tokens; {lens.label}'s tokens are {_width(lens)} wide."
+    return None
+
+
+@torch.no_grad()
+def nearest_descriptions(lens, sae: SAE, latents=None, n: int = 5, texts: list[str] | None = None) -> pd.DataFrame:
+    """CLIP: each latent's ``n`` nearest descriptions (vitviz's own pool, or ``texts``): the cosine of its decoder row
+    with each text's readout direction (:func:`text_directions`), largest first.
+
+    Returns:
+        DataFrame (latent int32 0-based, rank int32 1-based, text str, cosine float64).
+    """
+    from ..residual.textspan import descriptions
+
+    why = why_no_descriptions(lens, sae)
+    if why:
+        raise NoReadout(why)
+    texts = list(texts) if texts is not None else list(descriptions())
+    sae = sae.to("cpu")
+    reference = sae.decode(torch.zeros(sae.latents, dtype=sae.W_dec.dtype))
+    r = text_directions(lens, reference, texts)
+    latents = list(range(sae.latents)) if latents is None else [int(j) for j in latents]
+    d = sae.decoder.double()[torch.as_tensor(latents, dtype=torch.long)]
+    cos = ((d / d.norm(dim=-1, keepdim=True).clamp_min(1e-300))
+           @ (r / r.norm(dim=-1, keepdim=True).clamp_min(1e-300)).T).numpy()
+    n = min(n, len(texts))
+    order = np.argsort(-cos, axis=1, kind="stable")[:, :n]
+    rows = [(j, k + 1, texts[c], float(cos[i, c])) for i, j in enumerate(latents) for k, c in enumerate(order[i])]
+    table = pd.DataFrame(rows, columns=["latent", "rank", "text", "cosine"])
+    return table.astype({"latent": np.int32, "rank": np.int32})
 
 
 @torch.no_grad()

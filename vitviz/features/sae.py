@@ -25,6 +25,14 @@ keeps no resumable state (optimiser, data position, dead-latent counters), which
 needs to continue to the same weights. The arithmetic above is short enough to own and to test against
 planted dictionaries (tests/test_features_sae.py).
 
+**How long.** Given no ``epochs``, :meth:`SAE.fit` trains until it has converged on the data it was given: at least
+one pass and :attr:`Convergence.min_steps` steps (a small set is repeated over), then until the mean training
+explained variance of the last ``window`` steps gains less than ``tol`` on the ``window`` before (a plateau), or the
+step budget ends. ``info["training"]`` says which (``stop_reason``: ``"plateau"`` or ``"budget"``) with the final
+explained variance, and a run that stopped on its budget (``max_steps``, the ``epochs`` asked for, the end of a
+one-shot stream) while the explained variance was still rising says so: a :class:`NotConvergedWarning` and the same
+sentence in ``info["training"]["warning"]`` (sae.json).
+
 Determinism: with the same ``seed`` and data the weights are the same bit for bit (CPU); nothing random is
 drawn after initialisation except the epoch's permutation, which is a function of (seed, epoch). A run killed
 after any step and resumed from its checkpoint ends where the uninterrupted run ends.
@@ -32,8 +40,12 @@ after any step and resumed from its checkpoint ends where the uninterrupted run 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
+import warnings
+from collections import deque
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +55,7 @@ import torch
 from ..errors import VitvizError
 from ..io.atomic import atomic_write_bytes
 
-__all__ = ["SAE", "Trainer", "evaluate", "SAE_WEIGHTS", "SAE_INFO", "FORMAT"]
+__all__ = ["SAE", "Trainer", "Convergence", "NotConvergedWarning", "evaluate", "SAE_WEIGHTS", "SAE_INFO", "FORMAT"]
 
 SAE_WEIGHTS, SAE_INFO = "sae.safetensors", "sae.json"
 FORMAT = "vitviz-sae/1"
@@ -53,6 +65,83 @@ ACTIVATIONS = ("topk_relu", "topk", "relu")
 
 class SAEError(VitvizError):
     """An SAE file or setting that cannot be used (the sentence names it and says why)."""
+
+
+class NotConvergedWarning(UserWarning):
+    """Training stopped on its budget while the explained variance was still rising."""
+
+
+@dataclass(frozen=True)
+class Convergence:
+    """When training without an epoch count stops (see the module docstring, "How long").
+
+    Attributes:
+        min_steps: steps before a plateau may end the run (small sets are repeated over to reach it).
+        max_steps: the budget; a single pass longer than it is still completed (all the data given is read once).
+        window: steps per window; the plateau test compares the mean training explained variance of the last two.
+        tol: the least gain (explained variance, absolute) between those two windows that counts as still rising.
+            The per-step value is measured on one batch: its noise, averaged over ``window`` steps, has to stay well
+            below ``tol`` (on the planted dictionary of tests/test_features_sae.py, batch 256, the window means'
+            step-to-step spread at the plateau is ~2e-4).
+    """
+
+    min_steps: int = 2000
+    max_steps: int = 50_000
+    window: int = 200
+    tol: float = 1e-3
+
+    def check(self) -> None:
+        if not (1 <= self.window and 1 <= self.min_steps <= self.max_steps and self.tol >= 0):
+            raise SAEError(f"convergence settings need 1 <= window, 1 <= min_steps <= max_steps and tol >= 0, not "
+                           f"{self}.")
+
+
+class History:
+    """The last 2·window per-step explained variances: the plateau test and what a stopped run reports."""
+
+    def __init__(self, window: int, values=()):
+        self.window = int(window)
+        self.values = deque((float(v) for v in values), maxlen=2 * self.window)
+
+    def add(self, explained_variance: float) -> None:
+        self.values.append(float(explained_variance))
+
+    def final(self) -> float | None:
+        """Mean explained variance of the last ``window`` steps (fewer if fewer were run)."""
+        last = list(self.values)[-self.window:]
+        return sum(last) / len(last) if last else None
+
+    def gain(self) -> float | None:
+        """Mean of the last w steps minus mean of the w before, w = min(window, steps // 2); None below 2 steps."""
+        w = min(self.window, len(self.values) // 2)
+        if w < 1:
+            return None
+        values = list(self.values)
+        return sum(values[-w:]) / w - sum(values[-2 * w:-w]) / w
+
+    def tensor(self) -> torch.Tensor:
+        return torch.tensor(list(self.values), dtype=torch.float64)
+
+
+def stop_record(history: History, reason: str, budget: str, tol: float) -> dict:
+    """``info["training"]``'s account of why a run stopped; warns (:class:`NotConvergedWarning`) when it stopped on
+    its ``budget`` (a phrase: "max_steps=50000", "epochs=5") while the explained variance was still rising by ``tol`` or
+    more per window (or too few steps were run to tell)."""
+    gain, final = history.gain(), history.final()
+    rising = reason == "budget" and (gain is None or gain >= tol)
+    sentence = None
+    if rising:
+        w = min(history.window, len(history.values) // 2)
+        told = ("too few steps to tell whether it had converged" if gain is None else
+                f"the explained variance still rising (the mean of the last {w} steps {gain:+.4f} on the {w} before)")
+        sentence = (f"SAE training stopped on its budget ({budget}) at explained variance {final:.3f} (the mean of "
+                    f"its last {min(history.window, len(history.values))} steps) with {told}: "
+                    "train longer (more epochs or steps, or leave the epoch count out to train until it converges).")
+        warnings.warn(sentence, NotConvergedWarning, stacklevel=3)
+    return {"stop_reason": reason, "budget": budget, "explained_variance": final, "explained_variance_gain": gain,
+            "still_rising": rising, "warning": sentence,
+            "explained_variance_definition": f"training batches' 1 - NMSE, mean of the last {history.window} steps; "
+                                             "gain: that mean minus the mean of as many steps before"}
 
 
 class SAE(torch.nn.Module):
@@ -140,10 +229,11 @@ class SAE(torch.nn.Module):
         return self
 
     @classmethod
-    def fit(cls, activations, latents: int, topk: int, seed: int = 0, epochs: int = 1, batch_size: int = 256,
-            lr: float | None = None, dead_after: int | None = None, checkpoint: str | Path | None = None,
-            checkpoint_every: int = 100, callback: Callable[[int, dict], None] | None = None,
-            progress: bool = False, info: dict | None = None, device: str | torch.device = "cpu") -> "SAE":
+    def fit(cls, activations, latents: int, topk: int, seed: int = 0, epochs: int | None = None,
+            batch_size: int = 256, lr: float | None = None, dead_after: int | None = None,
+            checkpoint: str | Path | None = None, checkpoint_every: int = 100,
+            callback: Callable[[int, dict], None] | None = None, progress: bool = False, info: dict | None = None,
+            device: str | torch.device = "cpu", until: Convergence | None = None) -> "SAE":
         """Train a TopK SAE on tokens.
 
         Args:
@@ -152,7 +242,9 @@ class SAE(torch.nn.Module):
                 one epoch; initialisation reads its first batch).
             latents: K. topk: k.
             seed: decides the initialisation and the order; same seed and data -> same weights.
-            epochs: passes over ``activations``.
+            epochs: passes over ``activations``; None (default): until converged (``until``; the module docstring's
+                "How long").
+            until: the plateau test and step budget used when ``epochs`` is None; default :class:`Convergence`().
             lr: Adam's learning rate; default the paper's 2e-4 / sqrt(K / 2^14).
             dead_after: tokens without firing after which a latent counts as dead (auxiliary-k loss); default 16
                 batches' worth (the paper's 10 M tokens are ~76 of its 131 k-token batches; small data sets need the
@@ -165,13 +257,20 @@ class SAE(torch.nn.Module):
                 batch moves there (the initialisation is computed in float64 on the CPU, the same on every device).
 
         Returns:
-            the trained SAE (eval mode, on ``device``) with ``info["training"]`` (steps, tokens, epochs, seed, lr) and
+            the trained SAE (eval mode, on ``device``) with ``info["training"]`` (steps, tokens, epochs, seed, lr, and
+            why it stopped: ``stop_reason``, ``explained_variance``, ``still_rising``, ``warning``) and
             ``info["metrics"]`` (the last step's training metrics).
+
+        Warns:
+            NotConvergedWarning: it stopped on its budget while the explained variance was still rising.
         """
+        until = Convergence() if until is None else until
+        until.check()
+        if epochs is not None and epochs < 1:
+            raise SAEError(f"epochs must be 1 or more, not {epochs}.")
         array = _as_array(activations)
+        one_shot = False
         if array is not None:
-            if epochs < 1:
-                raise SAEError(f"epochs must be 1 or more, not {epochs}.")
             first = array
             n_batches = math.ceil(len(array) / batch_size)
 
@@ -182,7 +281,7 @@ class SAE(torch.nn.Module):
         else:
             iterable = activations
             one_shot = iter(iterable) is iterable
-            if one_shot and epochs != 1:
+            if one_shot and epochs not in (None, 1):
                 raise SAEError("a one-shot iterator of batches is one epoch: give a list of batches (or an array) "
                                "for more epochs.")
             stream = iter(iterable)
@@ -198,36 +297,57 @@ class SAE(torch.nn.Module):
         from ..sources.models import resolve_device
 
         sae = cls(first.shape[-1], latents, topk, info=info).init_from(first, seed).to(resolve_device(str(device)))
-        trainer = Trainer(sae, lr=lr, dead_after=16 * batch_size if dead_after is None else dead_after)
+        trainer = Trainer(sae, lr=lr, dead_after=16 * batch_size if dead_after is None else dead_after,
+                          window=until.window)
         trainer.settings["seed"] = int(seed)
+        if epochs is None:
+            trainer.settings["until"] = asdict(until)
         path = Path(checkpoint) if checkpoint else None
         if path is not None and path.exists():
             trainer.load_checkpoint(path)
         bar = None
         if progress:
             from tqdm import tqdm
-            bar = tqdm(total=None if n_batches is None else n_batches * epochs, initial=trainer.step_count,
-                       unit="step", desc="SAE")
-        for epoch in range(epochs):
+            total = None if n_batches is None else n_batches * epochs if epochs else None
+            bar = tqdm(total=total, initial=trainer.step_count, unit="step", desc="SAE")
+        for epoch in range(epochs) if epochs else itertools.count():
+            if trainer.stopped or (epoch > 0 and one_shot):
+                break
+            if epoch < trainer.epoch:
+                continue  # done before the checkpoint this run resumed from
             for index, batch in enumerate(batches(epoch)):
                 if (epoch, index) < (trainer.epoch, trainer.batch):
                     continue  # done before the checkpoint this run resumed from
                 metrics = trainer.step(batch)
                 trainer.epoch, trainer.batch = (epoch, index + 1)
-                if path is not None and trainer.step_count % checkpoint_every == 0:
+                if epochs is None and epoch > 0:  # all the data read once: the plateau and the budget may end it
+                    trainer.stopped = converged(trainer, until)
+                if path is not None and (trainer.step_count % checkpoint_every == 0 or trainer.stopped):
                     trainer.save_checkpoint(path)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(_postfix(metrics), refresh=False)
                 if callback is not None:
                     callback(trainer.step_count, metrics)
-        trainer.epoch, trainer.batch = epochs, 0
+                if trainer.stopped:
+                    break
+            else:
+                trainer.epoch, trainer.batch = epoch + 1, 0
+                if epochs is None:  # a first pass may be longer than the budget: it is completed
+                    trainer.stopped = converged(trainer, until, pass_end=True)
+        if not trainer.stopped:  # the epochs asked for, or the one-shot stream, ran out
+            trainer.stopped = "budget"
         if path is not None:
             trainer.save_checkpoint(path)
         if bar is not None:
             bar.close()
+        budget = (f"epochs={epochs}" if epochs else "the one-shot iterator's batches" if one_shot and
+                  trainer.step_count < until.max_steps else f"max_steps={until.max_steps}")
         sae.info["training"] = {**trainer.settings, "steps": trainer.step_count, "tokens": trainer.tokens,
-                                "epochs": epochs, "batch_size": batch_size}
+                                "epochs": (round(trainer.tokens / len(array), 3) if array is not None else
+                                           trainer.epoch + (trainer.batch > 0)),
+                                "batch_size": batch_size,
+                                **stop_record(trainer.history, trainer.stopped, budget, until.tol)}
         sae.info["metrics"] = trainer.last
         return sae.eval()
 
@@ -299,6 +419,16 @@ class SAE(torch.nn.Module):
                 param.copy_(tensors[name])
 
 
+def converged(trainer: "Trainer", until: Convergence, pass_end: bool = False) -> str | None:
+    """``"plateau"``, ``"budget"`` or None (train on), asked after a step of a run that has read all its data once;
+    the plateau is tested every ``window`` steps and at the end of every pass."""
+    if trainer.step_count >= until.min_steps and (pass_end or trainer.step_count % until.window == 0):
+        gain = trainer.history.gain()
+        if gain is not None and gain < until.tol:
+            return "plateau"
+    return "budget" if trainer.step_count >= until.max_steps else None
+
+
 def _topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
     values, index = pre.topk(k, dim=-1)
     return torch.zeros_like(pre).scatter(-1, index, values.relu())
@@ -334,10 +464,11 @@ class Trainer:
 
     Attributes:
         step_count, tokens: steps and tokens trained so far; epoch, batch: where the data stream stands (for
-        resuming); last: the last step's metrics.
+        resuming); last: the last step's metrics; history: the last 2·window steps' explained variances
+        (:class:`History`); stopped: why training ended (``"plateau"``, ``"budget"``), None while it runs.
     """
 
-    def __init__(self, sae: SAE, lr: float | None = None, dead_after: int = 100_000):
+    def __init__(self, sae: SAE, lr: float | None = None, dead_after: int = 100_000, window: int = 200):
         if sae.activation != "topk_relu" or not sae.centre_input:
             raise SAEError(f"only TopK SAEs (ReLU of the top k, input centred on b_dec) are trained here, not "
                            f"{sae.activation!r} ones.")
@@ -349,6 +480,8 @@ class Trainer:
         self.step_count = self.tokens = self.epoch = self.batch = 0
         self.last_fired = torch.zeros(sae.latents, dtype=torch.int64)  # tokens seen when each latent last fired
         self.last: dict = {}
+        self.history = History(window)
+        self.stopped: str | None = None
 
     def dead(self) -> torch.Tensor:
         """(K,) bool: latents that fired on none of the last ``dead_after`` tokens (none before that many)."""
@@ -392,6 +525,7 @@ class Trainer:
         self.last = {"nmse": nmse, "explained_variance": 1 - nmse, "l0": float(active.sum(-1).float().mean()),
                      "dead_fraction": n_dead / sae.latents, "aux_loss": float(aux.detach()), "step": self.step_count,
                      "tokens": self.tokens}
+        self.history.add(self.last["explained_variance"])
         return self.last
 
     # --- resuming --------------------------------------------------------------------------------
@@ -399,7 +533,8 @@ class Trainer:
         return {"sae": {k: v.detach().cpu() for k, v in self.sae.state_dict().items()},
                 "optimizer": self.opt.state_dict(), "last_fired": self.last_fired.clone(),
                 "counters": torch.tensor([self.step_count, self.tokens, self.epoch, self.batch]),
-                "last": json.dumps(self.last), "settings": json.dumps(self.settings)}
+                "last": json.dumps(self.last), "settings": json.dumps(self.settings),
+                "history": self.history.tensor(), "stopped": json.dumps(self.stopped)}
 
     def load_state_dict(self, state: dict) -> None:
         self.sae.load_state_dict(state["sae"])
@@ -407,6 +542,8 @@ class Trainer:
         self.last_fired = state["last_fired"].clone()
         self.step_count, self.tokens, self.epoch, self.batch = (int(v) for v in state["counters"])
         self.last = json.loads(state["last"])
+        self.history = History(self.history.window, state["history"].tolist())
+        self.stopped = json.loads(state["stopped"])
         settings = json.loads(state["settings"])
         if settings != self.settings:
             raise SAEError(f"the checkpoint was trained with {settings}, not {self.settings}: use a new folder or "

@@ -4,16 +4,25 @@ Images go through the model ``batch_size`` files at a time, each forward stopped
 batch's tokens (B · n of them) are shuffled by a permutation of (seed, epoch, batch) and cut into SAE steps of
 ``batch_tokens`` rows. Nothing but one batch of tokens is in memory. After every image batch the whole training
 state (weights, Adam, dead-latent counters, where the stream stands) is written atomically to
-``DIR/checkpoint.pt``; running the same command again continues from it and ends with the weights of an
-uninterrupted run. The SAE is initialised on the first batch's tokens (b_dec at their mean, the scale from their
-spread).
+``DIR/checkpoint.pt`` (after every batch of images the model or the shards gave, every :data:`CHECKPOINT_STEPS`
+steps while an epoch is read from memory, and at the end); running the same command again continues from it and
+ends with the weights of an uninterrupted run. The SAE is initialised on the first batch's tokens (b_dec at their
+mean, the scale from their spread).
+
+Without ``epochs`` it trains until converged, as :meth:`vitviz.SAE.fit` does (:class:`vitviz.features.sae.Convergence`:
+at least one pass and 2,000 steps, then until the explained variance plateaus, at most 50,000 steps). A small image
+set is repeated over many epochs: its tokens are kept in memory after the first (while they fit in
+:data:`HOLD_BYTES`), so the model runs once, not once per epoch; the tokens are the same, and so are the weights.
 """
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import platform
+import warnings
+from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,9 +31,11 @@ import torch
 
 from ..errors import VitvizError
 from .data import flat, shuffled, token_batches
-from .sae import SAE, SAEError, Trainer, _postfix
+from .sae import SAE, Convergence, SAEError, Trainer, _postfix, converged, stop_record
 
 CHECKPOINT = "checkpoint.pt"
+CHECKPOINT_STEPS = 100  # after the first epoch: repeats of a small set are one or a few steps each
+HOLD_BYTES = 1 << 30  # an image set's tokens up to this size are kept in memory for the later epochs
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,7 @@ class TrainSettings:
 
     Attributes:
         layer: 1-based block (``features train --layer``); the point name in sae.json is 0-based.
+        epochs: passes over the images; None: until converged (:class:`vitviz.features.sae.Convergence`()).
         batch_size: images per forward. batch_tokens: tokens per SAE step.
         prefix: train on the prefix tokens (CLS, registers) as well as the patch tokens.
         dead_after: tokens without firing after which a latent is dead (default 16 steps' worth).
@@ -43,7 +55,7 @@ class TrainSettings:
     latents: int
     topk: int
     seed: int = 0
-    epochs: int = 1
+    epochs: int | None = None
     batch_size: int = 8
     batch_tokens: int = 1024
     prefix: bool = False
@@ -52,7 +64,7 @@ class TrainSettings:
 
     def check(self) -> None:
         for name in ("latents", "topk", "epochs", "batch_size", "batch_tokens"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise VitvizError(f"--{name.replace('_', '-')} must be 1 or more, not {getattr(self, name)}.")
         if self.topk > self.latents:
             raise VitvizError(f"--topk {self.topk} is more than --latents {self.latents}: at most K latents can fire.")
@@ -78,14 +90,18 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
     Args:
         lens: the opened model (:func:`vitviz.open`).
         files: :class:`vitviz.io.inputs.ImageFile` in the order they are read.
-        callback: ``fn(image batches done, last metrics)`` after each checkpoint (tests stop runs with it).
+        callback: ``fn(image batches done, last metrics)`` after each image batch (tests stop runs with it).
         engine: where the forwards run (:class:`vitviz.runs.engines.Engine`: this process, or Ray actors whose
             tokens stream back here into the trainer); default this process.
         shards: a folder of float16 shards (:mod:`vitviz.features.shards`): the missing ones are written first, then
             every epoch reads them instead of running the model. None: every epoch streams from the model.
 
     Returns:
-        the SAE (also written to ``out``), its ``info`` the content of sae.json.
+        the SAE (also written to ``out``), its ``info`` the content of sae.json (``info["training"]`` says why it
+        stopped, as :meth:`vitviz.SAE.fit`'s does).
+
+    Warns:
+        NotConvergedWarning: it stopped on its budget while the explained variance was still rising.
 
     Raises:
         VitvizError: a setting that does not fit the model, or a checkpoint in ``out`` from other settings or images.
@@ -95,11 +111,14 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
     run = {"model": lens.spec.name, "checkpoint": lens.spec.checkpoint, "img_size": lens.spec.img_size,
            **asdict(settings), "images_sha256": _files_digest(names),
            "token_dtype": "float32" if shards is None else "float16"}
+    until = Convergence() if settings.epochs is None else None
+    if until is not None:
+        run["until"] = asdict(until)
     point = f"blocks.{settings.layer - 1}.{settings.point}"
     Path(out).mkdir(parents=True, exist_ok=True)
     path = Path(out) / CHECKPOINT
     trainer = sae = None
-    last_epoch, problems, seen = _Running(), [], _Moments()
+    last_epoch, problems, seen = _Running(None if until is None else until.window), [], _Moments()
     if path.exists():
         state = _read_checkpoint(path)
         if json.loads(state["run"]) != run:
@@ -107,9 +126,10 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
                               "give a new --out, or the same images and settings to continue it.")
         K, D = state["sae"]["W_dec"].shape
         sae = SAE(D, K, settings.topk)
-        trainer = _trainer(sae, settings)
+        trainer = _trainer(sae, settings, until)
         trainer.load_state_dict(state)
-        last_epoch.sums, last_epoch.n, problems = json.loads(state["running"])
+        running, problems = json.loads(state["running"])
+        last_epoch.load(running)
         seen.load(state)
     if shards is not None:
         from .shards import write_shards
@@ -120,19 +140,27 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
                               {k: run[k] for k in keys}, engine, progress=lambda _: bar.update(1))
         bar.close()
 
-    def stream(start: int):
+    def read(start: int):
         if shards is not None:
             return shards.read(start)
         return token_batches(lens, files, settings.point, settings.layer, settings.batch_size, settings.prefix,
                              start=start, engine=engine)
 
     n_batches = math.ceil(len(files) / settings.batch_size)
-    bar = _bar(n_batches * settings.epochs, progress, 0 if trainer is None else trainer.epoch * n_batches + trainer.batch)
-    for epoch in range(settings.epochs):
-        start = 0 if trainer is None or epoch > trainer.epoch else trainer.batch
-        if trainer is not None and epoch < trainer.epoch:
+    held = _Held(n_batches, HOLD_BYTES if settings.epochs != 1 else 0)
+    bar = _bar(n_batches * settings.epochs if settings.epochs else None, progress,
+               0 if trainer is None else trainer.epoch * n_batches + trainer.batch)
+    written = 0 if trainer is None else trainer.step_count
+    for epoch in range(settings.epochs) if settings.epochs else itertools.count():
+        if trainer is not None and (trainer.stopped or epoch < trainer.epoch):
+            if trainer.stopped:
+                break
             continue
-        for batch in stream(start):
+        start = 0 if trainer is None or epoch > trainer.epoch else trainer.batch
+        if start == 0:
+            last_epoch.new_epoch()
+        from_memory = held.complete()
+        for batch in held.read(read, start):
             problems += [p for p in batch.problems if epoch == 0]
             if batch.names:
                 tokens = flat(batch.tokens).to(lens.device)  # shards and Ray actors give CPU tensors
@@ -141,26 +169,37 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
                 if trainer is None:
                     sae = SAE(tokens.shape[-1], settings.latents, settings.topk).to(tokens.device)
                     sae.init_from(tokens, settings.seed)
-                    trainer = _trainer(sae, settings)
+                    trainer = _trainer(sae, settings, until)
                 tokens = shuffled(tokens, settings.seed, epoch, batch.index)
                 for s in range(0, len(tokens), settings.batch_tokens):
                     metrics = trainer.step(tokens[s:s + settings.batch_tokens])
-                    if epoch == settings.epochs - 1:
-                        last_epoch.add(metrics, len(tokens[s:s + settings.batch_tokens]))
+                    last_epoch.add(metrics, len(tokens[s:s + settings.batch_tokens]))
+                    if until is not None and epoch > 0:  # all the images read once: plateau and budget may end it
+                        trainer.stopped = converged(trainer, until)
+                        if trainer.stopped:
+                            break
             if trainer is None:
                 continue
             trainer.epoch, trainer.batch = epoch, batch.index + 1
-            _write_checkpoint(trainer, run, [last_epoch.sums, last_epoch.n, problems], seen, path)
+            if trainer.batch == n_batches and until is not None and not trainer.stopped:
+                trainer.stopped = converged(trainer, until, pass_end=True)
+            if not from_memory or trainer.stopped or trainer.step_count - written >= CHECKPOINT_STEPS:
+                _write_checkpoint(trainer, run, [last_epoch.state(), problems], seen, path)
+                written = trainer.step_count
             bar.update(1)
             if trainer.last:
                 bar.set_postfix(_postfix(trainer.last), refresh=False)
             if callback is not None:
                 callback(epoch * n_batches + batch.index + 1, trainer.last)
+            if trainer.stopped:
+                break
     bar.close()
     if trainer is None:
         raise VitvizError("no image could be read: nothing to train on.")
-    trainer.epoch, trainer.batch = settings.epochs, 0
-    _write_checkpoint(trainer, run, [last_epoch.sums, last_epoch.n, problems], seen, path)
+    trainer.stopped = trainer.stopped or "budget"  # the epochs asked for ran out
+    if settings.epochs:
+        trainer.epoch, trainer.batch = settings.epochs, 0
+    _write_checkpoint(trainer, run, [last_epoch.state(), problems], seen, path)
     final = last_epoch.result() or trainer.last
     final["dead_fraction"] = float(trainer.dead().float().mean())
     card = lens.loaded.card()
@@ -172,10 +211,15 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
         "tokens_read": "patch and prefix tokens" if settings.prefix else "patch tokens",
         "images": {"count": len(names) - len(problems), "names": names, "skipped": problems,
                    "sha256_of_names": run["images_sha256"]},
-        "training": {**trainer.settings, **asdict(settings), "steps": trainer.step_count, "tokens": trainer.tokens},
+        "training": {**trainer.settings, **asdict(settings), "steps": trainer.step_count, "tokens": trainer.tokens,
+                     "epochs_run": round(trainer.tokens / max(seen.n, 1), 3),
+                     **stop_record(trainer.history, trainer.stopped,
+                                   f"epochs={settings.epochs}" if settings.epochs else f"max_steps={until.max_steps}",
+                                   (until or Convergence()).tol)},
         "metrics": final,
         "activations": seen.result(),
-        "metrics_definition": "the last epoch's training batches, token-weighted (nmse = sum ||x - x_hat||^2 / "
+        "metrics_definition": ("the last epoch's" if settings.epochs else f"the last {until.window} steps'")
+                              + " training batches, token-weighted (nmse = sum ||x - x_hat||^2 / "
                               "sum ||x - batch mean||^2 per step); dead_fraction: latents that fired on none of "
                               "the last dead_after tokens",
         "versions": versions(),
@@ -184,9 +228,10 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
     return sae
 
 
-def _trainer(sae: SAE, settings: TrainSettings) -> Trainer:
+def _trainer(sae: SAE, settings: TrainSettings, until: Convergence | None) -> Trainer:
     return Trainer(sae, lr=settings.lr,
-                   dead_after=16 * settings.batch_tokens if settings.dead_after is None else settings.dead_after)
+                   dead_after=16 * settings.batch_tokens if settings.dead_after is None else settings.dead_after,
+                   window=(until or Convergence()).window)
 
 
 def _write_checkpoint(trainer: Trainer, run: dict, running: list, seen: "_Moments", path: Path) -> None:
@@ -215,18 +260,61 @@ def _differences(old: dict, new: dict) -> str:
 
 
 class _Running:
-    """Token-weighted means of the step metrics."""
+    """Token-weighted means of the step metrics over the current epoch (``window`` None) or the last ``window``
+    steps: entries of (metric × tokens sums, tokens), one per step in a window, one for the whole epoch otherwise."""
 
-    def __init__(self):
-        self.sums, self.n = {}, 0
+    KEYS = ("nmse", "explained_variance", "l0")
+
+    def __init__(self, window: int | None = None):
+        self.window = window
+        self.entries = deque(maxlen=window)
+
+    def new_epoch(self) -> None:
+        if self.window is None:
+            self.entries.clear()
 
     def add(self, metrics: dict, n: int) -> None:
-        for k in ("nmse", "explained_variance", "l0"):
-            self.sums[k] = self.sums.get(k, 0.0) + metrics[k] * n
-        self.n += n
+        values = [metrics[k] * n for k in self.KEYS]
+        if self.window is None and self.entries:
+            sums, m = self.entries.pop()
+            values, n = [a + b for a, b in zip(sums, values)], m + n
+        self.entries.append((values, n))
 
     def result(self) -> dict:
-        return {k: v / self.n for k, v in self.sums.items()} if self.n else {}
+        n = sum(m for _, m in self.entries)
+        return {k: sum(v[i] for v, _ in self.entries) / n for i, k in enumerate(self.KEYS)} if n else {}
+
+    def state(self) -> list:
+        return list(self.entries)
+
+    def load(self, entries: list) -> None:
+        self.entries.extend((list(v), m) for v, m in entries)
+
+
+class _Held:
+    """The image set's token batches kept in memory once read, while their total stays within ``limit`` bytes: the
+    later epochs read them from here (the same tensors the model or the shards would give again)."""
+
+    def __init__(self, n_batches: int, limit: int):
+        self.n_batches, self.limit, self.bytes = n_batches, limit, 0
+        self.batches: dict[int, object] = {}
+
+    def complete(self) -> bool:
+        return len(self.batches) == self.n_batches
+
+    def read(self, source: Callable, start: int):
+        """The batches from ``start``: from memory when all are held, else from ``source(start)`` (kept)."""
+        if self.complete():
+            yield from (self.batches[i] for i in range(start, self.n_batches))
+            return
+        for batch in source(start):
+            if self.limit and batch.index not in self.batches:
+                self.bytes += batch.tokens.numel() * batch.tokens.element_size()
+                self.batches[batch.index] = batch
+                if self.bytes > self.limit:  # too large to hold: every epoch reads the source
+                    self.batches.clear()
+                    self.limit = 0
+            yield batch
 
 
 class _Moments:

@@ -9,17 +9,21 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from PIL import Image
 
-from ..explainers.attribution import LABELS, Attribution
+from ..explainers import registered
+from ..explainers.attribution import Attribution
 from .colour import DIVERGING, ROBUST_PERCENTILE, lookup_table, reference_stops
 from .core import image_data_uri
 
 SEQUENTIAL_MAP = "Inferno"
 
 
+def _label(method: str) -> str:
+    """The map method's name as the registry (:mod:`vitviz.explainers`) gives it to every reader (``"Grad-CAM"``)."""
+    return registered()[method].label
+
+
 def _signed(method: str) -> bool:
     """The method's colour rule, from its registration (:mod:`vitviz.explainers`): signed maps diverging around 0."""
-    from ..explainers import registered
-
     return registered()[method].signed
 
 
@@ -57,7 +61,7 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
     cols = min(columns, n)
     rows = -(-n // cols)
     titles = (["model input"] if with_input else []) + [
-        LABELS[r.method] + (" (pixels)" if pixels and r.pixels is not None else "") for r in results]
+        _label(r.method) + (" (pixels)" if pixels and r.pixels is not None else "") for r in results]
     # Each colour bar's title runs up beside its bar (side "right"): above the bar, "0–1 (min-max)" ran into the next
     # map; the gap between maps holds the bar, its ticks and that one line.
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.09,
@@ -74,7 +78,7 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
                             padding=None if at_pixels else padding)
         scale, clipped = drawn.scales[0], len(drawn.clipped[0])
         if clipped:
-            notes.append(f"{LABELS[r.method]}: {clipped} {'pixels' if at_pixels else 'patches'} "
+            notes.append(f"{_label(r.method)}: {clipped} {'pixels' if at_pixels else 'patches'} "
                          f"{'beyond ±' if signed else 'above '}{scale.hi:.3g} drawn at the end colour")
         row, col = divmod(i + first - 1, cols)
         row, col = row + 1, col + 1
@@ -89,11 +93,11 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
             zmin=scale.lo, zmax=scale.hi, colorscale=reference_stops(drawn.cmap),
             colorbar=dict(title=dict(text=unit, side="right", font=dict(size=11)), len=0.75 * (top - bottom),
                           y=(top + bottom) / 2, thickness=10, x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
-            hovertemplate="row %{y:.0f}, col %{x:.0f}: %{z:.4g}<extra>" + LABELS[r.method] + "</extra>"),
+            hovertemplate="row %{y:.0f}, col %{x:.0f}: %{z:.4g}<extra>" + _label(r.method) + "</extra>"),
             row=row, col=col)
     padded = ""
     if len(padding):
-        pixel_maps = [LABELS[r.method] for r in results if pixels and r.pixels is not None]
+        pixel_maps = [_label(r.method) for r in results if pixels and r.pixels is not None]
         padded = (f"{len(padding)} padding patches (no photo in them) hatched, set no limit"
                   + (f" (not in the pixel maps of {', '.join(pixel_maps)})" if pixel_maps else ""))
     for axis in range(1, rows * cols + 1):
@@ -121,7 +125,7 @@ def conservation_figure(results: list[Attribution], index: int = 0, target_text:
     """Per relevance method: the target's value beside the relevance the pixels receive (their sum). What
     is missing went to the prefix tokens, the position embedding, biases and (AttnLRP) the softmax."""
     methods = [r for r in results if r.pixels is not None]
-    names = [LABELS[r.method] for r in methods]
+    names = [_label(r.method) for r in methods]
     value = [float(r.target_value[index]) for r in methods]
     at_pixels = [float(r.pixel_sum[index]) for r in methods]
     share = [p / v if v else float("nan") for p, v in zip(at_pixels, value)]
@@ -165,12 +169,12 @@ def method_groups(maps: dict[str, np.ndarray]) -> list:
     signed = [m for m in maps if _signed(m)]
     groups = []
     if signed:
-        names = [LABELS[m] for m in signed]
+        names = [_label(m) for m in signed]
         groups.append(MapGroup(" and ".join(names) if len(names) <= 2 else ", ".join(names),
                                [MapRow("", np.stack([maps[m] for m in signed]), names)],
                                "relevance (target units)", signed=True))
     for m in maps:
         if not _signed(m):
             unit = "0–1 (min-max)" if m == "legrad" else "ReLU(Σ w·A)"
-            groups.append(MapGroup(LABELS[m], [MapRow("", np.asarray(maps[m])[None], [LABELS[m]])], unit))
+            groups.append(MapGroup(_label(m), [MapRow("", np.asarray(maps[m])[None], [_label(m)])], unit))
     return groups

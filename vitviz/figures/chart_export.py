@@ -10,7 +10,7 @@ quiet 2-core machine (``benchmarks/chart_export.py``); the map panels' own SVG/P
 """
 from __future__ import annotations
 
-from ..errors import VitvizError
+from ..errors import OptionError, VitvizError
 
 FORMATS = ("svg", "pdf")
 # px (1 px = 1/96 in in the PDF): a chart without its own width is as wide as the page's main column at 1440 px,
@@ -75,7 +75,7 @@ def chart_file(fig, fmt: str, *, width: int | None = None, height: int | None = 
         ChartExportError: no kaleido or no browser (:func:`unavailable_reason`'s sentence), or the browser failed.
     """
     if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+        raise OptionError(f"format must be one of {FORMATS}, not {fmt!r}")
     reason = unavailable_reason()
     if reason:
         raise ChartExportError(reason)

@@ -11,6 +11,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..errors import OptionError
+
 # Perceptually uniform maps for magnitudes; the diverging one is for signed values (cosine).
 SEQUENTIAL = ("Inferno", "Viridis", "Magma", "Cividis", "Greys")
 DIVERGING = "RdBu_r"
@@ -129,7 +131,7 @@ def colour_scale(maps: np.ndarray, mode: str = "robust per head", *, exclude: np
     """
     maps = np.asarray(maps, dtype=np.float64)
     if mode not in SCALE_MODES:
-        raise ValueError(f"colour scale must be one of {SCALE_MODES}, not {mode!r}")
+        raise OptionError(f"colour scale must be one of {SCALE_MODES}, not {mode!r}")
     keep = np.ones(maps.shape[1:], dtype=bool) if exclude is None else ~np.asarray(exclude, dtype=bool)
     if not keep.any():
         keep[:] = True

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from ..errors import OptionError
 from .colour import ColourScale, colourise, lookup_table
 
 OVERLAY_STYLES = ("transparent where low", "heatmap", "DINO mask")
@@ -67,7 +68,7 @@ def render_overlay(image: Image.Image, grid_map: np.ndarray, scale: ColourScale,
         zoom: integer enlargement of the output (for print-size downloads).
     """
     if style not in OVERLAY_STYLES:
-        raise ValueError(f"overlay style must be one of {OVERLAY_STYLES}, not {style!r}")
+        raise OptionError(f"overlay style must be one of {OVERLAY_STYLES}, not {style!r}")
     size = (image.width * zoom, image.height * zoom)
     base = np.asarray(image.convert("RGB").resize(size, Image.BICUBIC) if zoom > 1 else image.convert("RGB"),
                       dtype=np.float64)

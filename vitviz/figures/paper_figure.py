@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
+from ..errors import OptionError
 from .colour import ColourScale, lookup_table
 from .overlay import RenderedMaps, colour_bar_ticks, render_maps
 
@@ -79,7 +80,7 @@ class PaperFigure:
         import matplotlib
 
         if fmt not in FORMATS:
-            raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+            raise OptionError(f"format must be one of {FORMATS}, not {fmt!r}")
         buf = io.BytesIO()
         with matplotlib.rc_context({"svg.fonttype": "none", "pdf.fonttype": 42}):
             self.figure.savefig(buf, format=fmt, dpi=PNG_DPI,
@@ -127,9 +128,9 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
     from matplotlib.figure import Figure
 
     if arrange not in ("down", "across"):
-        raise ValueError(f"arrange must be 'down' or 'across', not {arrange!r}")
+        raise OptionError(f"arrange must be 'down' or 'across', not {arrange!r}")
     if not groups or any(not g.rows for g in groups):
-        raise ValueError("a paper figure needs at least one group, each with at least one row")
+        raise OptionError("a paper figure needs at least one group, each with at least one row")
     rendered = []
     for g in groups:
         stacked = np.concatenate([np.asarray(r.maps, dtype=np.float64) for r in g.rows])
@@ -157,7 +158,7 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
         bar_band = 0.0
     else:
         if len({len(g.rows) for g in groups}) != 1:
-            raise ValueError("arrange='across' needs the same number of rows in every group")
+            raise OptionError("arrange='across' needs the same number of rows in every group")
         columns = sum(max(len(r.maps) for r in g.rows) for g in groups)
         n_rows = len(groups[0].rows)
         width = left + columns * (tile_w + gap) + (len(groups) - 1) * 0.2 + 0.1

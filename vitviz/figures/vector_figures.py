@@ -12,6 +12,7 @@ import io
 import numpy as np
 from PIL import Image
 
+from ..errors import OptionError
 from .colour import ColourScale, lookup_table
 from .overlay import colour_bar_ticks
 
@@ -44,7 +45,7 @@ def panel_vector(tiles: list[Image.Image], titles: list[str], title: str, scale:
     from matplotlib.figure import Figure
 
     if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+        raise OptionError(f"format must be one of {FORMATS}, not {fmt!r}")
     k = len(tiles)
     columns = max(1, min(columns, k))
     rows = -(-k // columns)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from ..errors import ImageError, first_line
+from ..errors import ImageError, OptionError, first_line
 
 MAX_PIXELS = 40_000_000
 MIN_SIDE = 8
@@ -258,7 +258,7 @@ def frame_image(loaded: LoadedImage, framing: str, fill: tuple[int, int, int] = 
         fill: RGB of the padding.
     """
     if framing not in FRAMINGS:
-        raise ValueError(f"framing must be one of {FRAMINGS}, not {framing!r}")
+        raise OptionError(f"framing must be one of {FRAMINGS}, not {framing!r}")
     if framing == "crop" or loaded.image.width == loaded.image.height:
         return loaded
     w, h = loaded.image.size

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ImageError
+from ..errors import FileContentError, ImageError
 from ..settings import megabytes
 
 # What the app's uploader accepts; other files in a folder (labels, READMEs) are not images to try.
@@ -122,7 +122,7 @@ def _parquet_list(path: Path) -> list[str]:
     """The paths a Parquet list holds: its ``path`` column, else its ``image`` column (non-empty strings, in order).
 
     Raises:
-        ValueError: a sentence: not Parquet, neither column, or more than :data:`MAX_LIST_LINES` rows (read from
+        FileContentError: a sentence: not Parquet, neither column, or more than :data:`MAX_LIST_LINES` rows (read from
             the file's footer, before any row is read).
     """
     import pyarrow as pa
@@ -131,13 +131,15 @@ def _parquet_list(path: Path) -> list[str]:
     try:
         table = pq.ParquetFile(path)
         if table.metadata.num_rows > MAX_LIST_LINES:
-            raise ValueError(f"is a Parquet list of {table.metadata.num_rows:,} rows, more than the {MAX_LIST_LINES:,} "
-                             "a list of image paths may have; vitviz does not read it (split it into several files)")
+            raise FileContentError(f"is a Parquet list of {table.metadata.num_rows:,} rows, more than the "
+                                   f"{MAX_LIST_LINES:,} a list of image paths may have; vitviz does not read it (split "
+                                   "it into several files)")
         names = table.schema_arrow.names
         column = next((c for c in ("path", "image") if c in names), None)
         if column is None:
-            raise ValueError(f"has neither a 'path' nor an 'image' column to list images by (it has {', '.join(names)})")
+            raise FileContentError(f"has neither a 'path' nor an 'image' column to list images by (it has "
+                                   f"{', '.join(names)})")
         values = pq.read_table(path, columns=[column]).column(column).to_pylist()
     except (pa.ArrowException, OSError) as exc:
-        raise ValueError(f"cannot be read as a Parquet list of paths ({str(exc).splitlines()[0]})") from exc
+        raise FileContentError(f"cannot be read as a Parquet list of paths ({str(exc).splitlines()[0]})") from exc
     return [str(v).strip() for v in values if v is not None and str(v).strip()]

@@ -27,6 +27,7 @@ from PIL import Image
 
 from ..adapters import adapter_for, run
 from ..capture import num_classes
+from ..errors import OptionError
 from ..layout import TokenLayout
 from ..analyses.maps import query_attention_map
 
@@ -40,7 +41,7 @@ PROTOCOL_AUC = "AUC by the trapezoid rule over f; lower deletion AUC and higher 
 def default_fractions(steps: int = 11) -> np.ndarray:
     """``steps`` evenly spaced fractions from 0 to 1: (steps,)."""
     if steps < 2:
-        raise ValueError(f"the perturbation curve needs at least 2 steps, not {steps}")
+        raise OptionError(f"the perturbation curve needs at least 2 steps, not {steps}")
     return np.linspace(0.0, 1.0, steps)
 
 
@@ -53,7 +54,7 @@ def step_counts(fractions: np.ndarray, num_patches: int) -> np.ndarray:
     """k = round(f * P) with halves rounded up (not to even): (S,) -> (S,) int."""
     f = np.asarray(fractions, dtype=np.float64)
     if f.ndim != 1 or (f < 0).any() or (f > 1).any() or (np.diff(f) <= 0).any():
-        raise ValueError("perturbation fractions must increase strictly within [0, 1]")
+        raise OptionError("perturbation fractions must increase strictly within [0, 1]")
     return np.floor(f * num_patches + 0.5 + 1e-9).astype(int)
 
 
@@ -86,27 +87,35 @@ def perturb(image: torch.Tensor, masks: np.ndarray, mode: str) -> torch.Tensor:
         (S, 3, H, W).
     """
     if mode not in MODES:
-        raise ValueError(f"perturbation mode must be one of {MODES}, not {mode!r}")
+        raise OptionError(f"perturbation mode must be one of {MODES}, not {mode!r}")
     keep = torch.from_numpy(~masks if mode == "deletion" else masks).to(image.device)
     return image[None] * keep[:, None].to(image.dtype)
 
 
 class Score:
-    """What a perturbed input is scored by. Subclasses set ``name`` and implement ``__call__``."""
+    """What a perturbed input is scored by. Subclasses set ``name`` and either ``point`` (the model point read:
+    ``"logits"`` or ``"pooled"``) with :meth:`of` (that point's rows -> scores; rows of different images and scores
+    then share forwards, :func:`vitviz.perturbation.protocols.protocol_curves_batch`), or ``__call__``."""
 
     name = ""
+    point: str | None = None
 
     def describe(self) -> str:
         return self.name
 
-    def __call__(self, model, x: torch.Tensor) -> np.ndarray:  # (B, 3, H, W) -> (B,)
+    def of(self, values: torch.Tensor) -> np.ndarray:
+        """(B, …) values of :attr:`point` -> (B,) scores."""
         raise NotImplementedError
+
+    def __call__(self, model, x: torch.Tensor) -> np.ndarray:  # (B, 3, H, W) -> (B,)
+        return self.of(run(model, x, keep=(self.point,), fast=True)[self.point])
 
 
 class ClassProbability(Score):
     """Softmax probability of one class (models with a classifier head)."""
 
     name = "class probability"
+    point = "logits"
 
     def __init__(self, target: int):
         self.target = int(target)
@@ -114,8 +123,8 @@ class ClassProbability(Score):
     def describe(self) -> str:
         return f"softmax probability of class {self.target}"
 
-    def __call__(self, model, x):
-        return model_logits(model, x).float().softmax(dim=-1)[:, self.target].double().cpu().numpy()
+    def of(self, values):
+        return values.float().softmax(dim=-1)[:, self.target].double().cpu().numpy()
 
 
 def model_logits(model, x: torch.Tensor) -> torch.Tensor:
@@ -137,6 +146,7 @@ class PreLogitsCosine(Score):
     """Cosine similarity of the pre-logits vector with that of the original input (headless models)."""
 
     name = "pre-logits cosine"
+    point = "pooled"
 
     def __init__(self, reference: torch.Tensor, vector: str = "forward_head(pre_logits=True)"):
         self.reference = reference.float().reshape(1, -1)
@@ -145,8 +155,8 @@ class PreLogitsCosine(Score):
     def describe(self) -> str:
         return f"cosine similarity of the pre-logits vector ({self.vector}) with the original's"
 
-    def __call__(self, model, x):
-        return torch.nn.functional.cosine_similarity(pre_logits(model, x).float(), self.reference.to(x.device),
+    def of(self, values):
+        return torch.nn.functional.cosine_similarity(values.float(), self.reference.to(values.device),
                                                      dim=-1).double().cpu().numpy()
 
 
@@ -340,7 +350,7 @@ def ordered(grid_map: np.ndarray, ordering: str = "signed") -> np.ndarray:
         return np.maximum(grid_map, 0)
     if ordering == "absolute":
         return np.abs(grid_map)
-    raise ValueError(f"unknown ordering {ordering!r}: choose from {', '.join(ORDERINGS)}")
+    raise OptionError(f"unknown ordering {ordering!r}: choose from {', '.join(ORDERINGS)}")
 
 
 def random_seed_maps(grid_size: tuple[int, int], first_seed: int = 0, seeds: int = RANDOM_SEEDS) -> dict:

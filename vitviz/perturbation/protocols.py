@@ -38,14 +38,17 @@ kernel, sigma 5 px, edges replicated).
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
+from ..errors import OptionError, ViewNotApplicable
 from .curves import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits,
                            patch_masks, patch_order, pixel_masks, score_inputs, step_counts, _to_model)
+from ..adapters import run
 from ..layout import TokenLayout
 
 PROTOCOLS = ("morf", "lerf", "insertion")
@@ -71,7 +74,7 @@ CHEFER_TEXT = ("Chefer et al. CVPR'21: patches removed most relevant first (posi
 def protocol_text(replacement: str) -> str:
     """The deletion/insertion protocol in words with the ``replacement`` chosen (:data:`REPLACEMENT_TEXT`)."""
     if replacement not in REPLACEMENT_TEXT:
-        raise ValueError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
+        raise OptionError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
     return (f"{PROTOCOL_ORDER}; deletion replaces them by {REPLACEMENT_TEXT[replacement]}, insertion starts from "
             f"that replacement everywhere and restores them; {PROTOCOL_AUC}")
 
@@ -100,7 +103,7 @@ def replacement_of(image: torch.Tensor, replacement: str) -> torch.Tensor:
         return torch.zeros_like(image)
     if replacement == "blur":
         return blurred(image)
-    raise ValueError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
+    raise OptionError(f"unknown replacement {replacement!r}: choose from {', '.join(REPLACEMENTS)}")
 
 
 def protocol_order(grid_map: np.ndarray, protocol: str) -> np.ndarray:
@@ -124,6 +127,7 @@ class Top1Agreement(Score):
     """1 when the input's top-1 class is ``label``, else 0 (Chefer's per-image accuracy)."""
 
     name = "top-1 agreement"
+    point = "logits"
 
     def __init__(self, label: int):
         self.label = self.target = int(label)
@@ -131,8 +135,8 @@ class Top1Agreement(Score):
     def describe(self) -> str:
         return f"1 when the top-1 class is {self.label} (the unperturbed image's), else 0"
 
-    def __call__(self, model, x):
-        return (model_logits(model, x).argmax(dim=-1) == self.label).double().cpu().numpy()
+    def of(self, values):
+        return (values.argmax(dim=-1) == self.label).double().cpu().numpy()
 
 
 @dataclass
@@ -184,24 +188,7 @@ def protocol_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray], lay
         target: the class scored (default the unperturbed top-1); also Chefer's label.
         progress: called with (methods done, methods).
     """
-    unknown = [p for p in protocols if p not in PROTOCOLS + CHEFER]
-    if unknown:
-        raise ValueError(f"unknown protocol {', '.join(unknown)}: choose from {', '.join(PROTOCOLS + CHEFER)}")
-    fractions = default_fractions() if fractions is None else np.asarray(fractions, dtype=np.float64)
-    base = replacement_of(image, replacement)
-    scores: dict[str, Score] = {}
-    if any(p in PROTOCOLS for p in protocols):
-        scores |= dict.fromkeys([p for p in protocols if p in PROTOCOLS],
-                                default_score(model, image, target) if score is None else score)
-    if any(p in CHEFER for p in protocols):
-        with torch.inference_mode():
-            logits = model_logits(model, _to_model(model, image[None])) if _has_head(model) else None
-        if logits is None:
-            raise ValueError("Chefer's positive/negative perturbation counts top-1 agreement and needs a classifier "
-                             "head; this model has none.")
-        scores |= dict.fromkeys([p for p in protocols if p in CHEFER],
-                                Top1Agreement(int(logits[0].argmax()) if target is None else target))
-    steps = {p: chefer_fractions() if p in CHEFER else fractions for p in protocols}
+    fractions, base, scores, steps = _setup(model, image, protocols, replacement, fractions, score, target)
     # The unperturbed input and the all-replaced one are shared by every method: scored once per score.
     ends = {id(s): score_inputs(model, torch.stack([image, base]), s) for s in scores.values()}
     names = list(maps)
@@ -218,10 +205,140 @@ def protocol_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray], lay
                 curves[p][m, inner] = score_inputs(model, inputs, scores[p], batch_size)
         if progress is not None:
             progress(m + 1, len(names))
+    return _result(names, protocols, steps, curves, scores, replacement)
+
+
+def _setup(model, image, protocols, replacement, fractions, score, target):
+    """One image's replacement (3, H, W), its score per protocol and the fractions per protocol."""
+    unknown = [p for p in protocols if p not in PROTOCOLS + CHEFER]
+    if unknown:
+        raise OptionError(f"unknown protocol {', '.join(unknown)}: choose from {', '.join(PROTOCOLS + CHEFER)}")
+    fractions = default_fractions() if fractions is None else np.asarray(fractions, dtype=np.float64)
+    base = replacement_of(image, replacement)
+    scores: dict[str, Score] = {}
+    if any(p in PROTOCOLS for p in protocols):
+        scores |= dict.fromkeys([p for p in protocols if p in PROTOCOLS],
+                                default_score(model, image, target) if score is None else score)
+    if any(p in CHEFER for p in protocols):
+        with torch.inference_mode():
+            logits = model_logits(model, _to_model(model, image[None])) if _has_head(model) else None
+        if logits is None:
+            raise ViewNotApplicable("Chefer's positive/negative perturbation counts top-1 agreement and needs a "
+                                    "classifier head; this model has none.")
+        scores |= dict.fromkeys([p for p in protocols if p in CHEFER],
+                                Top1Agreement(int(logits[0].argmax()) if target is None else target))
+    steps = {p: chefer_fractions() if p in CHEFER else fractions for p in protocols}
+    return fractions, base, scores, steps
+
+
+def _result(names, protocols, steps, curves, scores, replacement) -> ProtocolCurves:
     first_score = next(iter(scores.values()))
     return ProtocolCurves(methods=names, protocols=list(protocols), fractions=steps, curves=curves,
                           score={p: scores[p].describe() for p in protocols}, replacement=replacement,
                           target=getattr(first_score, "target", None))
+
+
+def protocol_curves_batch(model, images: torch.Tensor, maps: list[dict[str, np.ndarray]], layout: TokenLayout, *,
+                          protocols=PROTOCOLS, replacement: str = "mean", fractions: np.ndarray | None = None,
+                          target: int | None = None, batch_size: int = 64) -> list[ProtocolCurves]:
+    """:func:`protocol_curves` of every image of a batch, its perturbed inputs through the model together.
+
+    Every perturbed input of every image, map and protocol (and each image's unperturbed and all-replaced input)
+    is one row; the rows whose scores read the same model point (logits or the pooled vector) go through the
+    model ``batch_size`` at a time, built as they are needed (at most ``batch_size`` inputs held at once), and each
+    row is scored by its own image's score. The model's forward treats the rows of a batch independently, so the
+    curves are those of :func:`protocol_curves` image by image (tests/test_faithfulness_batched.py checks them bit
+    for bit on the CPU).
+
+    Args:
+        images: (B, 3, H, W) normalised model inputs. maps: per image, method name -> (gh, gw) map.
+        target: the class scored for every image (default each image's unperturbed top-1); Chefer's label too.
+        batch_size: inputs per forward (the memory bound: ``batch_size`` inputs and their activations).
+        The other arguments as :func:`protocol_curves`.
+
+    Returns:
+        one :class:`ProtocolCurves` per image.
+    """
+    setups = [_setup(model, image, protocols, replacement, fractions, None, target) for image in images]
+    curves = [{p: np.empty((len(m), len(setup[3][p]))) for p in protocols} for m, setup in zip(maps, setups)]
+    rows = []  # (image, score, where the scores go: fn(values (n,)), the inputs (n, 3, H, W) made when needed)
+    for i, (image, (_, base, scores, steps)) in enumerate(zip(images, setups)):
+        for score in {id(s): s for s in scores.values()}.values():
+            rows.append((score, _ends_into(curves[i], scores, score, steps, layout.num_patches),
+                         lambda image=image, base=base: torch.stack([image, base])))
+        for m, name in enumerate(maps[i]):
+            for p in protocols:
+                counts = step_counts(steps[p], layout.num_patches)
+                inner = (counts > 0) & (counts < layout.num_patches)
+                if inner.any():
+                    def put(values, c=curves[i][p], m=m, inner=inner):
+                        c[m, inner] = values
+                    rows.append((scores[p], put, lambda image=image, base=base, name=name, p=p, i=i, inner=inner,
+                                 counts=counts: protocol_inputs(image, base, protocol_order(maps[i][name], p),
+                                                                counts[inner], layout, p)))
+    group = lambda score: score.point or id(score)  # noqa: E731 (rows that can share a forward)
+    for key in dict.fromkeys(group(score) for score, _, _ in rows):
+        _score_rows(model, [r for r in rows if group(r[0]) == key], batch_size)
+    return [_result(list(m), protocols, setup[3], c, setup[2], replacement)
+            for m, setup, c in zip(maps, setups, curves)]
+
+
+def _ends_into(curves: dict, scores: dict, score: Score, steps: dict, num_patches: int):
+    """Where an image's (unperturbed, all-replaced) scores under ``score`` go: every map's 0 % and 100 % points of
+    the protocols scored by it."""
+    def put(values):
+        original, replaced = values
+        for p, s in scores.items():
+            if s is score:
+                counts = step_counts(steps[p], num_patches)
+                first, last = (replaced, original) if p == "insertion" else (original, replaced)
+                outer = ~((counts > 0) & (counts < num_patches))
+                curves[p][:, outer] = np.where(counts == 0, first, last)[outer]
+    return put
+
+
+def _score_rows(model, rows: list, batch_size: int) -> None:
+    """Score ``rows`` (score, put, make inputs) that read the same point (or share one ``__call__``-only score):
+    their inputs are made in order and go through the model ``batch_size`` per forward (a row's inputs may be
+    split between two forwards); each row's scores are handed to its ``put`` at the end."""
+    got: list[list[np.ndarray]] = [[] for _ in rows]
+    queue: deque = deque()  # (row, inputs) not yet through the model
+    held = 0
+
+    def forward() -> None:
+        nonlocal held
+        parts, n = [], 0
+        while queue and n < batch_size:
+            k, inputs = queue.popleft()
+            take = min(len(inputs), batch_size - n)
+            if take < len(inputs):
+                queue.appendleft((k, inputs[take:]))
+            parts.append((k, inputs[:take]))
+            n += take
+        held -= n
+        x = _to_model(model, torch.cat([inputs for _, inputs in parts]))
+        first = rows[parts[0][0]][0]
+        with torch.inference_mode():
+            if first.point is None:  # one score object for the whole group
+                scored = first(model, x)
+            else:
+                values = run(model, x, keep=(first.point,), fast=True)[first.point]
+        start = 0
+        for k, inputs in parts:
+            end = start + len(inputs)
+            got[k].append(scored[start:end] if first.point is None else rows[k][0].of(values[start:end]))
+            start = end
+
+    for k, (_, _, make) in enumerate(rows):
+        inputs = make()
+        queue.append((k, inputs))
+        held += len(inputs)
+        while held >= batch_size:
+            forward()
+    while queue:
+        forward()
+    for (_, put, _), chunks in zip(rows, got):
+        put(np.concatenate(chunks))
 
 
 def _has_head(model) -> bool:

@@ -18,7 +18,7 @@ from ..errors import VitvizError
 from ..io.atomic import atomic_write_bytes
 from .data import LabelledImages
 from .features import POOLINGS, check_pooling, layer_features, weights_sha256
-from .linear import LayerScore, chance, export_head, fit_probe, score_layer
+from .linear import CSearch, LayerScore, chance, export_head, fit_probe, score_layer
 
 WEIGHTS, INFO = "probe.safetensors", "probe.json"
 METADATA_KEY = "vitviz_probe"
@@ -52,6 +52,7 @@ class ProbeResult:
         C: the head's C (chosen by cross-validation on all images).
         images: per image ``{"name", "label", "sha256"}``.
         features: (L, n, F) the features the probes were fitted on (layer 0-based), not saved.
+        C_search: the head's C search (:class:`vitviz.probes.linear.CSearch`: an end of the grid is reported).
     """
 
     model: dict
@@ -65,6 +66,7 @@ class ProbeResult:
     C: float
     images: list[dict]
     features: np.ndarray | None = field(default=None, repr=False)
+    C_search: CSearch | None = None
 
     @property
     def head(self) -> torch.nn.Linear:
@@ -77,7 +79,8 @@ class ProbeResult:
 
     @property
     def table(self) -> list[dict]:
-        """Accuracy per layer: ``[{"layer": 1, "accuracy", "low", "high", "folds", "C"}, ...]`` (layers 1-based)."""
+        """Accuracy per layer: ``[{"layer": 1, "accuracy", "low", "high", "folds", "C", "C_at_edge"}, ...]`` (layers
+        1-based; C_at_edge: outer folds whose C search chose an end of its grid)."""
         return [s.to_dict() for s in self.layers]
 
     def info(self) -> dict:
@@ -87,7 +90,8 @@ class ProbeResult:
         return {"format": FORMAT, "model": self.model, "layer": self.layer, "layer_base": 1,
                 "pooling": self.pooling, "pooling_definition": POOLINGS[self.pooling], "classes": list(self.classes),
                 "head": {"weight": list(self.weight.shape), "bias": list(self.bias.shape), "C": self.C,
-                         "definition": "logits = pooled @ weight.T + bias; standardisation folded in"},
+                         "definition": "logits = pooled @ weight.T + bias; standardisation folded in",
+                         **({"C_search": self.C_search.to_dict()} if self.C_search else {})},
                 "layers": self.table, "chance": self.chance,
                 "accuracy": "out-of-fold accuracy of a stratified K-fold over the images (C chosen by an inner "
                             "stratified K-fold on each fold's training images); low/high: 95% Wilson interval; "
@@ -120,9 +124,9 @@ class ProbeResult:
             raise VitvizError("this probe result kept no features to refit its head on another layer.")
         layer = pick_layer(self.layers, layer, len(self.features))
         y = np.asarray([self.classes.index(im["label"]) for im in self.images])
-        pipeline, C = fit_probe(self.features[layer - 1], y, seed)
+        pipeline, search = fit_probe(self.features[layer - 1], y, seed)
         weight, bias = export_head(pipeline, len(self.classes))
-        return dataclasses.replace(self, layer=layer, weight=weight, bias=bias, C=C)
+        return dataclasses.replace(self, layer=layer, weight=weight, bias=bias, C=search.C, C_search=search)
 
 
 def as_labelled(images, labels) -> LabelledImages:
@@ -173,8 +177,8 @@ def fit(lens, images, labels=None, pooling: str = "cls", layer: int | None = Non
     y = np.asarray(labelled.targets())
     scores = [score_layer(features[i], y, i + 1, seed) for i in range(len(features))]
     chosen = pick_layer(scores, layer, len(features))
-    pipeline, C = fit_probe(features[chosen - 1], y, seed)
+    pipeline, search = fit_probe(features[chosen - 1], y, seed)
     weight, bias = export_head(pipeline, len(labelled.classes))
     images_info = [{"name": n, "label": c, "sha256": h} for n, c, h in zip(labelled.names, labelled.labels, hashes)]
-    return ProbeResult(model_identity(lens), pooling, labelled.classes, scores, chance(y), chosen, weight, bias, C,
-                       images_info, features)
+    return ProbeResult(model_identity(lens), pooling, labelled.classes, scores, chance(y), chosen, weight, bias,
+                       search.C, images_info, features, search)

@@ -1,7 +1,8 @@
 """``python -m vitviz faithfulness``: every method's perturbation curves over an image set, resumable.
 
-Per batch of images: the maps (attention, rollout, attribution methods, seeded random maps), then each
-image's curves under every protocol (:func:`vitviz.perturbation.protocols.protocol_curves`). A batch's
+Per batch of images: the maps (attention, rollout, attribution methods, seeded random maps), then every
+image's curves under every protocol, the batch's perturbed inputs through the model together
+(:func:`vitviz.perturbation.protocols.protocol_curves_batch`, ``PERTURBED_BATCH`` inputs per forward). A batch's
 rows are written as two part files, renamed into place together (the AUC part last: it marks the batch
 done); consolidation merges the parts into ``faithfulness.parquet`` and ``auc.parquet`` (sorted, so the
 tables do not depend on batch order or engine), renames them into place and only then removes the
@@ -24,7 +25,7 @@ import torch
 from ..errors import VitvizError
 from ..explainers import get_method, registered
 from ..perturbation.curves import ORDERINGS, RANDOM_SEEDS, SEED_PREFIX, default_fractions, ordered, random_seed_maps
-from ..perturbation.protocols import REPLACEMENTS, protocol_curves
+from ..perturbation.protocols import REPLACEMENTS, protocol_curves_batch
 from ..io.inputs import ImageFile
 from ..io.atomic import signals_held
 from .engines import Engine, Parts, run_batches
@@ -36,6 +37,7 @@ METHODS = tuple(registered())  # every map method of the registry (vitviz.explai
 DEFAULT_METHODS = ("attnlrp", "rollout", "random")  # worth computing first: relevance, attention, chance
 CURVE_SCHEMA = pa.schema([("image", pa.string()), ("method", pa.string()), ("protocol", pa.string()),
                           ("fraction", pa.float64()), ("score", pa.float64())])
+PERTURBED_BATCH = 64  # perturbed inputs per forward: the memory bound of the curves (64 x 3 x 224 x 224 float32: 39 MB)
 AUC_SCHEMA = pa.schema([("image", pa.string()), ("method", pa.string()), ("protocol", pa.string()),
                         ("auc", pa.float64())])
 
@@ -121,10 +123,11 @@ def image_tables(loaded, x: torch.Tensor, names: list[str], settings: RunSetting
     kept as ``random_seed_<s>``; the LeRF - MoRF summary is an AUC row."""
     layout = loaded.adapter.layout(loaded.model, tuple(x.shape[-2:]))
     curves, aucs = [], []
-    for i, (name, maps) in enumerate(zip(names, image_maps(loaded, x, settings))):
-        result = protocol_curves(loaded.model, x[i], maps, layout, protocols=settings.protocols,
-                                 replacement=settings.replacement, fractions=default_fractions(settings.steps),
-                                 target=settings.target_class)
+    results = protocol_curves_batch(loaded.model, x, image_maps(loaded, x, settings), layout,
+                                    protocols=settings.protocols, replacement=settings.replacement,
+                                    fractions=default_fractions(settings.steps), target=settings.target_class,
+                                    batch_size=PERTURBED_BATCH)
+    for name, result in zip(names, results):
         seeds = [k for k, m in enumerate(result.methods) if m.startswith(SEED_PREFIX)]
         for p in result.protocols:
             values = result.curves[p]

@@ -18,6 +18,7 @@ from ..analyses.distance import mean_attention_distance
 from ..analyses.maps import cls_focus, head_entropy
 from ..analyses.tokens import AttentionSinks, artifact_tokens, attention_sinks
 from ..capture import capture
+from ..errors import ViewNotApplicable
 from ..sources.preprocess import preprocess
 from ..layout import TokenLayout
 from ..tensors import to_host
@@ -139,10 +140,10 @@ def forward_repaired(loaded, images: list[Image.Image], repair, sinks: list[Atte
     ``sinks``: per image, the sinks of the unrepaired forward (sink masking drops them); found here with one
     plain forward when not given."""
     if loaded.attention_scope == "window":
-        raise ValueError("a repair needs global attention; this model attends within windows")
+        raise ViewNotApplicable("a repair needs global attention; this model attends within windows")
     why = repair.why_not(loaded.model, loaded.layout)
     if why:
-        raise ValueError(why)
+        raise ViewNotApplicable(why)
     if repair.kind == "sinks" and sinks is None:
         sinks = forward(loaded, images).sinks
     layout, device = loaded.layout, next(loaded.model.parameters()).device  # the layout of the model's own input size

@@ -102,12 +102,15 @@ def _model_type(config, name: str, types: dict):
 def load(name: str, device: torch.device, dtype: torch.dtype, more: dict | None = None):
     """Build a transformers vision model with eager attention, in eval mode, on ``device``.
 
+    A whole image–text model (a ``CLIPModel`` folder, :func:`vitviz.sources.text.is_full_model`) is built whole, once:
+    the vision tower is its ``vision_model`` and the rest is its :class:`~vitviz.sources.text.TextTower`.
+
     ``more``: model_type -> :class:`vitviz.types.HFModelType`, the types that may be built (the adapters'
     ``vitviz.adapters.hf_model_types()``); a config of another type is refused with a sentence.
 
     Returns:
-        (model, family, source): ``family`` is the type's HFModelType, ``source`` the folder or hub id the
-        weights came from.
+        (model, family, source, text): ``family`` is the type's HFModelType, ``source`` the folder or hub id the
+        weights came from, ``text`` the text tower or None.
 
     Raises:
         ModelError: with a sentence naming the folder or hub id and the reason.
@@ -133,6 +136,11 @@ def load(name: str, device: torch.device, dtype: torch.dtype, more: dict | None 
     check_weights(name)  # a hub config fetched just now is sized before from_pretrained builds it
     family = _model_type(config, name, more or {})
     arch = next((a for a in (config.architectures or []) if a in family.heads), family.base)
+    from . import text as text_source
+
+    full = text_source.is_full_model(config)
+    if full:
+        arch = text_source.FULL_MODELS[config.model_type]
     cls = getattr(transformers, arch)
     try:
         model, info = cls.from_pretrained(source, attn_implementation="eager", local_files_only=local_only,
@@ -145,7 +153,9 @@ def load(name: str, device: torch.device, dtype: torch.dtype, more: dict | None 
         raise ModelError(f"Model {name!r}: its weights do not fit its config ({arch}): {len(missing)} missing keys "
                          f"(e.g. {missing[:3]}), {len(mismatched)} of the wrong shape (e.g. {mismatched[:2]}).")
     model = model.eval().requires_grad_(False).to(device=device, dtype=dtype)
-    return model, family, source
+    if full:
+        return model.vision_model, family, source, text_source.text_tower(model, source, local_only)
+    return model, family, source, None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -68,6 +68,7 @@ class LoadedModel:
     dtype: torch.dtype
     notes: list[str] = field(default_factory=list)
     native_pos_embed: NativePosEmbed | None = None  # the stored grid, before fitting to img_size
+    text: object | None = None  # a CLIP model's text tower and projections (vitviz.sources.text.TextTower)
 
     @property
     def adapter(self):
@@ -495,12 +496,13 @@ def _load_hf(spec: ModelSpec) -> LoadedModel:
                          "processor's; leave the resolution at the model's own.")
     device = resolve_device(spec.device)
     dtype = _resolve_dtype(spec.dtype, device)
-    model, family, source = hf.load(spec.name, device, dtype, adapters.hf_model_types())
+    model, family, source, text = hf.load(spec.name, device, dtype, adapters.hf_model_types())
     config, notes = hf.data_config(model, source)
     adapter = adapters.adapter_for(model)
     layout = adapter.layout(model, tuple(config["input_size"][-2:]))
-    label = f"{family.label} ({type(model).__name__}) from {spec.name.removeprefix(hf.PREFIX)}"
+    with_text = "" if text is None else " with its text tower"
+    label = f"{family.label} ({type(model).__name__}){with_text} from {spec.name.removeprefix(hf.PREFIX)}"
     return LoadedModel(model=model, spec=spec, layout=layout, data_config=config,
                        weights_source=f"transformers from_pretrained({source!r})", label=label, device=device,
-                       dtype=dtype, notes=notes, native_pos_embed=adapter.native_pos_embed(model, layout))
+                       dtype=dtype, notes=notes, native_pos_embed=adapter.native_pos_embed(model, layout), text=text)
 

@@ -1,0 +1,57 @@
+"""Fresh screenshots of the app for the documentation: the sidebar and every page, at 1440x900 in Chromium.
+
+    .venv/bin/python scripts/docs_screenshots.py [--pages overview,heads] [--out docs/img/app]
+
+Starts the app (``streamlit run app.py``, offline, bundled model), opens each page of ui/navigation.py by its
+address with the sample photos and writes ``<out>/<address>.png`` (the viewport, as a user sees it first) and
+``<out>/sidebar.png``. Needs Debian's Chromium (``apt-get install chromium``) and Playwright.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from loadtest import app_server  # noqa: E402
+from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle  # noqa: E402
+from ui.navigation import PAGES  # noqa: E402
+
+
+def address(file: str) -> str:
+    """The page's URL path as Streamlit derives it from the file name ("pages/3_rollout.py" -> "rollout")."""
+    return re.sub(r"^\d+_", "", Path(file).stem)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--pages", help="comma-separated addresses (default: every page)")
+    cli.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "app")
+    args = cli.parse_args(argv)
+    wanted = [address(p.file) for p in PAGES]
+    if args.pages:
+        wanted = [a for a in wanted if a in args.pages.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    from playwright.sync_api import sync_playwright
+
+    with app_server(ROOT / "test-artifacts" / "docs" / "screenshots_server.log", direct=True) as server, \
+            sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport=VIEWPORT)
+        page.set_default_timeout(240_000)
+        for i, name in enumerate(wanted):
+            page.goto(f"{server.url}/{'' if name == 'overview' else name}?intro=0", timeout=240_000)
+            _wait_idle(page, timeout=600_000)
+            if i == 0:
+                page.locator('[data-testid="stSidebar"]').screenshot(path=args.out / "sidebar.png")
+            page.screenshot(path=args.out / f"{name}.png")
+            print(f"wrote {args.out / name}.png")
+        browser.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

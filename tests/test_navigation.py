@@ -1,0 +1,76 @@
+"""The app's navigation: pages grouped in sections in the order a newcomer follows, each page under its section with
+its title as its heading and its question as its first line. (The sidebar as drawn, every page visible without
+"View more", is in tests/test_browser.py.)"""
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from ui import navigation
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "app.py")
+# Written out here, not read from ui/navigation.py: the order and the words are what this test holds.
+EXPECTED = {
+    "Start": ["Overview"],
+    "Attention": ["Attention heads", "Attention rollout", "Attention distance", "Attention anatomy", "Queries & keys"],
+    "Attribution": ["Attribution", "Faithfulness"],
+    "Representations": ["Probes", "Painted concepts", "Features", "Readout"],
+    "Weights": ["Embedding filters", "Position embeddings"],
+    "Repair": ["Registers & sinks"],
+    "Across models": ["Compare models"],
+}
+
+
+def test_every_page_file_is_in_one_section_once():
+    files = [p.file for p in navigation.PAGES]
+    assert sorted(files) == sorted(f"pages/{p.name}" for p in (ROOT / "pages").glob("*.py"))
+    assert len(set(files)) == len(files)
+    for p in navigation.PAGES:
+        assert p.question.endswith("?") and p.title and (ROOT / "docs" / "app" / f"{p.docs}.md").exists(), p
+
+
+@pytest.mark.slow
+def test_app_py_groups_the_pages_in_sections(monkeypatch):
+    import streamlit
+
+    seen = []
+    real = streamlit.navigation
+
+    def recording(pages, **kwargs):
+        seen.append((pages, kwargs))
+        return real(pages, **kwargs)
+
+    monkeypatch.setattr(streamlit, "navigation", recording)
+    at = AppTest.from_file(APP, default_timeout=240).run()
+    assert not at.exception, [e.message for e in at.exception]
+    pages, kwargs = seen[-1]
+    got = {section: [p.title for p in ps] for section, ps in pages.items()}
+    assert list(got) == list(EXPECTED) and got == EXPECTED
+    assert kwargs.get("expanded") is True  # Streamlit otherwise folds pages past the tenth under "View more"
+    by_title = {p.title: p for ps in pages.values() for p in ps}
+    assert by_title["Overview"]._default  # the page a bare address opens
+    # Deep links keep their addresses: the URL path comes from the file name, not the (changed) titles.
+    assert by_title["Attention rollout"].url_path == "rollout" and by_title["Painted concepts"].url_path == "concepts"
+    assert any(h.value.startswith("Overview · ") for h in at.header)
+
+
+@pytest.mark.slow
+def test_every_page_opens_with_its_title_and_its_question():
+    at = AppTest.from_file(APP, default_timeout=300).run()
+    for section, titles in EXPECTED.items():
+        for title, info in zip(titles, navigation.SECTIONS[section]):
+            at.switch_page(info.file).run()
+            assert not at.exception, (info.file, [e.message for e in at.exception])
+            heading = at.main.header[0].value
+            assert heading == title or heading.startswith(f"{title} · "), (info.file, heading)
+            assert at.main.markdown[0].value == f"**{info.question}**", info.file  # the first line under the heading
+
+
+def test_the_readme_and_get_started_list_every_page_with_its_question():
+    """The front page's table and Get started's say what each page answers in the app's own words, linked to its
+    app-tour section: a page added to ui/navigation.py without them fails here."""
+    for doc, folder in ((ROOT / "README.md", "docs/app/"), (ROOT / "docs" / "get-started.md", "app/")):
+        text = doc.read_text()
+        for p in navigation.PAGES:
+            assert p.question in text and f"[{p.title}]({folder}{p.docs}.md#" in text, (doc.name, p.title)

@@ -1,0 +1,92 @@
+"""The Compare models page's layer-similarity section: :func:`vitviz.similarity` over the sidebar's images, drawn as
+the layer x layer CKA map and its diagonal, with the table as CSV."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import streamlit as st
+
+from ui.cache import model_run, store
+from ui.charts import file_stem, show_chart
+from ui.downloads import download_row
+from ui.guard import guarded
+from ui.progress import cached, with_progress
+from vitviz.errors import VitvizError
+from vitviz.figures.similarity_figures import cka_diagonal, cka_heatmap
+from vitviz.lens import Lens
+from vitviz.runs.similarity_run import MIN_BATCH, POOLINGS, TOKEN_POINTS, CNNFeatures, is_cnn_name, similarity
+from vitviz.sources.names import canonical_model_name
+
+BATCH_SIZE = 32
+
+
+def _other_side(ctx, name: str):
+    """The second model: a timm CNN's stages, or a ViT loaded as the sidebar's is (same device and precision)."""
+    if is_cnn_name(name):
+        return store().get_or_compute(("cnn", name, ctx.spec.device),
+                                      lambda: CNNFeatures.open(name, device=ctx.spec.device))
+    from ui.cache import cached_model
+
+    return Lens(cached_model(replace(ctx.spec, name=name, checkpoint=None, labels=None, head=None)))
+
+
+def similarity_section(ctx) -> None:
+    st.subheader("Layer similarity (CKA)")
+    st.caption("How each layer's representation of the images relates to every other layer's, within the model or "
+               "against a second one (Kornblith et al. 2019; Raghu et al. 2021 compare ViTs and ResNets this way): "
+               "1 = the same up to rotation and scale, 0 = unrelated. Minibatch CKA with the unbiased HSIC "
+               "(Nguyen, Raghu & Kornblith 2021), over the sidebar's images.")
+    if ctx is None:
+        st.info("Add images in the sidebar: CKA compares layers over an image set.")
+        return
+    if len(ctx.images) < MIN_BATCH:
+        st.info(f"CKA needs {MIN_BATCH} or more images (the sidebar holds {len(ctx.images)}): add images in the "
+                "sidebar. More images give a narrower interval.")
+        return
+    c1, c2, c3 = st.columns([2, 1, 2])
+    other = c1.text_input("Compare with", key="cka_other", placeholder="the same model (within-model map)",
+                          help="Another model as the sidebar takes it (a timm name, a transformers folder), or a timm "
+                               "CNN such as resnet50 or convnext_tiny whose weights are on this machine: its stages "
+                               "are compared. Empty: the sidebar's model against itself.").strip()
+    point = c2.selectbox("Point", TOKEN_POINTS[1:], index=TOKEN_POINTS[1:].index("resid_post"), key="cka_point",
+                         help="The ViT's token point read in every block (resid_post: each block's output).")
+    pooling = c3.radio("Features per image", list(POOLINGS), horizontal=True, key="cka_pooling",
+                       help="; ".join(f"{k}: {v}" for k, v in POOLINGS.items()))
+    name_a = canonical_model_name(ctx.spec.name)
+    name_b = canonical_model_name(other) if other else name_a
+    key = ("cka", ctx.spec, other, point, pooling, tuple(im.sha256 for im in ctx.images))
+    if cached(key) is None and not st.button(f"Compute CKA over the {len(ctx.images)} images", key="cka_run",
+                                             help="Runs each model once over the images, "
+                                                  f"{BATCH_SIZE} at a time."):
+        return
+    result = cached(key)
+    try:
+        if result is None:
+            lens = Lens(ctx.loaded)
+            side_b = _other_side(ctx, other) if other else lens
+            with model_run():
+                result = with_progress(key, "CKA: running the models over the images ...", lambda progress: similarity(
+                    lens, side_b, [im.image for im in ctx.images], point=point, pooling=pooling,
+                    batch_size=BATCH_SIZE, progress=progress))
+    except VitvizError as exc:
+        st.error(str(exc))
+        return
+    stem = file_stem("cka", name_a, name_b, point, pooling)
+    with guarded("the CKA map"):
+        show_chart(cka_heatmap(result, name_a, name_b), "cka_map", stem)
+    st.caption(f"{result.images} images in {result.settings['minibatches']} minibatch(es); point {point}, "
+               f"pooling {pooling} ({POOLINGS[pooling]}). One colour scale, 0 to 1; an estimate below 0 (possible "
+               f"with few images) is drawn as 0 and keeps its value in the hover. Interval: "
+               f"{result.settings['interval']}.")
+    widths = (result.high - result.low)[np.isfinite(result.high - result.low)]
+    if widths.size and np.median(widths) > 0.3:
+        st.warning(f"With {result.images} images the 95 % intervals are wide (median width {np.median(widths):.2f}; "
+                   "hover a cell for its own): the map's broad structure may hold, but not which cells differ. Dozens "
+                   "of images narrow them (`python -m vitviz similarity` runs over thousands).")
+    with guarded("the diagonal"):
+        show_chart(cka_diagonal(result, name_a, name_b), "cka_diagonal", f"{stem}_diagonal")
+    download_row(stem, result.table().assign(name_a=lambda t: [result.layers_a[i] for i in t["layer_a"]],
+                                             name_b=lambda t: [result.layers_b[j] for j in t["layer_b"]]),
+                 result.settings | {"model_a": name_a, "model_b": name_b,
+                                    "layers_a": list(result.layers_a), "layers_b": list(result.layers_b)})

@@ -1,0 +1,161 @@
+"""``python -m vitviz readout``: what each head, MLP and the embedding wrote into the answer (the direct readout), and
+the head read after every block (the logit lens); the computations are :mod:`vitviz.residual`."""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+
+from ..errors import ImageError, VitvizError
+from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, check_batch_size,
+                      decode, engine_of, expand, no_image, open_lens, skipped_records, versions)
+
+READOUT, LOGIT_LENS, HEAD_MAPS, TUNED, SETTINGS = ("readout.parquet", "logit_lens.parquet", "head_patches.npz",
+                                                   "tuned_lens.parquet", "settings.json")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "readout", help="each head's, MLP's and the embedding's direct share of a logit; the logit lens",
+        description="Split a target (a class logit; a probe's class with --head) into the direct contributions of the "
+                    "embedding, every attention head, every attention bias, every MLP and the readout's constant, "
+                    "with the final norm's scale frozen at each image's own (they add up to the model's own logit), "
+                    "and read the head after every block (logit lens). Writes DIR/readout.parquet (image, name, "
+                    "component, layer, head, value; layer and head 0-based, empty where they do not apply), "
+                    "DIR/logit_lens.parquet (image, name, layer, class, label, logit, prob, rank: each layer's top "
+                    "classes and the final top-1), DIR/head_patches.npz (per image, layer and head, what the head "
+                    "moved from each patch: (B, L, H, gh, gw)) and DIR/settings.json.")
+    add_inputs(p)
+    p.add_argument("--target", metavar="CLASS",
+                   help="the class whose logit is split: its 0-based index or its name (default: each image's top-1)")
+    p.add_argument("--text", action="append", metavar="TEXT",
+                   help="CLIP: split the image-text score for this text instead (repeat for several: each image is "
+                        "scored against its best match); needs a whole CLIP model (its text tower)")
+    p.add_argument("--top", type=int, default=5, metavar="K", help="classes per layer in logit_lens.parquet")
+    p.add_argument("--tuned", action="store_true",
+                   help="also fit a tuned lens (one affine map per block, ridge least squares, 25%% of the images held "
+                        "out; at least 2 images) and write its held-out fit to DIR/tuned_lens.parquet")
+    add_out(p)
+    add_model(p, labels=True, head=True)
+    add_engine(p, ENGINE_WORKERS_HELP, workers_default=0)
+
+
+def _target(lens, text: str | None):
+    from ..explainers.attribution import ClassLogit
+
+    if text is None:  # each image's top-1 class; a headless model's pooled vector projected on its own direction
+        return ClassLogit(None, labels=lens.class_labels) if lens.has_head else None
+    if not lens.has_head:
+        raise VitvizError(f"--target {text}: {lens.label} has no classifier head (give one with --head probe.safetensors).")
+    labels = lens.class_labels or ()
+    if text.lstrip("-").isdigit():
+        cls = int(text)
+        if not 0 <= cls < lens.num_classes:
+            raise VitvizError(f"--target {cls} is not a class of this model (0 to {lens.num_classes - 1}).")
+        return ClassLogit(cls, labels=lens.class_labels)
+    matches = [i for i, name in enumerate(labels) if name.lower() == text.lower()]
+    if not matches:
+        raise VitvizError(f"--target {text!r} is neither a class index nor a class name of this model.")
+    return ClassLogit(matches[0], labels=lens.class_labels)
+
+
+def _parquet(table) -> bytes:
+    buffer = io.BytesIO()
+    table.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def run(args: argparse.Namespace) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from .. import residual
+    from ..io.atomic import atomic_write_bytes
+    from ..io.output import check_writable
+    from ..runs.engines import run_batches
+    from ..runs.readout_run import ReadoutWork
+
+    check_batch_size(args)
+    engine = engine_of(args)
+    check_writable(args.out)
+    files, problems = expand(args)
+    if not files:
+        return no_image()
+    lens = open_lens(args)
+    why = residual.why_not(lens)
+    if why:
+        raise VitvizError(why)
+    if args.text and args.target is not None:
+        raise VitvizError("give --target (a class) or --text (CLIP's score for a text), not both.")
+    target = None if args.text else _target(lens, args.target)
+    if args.text and not lens.has_text:
+        raise VitvizError(f"--text needs a whole CLIP model with its text tower; {lens.label} has none.")
+    tuned = None
+    if args.tuned:
+        decoded, _, _ = decode(files)
+        if not lens.has_head or len(decoded) < 2:
+            raise VitvizError("--tuned needs a model with a classifier head and at least 2 images.")
+        tuned = residual.TunedLens.fit_images(lens, lens.preprocess([im.image for im in decoded]),
+                                              batch_size=args.batch_size)
+    work = ReadoutWork(None if target is None else target.cls, args.top, tuple(args.text or ()))
+    tables, lenses, maps, residuals, names, bad = [], [], [], [], [], list(problems)
+    progress, seen = Progress(len(files), desc="readout"), 0
+    try:
+        for batch in run_batches(work, lens, files, args.batch_size, engine):
+            for name, reason in batch.bad:
+                print(f"skipped {name}: {reason}", file=sys.stderr)
+                bad.append(ImageError(name, reason))
+            if batch.value is not None:
+                value, offset = batch.value, len(names)
+                tables.append(value.table.assign(image=value.table.image + offset))
+                if value.lens is not None:
+                    lenses.append(value.lens.assign(image=value.lens.image + offset))
+                maps.append(value.maps)
+                residuals.append(value.residual)
+                names += list(batch.names)
+                described, text = value.target, value.target_text
+            seen += batch.files
+            progress.update(seen)
+    finally:
+        progress.close()
+    if not names:
+        raise VitvizError("no image could be read from the inputs given.")
+    readout_table = pd.concat(tables, ignore_index=True)
+    atomic_write_bytes(args.out / READOUT, _parquet(readout_table))
+    if lenses:
+        atomic_write_bytes(args.out / LOGIT_LENS, _parquet(pd.concat(lenses, ignore_index=True)))
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, head_patches=np.concatenate(maps), images=np.array(names))
+    atomic_write_bytes(args.out / HEAD_MAPS, buffer.getvalue())
+    if tuned is not None:
+        atomic_write_bytes(args.out / TUNED, _parquet(tuned.fit))
+    settings = {
+        "command": "readout", "model": lens.loaded.card(), "versions": versions(), "images": names,
+        "skipped": skipped_records(bad), "target": described, "target_text": text,
+        "token_layout": lens.layout.to_dict(), "batch_size": args.batch_size, "engine": engine.kind,
+        "indices": "image, layer, head and class 0-based in every file (on screen layers and heads are 1-based)",
+        "components": {"embed": "patch + position embeddings and prefix tokens entering block 1",
+                       "attn_head": "one head's slice of the attention output projection applied to its context z "
+                                    "(times LayerScale where the model has it)",
+                       "attn_bias": "the attention output projection's bias (times LayerScale)",
+                       "mlp": "the MLP branch's output", "bias": "the readout's constant: the final norms' beta and "
+                                                                 "the head's bias"},
+        "definition": "target = sum of the components' direct contributions; each is the readout's gradient with the "
+                      "final norm's scale frozen at the image's own value, dotted with the component (exact: the "
+                      "readout is then affine in the tokens)",
+        "largest_residual": float(np.concatenate(residuals).max()),
+        "head_patches": "what each head moved from each patch into the target, (image, layer, head, row, col); the "
+                        "prefix tokens' shares are in readout.parquet's head rows but not on the grid",
+        "logit_lens": ("the model's final norm, pooling and head applied after every block (the last layer equals "
+                       "the logits)") if lenses else "not written: the model has no classifier head",
+    }
+    if tuned is not None:
+        settings["tuned_lens"] = {"fit": "ridge least squares of the last block's tokens on each block's tokens",
+                                  "ridge": tuned.ridge, "held_out": int(tuned.fit.images_held_out.iloc[0])}
+    atomic_write_bytes(args.out / SETTINGS, (json.dumps(settings, indent=2, default=float) + "\n").encode())
+    top = readout_table[readout_table.component == "attn_head"].groupby(["layer", "head"]).value.mean()
+    best = top.abs().idxmax()
+    print(f"{len(names)} image(s), target {text}: the head with the largest mean direct share is layer "
+          f"{best[0] + 1} head {best[1] + 1} ({top[best]:+.4g}); wrote {args.out / READOUT}")
+    return 0
