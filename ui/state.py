@@ -132,9 +132,15 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
                                        on_change=_mark_uploader_changed) or []
     held = {u.file_id: u for u in uploads}
     before: dict[str, str] = st.session_state.get("uploader_held", {})  # file_id -> name, last run
-    if st.session_state.pop("uploader_changed", False):
+    page = _page_id()
+    # A file gone from the uploader is a click on its × only when this is the uploader that held it: with a page
+    # switch the previous page's uploader can fire its on_change in this page's first run (a busy server), and the
+    # files it held are not in this page's (new, empty) uploader: removing them dropped a user's photo.
+    same_uploader = st.session_state.get("uploader_page") == page
+    if st.session_state.pop("uploader_changed", False) and same_uploader:
         for file_id in before.keys() - held.keys():
             store.pop(before[file_id], None)
+    st.session_state["uploader_page"] = page
     refused: dict[str, str] = st.session_state.setdefault("uploads_refused", {})  # file_id -> sentence
     for file_id in refused.keys() - held.keys():
         refused.pop(file_id)
@@ -162,6 +168,14 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
         st.error(why)
     st.session_state["uploader_held"] = {file_id: u.name for file_id, u in held.items()}
     return added[-1].name if added else None
+
+
+def _page_id() -> str:
+    """The page this run draws (Streamlit's script hash of it): each page's uploader is another widget."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return ctx.page_script_hash if ctx is not None else ""
 
 
 @dataclass(frozen=True)
