@@ -2,8 +2,10 @@
 with the README's command in its own process group, and N browser sessions arriving at once.
 
 One Chromium, one browser context per session (separate cookies, so separate Streamlit sessions),
-driven by Playwright's async API so the sessions really overlap. Each session opens the app, goes to
-the "Attention heads" page, uploads its own image and waits until that image's maps are drawn.
+driven by Playwright's async API so the sessions really overlap. Each session opens the app and uploads its own
+image, either on the "Attention heads" page after opening it (``"heads"``), or on the landing page as soon as the
+uploader appears and then opens "Attention heads" at once (``"landing"``: what a person does; on a busy server the
+upload's rerun is then still waiting when the page switch arrives), and waits until that image's maps are drawn.
 """
 from __future__ import annotations
 
@@ -33,16 +35,18 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 VIEWPORT = {"width": 1280, "height": 800}
 PAGE = "Attention heads"
 
-# The heads page shows ``name``: its header names the image and the first Plotly map is drawn, and
-# the script has finished (no spinner text left).
+# The heads page shows ``name``: its header names the image, its maps are drawn (the browser explorer's grid, which
+# sits in a shadow root and says data-ready="1" once its canvases are painted, or a Plotly map when the server draws),
+# and the script has finished (no spinner text left).
 READY_JS = """(name) => {
   const h = document.querySelector('h2');
   if (!h || !h.innerText.includes(name)) return false;
   const app = document.querySelector('[data-testid="stApp"]');
   if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
   if (/Loading the model|Running the model|Computing/.test(document.body.innerText)) return false;
-  const plot = document.querySelector('[data-testid="stPlotlyChart"] .main-svg');
-  return !!plot;
+  const explorer = [...document.querySelectorAll('*')].map(e => e.shadowRoot && e.shadowRoot.querySelector(
+    '.vv-explorer[data-ready="1"]')).find(Boolean) || document.querySelector('.vv-explorer[data-ready="1"]');
+  return !!explorer || !!document.querySelector('[data-testid="stPlotlyChart"] .main-svg');
 }"""
 
 
@@ -131,22 +135,50 @@ class SessionResult:
     exceptions: list[str] = field(default_factory=list)
     first_map_s: float | None = None  # from opening the app to this image's first map on the heads page
     error: str | None = None
+    path: str = "heads"  # where the image was uploaded: "heads" or "landing"
 
 
-async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int) -> SessionResult:
-    result = SessionResult(name=name)
+async def _upload(page, name: str, data: bytes) -> None:
+    # the images' uploader by its label: the sidebar also holds the Head box's uploader (probe.safetensors), above it
+    upload = page.locator('[data-testid="stFileUploader"]', has_text="Upload images").locator(
+        '[data-testid="stFileUploaderDropzoneInput"]')
+    await upload.wait_for(state="attached")
+    await upload.set_input_files({"name": name, "mimeType": "image/png", "buffer": data})
+
+
+async def _open_heads(page, timeout_ms: int) -> None:
+    """Click "Attention heads" until the heads page is open: on a busy server Streamlit's navigation can drop a click
+    made while the page's script runs (the link does nothing), and a person clicks again."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        await page.get_by_role("link", name=PAGE, exact=True).click()
+        try:
+            await page.wait_for_function("() => location.pathname.endsWith('/heads')", polling=250, timeout=15_000)
+            return
+        except Exception:  # noqa: BLE001 - the click was dropped: click again until the deadline
+            if time.monotonic() > deadline:
+                raise
+
+
+async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int, path: str = "heads") -> SessionResult:
+    result = SessionResult(name=name, path=path)
     context = await browser.new_context(viewport=VIEWPORT)
     try:
         page = await context.new_page()
         page.set_default_timeout(timeout_ms)
         start = time.monotonic()
         await page.goto(url, timeout=timeout_ms)
-        await page.get_by_role("link", name=PAGE, exact=True).click()
-        # the images' uploader by its label: the sidebar also holds the Head box's uploader (probe.safetensors), above it
-        upload = page.locator('[data-testid="stFileUploader"]', has_text="Upload images").locator(
-            '[data-testid="stFileUploaderDropzoneInput"]')
-        await upload.wait_for(state="attached")
-        await upload.set_input_files({"name": name, "mimeType": "image/png", "buffer": data})
+        if path == "landing":
+            await _upload(page, name, data)
+            # The uploader lists the file once its bytes are sent: then the person moves on, while the upload's
+            # rerun may not have run yet (the page-switch request can overtake it on a busy server).
+            box = page.locator('[data-testid="stFileUploader"]', has_text="Upload images")
+            await box.get_by_text(name).wait_for()
+            await box.locator('[role="progressbar"]').wait_for(state="detached")
+            await _open_heads(page, timeout_ms)
+        else:
+            await page.get_by_role("link", name=PAGE, exact=True).click()
+            await _upload(page, name, data)
         await page.wait_for_function(READY_JS, arg=name, polling=250, timeout=timeout_ms)
         result.first_map_s = time.monotonic() - start
         await page.wait_for_timeout(1000)  # late renders (an exception element arrives after the charts)
@@ -156,6 +188,8 @@ async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int) -
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         try:
             result.exceptions = await page.locator('[data-testid="stException"]').all_inner_texts()
+            result.header = await page.locator("h2").first.inner_text(timeout=5000)
+            await page.screenshot(path=str(ROOT / "test-artifacts" / f"load_failed_{name}.png"))
         except Exception:  # noqa: BLE001
             pass
     finally:
@@ -163,17 +197,21 @@ async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int) -
     return result
 
 
-async def _sessions(url: str, images: list[tuple[str, bytes]], timeout_ms: int) -> list[SessionResult]:
+async def _sessions(url: str, images: list[tuple[str, bytes]], timeout_ms: int,
+                    paths: list[str]) -> list[SessionResult]:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
         browser = await p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            return await asyncio.gather(*[_session(browser, url, name, data, timeout_ms) for name, data in images])
+            return await asyncio.gather(*[_session(browser, url, name, data, timeout_ms, path)
+                                          for (name, data), path in zip(images, paths)])
         finally:
             await browser.close()
 
 
-def run_sessions(url: str, images: list[tuple[str, bytes]], timeout_s: float = 600) -> list[SessionResult]:
-    """Every image's session at once; results in the order of ``images``."""
-    return asyncio.run(_sessions(url, images, int(timeout_s * 1000)))
+def run_sessions(url: str, images: list[tuple[str, bytes]], timeout_s: float = 600,
+                 paths: list[str] | None = None) -> list[SessionResult]:
+    """Every image's session at once; results in the order of ``images``. ``paths``: per session, where it uploads
+    (``"heads"``, the default, or ``"landing"``)."""
+    return asyncio.run(_sessions(url, images, int(timeout_s * 1000), paths or ["heads"] * len(images)))

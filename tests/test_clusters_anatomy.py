@@ -231,3 +231,20 @@ def test_anatomy_page_row_equals_the_heads_page_map(bundled):
     a = attention_anatomy(layer_qkv(bundled.model, batch.tensor, 2), head=1, query=layout.num_prefix_tokens + 40)
     np.testing.assert_allclose(_heatmaps(at, "anatomy_scores")[0], layout.to_grid(a.scores[layout.patch_slice]),
                                rtol=1e-5, atol=1e-4)
+
+
+def test_anatomy_right_axes_draw_their_own_round_ticks_not_fractions_of_the_left_axis():
+    """plotly.js syncs an overlaying axis's ticks to the left axis by default: fractions of its range, so the tick
+    meant as 0 read 2.2e-17 on the contributions chart (its ".2g" format showed the float). Each right axis asks for
+    its own ticks, formatted by plotly (which rounds to the tick spacing)."""
+    from vitviz.analyses.anatomy import LayerQKV
+    from vitviz.figures.explain_figures import contributions_figure, sorted_scores_figure
+    from vitviz.layout import TokenLayout
+
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(1, 5, 4)) for _ in range(3))
+    a = attention_anatomy(LayerQKV(q=q, k=k, v=v, scale=0.5, steps=[]), head=0, query=0)
+    layout = TokenLayout(("cls",), (2, 2), (16, 16), "token", 1)
+    for fig in (sorted_scores_figure(a, layout), contributions_figure(a, layout)):
+        right = fig.layout.yaxis2
+        assert right.overlaying == "y" and right.tickmode == "auto" and right.tickformat is None

@@ -38,6 +38,7 @@ def test_dataset_view_shows_each_methods_interval_and_verdict(tmp_path):
     shown = at.dataframe[0].value.set_index("method")
     expected = {r["method"]: r for r in summarise(table)["protocols"]["morf"]["methods"]}
     for method, label in (("attnlrp", "AttnLRP"), ("rollout", "rollout"), ("random", "random")):
+        # float64 AUCs: the page shows summarise()'s numbers (the same computation, 8 images), summed(8, EPS64) at most
         assert shown.loc[label, "mean AUC"] == pytest.approx(expected[method]["mean"], abs=1e-12)
         assert shown.loc[label, "95 % low"] == pytest.approx(expected[method]["low"], abs=1e-12)
     assert shown.loc["AttnLRP", "against random"] == "better than random"

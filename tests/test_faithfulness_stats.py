@@ -3,6 +3,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tolerance import EPS64, summed
 from vitviz.perturbation.stats import bootstrap_mean, paired_difference, summarise, verdict
 
 
@@ -11,9 +12,11 @@ def test_bootstrap_interval_is_numpys_percentiles_of_resampled_means():
     got = bootstrap_mean(values, resamples=2000, seed=7)
     draws = np.random.default_rng(7).integers(0, 25, size=(2000, 25))
     means = np.array([values[d].mean() for d in draws])  # one resample at a time, by hand
-    assert got.mean == pytest.approx(np.mean(values), abs=1e-15)
-    assert got.low == pytest.approx(np.percentile(means, 2.5), abs=1e-15)
-    assert got.high == pytest.approx(np.percentile(means, 97.5), abs=1e-15)
+    # float64 means of 25 values below 1, a resample at a time here and vectorised (another summation order, another
+    # SIMD split) in the code: summed(25, EPS64) = 5.6e-15 absolute bounds them; a wrong resample moves them by ~1e-3
+    assert got.mean == pytest.approx(np.mean(values), abs=summed(25, EPS64))
+    assert got.low == pytest.approx(np.percentile(means, 2.5), abs=summed(25, EPS64))
+    assert got.high == pytest.approx(np.percentile(means, 97.5), abs=summed(25, EPS64))
     # The interval of a mean of 25 values with s.d. 0.05 is about ± 1.96 * 0.05 / 5 = ± 0.0196 wide.
     assert 0.012 < (got.high - got.low) / 2 < 0.026
 

@@ -77,6 +77,8 @@ def test_corrected_queries_and_keys_give_every_attention_row_of_the_model(adapte
             fixed = qkm.correct(qk.queries, qk.keys)
             # the corrections are the paper's, step for step
             pq, pk = _paper_corrections(qk.queries.reshape(-1, d), qk.keys.reshape(-1, d))
+            # float64 corrections: means and norms over the image's tokens,
+            # summed(n_tokens, EPS64) ~ 1e-14 for a tiny model's <= 50 tokens
             np.testing.assert_allclose(fixed.queries.reshape(-1, d), pq, rtol=1e-12, atol=1e-12)
             np.testing.assert_allclose(fixed.keys.reshape(-1, d), pk, rtol=1e-12, atol=1e-12)
             parts = qkm.score_scale_and_bias(qk.queries, qk.keys, scores, qk.windows)
@@ -97,6 +99,7 @@ def test_translation_meets_the_means_and_scaling_balances_the_norms():
     q = rng.normal(2.0, 1.0, (3, 10, 8))
     k = rng.normal(-5.0, 0.3, (3, 10, 8))
     moved, t = qkm.translate_keys(q, k)
+    # float64 means of 30 keys: summed(30, EPS64) times the mean's scale (~5)
     np.testing.assert_allclose(moved.reshape(-1, 8).mean(0), q.reshape(-1, 8).mean(0), atol=1e-12)
     fixed = qkm.correct(q, k)
     # after scaling: the same mean norm, the same dot products as before scaling
@@ -117,6 +120,7 @@ def test_distance_dot_correlation_equals_scipy_over_the_pairs_of_each_image():
         distance.append(cdist(q[g], k[g]).ravel())
         dots.append(np.array([[q[g, i] @ k[g, j] for j in range(7)] for i in range(7)]).ravel())
     expected = pearsonr(np.concatenate(distance), np.concatenate(dots)).statistic
+    # float64 Pearson over 147 pairs, ours vs scipy's: summed(147, EPS64) = 3.3e-14, |r| <= 1
     assert qkm.distance_dot_correlation(q, k) == pytest.approx(expected, abs=1e-12)
     fixed = qkm.correct(q, k)
     distance = np.concatenate([cdist(fixed.queries[g], fixed.keys[g]).ravel() for g in range(3)])

@@ -64,6 +64,7 @@ def test_rollout_equals_the_papers_matrix_product_written_in_numpy(fusion, disca
 
     attention = random_attention(layers=4)
     ours = rollout(attention, LAYOUT, fusion=fusion, discard=discard, exclude_tokens=exclude)
+    # float64 rollout, 4 layers of 18-token products (3 prefix + 15 patches): summed(4 * 18, EPS64) = 1.6e-14 relative
     np.testing.assert_allclose(ours.map, paper_rollout(attention, fusion, discard, exclude), rtol=1e-10, atol=1e-15)
 
 
@@ -133,6 +134,8 @@ def test_mean_distance_both_conventions_equal_the_paper_on_non_square_patches_an
     mass = np.random.default_rng(1).uniform(0.0, 0.6, size=(2, 3, N))  # every row its own prefix share
     attention = random_attention(layers=2, heads=3, prefix_mass=mass)
     renormalised, probing = mean_attention_distance_conventions(attention[None], LAYOUT)
+    # float64 distances, 18-token rows: summed(18, EPS64) = 4e-15 relative per row, then means over rows;
+    # 1e-12 leaves room
     np.testing.assert_allclose(renormalised[0], paper_distance(attention), rtol=1e-12)
     np.testing.assert_allclose(probing[0], paper_distance(attention, renormalise=False), rtol=1e-12)
     np.testing.assert_allclose(mean_attention_distance(attention[None], LAYOUT)[0], paper_distance(attention),
@@ -214,6 +217,7 @@ def test_cluster_inertia_is_scikit_learns_inertia_and_the_labels_its_partition()
     # Same partition (labels up to renaming) and the same sum of squared distances (not a mean, not a root).
     pairs = set(zip(ours.labels.ravel().tolist(), km.labels_.tolist()))
     assert len(pairs) == 3, pairs
+    # float64 inertia over 100 points x 6 dims, two summation orders: summed(600, EPS64) = 1.3e-13 relative
     assert ours.inertia == pytest.approx(km.inertia_, rel=1e-9)
     assert ours.inertia == pytest.approx(numpy_inertia(points, km.labels_), rel=1e-12)
     np.testing.assert_array_equal(ours.sizes, sorted(np.bincount(km.labels_), reverse=True))

@@ -58,6 +58,7 @@ def test_two_uploaded_models_are_plotted_with_their_parquet_means(page):
         assert list(means) == ["vit_b", "vit_l"]
         for name, table in (("vit_b", vit), ("vit_l", deep)):
             # Every head has every image, so the mean over heads of image means is the plain mean per layer.
+            # float64 statistics, means of <= 6 heads x 3 images in another order: summed(18, EPS64) = 4e-15
             np.testing.assert_allclose(means[name], table.groupby("layer")[statistic].mean(), rtol=1e-12)
         shown, digits = at.dataframe[0].value, 1 if statistic == "mean_distance" else 3
         assert shown["vit_l"].tolist() == [f"{v:.{digits}f}" for v in deep.groupby("layer")[statistic].mean()]

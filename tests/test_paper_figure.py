@@ -35,6 +35,8 @@ def test_one_group_is_one_scale_its_tiles_and_its_colour_bar_agree():
     values = np.concatenate([r.maps for r in rows])  # (6, 4, 4)
     top = np.percentile(values, 99)  # numpy, not the code under test: "0 to the 99th percentile of all maps"
     (scale,) = fig.scales
+    # float64 maps; numpy's percentile on both sides (same sort, same interpolation): <= 2 EPS64 apart,
+    # a wrong percentile >= 1e-3
     assert scale.lo == 0 and scale.hi == pytest.approx(top, rel=1e-12)
     (bar,) = fig.bars
     assert (bar.mappable.norm.vmin, bar.mappable.norm.vmax) == (scale.lo, scale.hi)  # the bar spans the tiles' scale
@@ -53,6 +55,7 @@ def test_groups_have_a_scale_each_and_say_so():
     rows = _layers()
     fig = paper_figure(IMAGE, [MapGroup(r.label, [r], "attention weight") for r in rows], title=TITLE)
     limits = [(b.mappable.norm.vmin, b.mappable.norm.vmax) for b in fig.bars]
+    # float64 maps, the same percentile arithmetic on both sides: <= 2 EPS64 apart
     np.testing.assert_allclose([hi for _, hi in limits],
                                [np.percentile(r.maps, 99) for r in rows], rtol=1e-12)
     assert "layer 1: one colour scale for its 3 maps" in fig.scale_note()
@@ -68,6 +71,7 @@ def test_signed_methods_side_by_side_share_one_symmetric_scale():
                        title="attribution", arrange="across")
     signed, plain = fig.bars
     limit = np.percentile(np.abs(relevance), 99)
+    # float64 relevance, the same percentile arithmetic: <= 2 EPS64 apart
     assert (signed.mappable.norm.vmin, signed.mappable.norm.vmax) == pytest.approx((-limit, limit), rel=1e-12)
     assert plain.mappable.norm.vmin == 0
     with pytest.raises(ValueError, match="same number of rows"):
@@ -123,4 +127,5 @@ def test_heads_groups_are_the_heads_pages_maps_one_row_per_layer():
     fig = paper_figure(Image.new("RGB", (24, 24)), [group], title="t")
     # CLS row over the patches, numpy by hand: attention[l, h, 0, 1:]
     by_hand = np.stack([attention[l, h, 0, 1:] for l in (0, 2) for h in range(2)])
+    # float64 attention rows, the same percentile arithmetic: <= 2 EPS64 apart
     assert fig.bars[0].mappable.norm.vmax == pytest.approx(np.percentile(by_hand, 99), rel=1e-12)

@@ -55,6 +55,20 @@ def test_the_loaded_list_removes_an_image_after_a_page_switch():
     assert "img" not in at.query_params
 
 
+def test_an_upload_the_page_never_ran_with_survives_a_page_switch():
+    """A busy server: the upload's rerun is still waiting when the user opens another page, so the browser's next
+    request carries both, and the first run to see the upload is the other page's, whose uploader is another widget
+    (Streamlit gives a widget on each page its own identity). The photo must still arrive and become current."""
+    at = _session()
+    at.sidebar.file_uploader(key="uploads").set_value([CHELSEA])
+    at.switch_page("pages/2_heads.py").run()  # one request: the upload and the page switch
+    assert not at.exception, [e.message for e in at.exception]
+    assert "chelsea.jpg" in _images(at)
+    assert at.sidebar.selectbox(key="current").value == "chelsea.jpg"
+    at.switch_page("pages/4_distance.py").run()  # and it stays, as any upload does
+    assert "chelsea.jpg" in _images(at)
+
+
 def test_a_link_brings_back_the_resolution_and_names_the_model():
     first = _session()
     first.sidebar.number_input(key="img_size").set_value(280).run()

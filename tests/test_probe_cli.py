@@ -35,6 +35,9 @@ def test_probe_writes_the_head_and_analyze_head_gives_the_probe_logits(setup, tm
     captured = capsys.readouterr()
     printed = captured.out
     assert "5  " in printed and "<- head" in printed and "chance (largest class): 0.500" in printed
+    # stderr is no terminal here: one plain line per step, no "\r" (a log showed "features 4/4^Mfeatures and ...")
+    assert "\r" not in captured.err and any(line.startswith("8/8 images") for line in captured.err.splitlines()), \
+        captured.err
     info = json.loads((out / "probe.json").read_text())
     for row in info["layers"]:  # each layer's C and how many outer folds chose an end of the grid, as printed
         assert f"   {row['C']:g} ({row['C_at_edge']}/{row['folds']})" in printed.splitlines()[row["layer"]]

@@ -65,6 +65,7 @@ def test_maps_figure_hatches_padding_and_leaves_it_out_of_the_shared_scale():
     pixels, corners, top = _panel(json.loads(fig.to_json()))
     exclude = np.zeros((4, 4), bool)
     exclude[0] = True
+    # float64 maps: the figure's top is colour_scale's number carried through JSON (repr round-trips exactly)
     assert top == pytest.approx(colour_scale(maps, "shared across heads", exclude=exclude)[0].hi, rel=1e-12)
     assert top < 0.1  # the padding's 1.0 set no limit
     assert "4 padding patches (hatched, no photo in them) set no limit" in caption
@@ -157,6 +158,7 @@ def test_the_attribution_pages_maps_hatch_padding_and_leave_it_out_of_their_limi
     tops = [h["zmax"] for h in heatmaps]
     # the paper's limits, in numpy: the 99th percentile of |relevance| (signed) or of the values, over photo patches
     photo = ~exclude[0]
+    # float64 relevance through Plotly's JSON: the same percentile arithmetic, <= 2 EPS64 apart
     assert tops[0] == pytest.approx(np.percentile(np.abs(signed[0][photo]), 99), rel=1e-9)
     assert heatmaps[0]["zmin"] == pytest.approx(-tops[0], rel=1e-9)
     assert tops[1] == pytest.approx(np.percentile(legrad[0][photo], 99), rel=1e-9)

@@ -64,7 +64,10 @@ class Context:
 
 
 def _remember(key: str) -> None:
-    st.session_state[f"kept_{key}"] = st.session_state[key]
+    # A widget change and a page switch can reach a busy server in one request: the page left's callbacks then run
+    # at the start of the next page's run, where that widget may hold no value; there is nothing to keep then.
+    if key in st.session_state:
+        st.session_state[f"kept_{key}"] = st.session_state[key]
 
 
 def _kept(key: str, options: list | None = None) -> dict:
@@ -117,20 +120,36 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
     file's × changes the uploader (its ``on_change`` sets ``uploader_changed``), which must.
     """
     key = _uploader_key()
+    seen: set[str] = st.session_state.setdefault("uploads_seen", set())  # file_ids a run has stored or refused
+    # An upload made just before the user opens another page: on a busy server its run has not happened when the page
+    # switch arrives, and the new page's uploader is another widget (Streamlit gives each page's widget its own
+    # identity), so no widget hands the file over. Read before this page's uploader is drawn, the key still names the
+    # uploader of the page left (when the browser sent its value with the switch); the server holds the file in any
+    # case. Without this the photo was silently dropped (8 of 8 users uploading on a cold server's landing page).
+    left_behind = [_Arrived(u.file_id, u.name, u.getvalue()) for u in (st.session_state.get(key) or [])
+                   if u.file_id not in seen] + _unclaimed_images(seen)
     uploads = st.sidebar.file_uploader("Upload images", type=IMAGE_TYPES, accept_multiple_files=True, key=key,
                                        on_change=_mark_uploader_changed) or []
     held = {u.file_id: u for u in uploads}
     before: dict[str, str] = st.session_state.get("uploader_held", {})  # file_id -> name, last run
-    if st.session_state.pop("uploader_changed", False):
+    page = _page_id()
+    # A file gone from the uploader is a click on its × only when this is the uploader that held it: with a page
+    # switch the previous page's uploader can fire its on_change in this page's first run (a busy server), and the
+    # files it held are not in this page's (new, empty) uploader: removing them dropped a user's photo.
+    same_uploader = st.session_state.get("uploader_page") == page
+    if st.session_state.pop("uploader_changed", False) and same_uploader:
         for file_id in before.keys() - held.keys():
             store.pop(before[file_id], None)
+    st.session_state["uploader_page"] = page
     refused: dict[str, str] = st.session_state.setdefault("uploads_refused", {})  # file_id -> sentence
     for file_id in refused.keys() - held.keys():
         refused.pop(file_id)
     added = []
-    for file_id, upload in held.items():
-        if file_id in before:
-            continue
+    arrived = [u for file_id, u in held.items() if file_id not in before]
+    arrived += list({u.file_id: u for u in left_behind if u.file_id not in held}.values())
+    for upload in arrived:
+        file_id = upload.file_id
+        seen.add(file_id)
         why = _upload_refusal(upload.name, upload.size, len(store))
         data = upload.getvalue() if why is None else b""
         if why is None:
@@ -149,6 +168,51 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
         st.error(why)
     st.session_state["uploader_held"] = {file_id: u.name for file_id, u in held.items()}
     return added[-1].name if added else None
+
+
+def _page_id() -> str:
+    """The page this run draws (Streamlit's script hash of it): each page's uploader is another widget."""
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    return ctx.page_script_hash if ctx is not None else ""
+
+
+@dataclass(frozen=True)
+class _Arrived:
+    """An uploaded image no uploader of this run holds (see :func:`_sync_uploads`), shaped as Streamlit's own."""
+
+    file_id: str
+    name: str
+    data: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def getvalue(self) -> bytes:
+        return self.data
+
+
+def _unclaimed_images(seen: set[str]) -> list[_Arrived]:
+    """The image files this session has sent to the server (Streamlit keeps every upload of a session until the
+    browser removes it) that no run has stored or refused (``seen``: their file ids). Only the sidebar's "Upload
+    images" takes image files (the pages' uploaders take parquet, json, safetensors). Streamlit's in-memory file
+    manager is the only one it ships; under another (or AppTest, without a runtime) this finds nothing."""
+    from streamlit.runtime import Runtime
+    from streamlit.runtime.scriptrunner import get_script_run_ctx
+
+    ctx = get_script_run_ctx()
+    if ctx is None or not Runtime.exists():
+        return []
+    manager = Runtime.instance().uploaded_file_mgr
+    storage = getattr(manager, "file_storage", None)
+    if not isinstance(storage, dict) or ctx.session_id not in storage:
+        return []
+    waiting = [file_id for file_id in list(storage[ctx.session_id]) if file_id not in seen]
+    records = manager.get_files(ctx.session_id, waiting)  # under the manager's lock
+    return [_Arrived(r.file_id, r.name, r.data) for r in records
+            if Path(r.name).suffix.lower().lstrip(".") in IMAGE_TYPES]
 
 
 def upload_too_large(name: str, size: int) -> str | None:

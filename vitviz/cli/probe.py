@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ..errors import VitvizError
-from .options import ENGINE_WORKERS_HELP, add_engine, add_model, add_out, engine_of, open_lens
+from .options import ENGINE_WORKERS_HELP, Progress, add_engine, add_model, add_out, engine_of, open_lens
 
 POOLINGS = ("cls", "mean", "cls+mean")  # vitviz.probes.features.POOLINGS, without importing torch for --help
 
@@ -71,12 +71,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"{n} images in {len(images.classes)} classes ({', '.join(images.classes)}); {lens.label}, "
           f"{lens.num_layers} layers, {args.pooling} pooling", file=sys.stderr)
     start = time.perf_counter()
-    progress = lambda done: print(f"\rfeatures {done}/{n}", end="", file=sys.stderr)  # noqa: E731
-    features = collect_features(lens, images, args.pooling, args.batch_size, engine, args.out, progress)
+    # a bar on a terminal, one line per step in a log or pipe (a "\r" line there reads "features 1/4^Mfeatures 2/4")
+    bar = Progress(n, desc="features")
+    features = collect_features(lens, images, args.pooling, args.batch_size, engine, args.out, bar.update)
+    bar.close()
     result = fit(lens, images, pooling=args.pooling, layer=args.layer, seed=args.seed, features=features)
     path = result.save(args.out)
     remove_parts(args.out)  # the files hold everything now
-    print(f"\rfeatures and probes of {lens.num_layers} layers in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    print(f"features and probes of {lens.num_layers} layers in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     print("layer  accuracy  95% interval  C (folds at the grid's end)")
     for s in result.layers:
         mark = "  <- head" if s.layer == result.layer else ""
@@ -108,9 +110,10 @@ def run_concept(args: argparse.Namespace) -> int:
     painted = painted_from_masks(lens, args.inputs, args.patch_masks)
     n = len(painted.images)
     start = time.perf_counter()
-    concept = fit_concept(lens, painted, batch_size=args.batch_size, seed=args.seed,
-                          progress=lambda done: print(f"\rtokens {done}/{n}", end="", file=sys.stderr))
-    print(f"\rtokens and patch probes of {lens.num_layers} layers in {time.perf_counter() - start:.1f} s",
+    bar = Progress(n, desc="tokens")
+    concept = fit_concept(lens, painted, batch_size=args.batch_size, seed=args.seed, progress=bar.update)
+    bar.close()
+    print(f"tokens and patch probes of {lens.num_layers} layers in {time.perf_counter() - start:.1f} s",
           file=sys.stderr)
     for im in concept.images:
         print(f"{im['name']}: {im['concept']} concept, {im['not_concept']} not-concept, {im['left_out']} left out",

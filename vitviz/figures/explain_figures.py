@@ -19,6 +19,9 @@ from .overlay import render_overlay
 
 WHITE = dict(plot_bgcolor="white", paper_bgcolor="white", font_color="black")
 SCALED_COLOUR, UNSCALED_COLOUR = "#1f77b4", "#ff7f0e"
+# A right-hand axis overlaying the left one gets plotly.js's synced ticks by default: fractions of the left axis's
+# range, so the tick meant as 0 could read 2.2e-17 (with ".2g"). "auto" gives the right axis its own round ticks.
+RIGHT_AXIS_TICKS = "auto"
 
 
 def cluster_colours(k: int) -> list[tuple[int, int, int]]:
@@ -93,7 +96,7 @@ def sorted_scores_figure(a: AttentionAnatomy, layout: TokenLayout, top: int = 30
                       xaxis=dict(title="key token j", tickangle=-60, tickfont_size=10),
                       yaxis=dict(title="q·k (unscaled)", zeroline=True, zerolinecolor="black", gridcolor="#e5e5e5"),
                       yaxis2=dict(title="attention weight", overlaying="y", side="right", rangemode="tozero",
-                                  showgrid=False),
+                                  showgrid=False, tickmode=RIGHT_AXIS_TICKS),
                       legend=dict(orientation="h", y=1.0, yanchor="bottom", x=0),
                       height=400, margin=dict(l=60, r=60, t=60, b=90), **WHITE)
     return fig
@@ -138,7 +141,7 @@ def contributions_figure(a: AttentionAnatomy, layout: TokenLayout, top: int = 15
                       xaxis=dict(title="value token j", tickangle=-60, tickfont_size=10),
                       yaxis=dict(title="weight w<sub>j</sub>", rangemode="tozero", gridcolor="#e5e5e5"),
                       yaxis2=dict(title="‖w<sub>j</sub> v<sub>j</sub>‖ (contribution norm)", overlaying="y",
-                                  side="right", rangemode="tozero", showgrid=False, tickformat=".2g"),
+                                  side="right", rangemode="tozero", showgrid=False, tickmode=RIGHT_AXIS_TICKS),
                       legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0),
                       height=400, margin=dict(l=60, r=85, t=70, b=90), **WHITE)
     return fig
