@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..errors import OptionError
+
 KERNELS = ("linear", "rbf")
 
 
@@ -55,7 +57,7 @@ def gram(x: torch.Tensor, kernel: str = "linear", threshold: float = 1.0) -> tor
     if kernel == "linear":
         return dots
     if kernel != "rbf":
-        raise ValueError(f"kernel {kernel!r} is not one of {KERNELS}")
+        raise OptionError(f"kernel {kernel!r} is not one of {KERNELS}")
     norms = torch.diagonal(dots, dim1=-2, dim2=-1)
     squared = (norms[..., :, None] + norms[..., None, :] - 2 * dots).clamp_min(0)
     median = squared.flatten(-2).median(-1).values[..., None, None]
@@ -77,7 +79,7 @@ def unbiased_hsic(k: torch.Tensor, l: torch.Tensor) -> torch.Tensor:
     """
     n = k.shape[-1]
     if n < 4:
-        raise ValueError(f"the unbiased HSIC needs 4 or more examples, not {n}")
+        raise OptionError(f"the unbiased HSIC needs 4 or more examples, not {n}")
     k = k.to(torch.float64) * (1 - torch.eye(n, dtype=torch.float64, device=k.device))
     l = l.to(torch.float64) * (1 - torch.eye(n, dtype=torch.float64, device=l.device))
     k_rows, l_rows = k.sum(-1), l.sum(-1)  # (A, n), (B, n): K̃1, L̃1
