@@ -7,8 +7,6 @@ import numpy as np
 
 import vitviz
 from vitviz import residual
-from vitviz.explainers.attribution import ClassLogit
-from vitviz.explainers.text import TextTarget
 
 from .cache import model_run
 from .progress import with_progress
@@ -21,9 +19,7 @@ def _lens(ctx) -> vitviz.Lens:
 def target_of(ctx, target_class: int | None, text: str | None = None):
     """CLIP's score for ``text`` when given; else the class logit picked (None: the top-1), or for a headless model
     the pooled vector's projection (None)."""
-    if text:
-        return TextTarget(text)
-    return ClassLogit(target_class, labels=ctx.loaded.class_labels) if ctx.loaded.has_head else None
+    return residual.target_for(_lens(ctx), target_class, text or ())
 
 
 def image_readout(ctx, target_class: int | None, text: str | None = None) -> residual.Readout:

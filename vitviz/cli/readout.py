@@ -41,23 +41,21 @@ def add_parser(sub) -> None:
     add_engine(p, ENGINE_WORKERS_HELP, workers_default=0)
 
 
-def _target(lens, text: str | None):
-    from ..explainers.attribution import ClassLogit
-
-    if text is None:  # each image's top-1 class; a headless model's pooled vector projected on its own direction
-        return ClassLogit(None, labels=lens.class_labels) if lens.has_head else None
+def _class(lens, text: str | None) -> int | None:
+    """--target as a 0-based class index (None: each image's top-1, or a headless model's pooled projection)."""
+    if text is None:
+        return None
     if not lens.has_head:
         raise VitvizError(f"--target {text}: {lens.label} has no classifier head (give one with --head probe.safetensors).")
-    labels = lens.class_labels or ()
     if text.lstrip("-").isdigit():
         cls = int(text)
         if not 0 <= cls < lens.num_classes:
             raise VitvizError(f"--target {cls} is not a class of this model (0 to {lens.num_classes - 1}).")
-        return ClassLogit(cls, labels=lens.class_labels)
-    matches = [i for i, name in enumerate(labels) if name.lower() == text.lower()]
+        return cls
+    matches = [i for i, name in enumerate(lens.class_labels or ()) if name.lower() == text.lower()]
     if not matches:
         raise VitvizError(f"--target {text!r} is neither a class index nor a class name of this model.")
-    return ClassLogit(matches[0], labels=lens.class_labels)
+    return matches[0]
 
 
 def _parquet(table) -> bytes:
@@ -88,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise VitvizError(why)
     if args.text and args.target is not None:
         raise VitvizError("give --target (a class) or --text (CLIP's score for a text), not both.")
-    target = None if args.text else _target(lens, args.target)
+    cls = None if args.text else _class(lens, args.target)
     if args.text and not lens.has_text:
         raise VitvizError(f"--text needs a whole CLIP model with its text tower; {lens.label} has none.")
     tuned = None
@@ -98,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             raise VitvizError("--tuned needs a model with a classifier head and at least 2 images.")
         tuned = residual.TunedLens.fit_images(lens, lens.preprocess([im.image for im in decoded]),
                                               batch_size=args.batch_size)
-    work = ReadoutWork(None if target is None else target.cls, args.top, tuple(args.text or ()))
+    work = ReadoutWork(cls, args.top, tuple(args.text or ()))
     tables, lenses, maps, residuals, names, bad = [], [], [], [], [], list(problems)
     progress, seen = Progress(len(files), desc="readout"), 0
     try:

@@ -111,6 +111,19 @@ class Readout:
         return [(int(i // values.shape[1]), int(i % values.shape[1]), float(values.flat[i])) for i in order]
 
 
+def target_for(lens, cls: int | None = None, texts=()) -> Target | None:
+    """The readout's target as the CLI and the app pick it: CLIP's score for ``texts`` when given (each image's best
+    match), else the logit of class ``cls`` (None: each image's top-1), or None for a headless model (its pooled
+    vector's projection, :func:`readout`'s default)."""
+    if texts:
+        from ..explainers.text import TextTarget
+
+        return TextTarget(tuple(texts) if not isinstance(texts, str) else texts)
+    from ..explainers.attribution import ClassLogit
+
+    return ClassLogit(cls, labels=lens.class_labels) if lens.has_head else None
+
+
 def why_not(lens) -> str | None:
     """One sentence saying why the direct readout does not apply to ``lens``'s model, or None."""
     why = lens.loaded.why_not("readout")

@@ -34,15 +34,8 @@ class ReadoutWork:
 
     def __call__(self, lens, batch) -> ReadoutBatch:
         from .. import residual
-        from ..explainers.attribution import ClassLogit
 
-        if self.texts:
-            from ..explainers.text import TextTarget
-
-            target = TextTarget(self.texts)
-        else:
-            target = ClassLogit(self.target_class, labels=lens.class_labels) if lens.has_head else None
-        r = residual.readout(lens, batch.x, target)
+        r = residual.readout(lens, batch.x, residual.target_for(lens, self.target_class, self.texts))
         r.images = list(batch.names)
         lens_table = None
         if lens.has_head:
