@@ -3,6 +3,7 @@ from dataclasses import replace
 
 import streamlit as st
 
+from ui.attribution import target_title
 from ui.cache import operator_settings
 from ui.charts import file_stem, show_chart
 from ui.display import patch_picker
@@ -204,9 +205,9 @@ elif words is not None:
 st.subheader("Which latents drive the output")
 if st.toggle("Compute: one backward pass through the SAE spliced in", key="features_drivers"):
     fa = drivers_of(ctx, sae, ident)
-    show_chart(latent_scores_figure(fa.scores[0], fa.target.text()), "features_drivers_fig",
+    show_chart(latent_scores_figure(fa.scores[0], target_title(fa.target)), "features_drivers_fig",
                file_stem("features_drivers", ctx.image.name))
-    st.caption(f"Score of a latent = its activation × the gradient of {fa.target.text()} with respect to it, summed "
+    st.caption(f"Score of a latent = its activation × the gradient of {target_title(fa.target)} with respect to it, summed "
                "over the patches, with the SAE spliced in at its point and its reconstruction error kept as a constant "
                "(the output is exactly the model's own).")
 

@@ -9,7 +9,7 @@ from ui.display import display_controls, map_figure
 from ui.downloads import download_row
 from ui.readout import (image_patch_lens, image_readout, set_head_names, set_logit_lens, set_textspan,
                         set_tuned_lens)
-from ui.state import setup
+from ui.state import APP_GIVE_A_HEAD, setup
 from ui.navigation import heading
 from vitviz import residual
 from vitviz.errors import VitvizError
@@ -115,7 +115,7 @@ if has_text:
 
 st.subheader("Logit lens: the head read after every block")
 if not ctx.loaded.has_head:
-    st.info(residual.logit_lens_why_not(Lens(ctx.loaded)))
+    st.info(residual.logit_lens_why_not(Lens(ctx.loaded), APP_GIVE_A_HEAD))
 else:
     lens_result = set_logit_lens(ctx)
     index = next((i for i, im in enumerate(ctx.images) if im.sha256 == ctx.image.sha256), 0)

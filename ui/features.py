@@ -16,6 +16,7 @@ from vitviz.features.train import TrainSettings
 from vitviz.lens import Lens
 
 from .cache import _model_run, model_run, store
+from .state import APP_GIVE_A_HEAD
 
 TRAINED = "features_trained"  # session key: the TrainedSAE trained on the page, kept for the session
 CANCELLED = "features_train_cancelled"  # session key: the last training was cancelled
@@ -110,7 +111,7 @@ def nearest_of(ctx, sae: SAE, ident: tuple, latent: int, n: int = 5):
     from vitviz.features.classes import nearest_classes, why_no_classes
 
     lens = Lens(ctx.loaded)
-    why = why_no_classes(lens, sae)
+    why = why_no_classes(lens, sae, APP_GIVE_A_HEAD)
     if why:
         return why
     key = ("features-classes", ctx.spec, ident, latent, n)

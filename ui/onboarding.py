@@ -7,6 +7,7 @@ import streamlit as st
 from PIL import Image, ImageOps
 
 from ui.persist import INTRO_PARAM, SAVED
+from ui.state import SAMPLES_BY_DEFAULT
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SEEN = INTRO_PARAM  # URL key: ?intro=0 once the explanation was closed, so a reload does not show it again
@@ -39,6 +40,7 @@ def _toggled() -> None:
 
 def _open(name: str) -> None:
     _close()
+    st.session_state.pop(SAMPLES_BY_DEFAULT, None)  # a sample the user opened stays when they upload their own
     st.session_state["kept_samples"] = [name]
     st.session_state["kept_current"] = name
     st.session_state[SAVED].update(FIRST_VIEW)

@@ -250,8 +250,23 @@ def _sidebar_images() -> tuple[list[LoadedImage], str | None]:
     # The uploader lists what it holds with its own ×; the box lists the rest (after a page switch or F5).
     if persist.uploads_box(store, set(st.session_state.get("uploader_held", {}).values())):
         persist.keep_images(store)  # the URL names what is left
-    st.session_state.setdefault("kept_samples", persist.linked_samples(SAMPLES) or SAMPLES[:1])
-    samples = st.sidebar.multiselect("Sample photos (assets/)", SAMPLES, **_kept("samples", SAMPLES))
+    if "kept_samples" not in st.session_state:
+        linked = persist.linked_samples(SAMPLES)
+        st.session_state["kept_samples"] = linked or SAMPLES[:1]
+        if not linked:
+            st.session_state[SAMPLES_BY_DEFAULT] = "shown"
+    # The default sample is there so that a first visit shows something: once the user's own photos are in (uploaded,
+    # or back from a link after F5) it would only swell the set (the Probes page sorted it into a group), and it comes
+    # back when no upload is left; a sample the user chose (the box, the first visit's explanation, a link) stays.
+    default = st.session_state.get(SAMPLES_BY_DEFAULT)
+    if default == "shown" and store:
+        _choose("samples", [])
+        st.session_state[SAMPLES_BY_DEFAULT] = "hidden"
+    elif default == "hidden" and not store:
+        _choose("samples", SAMPLES[:1])
+        st.session_state[SAMPLES_BY_DEFAULT] = "shown"
+    samples = st.sidebar.multiselect("Sample photos (assets/)", SAMPLES,
+                                     **_kept("samples", SAMPLES) | {"on_change": samples_picked, "args": ()})
     images, problems = [], []
     for name, data in store.items():
         try:
@@ -265,6 +280,15 @@ def _sidebar_images() -> tuple[list[LoadedImage], str | None]:
         _forget_uploads(store)
         st.rerun()
     return images, newest
+
+
+SAMPLES_BY_DEFAULT = "samples_by_default"  # session: "shown"/"hidden" while the sample set is the app's, not the user's
+
+
+def samples_picked() -> None:
+    """The user chose the sample set (the sidebar's box, a sample opened from the first visit's explanation)."""
+    st.session_state.pop(SAMPLES_BY_DEFAULT, None)
+    _remember("samples")
 
 
 def _decode(name: str, data: bytes) -> LoadedImage:
@@ -341,6 +365,9 @@ def _sidebar_spec() -> ModelSpec:
 
 
 PROBE_HEAD = "probe_head"  # session key: the probe.safetensors the Probes page trained, when chosen as the head
+HEAD_BOX = "Head: a trained probe (optional)"
+# How the app gives a headless model classes (vitviz.errors.GIVE_A_HEAD says it in code for notebooks and the CLI).
+APP_GIVE_A_HEAD = f"a probe trained on the Probes page, or its file in the sidebar's \"{HEAD_BOX}\" box"
 
 
 def _head() -> str | None:
@@ -348,7 +375,7 @@ def _head() -> str | None:
     trained and the user chose; None: the model's own head. Uploads are kept on disk under their content hash
     (a few kB): the model cache keys the headed model by that path."""
     sb = st.sidebar
-    upload = sb.file_uploader("Head (probe.safetensors, optional)", type=["safetensors"], key="head_upload",
+    upload = sb.file_uploader(HEAD_BOX, type=["safetensors"], key="head_upload",
                               help="A linear probe from the Probes page or `python -m vitviz probe`: the model gains "
                                    "its classes (top-k, gradient rollout, class targets for attribution, Chefer's "
                                    "protocols) and ends at the probe's layer. A probe of another model is refused.")

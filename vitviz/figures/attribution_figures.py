@@ -17,6 +17,11 @@ from .core import image_data_uri
 SEQUENTIAL_MAP = "Inferno"
 
 
+# Grad-CAM's value: the gradient-weighted sum of a layer's activations, negatives cut to 0 (ReLU(Σ w·A) in the
+# paper's notation; the screen says it in words).
+GRADCAM_UNIT = "weighted activation (≥ 0)"
+
+
 def _label(method: str) -> str:
     """The map method's name as the registry (:mod:`vitviz.explainers`) gives it to every reader (``"Grad-CAM"``)."""
     return registered()[method].label
@@ -85,7 +90,7 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
         axis = (row - 1) * cols + col
         right = fig.layout[f"xaxis{axis if axis > 1 else ''}"].domain[1]
         bottom, top = fig.layout[f"yaxis{axis if axis > 1 else ''}"].domain
-        unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else "ReLU(Σ w·A)"
+        unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else GRADCAM_UNIT
         gh, gw = grid.shape
         fig.add_trace(go.Image(source=image_data_uri(drawn.tiles[0]), hoverinfo="skip"), row=row, col=col)
         fig.add_trace(go.Heatmap(
@@ -175,6 +180,6 @@ def method_groups(maps: dict[str, np.ndarray]) -> list:
                                "relevance (target units)", signed=True))
     for m in maps:
         if not _signed(m):
-            unit = "0–1 (min-max)" if m == "legrad" else "ReLU(Σ w·A)"
+            unit = "0–1 (min-max)" if m == "legrad" else GRADCAM_UNIT
             groups.append(MapGroup(_label(m), [MapRow("", np.asarray(maps[m])[None], [_label(m)])], unit))
     return groups
