@@ -146,7 +146,7 @@ def _open(latent: int) -> None:
 
 
 with listed:
-    st.markdown(f"**Patch ({patch // gw + 1}, {patch % gw + 1})** (row, column from the top left): "
+    st.markdown(f"**{layout.token_name(patch + layout.num_prefix_tokens).capitalize()}**: "
                 f"{len(firing)} latents fire there, strongest first. Click one to open it below.")
     if not firing:
         st.caption("No latent fires at this patch.")

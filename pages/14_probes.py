@@ -111,7 +111,7 @@ st.caption(f"{backbone.label}. Chance {result.chance:.0%} (the largest group). P
 head_note = result.C_search.note() if result.C_search else None
 if head_note:
     st.caption(f"The head's {head_note}")
-st.dataframe(probe_table(result.table), hide_index=True, height=min(460, 36 * (len(result.table) + 1)))
+st.dataframe(probe_table(result.table), hide_index=True, height="content")
 files = result.files()
 c1, c2, c3 = st.columns(3)
 c1.download_button("probe.safetensors", files["probe.safetensors"], file_name="probe.safetensors",

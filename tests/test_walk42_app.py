@@ -36,3 +36,24 @@ def test_the_readout_page_says_how_to_give_a_head_in_the_apps_words():
     lens_info = [i.value for i in at.info if "no classifier head" in i.value]
     assert lens_info and "Probes page" in lens_info[0], [i.value for i in at.info]
     assert not [name for name in CODE_NAMES if name in _screen_text(at)]
+
+
+def test_the_compare_table_shows_every_layer_without_an_inner_scroll(monkeypatch):
+    """Streamlit's default height shows ten rows and scrolls the rest inside the table (layers 11-12 were hidden);
+    the height the page asks for is what the browser draws (AppTest keeps no height, so the call is read)."""
+    import numpy as np
+    import streamlit as st
+    from test_compare import parquet_bytes, stats_table
+
+    heights = {}
+    real = st.dataframe
+    monkeypatch.setattr(st, "dataframe", lambda data, **kw: heights.update({kw.get("key"): kw.get("height")})
+                        or real(data, **kw))
+    at = AppTest.from_file(APP, default_timeout=240).run()
+    at.switch_page("pages/9_compare.py").run()
+    at.file_uploader(key="compare_uploads").set_value(
+        [("stats.parquet", parquet_bytes(stats_table("bundled", np.full((1, 12, 6), 50.0))), "application/octet-stream")]).run()
+    at.button(key="compare_run").click().run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert len(next(d for d in at.dataframe if "bundled (this session)" in d.value.columns).value) == 12
+    assert heights["compare_table"] == "content"

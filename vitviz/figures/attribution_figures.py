@@ -54,7 +54,8 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
         with_input: False leaves the model input out (a map drawn beside another figure of the same image).
         wrap: break the title's lines at this many characters (a figure narrower than the page).
         plot_height: pixels of each row of maps, below the title.
-        columns: panels per row (the heads tiles' size at 1440 px with 3).
+        columns: at most this many panels per row (the heads tiles' size at 1440 px with 3); the rows are filled
+            evenly (4 panels: 2 x 2).
         padding: patch indices (0-based raster) that hold no photo (:func:`vitviz.sources.preprocess.padding_patches`):
             hatched on the patch maps and kept out of their colour limits, as on every map page (maps at pixel
             resolution draw them as they are; the title says so).
@@ -63,8 +64,8 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
 
     first = 2 if with_input else 1
     n = len(results) + first - 1
-    cols = min(columns, n)
-    rows = -(-n // cols)
+    rows = -(-n // columns)
+    cols = -(-n // rows)  # the rows as even as they go: 4 panels are 2 x 2, not 3 + 1 beside two empty slots
     titles = (["model input"] if with_input else []) + [
         _label(r.method) + (" (pixels)" if pixels and r.pixels is not None else "") for r in results]
     # Each colour bar's title runs up beside its bar (side "right"): above the bar, "0–1 (min-max)" ran into the next
@@ -79,8 +80,10 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
         at_pixels = pixels and r.pixels is not None
         grid = r.pixels[index] if at_pixels else r.patches[index]
         signed = _signed(r.method)
+        # An outline marks a clipped patch; around single pixels the outlines covered a map in cyan specks (the
+        # caption still counts the clipped pixels).
         drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed,
-                            padding=None if at_pixels else padding)
+                            padding=None if at_pixels else padding, outline_clipped=not at_pixels)
         scale, clipped = drawn.scales[0], len(drawn.clipped[0])
         if clipped:
             notes.append(f"{_label(r.method)}: {clipped} {'pixels' if at_pixels else 'patches'} "
