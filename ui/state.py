@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -145,7 +146,8 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
     for file_id in refused.keys() - held.keys():
         refused.pop(file_id)
     added = []
-    arrived = [u for file_id, u in held.items() if file_id not in before]
+    # (a file the upload watcher's run already took arrives in the uploader later: it is not taken twice)
+    arrived = [u for file_id, u in held.items() if file_id not in before and file_id not in seen]
     arrived += list({u.file_id: u for u in left_behind if u.file_id not in held}.values())
     for upload in arrived:
         file_id = upload.file_id
@@ -168,6 +170,34 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
         st.error(why)
     st.session_state["uploader_held"] = {file_id: u.name for file_id, u in held.items()}
     return added[-1].name if added else None
+
+
+UPLOAD_WATCH_S = 60  # after a page switch, how long an upload begun on the page left may still land (a busy server)
+UPLOAD_WATCH_EVERY_S = 3
+
+
+def _watch_uploads() -> None:
+    """For a while after each page switch, look every few seconds for an image this session sent that no run has
+    taken, and rerun the page when one has landed.
+
+    On a busy server an upload's bytes can reach it after the user has opened another page: the browser then drops
+    the upload's own rerun (its uploader is gone with the page left), the file lands in the server's storage, and no
+    run would ever take it (on a cold server, 1 to 3 of eight users uploading on the landing page lost their photo).
+    A session's first page needs no watch: there the uploader that sent the file reruns the page itself."""
+    page, previous = _page_id(), st.session_state.get("upload_watch_page")
+    if previous != page:
+        st.session_state["upload_watch_page"] = page
+        st.session_state["upload_watch_since"] = time.monotonic() if previous is not None else float("-inf")
+    if time.monotonic() - st.session_state["upload_watch_since"] < UPLOAD_WATCH_S:
+        _upload_watch()
+
+
+@st.fragment(run_every=UPLOAD_WATCH_EVERY_S)
+def _upload_watch() -> None:
+    if time.monotonic() - st.session_state.get("upload_watch_since", float("-inf")) >= UPLOAD_WATCH_S:
+        return  # the timer goes with the page's next full run
+    if _unclaimed_images(st.session_state.get("uploads_seen", set())):
+        st.rerun(scope="app")  # the page's run takes it (_sync_uploads)
 
 
 def _page_id() -> str:
@@ -245,6 +275,7 @@ def _sidebar_images() -> tuple[list[LoadedImage], str | None]:
     """The decoded image set (uploads, then chosen samples) and the newest upload's name."""
     store = _image_store()
     newest = _sync_uploads(store)
+    _watch_uploads()
     for gone in persist.keep_images(store):  # first: after F5 the list below then shows the images it brought back
         st.sidebar.warning(gone)
     # The uploader lists what it holds with its own ×; the box lists the rest (after a page switch or F5).
