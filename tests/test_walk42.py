@@ -46,3 +46,23 @@ def test_four_attribution_panels_fill_two_rows_of_two_and_pixel_maps_carry_no_ou
     patches = maps_figure(photo, [A.Attribution("attnlrp", np.array([[[0.0, 0.1], [0.2, 9.0]]]), None, np.array([1.0]),
                                                 A.Projection())], pixels=False)
     assert (_tiles(patches)[1] == CLIPPED_COLOUR).all(-1).any()  # a clipped patch keeps its outline
+
+
+def test_the_registers_faithfulness_table_names_methods_as_the_faithfulness_page_does():
+    from vitviz.figures.registers_figures import repair_faithfulness_table
+
+    row = {"side": "before", "deletion_auc": 0.1, "insertion_auc": 0.2, "deletion_vs_random": "better",
+           "insertion_vs_random": "better"}
+    table = repair_faithfulness_table([row | {"method": "attnlrp"}, row | {"method": "random (5 seeds, mean ± s.d.)"}])
+    assert table["method"].tolist() == ["AttnLRP", "random (5 seeds, mean ± s.d.)"]
+
+
+def test_the_gradcam_colour_bar_says_its_unit_in_words():
+    from vitviz.explainers import attribution as A
+    from vitviz.figures.attribution_figures import maps_figure
+
+    grid = np.array([[[0.0, 0.5], [1.0, 2.0]]])
+    fig = maps_figure(Image.new("RGB", (32, 32)), [A.Attribution("gradcam", grid, None, np.array([1.0]),
+                                                                 A.Projection())], pixels=False)
+    bars = [t.colorbar.title.text for t in fig.data if t.type == "heatmap" and t.colorbar.title.text]
+    assert bars == ["weighted activation (≥ 0)"]
