@@ -159,6 +159,37 @@ def test_the_registers_tutorial_prints_what_its_page_shows_and_writes_its_figure
                     tmp_path)
 
 
+def _changed(path: Path) -> float:
+    """When git says ``path`` last changed: its last commit's date (seconds since 1970), or infinity while the working
+    tree holds an uncommitted change (file mtimes say nothing: a clone gives every file the clone's time)."""
+    rel = path.relative_to(ROOT).as_posix()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args, "--", rel], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    if git("status", "--porcelain").strip():
+        return float("inf")
+    stamp = git("log", "-1", "--format=%ct").strip()
+    return float(stamp) if stamp else float("inf")
+
+
+def test_every_app_screenshot_is_newer_than_its_page():
+    """docs/img/app/<address>.png was committed after the last commit of the page's file: a page changed since its
+    screenshot fails here, naming the command that retakes it. (A shallow clone dates every file alike: it passes.)"""
+    from ui.navigation import PAGES
+
+    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git checkout: no dates to compare")
+    stale = []
+    for p in PAGES:
+        address = re.sub(r"^\d+_", "", Path(p.file).stem)
+        shot = ROOT / "docs" / "img" / "app" / f"{address}.png"
+        if not shot.is_file() or _changed(shot) < _changed(ROOT / p.file):
+            stale.append(address)
+    assert not stale, (f"app pages changed since their screenshot: {stale}; retake them with "
+                       f".venv/bin/python scripts/docs_screenshots.py --pages {','.join(stale)} and commit the PNGs")
+
+
 class _Refs(html.parser.HTMLParser):
     """The pictures and local links of one built page."""
 
@@ -355,3 +386,18 @@ def test_every_page_of_the_built_site_opens_in_chromium_without_an_error_a_missi
         elif anchor and urllib.parse.unquote(anchor) not in ids[target]:
             problems.append(f"{name}: link to a missing anchor {href}")
     assert not problems, "\n".join(problems)
+
+
+def test_the_app_pages_links_land_on_a_heading_of_the_built_site(site):
+    """Each page's first-line link and each help text's Concepts link, read as a path under mkdocs.yml's site_url,
+    is a page of the built site with an element of that id (the published site is this build)."""
+    from test_navigation import concept_links
+    from ui import navigation
+
+    urls = [navigation.docs_url(p) for p in navigation.PAGES]
+    urls += [re.search(r"\((http[^)]+)\)", navigation.concepts_link(s)).group(1) for s in concept_links()]
+    for url in urls:
+        assert url.startswith(navigation.DOCS_URL), url
+        path, _, anchor = url.removeprefix(navigation.DOCS_URL).partition("#")
+        page = site / path / "index.html"
+        assert page.is_file() and f'id="{anchor}"' in page.read_text(), url
