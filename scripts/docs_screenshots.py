@@ -35,10 +35,9 @@ def train_sae(page) -> None:
     _wait_idle(page, timeout=1_800_000)
     if page.get_by_text("Trained here:", exact=False).count() != 1:
         raise SystemExit("the Features page did not finish training an SAE: see the server log")
-    top = page.get_by_role("heading", name="Top latents of this image")
-    top.scroll_into_view_if_needed()
-    # the trained line above the heading stays in view: the screenshot says what was trained and on what
-    page.mouse.wheel(0, -200)
+    # The trained line at the top of the view: the screenshot says what was trained, then shows its top latents.
+    page.get_by_text("Trained here:", exact=False).evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.mouse.wheel(0, -40)
     _wait_idle(page, quiet=800)
 
 
