@@ -160,8 +160,9 @@ def test_the_registers_tutorial_prints_what_its_page_shows_and_writes_its_figure
 
 
 def _changed(path: Path) -> float:
-    """When git says ``path`` last changed: its last commit's date (seconds since 1970), or infinity while the working
-    tree holds an uncommitted change (file mtimes say nothing: a clone gives every file the clone's time)."""
+    """When git says ``path`` last changed on this branch: the date (seconds since 1970) of the last commit along the
+    first parents that changed it (for a change made on another branch, the merge that brought it), or infinity while
+    the working tree holds an uncommitted change. File mtimes say nothing: a clone gives every file the clone's time."""
     rel = path.relative_to(ROOT).as_posix()
 
     def git(*args: str) -> str:
@@ -169,7 +170,7 @@ def _changed(path: Path) -> float:
 
     if git("status", "--porcelain").strip():
         return float("inf")
-    stamp = git("log", "-1", "--format=%ct").strip()
+    stamp = git("log", "-1", "--first-parent", "--format=%ct").strip()
     return float(stamp) if stamp else float("inf")
 
 
