@@ -31,7 +31,8 @@ st.caption("A sparse autoencoder (SAE) splits one layer's patch tokens into many
            "(TopK, Gao et al. 2024). Train one here on the sidebar's images (below), or on more images with "
            "`python -m vitviz features train INPUT... --layer L --latents K --topk k --out DIR`"
            + ("." if shared else ", and give its folder, a saev checkpoint or a ViT-Prisma folder below.")
-           + " Latents are numbered from 0, as in the files; patches (row, column) from 1.")
+           + " Latents are numbered from 0, as in the files; patches as on every page: patch 147 (row 10, col 4), "
+           "numbered from 0, rows and columns from 1.")
 
 trained = st.session_state.get(TRAINED)
 with st.expander("Train an SAE here", expanded=trained is None, key="features_train_box"), guarded("the SAE training"):
