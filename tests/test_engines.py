@@ -348,3 +348,35 @@ def test_probe_on_ray_killed_and_started_again_writes_the_local_probe(tmp_path, 
     for name in ("probe.safetensors", "probe.json"):
         assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
     assert not (tmp_path / "ray" / PARTS_DIR).exists()
+
+
+@pytest.mark.slow
+def test_qk_on_ray_writes_the_local_files_and_the_librarys_picture(tmp_path, backbone, ray_session):
+    """`qk --engine ray`: queries, keys and scores come back from the actors batch by batch (three batches of 3
+    files, broken.png skipped) and the files equal the local engine's; the picture is the library's over the seven
+    images in one forward, to float32 rounding of the forward (batches of 3 against one of 7)."""
+    import pandas as pd
+
+    from vitviz.cli import main
+    from vitviz.heads import qk
+
+    root, weights, paths = backbone
+    for engine, workers in (("local", "0"), ("ray", "2")):
+        assert main(["qk", str(root / "img"), "--layer", "3", "--batch-size", "3", "--engine", engine,
+                     "--workers", workers, "--out", str(tmp_path / engine), *_model(weights)]) == 0
+    local, ray = (pd.read_parquet(tmp_path / engine / "qk.parquet") for engine in ("local", "ray"))
+    pd.testing.assert_frame_equal(ray, local, check_exact=True)
+    assert (tmp_path / "ray" / "correlations.json").read_text() == (tmp_path / "local" / "correlations.json").read_text()
+    settings = {e: json.loads((tmp_path / e / "settings.json").read_text()) for e in ("local", "ray")}
+    assert settings["ray"].pop("engine") == "ray" and settings["local"].pop("engine") == "local"
+    assert settings["ray"] == settings["local"]
+    assert settings["ray"]["skipped"] == [{"name": "broken.png", "reason": "is not an image file Pillow can read"}]
+    good = [p for p in paths if p.name != "broken.png"]
+    lens = open_backbone(weights)
+    pictures = qk.layer_pictures(lens, lens.preprocess(good), 2)
+    expected = qk.points_table(pictures, lens.layout_for(lens.preprocess(good[:1])), [p.name for p in good])
+    assert list(ray["image"]) == list(expected["image"]) and list(ray["token"]) == list(expected["token"])
+    xy = expected[["x", "y"]].to_numpy()
+    # float32 forwards of other batch shapes differ by a few units of 2^-24 relative; PCA of ~70 points moves them
+    # by far less than 1e-4 of the cloud's extent
+    np.testing.assert_allclose(ray[["x", "y"]].to_numpy(), xy, rtol=0, atol=1e-4 * np.abs(xy).max())
