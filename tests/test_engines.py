@@ -1,6 +1,7 @@
 """The engine (vitviz.runs.engines): batches in file order with the decoded inputs a user's preprocessing gives,
 resuming skips whole batches, bad files are listed, part files appear together; on Ray (one local Ray session for
-the module, slow): the same values as here, for the engine, the probe command and the SAE's token stream."""
+the module, slow): the same values as here, for the engine, the SAE's token stream and float16 shards, and the
+features train, probe and qk commands; Ray runs killed and started again end as uninterrupted local runs."""
 from __future__ import annotations
 
 import json
@@ -366,7 +367,8 @@ def test_qk_on_ray_writes_the_local_files_and_the_librarys_picture(tmp_path, bac
                      "--workers", workers, "--out", str(tmp_path / engine), *_model(weights)]) == 0
     local, ray = (pd.read_parquet(tmp_path / engine / "qk.parquet") for engine in ("local", "ray"))
     pd.testing.assert_frame_equal(ray, local, check_exact=True)
-    assert (tmp_path / "ray" / "correlations.json").read_text() == (tmp_path / "local" / "correlations.json").read_text()
+    for name in ("ray", "local"):
+        assert (tmp_path / name / "correlations.json").read_text() == (tmp_path / "local" / "correlations.json").read_text()
     settings = {e: json.loads((tmp_path / e / "settings.json").read_text()) for e in ("local", "ray")}
     assert settings["ray"].pop("engine") == "ray" and settings["local"].pop("engine") == "local"
     assert settings["ray"] == settings["local"]

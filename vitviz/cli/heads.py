@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from ..errors import VitvizError
-from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, check_batch_size, decode,
-                      engine_of, expand, open_lens, skipped_records, versions)
+from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, check_batch_size,
+                      decode, engine_of, expand, open_lens, skipped_records, versions)
 
 QK_POINTS, QK_CORRELATIONS, EFFECTS, SETTINGS = "qk.parquet", "correlations.json", "effects.parquet", "settings.json"
 
