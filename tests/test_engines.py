@@ -182,23 +182,6 @@ def test_the_sae_token_stream_from_ray_has_the_local_mean_and_variance(tmp_path,
     assert torch.equal(var_ray, var_local)
 
 
-@pytest.mark.slow
-def test_features_train_on_ray_reads_the_local_token_statistics(tmp_path, backbone, ray_session):
-    from vitviz.features.train import TrainSettings, train
-
-    _, weights, paths = backbone
-    lens = open_backbone(weights)
-    settings = TrainSettings(point="resid_post", layer=6, latents=16, topk=2, epochs=1, batch_size=3,
-                             batch_tokens=8)
-    local = train(lens, paths, settings, tmp_path / "local", progress=False)
-    ray = train(lens, paths, settings, tmp_path / "ray", progress=False, engine=Engine("ray", 2))
-    assert ray.info["activations"] == local.info["activations"]
-    assert ray.info["activations"]["tokens"] == 7 * 4 and ray.info["images"]["skipped"] == local.info["images"][
-        "skipped"] == ["broken.png: is not an image file Pillow can read"]
-    for (name, p), q in zip(local.named_parameters(), ray.parameters()):  # the same tokens: the same training
-        assert torch.equal(p, q), name
-
-
 def _model(weights) -> list[str]:
     return ["--model", ARCH, "--checkpoint", str(weights), "--img-size", str(IMG), "--device", "cpu"]
 
@@ -233,7 +216,10 @@ def test_features_train_on_ray_with_shards_writes_the_local_files(tmp_path, back
     assert sorted(local) == [*(f"shard-00000{i}.safetensors" for i in range(8)), "shards.json"]
     shards = [name for name in local if name.endswith(".safetensors")]
     assert all(_shard(ray[name]) == _shard(local[name]) for name in shards)
-    assert _shard(local["shard-000000.safetensors"])[1] == []  # broken.png's batch: no tokens
+    assert _shard(ray["shard-000000.safetensors"]) == (  # broken.png's batch: no tokens, the file named
+        {"index": "0", "names": "[]", "problems": '["broken.png: is not an image file Pillow can read"]'}, [])
+    meta, tokens = _shard(ray["shard-000003.safetensors"])
+    assert meta == {"index": "3", "names": '["img2.png"]', "problems": "[]"} and len(tokens) == 1
     sae_local, sae_ray = (_files(tmp_path / engine / "sae") for engine in ("local", "ray"))
     assert sae_ray["sae.safetensors"] == sae_local["sae.safetensors"]
     assert json.loads(sae_ray["sae.json"]) == json.loads(sae_local["sae.json"])
@@ -314,6 +300,9 @@ def test_features_train_on_ray_killed_and_started_again_ends_with_the_local_weig
                     callback=lambda done, m: seen.append(done))
     assert seen == list(range(3, 17))  # from the third batch on, the first two from the checkpoint
     same(resumed, whole)
+    assert resumed.info["activations"]["tokens"] == 7 * 4  # 7 good images x 2x2 patches
+    assert resumed.info["images"]["skipped"] == whole.info["images"]["skipped"] == [
+        "broken.png: is not an image file Pillow can read"]
 
 
 @pytest.mark.slow

@@ -5,7 +5,8 @@ model, point, layer, images and batch size read the shards instead.
 ``DIR/shards.json`` says what the shards hold (:data:`FORMAT`, the model, point, layer, prefix, batch size, the
 images' names' SHA-256); ``DIR/shard-000000.safetensors`` is image batch 0 (0-based, ``batch_size`` consecutive
 files of the input list): ``tokens`` (B, n, D) float16, with the batch's image names and bad files in its metadata.
-Each shard is written whole or not at all, so a run killed while writing them continues with the missing ones.
+Each shard is written whole or not at all, by the process that ran its forward (a Ray actor, on a file system
+the nodes share, or a thread here), so a run killed while writing them continues with the missing ones.
 
 float16 keeps 11 significant bits: a token read back is within 2^-11 of its value relatively (round to nearest,
 unit roundoff u = 2^-11) when its magnitude is in float16's normal range [2^-14, 65504], and within 2^-25
@@ -14,8 +15,8 @@ absolutely below it. Tokens beyond 65504 would become infinite: such a layer is 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
