@@ -17,7 +17,6 @@ from vitviz.features.figures import (activation_histogram, deletion_figure, imag
                                      latent_patches_figure, latent_scores_figure)
 from vitviz.features.session import (DEFAULT_LATENTS, DEFAULT_TOPK, SHARED_CAP, SizeCap,
                                      default_layer, default_settings)
-from vitviz.lens import Lens
 from vitviz.sources.preprocess import preprocess
 
 ctx = setup()
@@ -34,7 +33,7 @@ st.caption("A sparse autoencoder (SAE) splits one layer's patch tokens into many
 
 trained = st.session_state.get(TRAINED)
 with st.expander("Train an SAE here", expanded=trained is None, key="features_train_box"), guarded("the SAE training"):
-    lens = Lens(ctx.loaded)
+    lens = ctx.lens
     samples = sample_set(ctx)
     extra = [im for im in samples if im.sha256 not in {i.sha256 for i in ctx.images}]
     t1, t2, t3, t4 = st.columns(4)

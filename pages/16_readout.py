@@ -15,7 +15,6 @@ from vitviz import residual
 from vitviz.errors import VitvizError
 from vitviz.figures.core import panel_width
 from vitviz.figures.readout_figures import component_bars, contribution_heatmap, lens_classes, logit_lens_figure
-from vitviz.lens import Lens
 
 ctx = setup()
 if ctx is None:
@@ -26,13 +25,13 @@ st.caption("The last block's output is a sum — the "
            "the final norm's scale frozen at this image's own value the head reading it is linear, so the target "
            "splits exactly into those parts plus a constant (the norms' and the head's biases). The parts add up to the "
            "model's own value. Layers and heads count from 1 here, from 0 in the downloads.")
-why = residual.why_not(Lens(ctx.loaded))
+why = residual.why_not(ctx.lens)
 if why:
     st.info(why)
     st.stop()
 
 c1, c2 = st.columns([2, 3])
-has_text = Lens(ctx.loaded).has_text
+has_text = ctx.lens.has_text
 text = c1.text_input("Text (CLIP: split the image–text score for it)", "a photo of a cat", key="readout_text",
                      help="CLIP's score logit_scale.exp() · cos(image, text), the image embedding's norm frozen at "
                           "this image's own value.") if has_text else None
@@ -115,7 +114,7 @@ if has_text:
 
 st.subheader("Logit lens: the head read after every block")
 if not ctx.loaded.has_head:
-    st.info(residual.logit_lens_why_not(Lens(ctx.loaded)))
+    st.info(residual.logit_lens_why_not(ctx.lens))
 else:
     lens_result = set_logit_lens(ctx)
     index = next((i for i, im in enumerate(ctx.images) if im.sha256 == ctx.image.sha256), 0)

@@ -9,7 +9,8 @@ from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.guard import guarded
 from ui.similarity import similarity_section
-from ui.state import setup, upload_too_large
+from ui.state import setup
+from ui.uploads import upload_too_large
 from ui.navigation import heading
 from vitviz.analyses.compare import (STATISTICS, StatsTableError, check_stats_table, combine, head_summary, layer_summary,
                             model_overview, read_stats_table, stats_path)

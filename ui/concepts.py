@@ -74,11 +74,9 @@ def painted_set(images, grid: tuple[int, int]) -> tuple[PaintedImages, tuple]:
 
 
 def fit(ctx, backbone, painted: PaintedImages, key: tuple, progress):
-    """Fit the concept probes of every layer on the sidebar's backbone and keep them for the session."""
-    from vitviz.lens import Lens
-
+    """Fit the concept probes of every layer on the sidebar's backbone (a Lens) and keep them for the session."""
     with model_run():
-        result = fit_concept(Lens(backbone), painted, progress=progress)
+        result = fit_concept(backbone, painted, progress=progress)
     st.session_state[FITTED] = (("concept", backbone_spec(ctx), key), result)
     return result
 
@@ -126,11 +124,10 @@ def concept_target_picker(ctx, container, key: str):
     return None
 
 
-def concept_refusals(concept, loaded, methods: list[str]) -> dict[str, str]:
-    """Method -> the registry's sentence saying why it cannot explain ``concept`` on ``loaded``'s model (LeGrad;
+def concept_refusals(concept, lens, methods: list[str]) -> dict[str, str]:
+    """Method -> the registry's sentence saying why it cannot explain ``concept`` on ``lens``'s model (LeGrad;
     Grad-CAM before the last layer), for ``methods``."""
     from vitviz.explainers import registered
-    from vitviz.lens import Lens
 
-    lens, found = Lens(loaded), registered()
+    found = registered()
     return {m: why for m in methods if (why := found[m].why_not_target(lens, concept))}

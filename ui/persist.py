@@ -12,7 +12,9 @@ import os
 import streamlit as st
 
 from ui.memo import ByteLRU
+from ui import keys
 from ui.numbers import whole
+from ui.widgets import choose
 
 # URL key -> (session key of the same choice on the server-drawn pages, or None).
 VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "patch", "keep": "keep",
@@ -146,7 +148,7 @@ def keep_images(store: dict[str, bytes]) -> list[str]:
                 store[held[0]] = held[1]
         current = st.query_params.get(CURRENT_PARAM)
         if current in store:
-            st.session_state["kept_current"] = current
+            choose(keys.CURRENT, current)
     st.session_state["persist_restored"] = True
     names = []
     for name, data in store.items():
@@ -196,18 +198,18 @@ MODEL_PARAM, SIZE_PARAM = "model", "res"
 
 def seed_model(bundled: str, by_name: str) -> None:
     """On a session's first run, seed the sidebar's model box from a link's ``model`` and ``res`` (the widgets read
-    their ``kept_*`` values)."""
+    their kept values, :mod:`ui.widgets`)."""
     if st.session_state.get("persist_model_seeded"):
         return
     st.session_state["persist_model_seeded"] = True
     name = st.query_params.get(MODEL_PARAM)
     if name and name != bundled and not name.startswith(("hf:", "/", ".")):
-        st.session_state["kept_model_choice"] = by_name
-        st.session_state["kept_timm_query"] = name
-        st.session_state["kept_timm_name"] = name
+        choose(keys.MODEL_CHOICE, by_name)
+        choose(keys.TIMM_QUERY, name)
+        choose(keys.TIMM_NAME, name)
     size = st.query_params.get(SIZE_PARAM, "")
     if size.isdigit():
-        st.session_state["kept_img_size"] = int(size)
+        choose(keys.IMG_SIZE, int(size))
 
 
 def remember_model(name: str, img_size: int | None) -> None:
