@@ -3,6 +3,7 @@ from dataclasses import replace
 
 import streamlit as st
 
+from ui import keys
 from ui.cache import operator_settings
 from ui.charts import file_stem, show_chart
 from ui.display import patch_picker
@@ -130,7 +131,7 @@ show_chart(image_latents_figure(ctx.result.model_input, maps, [int(j) for j in t
 
 st.subheader("Which latents fire at a patch")
 gh, gw = layout.grid_size
-clicked = st.session_state.get("patch")  # shared with the other pages that pick patches
+clicked = st.session_state.get(keys.PATCH)  # shared with the other pages that pick patches
 # before any click: the strongest patch of the image's top latent
 patch = int(maps[0].argmax()) if clicked is None or clicked >= gh * gw else int(clicked)
 pick, listed = st.columns([1, 2])

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
+from ui import keys
 from ui.attribution import attribution_panel
 from ui.charts import file_stem, show_chart
 from ui.display import Display, display_controls, map_figure, panel_download, patch_picker, render
@@ -258,7 +259,7 @@ def _browser_compare(view: dict, v: HeadsView) -> None:
     if len(layers) != panels or -1 in layers:  # no list, or one the link got wrong: spread, as the browser does
         layers = [round(1 + i * (L - 1) / (panels - 1)) - 1 for i in range(panels)]
     _compare_downloads(_compare_panel(_view_int(view.get("chead"), 1, 1, H) - 1, layers, v.query, v.what, v.by_patch,
-                                      st.session_state.get("patch"), v.display, v.mode))
+                                      st.session_state.get(keys.PATCH), v.display, v.mode))
 
 
 # ---- Repair: the readout's attention in the layer shown, before and after (ui/repair.py) ----
@@ -296,7 +297,7 @@ def _server_grid() -> None:
         direction = st.radio("Direction", ["query → keys", "keys → query"], key="direction", horizontal=True,
                              help="keys → query: how much every patch attends to the clicked patch")
         patch_picker(r.model_input, layout, "patch_click", scope="fragment")
-        patch = st.session_state.get("patch")
+        patch = st.session_state.get(keys.PATCH)
         st.caption("Click a patch to use it as the query (or key). Selected: "
                    + (layout.token_name(layout.num_prefix_tokens + patch) if patch is not None else "none"))
         keep = st.slider("DINO mask: keep share of mass", 0.0, 1.0, 0.0, 0.05, key="keep",
@@ -328,7 +329,7 @@ def browser_view() -> None:
     """The grid drawn in the browser: layer, query, patch and display changes repaint there; the server hears
     of the view afterwards (URL, session, downloads)."""
     payload, _ = heads_explorer(ctx)
-    saved, patch = saved_view(), st.session_state.get("patch")
+    saved, patch = saved_view(), st.session_state.get(keys.PATCH)
     _browser_grid(payload, saved, patch)
     _repair_section(_view_int(saved.get("layer"), L, 1, L) - 1, _view_int(saved.get("chead"), 1, 1, H) - 1,
                     _view_padding(saved))

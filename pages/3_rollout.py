@@ -2,6 +2,7 @@
 import numpy as np
 import streamlit as st
 
+from ui import keys
 from ui.attribution import attribution_panel
 from ui.cache import cached_gradient_rollout, cached_rollout
 from ui.charts import file_stem, show_chart
@@ -64,7 +65,7 @@ if BROWSER:
     view = rollout_explorer(ctx, fusion=fusion, discard=discard, start=start - 1, end=end,
                             exclude_tokens=_kept_out(settings, r.artifacts, r.sinks, layout), sinks=sinks,
                             display=display)
-    reads_patch, depth, patch = view.reads_patch, view.depth, st.session_state.get("patch")
+    reads_patch, depth, patch = view.reads_patch, view.depth, st.session_state.get(keys.PATCH)
     st.caption(f"Sent to the browser: {view.payload.nbytes / 1e6:.2f} MB for this image and these settings "
                f"({'every patch’s rollout after every layer' if view.payload.patch_rows else 'the readout’s rollout; a clicked patch’s on demand'}).")
     if reads_patch and patch is None:
@@ -75,7 +76,7 @@ else:
                                     help="Whose row of R = A'_end ⋯ A'_start is shown: the model's readout, or the row "
                                          "of a patch you click (where that patch's representation drew its mass from)."
                                     ) == CLICKED
-    patch = st.session_state.get("patch")  # the same patch as on the heads page
+    patch = st.session_state.get(keys.PATCH)  # the same patch as on the heads page
     if reads_patch:
         with picker_col:
             patch_picker(r.model_input, layout, "rollout_patch_click")

@@ -10,6 +10,7 @@ from streamlit_image_coordinates import streamlit_image_coordinates
 from vitviz.probes.concepts import PaintedImages, fit_concept, patch_rectangle
 from vitviz.probes.figures import painted_image
 
+from . import keys
 from .cache import model_run
 from .display import CLICK_SCALE
 
@@ -114,7 +115,7 @@ def concept_target_picker(ctx, container, key: str):
             default = min(concept.readable_from(0.9) or top, top)
             layer = st.slider("Concept's layer (1-based)", 1, top, default, key=f"{key}_layer",
                               help="The patch probe of this layer; its logit is explained.")
-            patch = st.session_state.get("patch")  # the patch picked on any page (0-based raster index)
+            patch = st.session_state.get(keys.PATCH)  # the patch picked on any page (0-based raster index)
             where = st.radio("Where", ["summed over the patches", "at the selected patch"], key=f"{key}_where",
                              horizontal=True, disabled=patch is None,
                              help="The selected patch is the one clicked on the heads, rollout or anatomy page"

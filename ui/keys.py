@@ -45,6 +45,11 @@ CKPT_DIGESTS = "ckpt_digests"  # uploaded checkpoint file_id -> its SHA-256 pref
 CKPT_UPLOADS = "ckpt_uploads"  # the path a checkpoint upload is read from -> the upload
 PROBE_HEAD = "probe_head"  # the probe.safetensors the Probes page trained, when chosen as the head
 
+# Shared by the pages
+PATCH = "patch"  # the clicked patch: a raster index (0-based) of the grid it was picked on
+PERSIST_RESTORED = "persist_restored"  # a link's uploads were brought back (once per session)
+PERSIST_MODEL_SEEDED = "persist_model_seeded"  # a link's model seeded the model boxes (once per session)
+
 RAN = "_vitviz_ran"  # this session has run a page (ui.state's legacy-navigation check)
 
 
