@@ -24,7 +24,7 @@ images = ctx.images[:MAX_IMAGES]
 names = [im.name for im in images]
 heading(__file__, f"{len(images)} image{'s' if len(images) != 1 else ''}")
 if ctx.lens.scope == "window":
-    st.info(f"{ctx.loaded.label} attends within windows: its queries and keys meet only inside one window, so there is "
+    st.info(f"{ctx.lens.label} attends within windows: its queries and keys meet only inside one window, so there is "
             "no one picture of a head over an image. This page reads models whose tokens attend to every token.")
     st.stop()
 lens = ctx.lens

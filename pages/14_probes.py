@@ -107,4 +107,4 @@ if c3.button(f"Use the layer-{result.layer} probe as the model's head", help="Ev
     st.session_state["use_trained_head"] = True
     st.rerun()
 if ctx.spec.head:
-    st.caption(f"The model's head now: {Path(ctx.spec.head).name} ({ctx.loaded.label}).")
+    st.caption(f"The model's head now: {Path(ctx.spec.head).name} ({ctx.lens.label}).")

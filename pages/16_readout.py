@@ -42,12 +42,12 @@ except VitvizError as exc:
     st.info(str(exc))
     st.stop()
 what = target_title(r.target)
-target_box = c2 if has_text or ctx.loaded.has_head else st  # a headless model picks nothing: the line spans the page
+target_box = c2 if has_text or ctx.lens.has_head else st  # a headless model picks nothing: the line spans the page
 target_box.markdown(f"**Target:** {what} = **{r.total[0]:.4g}** (the model's own value); the parts below add up to "
                     f"{r.parts_sum[0]:.4g}.")
 
 names = None
-if ctx.loaded.has_head and st.session_state.get("readout_names"):
+if ctx.lens.has_head and st.session_state.get("readout_names"):
     try:
         table = set_head_names(ctx)
     except VitvizError as exc:
@@ -65,7 +65,7 @@ picked = [int(v) for v in point_customdata(points[0])] if points else []
 top_layer, top_head, _ = r.top_heads(1)[0]
 layer, head = (picked[0], picked[1]) if len(picked) == 2 else (top_layer, top_head)
 
-unit = "score" if text else "logit" if ctx.loaded.has_head else "projection"
+unit = "score" if text else "logit" if ctx.lens.has_head else "projection"
 left, right = st.columns([3, 2])
 with left:
     show_chart(contribution_heatmap(r.heads[0], f"contribution ({unit})", selected=(layer, head), names=names),
@@ -79,7 +79,7 @@ st.caption("Red raises the target, blue lowers it; limits ± the 95th percentile
            "beyond drawn in the end colour and marked ▲ / ▼. Largest heads: "
            + ", ".join(f"layer {l + 1} head {h + 1} ({v:+.3g})" for l, h, v in order)
            + ". Click a cell to see what that head moved from each patch.")
-if ctx.loaded.has_head:
+if ctx.lens.has_head:
     st.toggle("Name each head by the classes it writes toward (over the image set)", key="readout_names",
               help="Each head's direct contribution to every class's logit, averaged over the sidebar's images and "
                    "taken relative to its mean over the classes; the top class shows in the heatmap's hover.")
@@ -113,7 +113,7 @@ if has_text:
         st.dataframe(shown, hide_index=True, width="stretch")
 
 st.subheader("Logit lens: the head read after every block")
-if not ctx.loaded.has_head:
+if not ctx.lens.has_head:
     st.info(residual.logit_lens_why_not(ctx.lens))
 else:
     lens_result = set_logit_lens(ctx)

@@ -370,7 +370,7 @@ if st.toggle("Show an attribution map of this image", key="heads_attr_on"):
 
 
 # ---- Names: what each head writes toward, in the classes' own words (ui/readout.py, vitviz.residual) ----
-if ctx.loaded.has_head and residual_why_not(ctx.lens) is None:
+if ctx.lens.has_head and residual_why_not(ctx.lens) is None:
     st.subheader("What does each head write toward?")
     if st.toggle("Name every head by the classes it writes toward (over the image set)", key="heads_names_on",
                  help="Each head's direct contribution to every class's logit (its share of the last block's output, "

@@ -175,12 +175,12 @@ repair_view(ctx, "rollout", _repair_maps, what=f"Rollout of the {READOUT if quer
             value_name="rollout mass", padding=display.padding)
 
 st.subheader("Class-specific gradient rollout")
-if not ctx.loaded.has_head:
+if not ctx.lens.has_head:
     st.info("Gradient rollout needs a classifier head; this model has none. Pick a timm model with a head "
             "(e.g. vit_base_patch16_224.augreg2_in21k_ft_in1k) in the sidebar.")
 else:
     with guarded("gradient rollout"):
-        top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
+        top = top_classes(r.logits, k=10, labels=ctx.lens.class_labels)
         label = st.selectbox("Class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="target")
         target = int(label.split(":")[0])
         grad_map, _ = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, target)

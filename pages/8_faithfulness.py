@@ -169,7 +169,7 @@ protocol_slot.caption(f"Protocol: {protocol_text(replacement)}. Score: {score_te
                       "(or above it on insertion): one seed alone moves by a few hundredths.")
 target = None
 if loaded.has_head:
-    top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
+    top = top_classes(r.logits, k=10, labels=ctx.lens.class_labels)
     label = c2.selectbox("Target class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="faith_target")
     target = int(label.split(":")[0])
 steps = int(c2.number_input("Steps", 2, 41, 11, key="faith_steps", help="fractions 0, 1/(S-1), ..., 1"))

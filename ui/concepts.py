@@ -111,7 +111,7 @@ def concept_target_picker(ctx, container, key: str):
     with container:
         if st.radio("Explain", ["the model's output", "the painted concept"], key=f"{key}_what",
                     horizontal=True) == "the painted concept":
-            top = min(concept.num_layers, ctx.loaded.adapter.num_layers(ctx.loaded.model))  # a probe head ends early
+            top = min(concept.num_layers, ctx.lens.num_layers)  # a probe head ends early
             default = min(concept.readable_from(0.9) or top, top)
             layer = st.slider("Concept's layer (1-based)", 1, top, default, key=f"{key}_layer",
                               help="The patch probe of this layer; its logit is explained.")
