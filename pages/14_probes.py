@@ -11,7 +11,7 @@ from ui.cache import cached_lens
 from ui.charts import file_stem, show_chart
 from ui.keys import PROBE_HEAD
 from ui.state import setup
-from ui.navigation import heading
+from ui.navigation import concepts_link, heading
 from vitviz.errors import VitvizError
 from vitviz.probes import LabelledImages, fit
 from vitviz.probes.features import POOLINGS
@@ -27,8 +27,8 @@ st.caption("A linear probe (logistic regression, L2, C chosen by stratified cros
            "only) on each layer's pooled vector says from which layer on your groups are linearly decodable (Alain & "
            "Bengio 2016; DINOv2's linear evaluation). Accuracy is out-of-fold: every image is predicted by a probe that "
            "never saw it; the bars are 95% Wilson intervals over the images, the dashed line is chance (the largest "
-           "group's share). The best layer's probe becomes a head the other pages can use. To probe a concept painted "
-           "on patches instead of whole images, see the Painted concepts page.")
+           f"group's share) {concepts_link('chance')}. The best layer's probe becomes a head the other pages can "
+           "use. To probe a concept painted on patches instead of whole images, see the Painted concepts page.")
 backbone_spec = replace(ctx.spec, head=None)
 backbone = cached_lens(backbone_spec)  # probes are trained on the backbone, never on a probe head
 if backbone.scope != "global":

@@ -7,7 +7,7 @@ from ui.charts import file_stem, show_chart
 from ui.concepts import BRUSHES, backbone_spec, fit, fitted, paint_picker, painted_set, painting
 from ui.downloads import button_row
 from ui.state import setup
-from ui.navigation import heading
+from ui.navigation import concepts_link, heading
 from vitviz.errors import VitvizError
 from vitviz.probes.concepts import HOLDOUT, LABEL_RULE, MAPS
 from vitviz.probes.figures import concept_accuracy_figure, concept_maps_figure
@@ -90,7 +90,8 @@ show_chart(concept_accuracy_figure(concept.table, concept.chance, layer,
 st.caption(("Readable (balanced accuracy ≥ 90 %) from layer " + str(first) + " on." if first else
             "No run of layers reaches a balanced accuracy of 90 % to the last layer.")
            + f" Hold-out: {HOLDOUT[concept.holdout]}. Balanced accuracy is the mean of the concept and not-concept "
-           "recalls (chance 50 % whatever the concept's share); plain accuracy's chance is the larger class's share.")
+           "recalls (chance 50 % whatever the concept's share); plain accuracy's chance is the larger class's share. "
+           + concepts_link("chance"))
 current = names.index(ctx.image.name) if ctx.image.name in names else 0
 order = [current] + [j for j in range(len(names)) if j != current]
 titles = [f"{names[j]}{' (current)' if j == current else ''}<br>"

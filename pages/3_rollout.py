@@ -13,7 +13,7 @@ from ui.guard import guarded
 from ui.state import view_applies, setup
 from ui.progress import cached, with_progress
 from ui.repair import repair_view
-from ui.navigation import heading
+from ui.navigation import concepts_link, heading
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
 from vitviz.analyses.flow import FLOW_DEFINITION, attention_flow
 from vitviz.analyses.maps import layer_maps
@@ -39,7 +39,8 @@ discard = c2.slider("Discard lowest share", 0.0, 0.95, 0.0, 0.05, key="discard")
 start, end = c3.slider("Layers", 1, L, (1, L), key="layer_range")
 exclude = c4.selectbox("Keep out of rollout", list(EXCLUDE), key="rollout_exclude",
                        help="Attention sinks: patches receiving a disproportionate share of attention in a layer of "
-                            "the range. High-norm tokens: last-layer output norm > 10x the median (Darcet et al.).")
+                            "the range. High-norm tokens: last-layer output norm > 10x the median (Darcet et al.). "
+                            + concepts_link("definitions-used"))
 exclude_sinks, exclude_artifacts = EXCLUDE[exclude]
 # With "resize whole image (pad)", the patches holding only padding can be kept out of rollout as sinks are.
 padding_out = bool(ctx.padding.size) and st.toggle(
@@ -74,8 +75,8 @@ else:
     readout_col, picker_col, _ = st.columns([1, 1, 2])
     reads_patch = readout_col.radio("Read out", [READOUT, CLICKED], key="rollout_readout",
                                     help="Whose row of R = A'_end ⋯ A'_start is shown: the model's readout, or the row "
-                                         "of a patch you click (where that patch's representation drew its mass from)."
-                                    ) == CLICKED
+                                         "of a patch you click (where that patch's representation drew its mass from). "
+                                         + concepts_link("definitions-used")) == CLICKED
     patch = st.session_state.get(keys.PATCH)  # the same patch as on the heads page
     if reads_patch:
         with picker_col:

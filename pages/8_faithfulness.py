@@ -13,7 +13,7 @@ from ui.downloads import download_row
 from ui.progress import cached, with_progress
 from ui.state import setup, view_applies
 from ui.uploads import upload_too_large
-from ui.navigation import heading
+from ui.navigation import concepts_link, heading
 from vitviz.runs.analysis import AnalysisSettings
 from vitviz.explainers.attribution import default_target
 from vitviz.explainers import explain, names as explainer_names, registered
@@ -155,11 +155,13 @@ with c3:
                                               "a shorter range is faster.")
         seed = int(st.number_input(f"First random seed (of {RANDOM_SEEDS})", 0, 2**31 - 1, 0, key="faith_seed",
                                    help=f"The random floor is the mean over {RANDOM_SEEDS} seeded random maps, with "
-                                        "their spread: one seed alone moves the AUC by a few hundredths."))
+                                        "their spread: one seed alone moves the AUC by a few hundredths. "
+                                        + concepts_link("chance")))
         replacement = st.selectbox("Removed patches become", REPLACEMENTS, key="faith_replacement",
                                    format_func=lambda r: REPLACEMENT_TEXT[r],
                                    help="mean: 0 in the normalised input (the dataset mean colour, as the deletion "
-                                        "protocol has it); blur: RISE's blurred copy of the image.")
+                                        "protocol has it); blur: RISE's blurred copy of the image. "
+                                        + concepts_link("definitions-used"))
         ordering = st.selectbox("Order of signed maps", ORDERINGS, key="faith_ordering",
                                 help="AttnLRP, CP-LRP and Gradient × Input are signed. signed: most positive first, "
                                      "most negative last; positive: negative values tie at 0; absolute: |value|. "
