@@ -2,6 +2,7 @@
 import numpy as np
 import streamlit as st
 
+from ui import keys
 from ui.attribution import attribution_panel
 from ui.cache import cached_gradient_rollout, cached_rollout
 from ui.charts import file_stem, show_chart
@@ -65,7 +66,7 @@ if BROWSER:
     view = rollout_explorer(ctx, fusion=fusion, discard=discard, start=start - 1, end=end,
                             exclude_tokens=_kept_out(settings, r.artifacts, r.sinks, layout), sinks=sinks,
                             display=display)
-    reads_patch, depth, patch = view.reads_patch, view.depth, st.session_state.get("patch")
+    reads_patch, depth, patch = view.reads_patch, view.depth, st.session_state.get(keys.PATCH)
     st.caption(f"Sent to the browser: {view.payload.nbytes / 1e6:.2f} MB for this image and these settings "
                f"({'every patch’s rollout after every layer' if view.payload.patch_rows else 'the readout’s rollout; a clicked patch’s on demand'}).")
     if reads_patch and patch is None:
@@ -76,7 +77,7 @@ else:
                                     help="Whose row of R = A'_end ⋯ A'_start is shown: the model's readout, or the row "
                                          "of a patch you click (where that patch's representation drew its mass from). "
                                          + concepts_link("definitions-used")) == CLICKED
-    patch = st.session_state.get("patch")  # the same patch as on the heads page
+    patch = st.session_state.get(keys.PATCH)  # the same patch as on the heads page
     if reads_patch:
         with picker_col:
             patch_picker(r.model_input, layout, "rollout_patch_click")
@@ -175,12 +176,12 @@ repair_view(ctx, "rollout", _repair_maps, what=f"Rollout of the {READOUT if quer
             value_name="rollout mass", padding=display.padding)
 
 st.subheader("Class-specific gradient rollout")
-if not ctx.loaded.has_head:
+if not ctx.lens.has_head:
     st.info("Gradient rollout needs a classifier head; this model has none. Pick a timm model with a head "
             "(e.g. vit_base_patch16_224.augreg2_in21k_ft_in1k) in the sidebar.")
 else:
     with guarded("gradient rollout"):
-        top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
+        top = top_classes(r.logits, k=10, labels=ctx.lens.class_labels)
         label = st.selectbox("Class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="target")
         target = int(label.split(":")[0])
         grad_map, _ = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, target)

@@ -16,7 +16,7 @@ ctx = setup()
 if ctx is None:
     st.stop()
 heading(__file__)
-if ctx.loaded.attention_scope == "window":  # Swin: distance within windows, block by block
+if ctx.lens.scope == "window":  # Swin: distance within windows, block by block
     windows.distance_view(ctx)
     st.stop()
 r = ctx.result

@@ -6,8 +6,9 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image, ImageOps
 
+from ui import keys
 from ui.persist import INTRO_PARAM, SAVED
-from ui.state import SAMPLES_BY_DEFAULT
+from ui.widgets import choose
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SEEN = INTRO_PARAM  # URL key: ?intro=0 once the explanation was closed, so a reload does not show it again
@@ -40,9 +41,9 @@ def _toggled() -> None:
 
 def _open(name: str) -> None:
     _close()
-    st.session_state.pop(SAMPLES_BY_DEFAULT, None)  # a sample the user opened stays when they upload their own
-    st.session_state["kept_samples"] = [name]
-    st.session_state["kept_current"] = name
+    st.session_state.pop(keys.SAMPLES_BY_DEFAULT, None)  # a sample the user opened stays when they upload their own
+    choose(keys.SAMPLE_PICKS, [name])
+    choose(keys.CURRENT, name)
     st.session_state[SAVED].update(FIRST_VIEW)
     st.session_state["intro_open"] = True
 
