@@ -16,7 +16,7 @@ from PIL import Image
 from timm.models.swin_transformer import _create_swin_transformer
 
 from vitviz import swin
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.io.images import load_image
 from vitviz.sources.preprocess import preprocess
 from vitviz.sources.models import ModelSpec, load_model

@@ -31,7 +31,7 @@ from .io.atomic import atomic_write_bytes
 from .layout import TokenLayout
 from .types import ModelInput
 
-__all__ = ["NORM", "PointNotKept", "Trace", "load_trace", "trace_model"]
+__all__ = ["NORM", "PointNotKept", "Trace", "analysis_points", "load_trace", "trace_for_analysis", "trace_model"]
 
 TRACE_ARRAYS, TRACE_INFO = "trace.npz", "trace.json"
 
@@ -303,6 +303,35 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iter
     return Trace(kept, layout=layout or adapter.layout(model, input_hw), num_layers=L, inputs=inputs,
                  geometry=adapter.geometry(model, input_hw) if adapter.scope == "window" else None, stacked=stacked,
                  edited=edit is not None)
+
+
+def analysis_points(model, adapter=None) -> list[str]:
+    """The points every per-image analysis reads (``analyze``, ``stats``, the app's pages): ``attn`` of every layer,
+    ``final_norm``, the token norms ``resid_post.norm`` (global attention) and ``logits`` (a model with a head)."""
+    adapter = adapter or adapter_for(model)
+    keep = ["blocks.*.attn", "final_norm"] + (["blocks.*.resid_post.norm"] if adapter.scope == "global" else [])
+    return keep + (["logits"] if adapter.num_classes(model) > 0 else [])
+
+
+def trace_for_analysis(model, x: torch.Tensor | ModelInput, edit=None, layout: TokenLayout | None = None) -> Trace:
+    """:func:`trace_model` keeping :func:`analysis_points`, in one forward.
+
+    Args:
+        model: a model an adapter reads (:mod:`vitviz.adapters`), in eval mode.
+        x: (B, 3, H, W) normalised model input, or the :class:`ModelInput` of :meth:`vitviz.Lens.preprocess`.
+        edit: the adapters' ``edit=`` applied in the same forward, before a point is read (a repair,
+            :mod:`vitviz.analyses.registers`).
+        layout: the token layout the edited forward runs (an extra token: one more prefix token); default the
+            model's own.
+
+    Returns:
+        Trace on the model's device. Global attention: ``attn`` of every layer in one (B, L, H, N, N) float32 stack
+        (``trace.stack("attn")``), the token norms ``resid_post.norm`` (B, N) per layer, ``final_norm`` (B, N, D)
+        and ``logits`` (B, C) for a model with a head. Window attention (Swin): ``attn`` per block (B, nW, H, T, T),
+        ``final_norm`` (B, gh, gw, D), ``logits``, and ``trace.geometry``.
+    """
+    adapter = adapter_for(model)
+    return trace_model(model, x, analysis_points(model, adapter), edit=edit, layout=layout, adapter=adapter)
 
 
 def load_trace(folder: str | Path) -> Trace:

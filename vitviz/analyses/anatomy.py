@@ -1,9 +1,9 @@
 """One attention row taken apart: q, the scores q·k, the 1/sqrt(d) scaling, the softmax, the weighted values.
 
 The queries, keys and values are recomputed from the block's own input with the block's own
-modules, along the path capture takes (the family adapter's ``layer_qkv``: ``norm1``, the
+modules, along the path a trace takes (the family adapter's ``layer_qkv``: ``norm1``, the
 projections, ``q_norm``/``k_norm``, the rotary embedding of EVA-02 and rotary ViTs), so the row
-shown here is the row that capture returns. BEiT's
+shown here is the row that a trace keeps. BEiT's
 relative position bias is the one term not in q·k: it is kept as ``bias`` and added to the scaled
 scores, exactly as the model adds it.
 """

@@ -556,10 +556,11 @@ def _readout_maps(attention: np.ndarray, layout: TokenLayout) -> tuple[np.ndarra
 def repair_maps(model, x: torch.Tensor, layout: TokenLayout, edit: dict, after_layout: TokenLayout | None = None) -> RepairMaps:
     """Capture one image (x: (1, 3, H, W)) as the model is and with ``edit`` (a repair whose runs have
     ``after_layout``, default ``layout``): last-layer heads, rollout, norms and the output change."""
-    from ..capture import capture
+    from ..trace import trace_for_analysis
 
     after_layout = after_layout or layout
-    before, after = capture(model, x, layout=layout), capture(model, x, edit=edit, layout=after_layout)
+    before = trace_for_analysis(model, x, layout=layout)
+    after = trace_for_analysis(model, x, edit=edit, layout=after_layout)
     a0, a1 = to_host(before.stack("attn")[0]), to_host(after.stack("attn")[0])
     h0, r0 = _readout_maps(a0, layout)
     h1, r1 = _readout_maps(a1, after_layout)

@@ -26,7 +26,6 @@ import torch
 from PIL import Image
 
 from ..adapters import adapter_for, run
-from ..capture import num_classes
 from ..errors import OptionError
 from ..layout import TokenLayout
 from ..analyses.maps import query_attention_map
@@ -165,7 +164,7 @@ def default_score(model, image: torch.Tensor, target: int | None = None) -> Scor
     """The protocol's score for this model and one normalised image (3, H, W): class probability
     of ``target`` (default the top-1) with a head, else the pre-logits cosine."""
     x = _to_model(model, image[None])
-    if num_classes(model) > 0:
+    if adapter_for(model).num_classes(model) > 0:
         return ClassProbability(int(model_logits(model, x)[0].argmax()) if target is None else target)
     return PreLogitsCosine(pre_logits(model, x)[0], pre_logits_text(model))
 

@@ -342,6 +342,6 @@ def _score_rows(model, rows: list, batch_size: int) -> None:
 
 
 def _has_head(model) -> bool:
-    from ..capture import num_classes
+    from ..adapters import adapter_for
 
-    return num_classes(model) > 0
+    return adapter_for(model).num_classes(model) > 0

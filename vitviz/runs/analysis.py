@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from .pipeline import read
-from ..capture import capture
+from ..trace import trace_for_analysis
 from ..sources.preprocess import preprocess
 from ..trace import Trace
 from ..analyses.clusters import batch_clusters
@@ -129,13 +129,13 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     (flow and faithfulness copy one image's at a time). ``edit``, ``layout``: a repair run in the forward
     and the gradient rollout, and the token layout it makes (:mod:`vitviz.analyses.registers`).
     """
-    trace = capture(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout)
+    trace = trace_for_analysis(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout)
     return analyze_trace(loaded, trace, settings, keep_attention, edit)
 
 
 def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings, keep_attention: bool = True,
                   edit=None) -> Analysis:
-    """Every per-image analysis of a batch's trace (the points :func:`vitviz.capture.capture` keeps, with its
+    """Every per-image analysis of a batch's trace (the points :func:`vitviz.trace.analysis_points`, with its
     ``inputs``), as :func:`analyze_batch` runs them; ``edit``: the edit the trace's forward ran (a repair), which
     the analyses that run the model again (gradient rollout) run too."""
     fwd = read(trace)

@@ -17,12 +17,11 @@ from PIL import Image
 from ..analyses.distance import mean_attention_distance
 from ..analyses.maps import cls_focus, head_entropy
 from ..analyses.tokens import AttentionSinks, artifact_tokens, attention_sinks
-from ..capture import capture
 from ..errors import ViewNotApplicable
 from ..sources.preprocess import preprocess
 from ..layout import TokenLayout
 from ..tensors import to_host
-from ..trace import Trace
+from ..trace import Trace, trace_for_analysis
 from ..types import ModelInput
 
 
@@ -113,11 +112,11 @@ def forward(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | 
 
     ``edit``, ``layout``: a repair run in the same forward (global attention only) and the token layout it
     makes (:mod:`vitviz.analyses.registers`); default the model as it is."""
-    return read(capture(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout))
+    return read(trace_for_analysis(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout))
 
 
 def read(trace: Trace) -> Forward:
-    """The per-image analyses of a batch's trace (the points :func:`vitviz.capture.capture` keeps), where it was run."""
+    """The per-image analyses of a batch's trace (the points :func:`vitviz.trace.analysis_points`), where it was run."""
     if trace.geometry is not None:
         from .. import swin
 
