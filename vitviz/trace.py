@@ -15,6 +15,7 @@ Two things a cache of TransformerLens does not do, because vision models hold N 
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import io
 import json
@@ -260,8 +261,9 @@ class _Layers:
 
 
 def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iterable[str] = (),
-                edit: Mapping[str, Callable] | None = None, stop_after: str | None = None, grad: bool = False,
-                rules: Rules | None = None, layout: TokenLayout | None = None, adapter=None) -> Trace:
+                edit: Mapping[str, Callable] | None = None, stop_after: str | None = None, grad: bool | None = False,
+                rules: Rules | None = None, layout: TokenLayout | None = None, adapter=None,
+                fast: bool = False) -> Trace:
     """Run ``model`` once on ``x`` and keep the named points (what :meth:`vitviz.Lens.trace` runs).
 
     Args:
@@ -271,31 +273,35 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iter
             ending in ``".norm"`` (keep only its L2 norm).
         edit: point name or pattern -> ``fn(value, point) -> value``, applied before a value is kept.
         stop_after: end the forward after this point (a name).
-        grad: keep the autograd graph (else inference mode; only then are layers written into one stack).
+        grad: keep the autograd graph (else inference mode; only then are layers written into one stack); None: run
+            in the caller's autograd context as it is (an explainer's ``no_grad`` reference, ``enable_grad`` backward).
         rules: how norms, activations and attention products are computed; default the model's own.
         layout: the token layout of the forward (an edit that adds a token makes another); default the model's.
         adapter: the model's adapter when the caller has it resolved.
+        fast: allow the library's fused forward where nothing inside the blocks is read or changed (a perturbed
+            copy's score: :class:`vitviz.adapters.base.Hooks`).
     """
     adapter = adapter or adapter_for(model)
     inputs = x if isinstance(x, ModelInput) else ModelInput(tensor=x, images=[])
     param = next(model.parameters())
     tensor = inputs.tensor.to(device=param.device, dtype=param.dtype)
     L = adapter.num_layers(model)
+    graph = torch.is_grad_enabled() and not torch.is_inference_mode_enabled() if grad is None else grad
     plain, collectors = [], {}
     for name in keep:
         parts = name.split(".", 2)
         every_layer = len(parts) == 3 and parts[0] == "blocks" and parts[1] == "*" and "*" not in parts[2]
-        if name.endswith(NORM) or (every_layer and not grad and adapter.scope == "global"):
+        if name.endswith(NORM) or (every_layer and not graph and adapter.scope == "global"):
             kind = parts[2] if len(parts) == 3 else name
-            collectors[name] = _Layers(kind, L, stack=every_layer and not grad and adapter.scope == "global",
+            collectors[name] = _Layers(kind, L, stack=every_layer and not graph and adapter.scope == "global",
                                        norm=name.endswith(NORM))
         else:
             plain.append(name)
     observe = [{name[:-len(NORM)] if name.endswith(NORM) else name: c} for name, c in collectors.items()]
-    context = torch.enable_grad() if grad else torch.inference_mode()
+    context = contextlib.nullcontext() if grad is None else torch.enable_grad() if grad else torch.inference_mode()
     with context:
         kept = run(model, tensor, keep=plain, edit=compose_edits(edit, *observe) if observe else edit,
-                   stop_after=stop_after, **({} if rules is None else {"rules": rules}))
+                   stop_after=stop_after, fast=fast, **({} if rules is None else {"rules": rules}))
     for c in collectors.values():
         kept |= c.points()
     stacked = {c.kind: c.stacked() for c in collectors.values() if c.stacked() is not None}

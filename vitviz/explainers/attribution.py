@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..adapters import Hooks, Rules, adapter_for, point_name, run
+from ..adapters import Hooks, Rules, adapter_for, point_name
+from ..trace import trace_model
 from ..errors import MethodError, OptionError, ViewNotApplicable
 from ..layout import TokenLayout
 
@@ -416,7 +417,7 @@ def relevance(model, x: torch.Tensor, method: str = "attnlrp", target: Target | 
     adapter = adapter_for(model)
     x = _to_model(model, x).requires_grad_(True)
     with torch.enable_grad():
-        points = run(model, x, keep=(target.point,), rules=rules)
+        points = trace_model(model, x, keep=(target.point,), rules=rules, grad=None)
         bound = target.bind(points)
         score = bound(points)
         (grad,) = torch.autograd.grad(score.sum(), x)
@@ -455,7 +456,7 @@ def legrad(model, x: torch.Tensor, target: Target | None = None, layers: range |
         return _legrad_windows(model, x, target, layers, layout)
     keep = [point_name(k, i) for i in layers for k in ("attn", "resid_post")] + [target.point]
     with torch.enable_grad():
-        points = run(model, x, keep=keep)
+        points = trace_model(model, x, keep=keep, grad=None)
         bound = target.bind(points)
         total = 0
         for i in layers:
@@ -501,7 +502,7 @@ def _legrad_windows(model, x: torch.Tensor, target: Target, layers, layout: Toke
     geometry = adapter.geometry(model, tuple(x.shape[-2:]))
     names = [point_name("attn", i) for i in layers]
     with torch.enable_grad():
-        points = run(model, x, keep=names + [target.point])
+        points = trace_model(model, x, keep=names + [target.point], grad=None)
         bound = target.bind(points)
         score = bound(points)
         grads = torch.autograd.grad(score.sum(), [points[n] for n in names])
@@ -530,7 +531,7 @@ def gradcam(model, x: torch.Tensor, target: Target | None = None, layer: int = -
     layout = adapter.layout(model, tuple(x.shape[-2:]))
     name = point_name("ln1", layer)
     with torch.enable_grad():
-        points = run(model, x, keep=(name, target.point))
+        points = trace_model(model, x, keep=(name, target.point), grad=None)
         if name not in points:
             raise MethodError(f"Grad-CAM reads a block's ln1 activations, which {adapter.label(model)} models do not "
                               "show yet.")

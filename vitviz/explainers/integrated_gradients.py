@@ -8,7 +8,7 @@ quadrature error, which :attr:`Map.settings` reports (``convergence_delta``).
 import numpy as np
 import torch
 
-from ..adapters import run
+from ..trace import trace_model
 from .attribution import patch_sums
 from .base import Map, MapMethod, bound_target, register_method, repeat_target
 
@@ -37,7 +37,7 @@ class IntegratedGradients(MapMethod):
         pixels, deltas = [], []
         for i in range(len(x)):
             def score(z, i=i):
-                return repeat_target(bound, i, len(z))(run(lens.model, z, keep=(bound.point,)))
+                return repeat_target(bound, i, len(z))(trace_model(lens.model, z, keep=(bound.point,), grad=None))
 
             with torch.enable_grad():
                 attr, delta = CaptumIG(score).attribute(x[i:i + 1], baselines=torch.zeros_like(x[i:i + 1]),

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..adapters import adapter_for, run
+from ..adapters import adapter_for
+from ..trace import trace_model
 from ..errors import OptionError
 from ..layout import TokenLayout
 from ..analyses.maps import query_attention_map
@@ -107,7 +108,7 @@ class Score:
         raise NotImplementedError
 
     def __call__(self, model, x: torch.Tensor) -> np.ndarray:  # (B, 3, H, W) -> (B,)
-        return self.of(run(model, x, keep=(self.point,), fast=True)[self.point])
+        return self.of(trace_model(model, x, keep=(self.point,), fast=True, grad=None)[self.point])
 
 
 class ClassProbability(Score):
@@ -128,12 +129,12 @@ class ClassProbability(Score):
 
 def model_logits(model, x: torch.Tensor) -> torch.Tensor:
     """The classifier's logits of the model's forward (its adapter's): (B, 3, H, W) -> (B, C)."""
-    return run(model, x, keep=("logits",), fast=True)["logits"]
+    return trace_model(model, x, keep=("logits",), fast=True, grad=None)["logits"]
 
 
 def pre_logits(model, x: torch.Tensor) -> torch.Tensor:
     """The pooled vector the head reads (the adapter's ``pooled`` point): (B, 3, H, W) -> (B, D)."""
-    return run(model, x, keep=("pooled",), fast=True)["pooled"]
+    return trace_model(model, x, keep=("pooled",), fast=True, grad=None)["pooled"]
 
 
 def pre_logits_text(model) -> str:
