@@ -87,7 +87,7 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
     from vitviz.io.images import load_image
     from vitviz.sources.preprocess import preprocess
     from vitviz.analyses.maps import layer_maps
-    from vitviz.runs.pipeline import forward
+    from vitviz.analyses.per_image import analyse_images as forward
     from vitviz.analyses.rollout import rollout
 
     at = AppTest.from_file(APP, default_timeout=300).run()

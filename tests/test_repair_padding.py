@@ -83,7 +83,7 @@ def test_repair_maps_hatch_padding_and_keep_it_out_of_their_scale_as_the_display
 
     from vitviz.figures.colour import colour_scale
     from vitviz.io.images import frame_image, load_image, mean_colour
-    from vitviz.runs.pipeline import forward
+    from vitviz.analyses.per_image import analyse_images as forward
     from vitviz.sources.models import ModelSpec, load_model
     from vitviz.sources.preprocess import padding_patches
 

@@ -25,7 +25,7 @@ from vitviz.errors import ImageError, VitvizError
 from vitviz.io.images import LoadedImage, frame_image, load_image, mean_colour, model_view, visible_share
 from vitviz.sources.preprocess import padding_patches
 from vitviz.sources.labels import ClassNames, parse_labels
-from vitviz.runs.pipeline import Forward
+from vitviz.analyses.per_image import ImageAnalyses
 from vitviz.sources.models import BUNDLED, LoadedModel, ModelSpec, search_models, weights_on_disk
 from vitviz.settings import SUGGESTED_MODELS, megabytes
 from vitviz.sources.names import HF_PREFIX, TORCHVISION_PREFIX, parse_model_name
@@ -57,7 +57,7 @@ class Context:
     spec: ModelSpec
     loaded: LoadedModel
     image: LoadedImage
-    result: Forward
+    result: ImageAnalyses
     images: list[LoadedImage]
     framing: str = "crop"
     padding: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))

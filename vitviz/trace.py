@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import io
 import json
 from pathlib import Path
@@ -68,20 +69,32 @@ class Trace(Mapping):
             mean_distance, ...) and its settings.json, as ``{"arrays": ..., "settings": ...}``; else None.
     """
 
-    def __init__(self, points: dict[str, torch.Tensor], layout: TokenLayout, num_layers: int,
+    def __init__(self, points: dict[str, torch.Tensor], layout: TokenLayout | Callable[[], TokenLayout],
+                 num_layers: int | Callable[[], int],
                  inputs: ModelInput | None = None, geometry: list | None = None,
                  stacked: dict[str, torch.Tensor] | None = None, batched: bool = True, edited: bool = False,
                  lens=None, saved: dict | None = None):
         self._points = dict(points)
         self._stacked = dict(stacked or {})  # kind -> (B, L, ...) whose layer slices are the points
-        self.layout = layout
-        self.num_layers = num_layers
+        self._layout, self._num_layers = layout, num_layers  # or a function giving it, called on first read
         self.inputs = inputs
         self.geometry = geometry
         self.batched = batched
         self.edited = edited
         self.lens = lens
         self.saved = saved
+
+    @property
+    def layout(self) -> TokenLayout:
+        if callable(self._layout):
+            self._layout = self._layout()
+        return self._layout
+
+    @property
+    def num_layers(self) -> int:
+        if callable(self._num_layers):
+            self._num_layers = self._num_layers()
+        return self._num_layers
 
     # --- Mapping -------------------------------------------------------------------------------
     def __getitem__(self, key):
@@ -165,7 +178,7 @@ class Trace(Mapping):
             else:
                 points[name] = fn(value)
         fields = {"inputs": self.inputs, "geometry": self.geometry, "edited": self.edited, "lens": self.lens} | changes
-        return Trace(points, self.layout, self.num_layers, stacked=stacked, batched=batched, **fields)
+        return Trace(points, self._layout, self._num_layers, stacked=stacked, batched=batched, **fields)
 
     def image(self, i: int) -> "Trace":
         """Image ``i`` of the batch (0-based, negative from the end) as a trace without the batch axis: views of
@@ -285,7 +298,7 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iter
     inputs = x if isinstance(x, ModelInput) else ModelInput(tensor=x, images=[])
     param = next(model.parameters())
     tensor = inputs.tensor.to(device=param.device, dtype=param.dtype)
-    L = adapter.num_layers(model)
+    depth = functools.cache(lambda: adapter.num_layers(model))  # read only where needed: a scoring forward never does
     graph = torch.is_grad_enabled() and not torch.is_inference_mode_enabled() if grad is None else grad
     plain, collectors = [], {}
     for name in keep:
@@ -293,7 +306,7 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iter
         every_layer = len(parts) == 3 and parts[0] == "blocks" and parts[1] == "*" and "*" not in parts[2]
         if name.endswith(NORM) or (every_layer and not graph and adapter.scope == "global"):
             kind = parts[2] if len(parts) == 3 else name
-            collectors[name] = _Layers(kind, L, stack=every_layer and not graph and adapter.scope == "global",
+            collectors[name] = _Layers(kind, depth(), stack=every_layer and not graph and adapter.scope == "global",
                                        norm=name.endswith(NORM))
         else:
             plain.append(name)
@@ -306,7 +319,7 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iter
         kept |= c.points()
     stacked = {c.kind: c.stacked() for c in collectors.values() if c.stacked() is not None}
     input_hw = tuple(tensor.shape[-2:])
-    return Trace(kept, layout=layout or adapter.layout(model, input_hw), num_layers=L, inputs=inputs,
+    return Trace(kept, layout=layout or (lambda: adapter.layout(model, input_hw)), num_layers=depth, inputs=inputs,
                  geometry=adapter.geometry(model, input_hw) if adapter.scope == "window" else None, stacked=stacked,
                  edited=edit is not None)
 

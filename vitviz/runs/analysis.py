@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .pipeline import read
+from ..analyses.per_image import analyse
 from ..trace import trace_for_analysis
 from ..sources.preprocess import preprocess
 from ..trace import Trace
@@ -138,16 +138,17 @@ def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings,
     """Every per-image analysis of a batch's trace (the points :func:`vitviz.trace.analysis_points`, with its
     ``inputs``), as :func:`analyze_batch` runs them; ``edit``: the edit the trace's forward ran (a repair), which
     the analyses that run the model again (gradient rollout) run too."""
-    fwd = read(trace)
-    batch, layout = fwd.batch, fwd.layout
-    attention = fwd.trace.stack("attn")
-    arrays = {"input": batch.tensor.numpy(), "features": fwd.features, "token_norms": fwd.token_norms}
+    fwd = analyse(trace)
+    batch, layout = trace.inputs, trace.layout
+    attention = trace.stack("attn")
+    arrays = {"input": batch.tensor.numpy(), "features": to_host(trace["final_norm"].float()),
+              "token_norms": to_host(trace.stack("resid_post.norm"))}
     if keep_attention:
         arrays["attention"] = to_host(attention)
     facts: dict[str, list] = {}
     run_facts: dict = {}
-    if fwd.logits is not None:
-        arrays["logits"] = fwd.logits
+    if trace.logits is not None:
+        arrays["logits"] = to_host(trace.logits.float())
     if settings.clusters is not None:
         arrays["clusters"], facts["inertia_per_image"] = batch_clusters(
             loaded.model, batch.tensor, arrays["features"], layout, settings.clusters, settings.cluster_layer,

@@ -107,22 +107,26 @@ def write_window_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]]
     """
     from .. import swin
     from .analysis import attribution_arrays, attribution_info
-    from .pipeline import forward, read
+    from ..analyses.per_image import analyse, analyse_images
+    from ..tensors import to_host
 
     written, geometry, facts, fwd = Written(), None, {}, None
     with RunOutput(out) as output:
         for done, batch in batches:
-            fwd = forward(loaded, [im.image for im in batch]) if trace is None else read(trace)
-            geometry = fwd.geometry
-            arrays = {"input": fwd.batch.tensor.numpy(), "features": fwd.features,
-                      "window_distance": swin.heads_padded(fwd.distance)}
-            if fwd.logits is not None:
-                arrays["logits"] = fwd.logits
+            fwd = analyse_images(loaded, [im.image for im in batch]) if trace is None else analyse(trace)
+            batch_trace = fwd.trace
+            geometry = batch_trace.geometry
+            arrays = {"input": batch_trace.inputs.tensor.numpy(),
+                      "features": to_host(batch_trace["final_norm"].float()),
+                      "window_distance": swin.heads_padded(fwd.window_distance)}
+            if batch_trace.logits is not None:
+                arrays["logits"] = to_host(batch_trace.logits.float())
             if keep_attention:
-                arrays |= {f"{WINDOW_ATTENTION}{g.index}": a for a, g in zip(fwd.attention, geometry)}
+                arrays |= {f"{WINDOW_ATTENTION}{g.index}": to_host(a)
+                           for a, g in zip(batch_trace.each("attn"), geometry)}
             if settings.attribution:
                 batch_facts: dict = {}
-                attribution_arrays(loaded, fwd.batch.tensor, settings, arrays, batch_facts)
+                attribution_arrays(loaded, batch_trace.inputs.tensor, settings, arrays, batch_facts)
                 for key, values in batch_facts.items():
                     facts.setdefault(key, []).extend(values)
             output.arrays.append(arrays)
@@ -133,7 +137,7 @@ def write_window_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]]
         output.commit({
             "command": "analyze", "model": loaded.card(), "versions": versions(), "images": written.images,
             "skipped": list(skipped), "arrays": output.arrays.shapes(), "attention_saved": keep_attention,
-            "window_geometry": [g.to_dict() for g in geometry], "token_layout": fwd.layout.to_dict(),
+            "window_geometry": [g.to_dict() for g in geometry], "token_layout": fwd.trace.layout.to_dict(),
             **({"analysis": {"attribution": attribution_info(settings.attribution, facts)}}
                if settings.attribution else {}),
             "conventions": {
