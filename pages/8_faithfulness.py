@@ -14,7 +14,7 @@ from ui.progress import cached, with_progress
 from ui.state import setup, upload_too_large, view_applies
 from ui.navigation import heading
 from vitviz.runs.analysis import AnalysisSettings
-from vitviz.explainers.attribution import default_target
+from vitviz.explainers.targets import default_target
 from vitviz.explainers import explain, names as explainer_names, registered
 from vitviz.lens import Lens
 from vitviz.perturbation.curves import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,

@@ -17,7 +17,7 @@ import timm
 import torch
 
 import vitviz
-from vitviz.explainers.attribution import ClassLogit
+from vitviz.explainers.targets import ClassLogit
 from vitviz.lens import Lens
 from vitviz.residual import ReadoutNotApplicable, direct_vectors
 from vitviz.sources.models import ModelSpec, _finish

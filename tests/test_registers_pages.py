@@ -191,7 +191,7 @@ def test_attribution_page_after_map_is_the_attribution_of_the_repaired_forward(p
     from test_registers import LAYER, NEURON
 
     from conftest import ASSETS
-    from vitviz.explainers.attribution import attribute, default_target
+    from attribution_names import attribute, default_target
     from vitviz.io.images import load_image
     from vitviz.sources.preprocess import preprocess
     from vitviz.layout import TokenLayout

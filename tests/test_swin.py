@@ -369,7 +369,7 @@ def test_attribution_page_with_a_swin_checkpoint_offers_every_method(swin_checkp
 
     from test_app import APP
     from ui.state import SAMPLES
-    from vitviz.explainers import attribution as A
+    import attribution_names as A
 
     at = AppTest.from_file(APP, default_timeout=180).run()
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()

@@ -281,7 +281,7 @@ class Adapter:
         return None
 
     def why_not_attribution(self, model: torch.nn.Module, method: str) -> str | None:
-        """One sentence saying why the attribution ``method`` (one of :data:`vitviz.explainers.attribution.METHODS`) does not
+        """One sentence saying why the attribution ``method`` (a :class:`vitviz.explainers.base.AttributionMethod`) does not
         apply to this model where the attribution view does, or None."""
         return None
 

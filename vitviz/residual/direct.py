@@ -23,7 +23,7 @@ import pandas as pd
 import torch
 
 from ..adapters import Hooks
-from ..explainers.attribution import Target, default_target, for_lens
+from ..explainers.targets import Target, default_target, for_lens
 from ..layout import TokenLayout
 from .frozen import FrozenNorms, ReadoutNotApplicable
 
@@ -119,7 +119,7 @@ def target_for(lens, cls: int | None = None, texts=()) -> Target | None:
         from ..explainers.text import TextTarget
 
         return TextTarget(tuple(texts) if not isinstance(texts, str) else texts)
-    from ..explainers.attribution import ClassLogit
+    from ..explainers.targets import ClassLogit
 
     return ClassLogit(cls, labels=lens.class_labels) if lens.has_head else None
 

@@ -45,7 +45,7 @@ class AnalysisSettings:
         flow: attention flow (exact max-flow) with the rollout's fusion, discard, layers and exclusions.
         clusters: k-means clusters of each image's patch tokens (2..12); None = no clustering.
         cluster_layer: 0-based block whose output is clustered; None = the final features.
-        attribution: methods of :mod:`vitviz.explainers.attribution` to run (target: ``target_class``'s logit, default
+        attribution: map methods (:mod:`vitviz.explainers`) to run (target: ``target_class``'s logit, default
             each image's top-1, or the pooled vector's projection for a model without a head).
     """
 
@@ -216,7 +216,7 @@ def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: Anal
                        facts: dict) -> None:
     """``attribution_<method>`` (b, gh, gw); for relevance methods ``attribution_<method>_pixels`` (b, H, W); where a
     method read a coarser grid (Grad-CAM on a later Swin stage) ``attribution_<method>_coarse`` (b, gh', gw')."""
-    from ..explainers.attribution import default_target
+    from ..explainers.targets import default_target
     from ..explainers import explain
     from ..lens import Lens
 

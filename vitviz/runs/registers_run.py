@@ -159,7 +159,7 @@ def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("roll
     The target is the same on both sides: the unrepaired top-1 class with a head (or ``target``), else each side's
     pre-logits cosine with its own unperturbed vector."""
     from ..adapters import editing
-    from ..explainers.attribution import default_target
+    from ..explainers.targets import default_target
     from ..explainers import explain, get_method
     from ..lens import Lens
     from ..sources.preprocess import preprocess
