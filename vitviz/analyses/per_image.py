@@ -26,8 +26,24 @@ from ..types import ModelInput
 __all__ = ["Analysed", "ImageAnalyses", "analyse", "analyse_images"]
 
 
-@dataclass(frozen=True)
-class Analysed:
+@dataclass
+class _OfTrace:
+    """A trace and what was found in it: the layout and model input are the trace's."""
+
+    trace: Trace
+
+    @property
+    def layout(self) -> TokenLayout:
+        return self.trace.layout
+
+    @property
+    def batch(self) -> ModelInput:
+        """The model input (normalised tensor, exact model-input images)."""
+        return self.trace.inputs
+
+
+@dataclass
+class Analysed(_OfTrace):
     """A batch's trace and, per image of the batch, what its analyses found.
 
     Attributes:
@@ -42,21 +58,11 @@ class Analysed:
             None for global attention.
     """
 
-    trace: Trace
     artifacts: list[np.ndarray] = field(default_factory=list)
     sinks: list[AttentionSinks] = field(default_factory=list)
     distance: np.ndarray | None = None
     window_distance: list[np.ndarray] = field(default_factory=list)
     uniform_distance: np.ndarray | None = None
-
-    @property
-    def layout(self) -> TokenLayout:
-        return self.trace.layout
-
-    @property
-    def batch(self) -> ModelInput:
-        """The batch's model input (normalised tensor, exact model-input images)."""
-        return self.trace.inputs
 
     def image(self, i: int) -> ImageAnalyses:
         """Image ``i`` alone, on the host: the trace sliced (:meth:`vitviz.trace.Trace.image`) and its findings."""
@@ -68,7 +74,7 @@ class Analysed:
 
 
 @dataclass
-class ImageAnalyses:
+class ImageAnalyses(_OfTrace):
     """One image's trace (on the host, no batch axis) and what its analyses found: what the app's pages draw from.
 
     Attributes:
@@ -80,21 +86,11 @@ class ImageAnalyses:
         uniform_distance: window attention: (blocks,) uniform attention's distance; None for global.
     """
 
-    trace: Trace
     artifacts: np.ndarray | None = None
     sinks: AttentionSinks | None = None
     distance: np.ndarray | None = None
     window_distance: list[np.ndarray] = field(default_factory=list)
     uniform_distance: np.ndarray | None = None
-
-    @property
-    def layout(self) -> TokenLayout:
-        return self.trace.layout
-
-    @property
-    def batch(self) -> ModelInput:
-        """The model input (normalised tensor, exact model-input image)."""
-        return self.trace.inputs
 
     @property
     def model_input(self) -> Image.Image:
