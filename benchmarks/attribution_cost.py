@@ -3,7 +3,7 @@
 Prints
   1. per model (the bundled model @224 with its real weights; ViT-B/16 and Swin-T @224 with random weights,
      timing only) and batch 8: the median time of one plain forward (``model(x)``, timm's fused attention,
-     inference mode) and of each method of :mod:`vitviz.explainers.attribution` on the same batch, all measured in
+     inference mode) and of each attribution method (:mod:`vitviz.explainers`) on the same batch, all measured in
      the same run, each method right after a plain forward: the ratios method / plain forward of the medians,
      of the minima and the median of the paired ratios; beside them,
      ``attnlrp (before)``: AttnLRP with its LayerNorm rule written out as tensor operations, as it was before

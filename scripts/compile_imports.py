@@ -18,7 +18,8 @@ RUNTIME = ["torch", "torchvision", "timm", "timm.models", "safetensors.torch", "
            "sklearn.decomposition", "sklearn.cluster", "scipy.sparse.csgraph", "plotly.graph_objects", "plotly.io",
            "pandas", "pyarrow.parquet", "streamlit", "streamlit.web.bootstrap", "streamlit.runtime.scriptrunner",
            "streamlit_image_coordinates", "transformers", "tqdm", "vitviz.cli", "vitviz.analyses.per_image",
-           "vitviz.explainers.attribution", "vitviz.runs.registers_run", "vitviz.perturbation.protocols", "matplotlib.figure",
+           "vitviz.explainers.base", "vitviz.explainers.rules", "vitviz.runs.registers_run", "vitviz.perturbation.protocols",
+           "matplotlib.figure",
            "matplotlib.backends.backend_svg", "matplotlib.backends.backend_pdf"]
 # transformers imports a family's modeling file when its class is first used: the families vitviz reads.
 HF_CLASSES = ["AutoConfig", "AutoImageProcessor", "ViTForImageClassification", "DeiTForImageClassificationWithTeacher",

@@ -7,7 +7,7 @@ import hashlib
 
 import streamlit as st
 
-from ui.cache import cached_model, model_run
+from ui.cache import cached_lens, model_run
 from ui.charts import file_stem, show_chart
 from ui.display import display_in_use
 from ui.downloads import download_row
@@ -36,24 +36,24 @@ def attributions(ctx, methods: list[str], target_class: int | None, side=None, c
     key = ("attribution", ctx.spec, ctx.image.sha256, tuple(methods), what) + ((repair,) if repair else ())
 
     def compute(progress):
-        model = cached_model(ctx.spec)
-        x = preprocess([ctx.image.image], model.data_config).tensor
-        target = concept or default_target(model.model, target_class)
+        lens = cached_lens(ctx.spec)
+        x = preprocess([ctx.image.image], lens.loaded.data_config).tensor
+        target = concept or default_target(lens.model, target_class)
         results = []
         with model_run(), editing(None if repair is None else side.edit):
             for i, method in enumerate(methods):
                 progress(i, len(methods))
-                results.append(explain(Lens(model), x, method, target))
+                results.append(explain(lens, x, method, target))
         return results
 
     return with_progress(key, "Attribution: method", compute)
 
 
-def attribution_methods(loaded) -> tuple[list[str], dict[str, str]]:
-    """(the attribution methods that apply to ``loaded``'s model, method -> the sentence refusing each other one), in
+def attribution_methods(lens: Lens) -> tuple[list[str], dict[str, str]]:
+    """(the attribution methods that apply to ``lens``'s model, method -> the sentence refusing each other one), in
     the registry's order (:func:`vitviz.methods`): those whose rules or per-layer gradients act in the forward."""
     found = registered()
-    rows = [r for r in method_rows(Lens(loaded)) if isinstance(found[r["name"]], AttributionMethod)]
+    rows = [r for r in method_rows(lens) if isinstance(found[r["name"]], AttributionMethod)]
     return [r["name"] for r in rows if r["why_not"] is None], {r["name"]: r["why_not"] for r in rows if r["why_not"]}
 
 
@@ -70,11 +70,11 @@ def target_picker(ctx, container, key: str, say_headless: bool = True) -> int | 
     """The class whose logit is explained, picked in ``container`` among the top 10 (default the top-1), or None
     for a headless model (the projection of its pooled vector; ``container`` says so unless ``say_headless`` is
     False)."""
-    if not ctx.loaded.has_head:
+    if not ctx.lens.has_head:
         if say_headless:
             container.markdown(HEADLESS_TARGET)
         return None
-    top = top_classes(ctx.result.logits, k=10, labels=ctx.loaded.class_labels)
+    top = top_classes(ctx.result.logits, k=10, labels=ctx.lens.class_labels)
     label = container.selectbox("Target class (logit)", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key=key)
     return int(label.split(":")[0])
 
@@ -123,10 +123,10 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
             caption and downloads go where the call is made.
         display: the page's :class:`ui.display.Display` (default: the choices last made on a map page).
     """
-    if why := why_not_attribution(ctx.loaded.model):
+    if why := why_not_attribution(ctx.lens.model):
         st.info(why)
         return
-    available, refused = attribution_methods(ctx.loaded)
+    available, refused = attribution_methods(ctx.lens)
     keep_available(f"{key}_method", available)
     c1, c2 = (st if controls is None else controls).columns(2)
     method = c1.selectbox("Attribution method", available, format_func=label, key=f"{key}_method",
