@@ -12,7 +12,7 @@ from ui.charts import file_stem, show_chart
 from ui.display import display_in_use
 from ui.downloads import download_row
 from ui.progress import with_progress
-from vitviz.adapters import editing
+from vitviz.adapters import Rules, editing
 from vitviz.errors import VitvizError
 from vitviz.explainers import Map, explain, methods as method_rows, registered
 from vitviz.explainers.base import AttributionMethod, why_not_attribution
@@ -50,10 +50,13 @@ def attributions(ctx, methods: list[str], target_class: int | None, side=None, c
 
 
 def attribution_methods(lens: Lens) -> tuple[list[str], dict[str, str]]:
-    """(the attribution methods that apply to ``lens``'s model, method -> the sentence refusing each other one), in
-    the registry's order (:func:`vitviz.methods`): those whose rules or per-layer gradients act in the forward."""
+    """(the attribution methods that apply to ``lens``'s model, method -> the sentence refusing each other one): those
+    of :func:`vitviz.methods` whose rules or per-layer gradients act in the forward, in the registry's order except
+    that the plain gradient (Gradient × Input: the model's own rules), the baseline the others are read against,
+    comes last."""
     found = registered()
-    rows = [r for r in method_rows(lens) if isinstance(found[r["name"]], AttributionMethod)]
+    rows = sorted((r for r in method_rows(lens) if isinstance(found[r["name"]], AttributionMethod)),
+                  key=lambda r: getattr(found[r["name"]], "rules", None) is Rules)
     return [r["name"] for r in rows if r["why_not"] is None], {r["name"]: r["why_not"] for r in rows if r["why_not"]}
 
 
