@@ -27,7 +27,7 @@ def _tiles(fig) -> list[np.ndarray]:
 
 
 def test_four_attribution_panels_fill_two_rows_of_two_and_pixel_maps_carry_no_outlines():
-    from vitviz.explainers import attribution as A
+    import attribution_names as A
     from vitviz.figures.attribution_figures import maps_figure
     from vitviz.figures.overlay import CLIPPED_COLOUR
 
@@ -58,7 +58,7 @@ def test_the_registers_faithfulness_table_names_methods_as_the_faithfulness_page
 
 
 def test_the_gradcam_colour_bar_says_its_unit_in_words():
-    from vitviz.explainers import attribution as A
+    import attribution_names as A
     from vitviz.figures.attribution_figures import maps_figure
 
     grid = np.array([[[0.0, 0.5], [1.0, 2.0]]])
