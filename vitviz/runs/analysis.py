@@ -10,10 +10,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .pipeline import read
 from ..capture import capture
 from ..sources.preprocess import preprocess
 from ..trace import Trace
+from ..analyses.batched import batch_artifacts, batch_rollout, batch_sinks, reduce_attention
+from ..analyses.batched import rollouts as batch_rollouts
 from ..analyses.clusters import batch_clusters
 from ..analyses.distance import CONVENTION as DISTANCE_CONVENTION
 from ..perturbation.curves import attention_maps, default_fractions, perturbation_curves
@@ -23,7 +24,7 @@ from ..analyses.flow import FLOW_DEFINITION, attention_flow
 from ..layout import TokenLayout
 from ..sources.models import LoadedModel
 from ..analyses.posembed import patch_position_embeddings, position_embedding_similarity
-from ..analyses.rollout import class_gradient_rollout, rollout
+from ..analyses.rollout import class_gradient_rollout
 from ..tensors import to_host
 from ..analyses.tokens import AttentionSinks
 
@@ -138,28 +139,32 @@ def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings,
     """Every per-image analysis of a batch's trace (the points :func:`vitviz.capture.capture` keeps, with its
     ``inputs``), as :func:`analyze_batch` runs them; ``edit``: the edit the trace's forward ran (a repair), which
     the analyses that run the model again (gradient rollout) run too."""
-    fwd = read(trace)
-    batch, layout = fwd.batch, fwd.layout
-    attention = fwd.trace.stack("attn")
-    arrays = {"input": batch.tensor.numpy(), "features": fwd.features, "token_norms": fwd.token_norms}
+    batch, layout = trace.inputs, trace.layout
+    attention = trace.stack("attn")
+    # Every per-image reduction of the batch in one pass over its attention, where the model ran; only results
+    # (and the attention itself when it is kept) come to the host.
+    reduced = reduce_attention(attention, layout, fusion=settings.fusion)
+    norms = to_host(trace.stack("resid_post.norm"))
+    arrays = {"input": batch.tensor.numpy(), "features": to_host(trace["final_norm"].float()), "token_norms": norms}
     if keep_attention:
         arrays["attention"] = to_host(attention)
     facts: dict[str, list] = {}
     run_facts: dict = {}
-    if fwd.logits is not None:
-        arrays["logits"] = fwd.logits
+    if trace.logits is not None:
+        arrays["logits"] = to_host(trace.logits.float())
     if settings.clusters is not None:
         arrays["clusters"], facts["inertia_per_image"] = batch_clusters(
             loaded.model, batch.tensor, arrays["features"], layout, settings.clusters, settings.cluster_layer,
             settings.batch_size)
 
-    artifacts, sinks = fwd.artifacts, fwd.sinks
+    artifacts, sinks = batch_artifacts(norms, layout), batch_sinks(reduced.received, layout)
     excluded = [excluded_tokens(settings, art, sink, layout) for art, sink in zip(artifacts, sinks)]
-    rollouts = [rollout(a, layout, fusion=settings.fusion, discard=settings.discard, start=settings.start_layer,
-                        end=settings.end_layer, exclude_tokens=ex) for a, ex in zip(attention, excluded)]
+    rows = batch_rollout(reduced.fused, layout, discard=settings.discard, start=settings.start_layer,
+                         end=settings.end_layer, exclude_tokens=excluded)
+    rollouts = batch_rollouts(rows, layout, settings.start_layer)
     arrays["rollout"] = np.stack([r.map for r in rollouts])
     arrays["rollout_per_layer"] = np.stack([r.per_layer for r in rollouts])
-    arrays["mean_distance_per_image"] = fwd.distance
+    arrays["mean_distance_per_image"] = to_host(reduced.distance)
     facts["artifact_tokens"] = [a.tolist() for a in artifacts]
     facts["attention_sinks_per_layer"] = [[s.tolist() for s in sink.sinks] for sink in sinks]
     facts["prefix_share"] = [r.prefix_share for r in rollouts]
