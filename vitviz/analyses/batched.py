@@ -67,7 +67,7 @@ def _fuse(block: torch.Tensor, fusion: str) -> torch.Tensor:
 
 @torch.inference_mode()
 def reduce_attention(attention: torch.Tensor | np.ndarray, layout: TokenLayout, *, fusion: str | None = None,
-                     scores: bool = False) -> Reductions:
+                     scores: bool = False, images_per_block: int | None = None) -> Reductions:
     """Every per-image reduction of a batch's attention, in one pass over it, where it is.
 
     Args:
@@ -75,6 +75,7 @@ def reduce_attention(attention: torch.Tensor | np.ndarray, layout: TokenLayout, 
         layout: the token layout of the sequence.
         fusion: ``"mean"``, ``"max"`` or ``"min"``: also fuse the heads of every layer for :func:`batch_rollout`.
         scores: also each head's entropy, CLS focus and prefix share (the heads page's and ``stats``' scores).
+        images_per_block: images read per step of each layer; default 1 on the CPU and the whole batch elsewhere.
 
     Returns:
         :class:`Reductions`, on the attention's device.
@@ -92,7 +93,7 @@ def reduce_attention(attention: torch.Tensor | np.ndarray, layout: TokenLayout, 
     weights = torch.stack([torch.as_tensor(patch_distances(layout)), torch.ones(P, P, dtype=torch.float64)], dim=-1)
     weights = weights.to(device=device, dtype=work)
     ones = torch.ones(H * N, device=device, dtype=work)
-    chunk = B if device.type != "cpu" else 1  # see the module's docstring
+    chunk = images_per_block or (B if device.type != "cpu" else 1)  # see the module's docstring
     sums = torch.empty(B, L, H, P, 2, device=device, dtype=work)
     received = torch.empty(B, L, N, device=device, dtype=work)
     fused = torch.empty(B, L, N, N, device=device, dtype=a.dtype) if fusion is not None else None
@@ -108,7 +109,7 @@ def reduce_attention(attention: torch.Tensor | np.ndarray, layout: TokenLayout, 
             sums[b:b + chunk, layer] = torch.einsum("bhqk,qkc->bhqc", block[..., ps, ps], weights)
             if fusion is not None:
                 fused[b:b + chunk, layer] = _fuse(a[b:b + chunk, layer], fusion)
-            if fusion == "mean":  # sum_h sum_q a / (H N) = sum_q mean_h a / N: from the small fused matrix
+            if fusion == "mean" and a.dtype == work:  # sum_h sum_q a / (H N) = sum_q mean_h a / N: from the fused
                 received[b:b + chunk, layer] = fused[b:b + chunk, layer].to(work).sum(dim=-2) * H
             else:
                 received[b:b + chunk, layer] = ones @ block.reshape(-1, H * N, N)
