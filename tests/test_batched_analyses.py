@@ -237,3 +237,25 @@ def test_on_cuda_the_batch_stays_there_and_equals_the_cpu(dtype):
     assert rows_gpu.is_cuda
     np.testing.assert_allclose(rows_gpu.cpu().numpy(), rows_cpu.numpy(), rtol=0,
                                atol=4 * L * summed(H) if dtype == torch.float32 else 2 * L * 2 ** -7)
+
+
+@pytest.mark.parametrize("per_pass", [None, 2])
+def test_gradient_rollout_of_the_batch_equals_each_images_own(per_pass):
+    """One forward and backward for the batch against the per-image hooks (each image's own forward), in float64:
+    the two forwards differ by the model's rounding, depth x widest dot product x EPS64 of the largest value."""
+    from vitviz.analyses.batched import batch_gradient_rollout
+    from vitviz.analyses.rollout import class_gradient_rollout
+
+    model = tiny_model("vit_augreg").double()
+    x = torch.randn(3, 3, 64, 64, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    layout = layout_of("vit_augreg")
+    for target in (None, 3):
+        maps, targets = batch_gradient_rollout(model, x, layout, target, images_per_pass=per_pass)
+        assert maps.shape == (3, *layout.grid_size)
+        for i in range(3):
+            theirs, t = class_gradient_rollout(model, x[i:i + 1], layout, target)
+            assert targets[i] == t
+            bound = 2 * 4 * 64 * EPS64 * np.abs(theirs).max()  # depth 2 (two products each), width 4 x 64 (MLP)
+            np.testing.assert_allclose(maps[i], theirs, rtol=0, atol=bound)
+            assert not np.allclose(maps[(i + 1) % 3], theirs, rtol=0, atol=bound)  # another image's map fails
+    assert len(set(targets)) == 1 and targets[0] == 3

@@ -218,3 +218,82 @@ def batch_artifacts(norms: torch.Tensor | np.ndarray, layout: TokenLayout,
 
     norms = norms if isinstance(norms, np.ndarray) else to_host(norms)
     return [artifact_tokens(n[-1], layout, factor) for n in norms]
+
+
+def batch_gradient_rollout(model, inputs: torch.Tensor, layout: TokenLayout, target: int | None = None,
+                           edit=None, images_per_pass: int | None = None) -> tuple[np.ndarray, list[int]]:
+    """:func:`vitviz.analyses.rollout.class_gradient_rollout` of every image of a batch, in one forward and one
+    backward.
+
+    Each image's logit depends on that image alone, so the gradient of the sum of every image's target logit is, at
+    each image's attention, that image's own gradient. A backward hook takes each layer's mean_h((dy/dA * A)^+)
+    (B, N, N) in float64 the moment backward reaches it; the readout rows v <- v + v M_l, from the last layer down,
+    run as one (B, 1, N) @ (B, N, N) product per layer.
+
+    Args:
+        model: a model an adapter reads, with a classifier head.
+        inputs: (B, 3, H, W) normalised input.
+        layout: the token layout of that input.
+        target: class index for every image; default each image's top-1.
+        edit: the adapters' ``edit=`` run in the same forward (a repair; ``layout`` is then the one it makes).
+        images_per_pass: images per forward and backward; default as many as keep the graph's attention under
+            :data:`GRADIENT_PASS_BYTES` (a GPU: a quarter of its free memory).
+
+    Returns:
+        maps (B, gh, gw) float64 and each image's target class.
+    """
+    per_pass = images_per_pass or _images_per_pass(model, inputs, layout)
+    maps, targets = [], []
+    for i in range(0, len(inputs), per_pass):
+        m, t = _gradient_rollout_pass(model, inputs[i:i + per_pass], layout, target, edit)
+        maps.append(m)
+        targets += t
+    return np.concatenate(maps), targets
+
+
+GRADIENT_PASS_BYTES = 2 ** 30  # the CPU's share for one gradient pass's attention-sized tensors
+
+
+def _images_per_pass(model, inputs: torch.Tensor, layout: TokenLayout) -> int:
+    """Images per gradient pass: the graph keeps each layer's (H, N, N) attention and softmax, and backward adds its
+    gradient and the float64 product, ~20 bytes per weight per image; bounded by :data:`GRADIENT_PASS_BYTES` on the
+    CPU and by a quarter of the free memory on a GPU."""
+    from ..adapters import adapter_for
+
+    adapter = adapter_for(model)
+    device = next(model.parameters()).device
+    layers = adapter.num_layers(model)
+    per_image = 20 * sum(adapter.num_heads(model, i) for i in range(layers)) * layout.num_tokens ** 2
+    budget = torch.cuda.mem_get_info(device)[0] // 4 if device.type == "cuda" else GRADIENT_PASS_BYTES
+    return max(1, min(len(inputs), int(budget // per_image)))
+
+
+def _gradient_rollout_pass(model, inputs: torch.Tensor, layout: TokenLayout, target: int | None,
+                           edit) -> tuple[np.ndarray, list[int]]:
+    from ..adapters import adapter_for, run
+    from ..errors import ViewNotApplicable
+    from ..types import to_model_input
+
+    adapter = adapter_for(model)
+    if adapter.num_classes(model) <= 0:
+        raise ViewNotApplicable("Gradient-weighted rollout needs a classifier head; this model has none.")
+    with torch.enable_grad():
+        x = to_model_input(model, inputs).detach().requires_grad_(True)
+        out = run(model, x, keep=("blocks.*.attn", "logits"), edit=edit)
+        layers = [out.pop(f"blocks.{i}.attn") for i in range(adapter.num_layers(model))]
+        logits = out.pop("logits")
+        fused: list[torch.Tensor | None] = [None] * len(layers)
+        for i, probs in enumerate(layers):
+            # A detached view, not ``probs``: probs -> its hook -> probs would be a reference cycle.
+            def weigh(grad, i=i, a=probs.detach()):
+                fused[i] = grad.double().mul_(a).clamp_(min=0).mean(dim=1)
+            probs.register_hook(weigh)
+        B = logits.shape[0]
+        targets = (logits.argmax(dim=-1) if target is None
+                   else torch.full((B,), int(target), device=logits.device, dtype=torch.long))
+        del layers, out
+        logits.gather(1, targets[:, None]).sum().backward()
+    v = torch.as_tensor(readout_vector(layout), device=fused[0].device).expand(B, 1, -1)
+    for m in reversed(fused):
+        v = v + v @ m
+    return layout.to_grid(to_host(v[:, 0, layout.patch_slice])), targets.tolist()

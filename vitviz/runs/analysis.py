@@ -13,7 +13,8 @@ from PIL import Image
 from ..capture import capture
 from ..sources.preprocess import preprocess
 from ..trace import Trace
-from ..analyses.batched import batch_artifacts, batch_rollout, batch_sinks, reduce_attention
+from ..analyses.batched import (batch_artifacts, batch_gradient_rollout, batch_rollout, batch_sinks,
+                                reduce_attention)
 from ..analyses.batched import rollouts as batch_rollouts
 from ..analyses.clusters import batch_clusters
 from ..analyses.distance import CONVENTION as DISTANCE_CONVENTION
@@ -24,7 +25,6 @@ from ..analyses.flow import FLOW_DEFINITION, attention_flow
 from ..layout import TokenLayout
 from ..sources.models import LoadedModel
 from ..analyses.posembed import patch_position_embeddings, position_embedding_similarity
-from ..analyses.rollout import class_gradient_rollout
 from ..tensors import to_host
 from ..analyses.tokens import AttentionSinks
 
@@ -170,14 +170,8 @@ def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings,
     facts["prefix_share"] = [r.prefix_share for r in rollouts]
     run_facts["rollout"] = {"layers": list(rollouts[0].layers), "readout": rollouts[0].readout}
     if loaded.has_head:
-        maps, targets = [], []
-        for i in range(len(batch.tensor)):
-            grad_map, target = class_gradient_rollout(loaded.model, batch.tensor[i:i + 1], layout, settings.target_class,
-                                                      edit=edit)
-            maps.append(grad_map)
-            targets.append(target)
-        arrays["gradient_rollout"] = np.stack(maps)
-        facts["gradient_rollout_targets"] = targets
+        arrays["gradient_rollout"], facts["gradient_rollout_targets"] = batch_gradient_rollout(
+            loaded.model, batch.tensor, layout, settings.target_class, edit=edit)
     if settings.flow:
         flows = [attention_flow(to_host(a), layout, fusion=settings.fusion, discard=settings.discard,
                                 start=settings.start_layer, end=settings.end_layer, exclude_tokens=ex)
