@@ -157,24 +157,25 @@ def batch_rollout(fused: torch.Tensor, layout: TokenLayout, *, discard: float = 
     device = fused.device
     keep = readout_index(layout)
     e = torch.as_tensor(readout_vector(layout), device=device).expand(B, 1, N)
-    column_kept = torch.ones(B, 1, N, dtype=torch.float64, device=device)
+    kept = torch.ones(B, N, 1, dtype=torch.float64, device=device)  # per image, 0 on the excluded tokens
     for i, tokens in enumerate(exclude_tokens or []):
         if tokens:
-            column_kept[i, 0, list(tokens)] = 0
+            kept[i, list(tokens)] = 0
     excluding = bool(exclude_tokens) and any(exclude_tokens)
-    diagonal = torch.arange(N, device=device)
     chains = e.new_empty((B, 0, N))
+    # A' = D^-1 (0.5 F K + 0.5 I), K the kept columns, D its row sums: c A' = 0.5 ((c D^-1) F) K + 0.5 c D^-1, so the
+    # step is never formed: one float64 copy of F, its row sums over the kept columns, and the product.
     for layer in range(end - 1, start - 1, -1):
         f = fused[:, layer]
         if discard:
             f = _discard_lowest(f, discard, keep)
-        step = f.to(torch.float64, copy=True)
+        f = f.double()
+        rows = (f @ kept if excluding else f.sum(dim=-1, keepdim=True)).mul_(0.5).add_(0.5)  # (B, N, 1)
+        scaled = torch.cat([chains, e], dim=1) / rows.transpose(1, 2)
+        product = scaled @ f
         if excluding:
-            step.mul_(column_kept)
-        step.mul_(0.5)
-        step[:, diagonal, diagonal] += 0.5
-        step.div_(step.sum(dim=-1, keepdim=True))
-        chains = torch.cat([chains, e], dim=1) @ step
+            product.mul_(kept.transpose(1, 2))
+        chains = product.mul_(0.5).add_(scaled, alpha=0.5)
     return chains.flip(1)
 
 
