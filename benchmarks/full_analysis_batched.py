@@ -118,7 +118,10 @@ def main() -> None:
     for batch in batches:
         for name, rows in results.items():
             rows_b = [r[str(batch)] for r in rows]
-            ratio = lambda clock, step: statistics.median(r[clock][step] / r[clock]["plain"] for r in rows_b)  # noqa: E731
+
+            def ratio(clock, step, rows_b=rows_b):
+                return statistics.median(r[clock][step] / r[clock]["plain"] for r in rows_b)
+
             plain = statistics.median(r["cpu"]["plain"] for r in rows_b)
             print(f"| {batch} | {name} | {plain:.3f} | {ratio('cpu', STEPS[1]):.3f} | **{ratio('cpu', STEPS[2]):.3f}** "
                   f"| {ratio('wall', STEPS[2]):.3f} |")
