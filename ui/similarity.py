@@ -14,7 +14,6 @@ from ui.guard import guarded
 from ui.progress import cached, with_progress
 from vitviz.errors import VitvizError
 from vitviz.figures.similarity_figures import cka_diagonal, cka_heatmap
-from vitviz.lens import Lens
 from vitviz.runs.similarity_run import MIN_BATCH, POOLINGS, TOKEN_POINTS, CNNFeatures, is_cnn_name, similarity
 from vitviz.sources.names import canonical_model_name
 
@@ -26,9 +25,9 @@ def _other_side(ctx, name: str):
     if is_cnn_name(name):
         return store().get_or_compute(("cnn", name, ctx.spec.device),
                                       lambda: CNNFeatures.open(name, device=ctx.spec.device))
-    from ui.cache import cached_model
+    from ui.cache import cached_lens
 
-    return Lens(cached_model(replace(ctx.spec, name=name, checkpoint=None, labels=None, head=None)))
+    return cached_lens(replace(ctx.spec, name=name, checkpoint=None, labels=None, head=None))
 
 
 def similarity_section(ctx) -> None:
@@ -63,7 +62,7 @@ def similarity_section(ctx) -> None:
     result = cached(key)
     try:
         if result is None:
-            lens = Lens(ctx.loaded)
+            lens = ctx.lens
             side_b = _other_side(ctx, other) if other else lens
             with model_run():
                 result = with_progress(key, "CKA: running the models over the images ...", lambda progress: similarity(
