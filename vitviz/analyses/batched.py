@@ -12,8 +12,8 @@ The numbers are those of the per-image functions (:mod:`vitviz.analyses.distance
 attention's own precision (float32 matmuls and reductions, vectorised; float64 ones are several times slower on the
 CPU) and combined in float64; rollout accumulates in float64 as :func:`~vitviz.analyses.rollout.rollout` does.
 
-How the batch is walked depends on the device: on the CPU one image's layer (H, N, N) at a time, so that every
-reduction of a block reads it while it is still in the cache (the block is ~1.6 MB for ViT-S/14 at 224 px); on a GPU
+How the batch is walked depends on the device: on the CPU one image's layer (H, N, N) at a time (the temporaries stay
+small: measured faster there than a whole layer of the batch at once, and 2x faster than the whole stack); on a GPU
 one layer of the whole batch (B, H, N, N) at a time, a few kernels per layer.
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ from .maps import _entropy
 from .rollout import FUSIONS, Rollout, _check_range, readout_index, readout_name, readout_vector
 from .tokens import ARTIFACT_FACTOR, SINK_MIN_SHARE, SINK_Z, AttentionSinks, sinks_from_received
 
-__all__ = ["Reductions", "reduce_attention", "batch_rollout", "batch_sinks", "batch_artifacts"]
+__all__ = ["Reductions", "reduce_attention", "batch_rollout", "rollouts", "batch_sinks", "batch_artifacts",
+           "batch_gradient_rollout"]
 
 
 @dataclass
