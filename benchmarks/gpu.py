@@ -9,8 +9,8 @@ converted cache is there, else the same architecture with random weights, said s
 the full analysis as ``analyze`` runs it (:func:`vitviz.runs.analysis.analyze_batch`: preprocessing, the forward with
 every attention map, every per-image analysis of the batch at once on the device (:mod:`vitviz.analyses.batched`),
 the attention copied to the host), and the same with ``--no-attention`` ("results only": only the results leave the
-device); AttnLRP, LeGrad and Grad-CAM
-(:func:`vitviz.explainers.attribution.attribute`); faithfulness (:func:`vitviz.runs.faithfulness_run.image_tables`,
+device); AttnLRP, LeGrad and Grad-CAM (each registered method's ``maps``); faithfulness
+(:func:`vitviz.runs.faithfulness_run.image_tables`,
 the batch's perturbed inputs 64 per forward: rollout and a random floor of two seeds, MoRF / LeRF / insertion, 11
 steps); and SAE training tokens/s on the device (``SAE.fit(device=)``) against the tokens/s of the forward that
 makes them. On the GPU at batch 1, 8 and 64 in float32 and bfloat16; on the CPU at batch 1 in float32 (--small:
@@ -130,7 +130,8 @@ def workload(name: str, loaded, images, steps: int):
     import torch
 
     from vitviz.runs.analysis import AnalysisSettings, analyze_batch
-    from vitviz.explainers.attribution import attribute, default_target
+    from vitviz.explainers import get_method
+    from vitviz.explainers.targets import default_target
     from vitviz.runs.faithfulness_run import RunSettings, image_tables
     from vitviz.sources.preprocess import preprocess
 
@@ -146,7 +147,7 @@ def workload(name: str, loaded, images, steps: int):
         return lambda: analyze_batch(loaded, images, settings, keep_attention=keep)
     if name in ("attnlrp", "legrad", "gradcam"):
         target = default_target(loaded.model)
-        return lambda: attribute(loaded.model, x, name, target)
+        return lambda: get_method(name).maps(loaded.model, x, target)
     if name == "faithfulness":
         settings = RunSettings(model="benchmark", methods=("rollout", "random"), protocols=("morf", "lerf", "insertion"),
                                steps=steps, random_seeds=2)

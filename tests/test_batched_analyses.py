@@ -13,13 +13,13 @@ from tolerance import EPS32, EPS64, summed
 from vitviz.analyses.batched import (batch_artifacts, batch_rollout, batch_sinks, reduce_attention, rollouts)
 from vitviz.analyses.rollout import rollout
 from vitviz.analyses.tokens import artifact_tokens, attention_sinks
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis
 
 
 def layout_of(family: str):
     model = tiny_model(family)
     size = 70 if "dinov2" in family else 64
-    return capture(model, torch.zeros(1, 3, size, size)).layout
+    return trace_for_analysis(model, torch.zeros(1, 3, size, size)).layout
 
 
 def peaked_attention(layout, B=3, L=4, H=4, seed=0, sink=None) -> torch.Tensor:
@@ -197,7 +197,7 @@ def test_the_bundled_models_batch_equals_the_definitions(bundled, sample_images)
     from vitviz.sources.preprocess import preprocess
 
     layout = bundled.layout
-    trace = capture(bundled.model, preprocess([im.image for im in sample_images[:2]], bundled.data_config))
+    trace = trace_for_analysis(bundled.model, preprocess([im.image for im in sample_images[:2]], bundled.data_config))
     a = trace.stack("attn")
     B, L, H, N, _ = a.shape
     r = reduce_attention(a, layout, fusion="mean")
