@@ -17,6 +17,7 @@ features per image are chosen by ``pooling`` (:data:`POOLINGS`). The estimator a
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,7 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analyses.similarity import KERNELS, MinibatchCKA, gram
+from ..analyses.similarity import KERNELS, MinibatchCKA, gram, minibatch_sums
 from ..errors import ImageError, ModelError, VitvizError
 from ..types import ModelInput
 
@@ -290,9 +291,7 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
     side_a = features_of(lens_a, point)
     same = lens_b is lens_a
     side_b = side_a if same else features_of(lens_b, point)
-    # Near-equal minibatches of at most batch_size images, unless that would leave one under MIN_BATCH.
-    count = min(-(-len(images) // batch_size), len(images) // MIN_BATCH)
-    sizes = iter([len(b) for b in np.array_split(np.arange(len(images)), count)])
+    sizes = iter(minibatch_sizes(len(images), batch_size))
     accumulator = MinibatchCKA(len(side_a.layer_names), len(side_b.layer_names), replicates=bootstrap, seed=seed)
     from ..lens import _as_rgb
 
@@ -332,9 +331,23 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
     if accumulator.batches == 0:
         raise TooFewImages(f"fewer than {MIN_BATCH} of the {len(images)} images could be read: CKA needs {MIN_BATCH}.",
                            skipped)
+    return result_of(accumulator, describe(side_a, side_b), point=point, pooling=pooling, kernel=kernel,
+                     threshold=threshold, batch_size=batch_size, seed=seed, skipped=skipped)
+
+
+def describe(side_a, side_b) -> dict:
+    """The two sides in words: labels, layer names, whether they are one model."""
+    return {"model_a": side_a.label, "model_b": side_b.label, "same_model": side_b is side_a,
+            "layers_a": list(side_a.layer_names), "layers_b": list(side_b.layer_names)}
+
+
+def result_of(accumulator: MinibatchCKA, sides: dict, *, point: str, pooling: str, kernel: str, threshold: float,
+              batch_size: int, seed: int, skipped: list[tuple[str, str]]) -> Similarity:
+    """The summed minibatches as a :class:`Similarity`, with its settings in words (``sides``: :func:`describe`)."""
     cka, low, high = accumulator.result()
+    bootstrap = accumulator.replicates
     settings = {
-        "model_a": side_a.label, "model_b": side_b.label, "same_model": same,
+        "model_a": sides["model_a"], "model_b": sides["model_b"], "same_model": sides["same_model"],
         "point": point, "pooling": pooling, "pooling_means": POOLINGS[pooling],
         "kernel": kernel, "rbf_threshold": threshold if kernel == "rbf" else None,
         "batch_size": batch_size, "minibatches": accumulator.batches, "images": accumulator.images,
@@ -346,8 +359,152 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
         "layers": "0-based in arrays and tables; 1-based on screen",
         "skipped": skipped,
     }
-    return Similarity(cka=cka, low=low, high=high, images=accumulator.images, layers_a=side_a.layer_names,
-                      layers_b=side_b.layer_names, settings=settings)
+    return Similarity(cka=cka, low=low, high=high, images=accumulator.images, layers_a=tuple(sides["layers_a"]),
+                      layers_b=tuple(sides["layers_b"]), settings=settings)
+
+
+def minibatch_sizes(images: int, batch_size: int) -> list[int]:
+    """How ``images`` images split into minibatches: near-equal ones of at most ``batch_size`` images, unless that
+    would leave one under four (then fewer, larger ones); one minibatch when there are under eight images."""
+    count = max(1, min(-(-images // batch_size), images // MIN_BATCH))
+    return [len(b) for b in np.array_split(np.arange(images), count)]
+
+
+# ---- the command's runner: minibatches on the engine, each one durable --------------------------------------
+
+@dataclass(frozen=True)
+class SidesSpec:
+    """What a worker opens: model A, model B (None: A's within-model map), the point read.
+
+    Attributes:
+        a: model A's :class:`vitviz.sources.models.ModelSpec`.
+        b: model B's, or None.
+        point: a ViT's token point per block.
+    """
+
+    a: object
+    b: object | None
+    point: str
+
+    def open(self) -> "Sides":
+        side_a = features_of(open_features(self.a), self.point)
+        side_b = side_a if self.b is None else features_of(open_features(self.b), self.point)
+        return Sides(side_a, side_b, self)
+
+
+@dataclass(frozen=True)
+class Sides:
+    """Both sides of a comparison, loaded (the runner :func:`vitviz.runs.engines.run_batches` hands to
+    :class:`CKAWork`; it has no ``loaded``, so the engine gives it decoded images and each side preprocesses its own).
+
+    Attributes:
+        a: :class:`LensFeatures` or :class:`CNNFeatures`.
+        b: the same kinds; ``a`` itself for the within-model map.
+        spec: how a Ray actor opens the same.
+    """
+
+    a: object
+    b: object
+    spec: SidesSpec
+
+    @property
+    def same(self) -> bool:
+        return self.b is self.a
+
+
+@dataclass(frozen=True)
+class CKAWork:
+    """The per-batch function of the ``similarity`` command: both sides' Gram matrices of one minibatch (the
+    forwards, :meth:`__call__`), then that minibatch's terms of the sums (:meth:`finish`, with its bootstrap
+    replicates): exactly what :func:`similarity` adds for the same minibatch. None for a minibatch with fewer than
+    four readable images. The value carries the sides in words (:func:`describe`): a driver on Ray loads no
+    model."""
+
+    pooling: str
+    kernel: str
+    threshold: float
+    replicates: int
+    seed: int
+
+    def __call__(self, sides: Sides, batch):
+        if len(batch.x) < MIN_BATCH:
+            return None
+        grams_a = _grams(sides.a, batch.x, self.pooling, self.kernel, self.threshold)
+        grams_b = grams_a if sides.same else _grams(sides.b, batch.x, self.pooling, self.kernel, self.threshold)
+        return batch.index, grams_a, grams_b, describe(sides.a, sides.b)
+
+    def finish(self, value) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], dict]:
+        """(ab, aa, bb) of :func:`vitviz.analyses.similarity.minibatch_sums`, and the sides in words."""
+        index, grams_a, grams_b, sides = value
+        return minibatch_sums(grams_a, grams_b, sides["same_model"], self.replicates, self.seed, index), sides
+
+
+class CKAParts:
+    """The finished minibatches of one run of the command, durable in ``DIR/.vitviz-similarity-parts``: one Parquet
+    part per minibatch (its index, images, and its terms of the sums), renamed into place whole.
+
+    Args:
+        folder: the output folder.
+        key: the run's settings in one string (models, images, minibatches, point, pooling, kernel, bootstrap): parts
+            of another key are another run's and are dropped.
+    """
+
+    KIND = "cka"
+
+    def __init__(self, folder: Path, key: str):
+        from .engines import Parts
+
+        self.parts, self.key = Parts(Path(folder) / ".vitviz-similarity-parts"), key
+
+    def read(self) -> tuple[dict[int, tuple], bool]:
+        """({minibatch index: (names, (ab, aa, bb), sides)}, whether parts of other settings were dropped)."""
+        import pyarrow.parquet as pq
+
+        found, stale = {}, False
+        for path in self.parts.done(self.KIND):
+            row = pq.read_table(path).to_pylist()[0]
+            if row["key"] != self.key:
+                stale = True
+                break
+            shape = tuple(row["shape"])  # (1 + R, L_a, L_b)
+            found[row["batch"]] = (row["names"], (np.asarray(row["ab"]).reshape(shape),
+                                                  np.asarray(row["aa"]).reshape(shape[:2]),
+                                                  np.asarray(row["bb"]).reshape(shape[0], shape[2])),
+                                   json.loads(row["sides"]))
+        if stale:
+            self.parts.clear()
+            return {}, True
+        return found, False
+
+    def write(self, index: int, names: list[str], sums: tuple[np.ndarray, np.ndarray, np.ndarray],
+              sides: dict) -> None:
+        """Minibatch ``index`` (its images' names, its terms, the sides in words) durable, whole or not at all."""
+        import pyarrow as pa
+
+        ab, aa, bb = sums
+        table = pa.table({"key": [self.key], "batch": [index], "names": [names], "shape": [list(ab.shape)],
+                          "ab": [ab.ravel().tolist()], "aa": [aa.ravel().tolist()], "bb": [bb.ravel().tolist()],
+                          "sides": [json.dumps(sides)]})
+        self.parts.write([(self.KIND, table, None)])
+
+    def clear(self) -> None:
+        """Remove the parts and their folder (the result is written)."""
+        self.parts.clear()
+        self.parts.close()
+
+    def close(self) -> None:
+        """Remove the folder if it holds no part."""
+        self.parts.close()
+
+
+def sum_parts(parts: dict[int, tuple], replicates: int, seed: int) -> MinibatchCKA:
+    """:meth:`CKAParts.read`'s minibatches summed in minibatch order: the additions :func:`similarity` makes."""
+    first = parts[min(parts)][1][0]  # (1 + R, L_a, L_b)
+    accumulator = MinibatchCKA(first.shape[1], first.shape[2], replicates=replicates, seed=seed)
+    for index in sorted(parts):
+        names, sums, _ = parts[index]
+        accumulator.add(*sums, images=len(names))
+    return accumulator
 
 
 def _grams(side, pictures: list, pooling: str, kernel: str, threshold: float) -> torch.Tensor:
