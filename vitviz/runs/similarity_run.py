@@ -363,6 +363,56 @@ def result_of(accumulator: MinibatchCKA, sides: dict, *, point: str, pooling: st
                       layers_b=tuple(sides["layers_b"]), settings=settings)
 
 
+@dataclass(frozen=True)
+class LayerTokens:
+    """One image's tokens at one layer of one side of a comparison, on that layer's grid (what the page clusters).
+
+    Attributes:
+        features: (gh * gw, D) float32, positions in raster order, prefix tokens dropped.
+        layout: the grid and the model-input pixels one position covers (a CNN stage's: its stride); no prefix.
+        image: the side's own model-input image (its resize and crop), on which the grid lies.
+    """
+
+    features: np.ndarray
+    layout: object
+    image: object
+
+
+def layer_tokens(side, image, layer: int) -> LayerTokens:
+    """The tokens of one image at layer ``layer`` (0-based) of ``side`` (:class:`LensFeatures` at its point, or
+    :class:`CNNFeatures`' stage).
+
+    Args:
+        side: a :class:`LensFeatures` or :class:`CNNFeatures` (a :class:`vitviz.Lens` is read at ``resid_post``).
+        image: a path, PIL image or (H, W, 3) array.
+        layer: 0-based, as in :attr:`Similarity.layers_a`.
+    """
+    from ..adapters.cnn import cnn_stages
+    from ..layout import TokenLayout
+
+    from ..lens import _as_rgb
+
+    side = features_of(side, "resid_post")
+    inputs = side.preprocess([_as_rgb(image, 0).image])
+    if isinstance(side, CNNFeatures):
+        param = next(side.model.parameters())
+        with torch.inference_mode():
+            stage = cnn_stages(side.model, inputs.tensor.to(device=param.device, dtype=param.dtype))[layer]
+        grid = tuple(stage.shape[-2:])
+        tokens = stage[0].flatten(1).T
+    else:
+        trace = side.lens.trace(inputs, keep=side.point, edit=side.edit)
+        value = trace.each(side.point)[layer][0]
+        if value.ndim == 3:  # window families: (gh, gw, D) on the stage's grid, no prefix
+            grid, tokens = tuple(value.shape[:2]), value.flatten(0, 1)
+        else:
+            grid, tokens = trace.layout.grid_size, value[trace.layout.num_prefix_tokens:]
+    height, width = inputs.tensor.shape[-2:]
+    layout = TokenLayout(prefix_tokens=(), grid_size=grid, patch_size=(height // grid[0], width // grid[1]),
+                         global_pool="", pos_embed_prefix_rows=0)
+    return LayerTokens(features=tokens.float().cpu().numpy(), layout=layout, image=inputs.images[0])
+
+
 def minibatch_sizes(images: int, batch_size: int) -> list[int]:
     """How ``images`` images split into minibatches: near-equal ones of at most ``batch_size`` images, unless that
     would leave one under four (then fewer, larger ones); one minibatch when there are under eight images."""
