@@ -56,8 +56,9 @@ def cka_heatmap(result, label_a: str = "model A", label_b: str = "model B", *, h
     fig.update_layout(clickmode="event+select", dragmode=False, plot_bgcolor="white", paper_bgcolor="white",
                       font_color="black")
     fig.update_layout(title=f"CKA over {result.images} images: {label_a} (rows) against {label_b} (columns)",
-                      xaxis=_axis(result.layers_b, label_b), yaxis=_axis(result.layers_a, label_a) | dict(
-                          scaleanchor="x", constrain="domain"),
+                      # square cells; both axes constrained, so the y axis stays beside the map when x shrinks
+                      xaxis=_axis(result.layers_b, label_b) | dict(constrain="domain"),
+                      yaxis=_axis(result.layers_a, label_a) | dict(scaleanchor="x", constrain="domain"),
                       height=height, margin=dict(l=70, r=10, t=50, b=60))
     return fig
 
