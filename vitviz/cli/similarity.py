@@ -1,9 +1,10 @@
 """``python -m vitviz similarity INPUT ... --model A [--model B] --out DIR``: CKA between every layer of A and every
 layer of B (of A alone: the within-model map) over an image set, as ``DIR/cka.parquet`` and ``DIR/settings.json``.
 
-Minibatches run on the engine (:mod:`vitviz.runs.engines`: here, or on Ray with ``--engine ray``); each finished one
-is durable in ``DIR/.vitviz-similarity-parts`` (its terms of the sums, a few kB to a few MB with the bootstrap), so a
-killed run's next run skips them and ends with the numbers of an uninterrupted one. The two result files are written
+Minibatches run on the engine (:mod:`vitviz.runs.engines`: here, or on Ray with ``--engine ray``); after each, the
+sums so far are durable in ``DIR/.vitviz-similarity-parts/sums.npz`` ((1 + bootstrap) x L_a x L_b numbers, whatever
+the number of images), so a killed run's next run goes on from there and ends with the numbers of an uninterrupted
+one. The two result files are written
 together, whole, at the end; an interrupted run leaves the previous ones as they were."""
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     """CKA over the images on the engine; each finished minibatch is durable, the two result files written whole."""
     from ..runs.engines import run_batches
-    from ..runs.similarity_run import MIN_BATCH, CKAParts, CKAWork, SidesSpec, minibatch_sizes, result_of, sum_parts
+    from ..analyses.similarity import MinibatchCKA
+    from ..runs.similarity_run import MIN_BATCH, CKASums, CKAWork, SidesSpec, minibatch_sizes, result_of
 
     models = args.model or ["bundled"]
     if len(models) > 2:
@@ -93,19 +95,21 @@ def run(args: argparse.Namespace) -> int:
     if read_json(args.out / SETTINGS_NAME).get("run") == key and (args.out / CKA_NAME).exists():
         print(f"{args.out / CKA_NAME} already holds these images with these settings.", file=sys.stderr)
         return 0
-    parts = CKAParts(args.out, key)
-    done, stale = parts.read()
+    sums = CKASums(args.out, key)
+    state, stale = sums.read()
     if stale:
-        print(f"{args.out} held minibatches of a run with other images or settings: they were removed.",
-              file=sys.stderr)
-    if done:
-        print(f"resuming: {len(done)} of {len(sizes)} minibatch(es) already done.", file=sys.stderr)
-    skipped = {p.name: p.reason for p in problems}
+        print(f"{args.out} held the sums of a run with other images or settings: they were removed.", file=sys.stderr)
+    state = state or {"next": 0, "accumulator": None, "sides": None, "skipped": {}}
+    if state["next"]:
+        print(f"resuming: {state['next']} of {len(sizes)} minibatch(es) already done.", file=sys.stderr)
+    skipped = state["skipped"] | {p.name: p.reason for p in problems}
+    accumulator, described = state["accumulator"], state["sides"]
     progress = Progress(len(files), desc="similarity")
-    seen = sum(sizes[i] for i in done)
+    seen = sum(sizes[:state["next"]])
     try:
         runner = sides.open() if engine.kind == "local" else sides
-        for batch in run_batches(work, runner, [(f.path, f.name) for f in files], sizes, engine, skip=done):
+        for batch in run_batches(work, runner, [(f.path, f.name) for f in files], sizes, engine,
+                                 skip=range(state["next"])):
             for name, reason in batch.bad:
                 print(f"skipped {name}: {reason}", file=sys.stderr)
                 skipped[name] = reason
@@ -114,21 +118,23 @@ def run(args: argparse.Namespace) -> int:
                     skipped[name] = f"its minibatch had fewer than {MIN_BATCH} readable images"
                     print(f"skipped {name}: {skipped[name]}", file=sys.stderr)
             else:
-                parts.write(batch.index, batch.names, *batch.value)
-                done[batch.index] = (batch.names, *batch.value)
+                terms, described = batch.value
+                if accumulator is None:
+                    accumulator = MinibatchCKA(*terms[0].shape[1:], replicates=args.bootstrap, seed=SEED)
+                accumulator.add(*terms, images=len(batch.names))
+            if accumulator is not None:
+                sums.write(batch.index + 1, accumulator, described, skipped)
             seen += batch.files
             progress.update(seen)
     except KeyboardInterrupt as exc:
         progress.close()
-        print(f"\ninterrupted: {args.out} keeps {len(done)} of {len(sizes)} finished minibatch(es); run the same "
-              "command again to go on.", file=sys.stderr)
+        done = sums.read()[0]
+        print(f"\ninterrupted: {args.out} keeps {done['next'] if done else 0} of {len(sizes)} finished "
+              "minibatch(es); run the same command again to go on.", file=sys.stderr)
         return interrupted_code(exc)
-    except BaseException:
-        parts.close()  # an empty parts folder goes; finished minibatches stay for the next run
-        raise
     progress.close()
-    if not done:
-        parts.close()
+    if accumulator is None:
+        sums.clear()
         readable = len(files) - len(skipped)
         if readable < MIN_BATCH:
             print(f"error: fewer than {MIN_BATCH} of the {len(files)} images could be read: CKA needs {MIN_BATCH}.",
@@ -137,9 +143,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: no minibatch held {MIN_BATCH} readable images: CKA needs {MIN_BATCH} per minibatch.",
                   file=sys.stderr)
         return no_image()
-    result = result_of(sum_parts(done, args.bootstrap, SEED), done[min(done)][2], point=args.point,
-                       pooling=args.pooling, kernel=args.kernel, threshold=args.rbf_threshold,
-                       batch_size=args.batch_size, seed=SEED, skipped=list(skipped.items()))
+    result = result_of(accumulator, described, point=args.point, pooling=args.pooling, kernel=args.kernel,
+                       threshold=args.rbf_threshold, batch_size=args.batch_size, seed=SEED,
+                       skipped=list(skipped.items()))
     buffer = io.BytesIO()
     result.table().to_parquet(buffer, index=False)
     settings = {"command": "similarity", "versions": versions(),
@@ -153,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     with signals_held():  # the two files belong together: both renamed, or neither
         atomic_write_bytes(args.out / CKA_NAME, buffer.getvalue())
         atomic_write_bytes(args.out / SETTINGS_NAME, (json.dumps(settings, indent=2) + "\n").encode())
-    parts.clear()
+    sums.clear()
     shape = result.cka.shape
     print(f"{shape[0]} x {shape[1]} layers over {result.images} image(s) in {result.settings['minibatches']} "
           f"minibatch(es): {args.out / CKA_NAME}")

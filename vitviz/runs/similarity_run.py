@@ -489,72 +489,58 @@ class CKAWork:
         return minibatch_sums(grams_a, grams_b, sides["same_model"], self.replicates, self.seed, index), sides
 
 
-class CKAParts:
-    """The finished minibatches of one run of the command, durable in ``DIR/.vitviz-similarity-parts``: one Parquet
-    part per minibatch (its index, images, and its terms of the sums), renamed into place whole.
+class CKASums:
+    """The running sums of one run of the command, durable in ``DIR/.vitviz-similarity-parts/sums.npz``: after each
+    finished minibatch, the sums of minibatches 0 .. k (added in minibatch order, as :func:`similarity` adds them),
+    written whole in place of the previous ones. Its size is that of the sums, whatever the number of images.
 
     Args:
         folder: the output folder.
-        key: the run's settings in one string (models, images, minibatches, point, pooling, kernel, bootstrap): parts
-            of another key are another run's and are dropped.
+        key: the run's settings in one string (models, images, minibatches, point, pooling, kernel, bootstrap): sums of
+            another key are another run's and are dropped.
     """
 
-    KIND = "cka"
+    NAME = "sums.npz"
 
     def __init__(self, folder: Path, key: str):
-        from .engines import Parts
+        self.folder, self.key = Path(folder) / ".vitviz-similarity-parts", key
 
-        self.parts, self.key = Parts(Path(folder) / ".vitviz-similarity-parts"), key
+    def read(self) -> tuple[dict | None, bool]:
+        """(the state :meth:`write` wrote, or None; whether sums of other settings were dropped)."""
+        path = self.folder / self.NAME
+        if not path.exists():
+            return None, False
+        with np.load(path, allow_pickle=False) as stored:
+            meta = json.loads(str(stored["meta"]))
+            if meta["key"] != self.key:
+                self.clear()
+                return None, True
+            accumulator = MinibatchCKA(*stored["ab"].shape[1:], replicates=stored["ab"].shape[0] - 1)
+            accumulator.add(stored["ab"], stored["aa"], stored["bb"], images=meta["images"])
+            accumulator.batches = meta["batches"]
+        return {"next": meta["next"], "accumulator": accumulator, "sides": meta["sides"],
+                "skipped": dict(meta["skipped"])}, False
 
-    def read(self) -> tuple[dict[int, tuple], bool]:
-        """({minibatch index: (names, (ab, aa, bb), sides)}, whether parts of other settings were dropped)."""
-        import pyarrow.parquet as pq
+    def write(self, following: int, accumulator: MinibatchCKA, sides: dict, skipped: dict[str, str]) -> None:
+        """The sums of every minibatch before ``following`` (0-based), the sides in words, the files skipped so far."""
+        import io
 
-        found, stale = {}, False
-        for path in self.parts.done(self.KIND):
-            row = pq.read_table(path).to_pylist()[0]
-            if row["key"] != self.key:
-                stale = True
-                break
-            shape = tuple(row["shape"])  # (1 + R, L_a, L_b)
-            found[row["batch"]] = (row["names"], (np.asarray(row["ab"]).reshape(shape),
-                                                  np.asarray(row["aa"]).reshape(shape[:2]),
-                                                  np.asarray(row["bb"]).reshape(shape[0], shape[2])),
-                                   json.loads(row["sides"]))
-        if stale:
-            self.parts.clear()
-            return {}, True
-        return found, False
+        from ..io.atomic import atomic_write_bytes
 
-    def write(self, index: int, names: list[str], sums: tuple[np.ndarray, np.ndarray, np.ndarray],
-              sides: dict) -> None:
-        """Minibatch ``index`` (its images' names, its terms, the sides in words) durable, whole or not at all."""
-        import pyarrow as pa
-
-        ab, aa, bb = sums
-        table = pa.table({"key": [self.key], "batch": [index], "names": [names], "shape": [list(ab.shape)],
-                          "ab": [ab.ravel().tolist()], "aa": [aa.ravel().tolist()], "bb": [bb.ravel().tolist()],
-                          "sides": [json.dumps(sides)]})
-        self.parts.write([(self.KIND, table, None)])
+        self.folder.mkdir(exist_ok=True)
+        meta = {"key": self.key, "next": following, "batches": accumulator.batches, "images": accumulator.images,
+                "sides": sides, "skipped": list(skipped.items())}
+        buffer = io.BytesIO()
+        np.savez(buffer, ab=accumulator.ab, aa=accumulator.aa, bb=accumulator.bb, meta=np.array(json.dumps(meta)))
+        atomic_write_bytes(self.folder / self.NAME, buffer.getvalue())
 
     def clear(self) -> None:
-        """Remove the parts and their folder (the result is written)."""
-        self.parts.clear()
-        self.parts.close()
-
-    def close(self) -> None:
-        """Remove the folder if it holds no part."""
-        self.parts.close()
-
-
-def sum_parts(parts: dict[int, tuple], replicates: int, seed: int) -> MinibatchCKA:
-    """:meth:`CKAParts.read`'s minibatches summed in minibatch order: the additions :func:`similarity` makes."""
-    first = parts[min(parts)][1][0]  # (1 + R, L_a, L_b)
-    accumulator = MinibatchCKA(first.shape[1], first.shape[2], replicates=replicates, seed=seed)
-    for index in sorted(parts):
-        names, sums, _ = parts[index]
-        accumulator.add(*sums, images=len(names))
-    return accumulator
+        """Remove the sums and their folder (the result is written, or they were another run's)."""
+        (self.folder / self.NAME).unlink(missing_ok=True)
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass
 
 
 def _grams(side, pictures: list, pooling: str, kernel: str, threshold: float) -> torch.Tensor:
