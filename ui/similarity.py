@@ -59,9 +59,10 @@ def similarity_section(ctx) -> None:
     name_a = canonical_model_name(ctx.spec.name)
     name_b = canonical_model_name(other) if other else name_a
     key = ("cka", ctx.spec, other, point, pooling, tuple(im.sha256 for im in ctx.images))
-    if cached(key) is None and not st.button(f"Compute CKA over the {len(ctx.images)} images", key="cka_run",
-                                             help="Runs each model once over the images, "
-                                                  f"{BATCH_SIZE} at a time."):
+    button = st.empty()  # emptied once the map is computed: the clicked button does not stay above it
+    if cached(key) is None and not button.button(f"Compute CKA over the {len(ctx.images)} images", key="cka_run",
+                                                 help="Runs each model once over the images, "
+                                                      f"{BATCH_SIZE} at a time."):
         return
     result = cached(key)
     try:
@@ -75,6 +76,7 @@ def similarity_section(ctx) -> None:
     except VitvizError as exc:
         st.error(str(exc))
         return
+    button.empty()
     stem = file_stem("cka", name_a, name_b, point, pooling)
     la, lb = result.cka.shape
     cell = st.session_state.get("cka_cell")
