@@ -30,7 +30,7 @@ st.caption("AttnLRP (Achtibat et al. 2024) and CP-LRP (Ali et al. 2022) propagat
            "pixels as a modified gradient (Gradient × Input, lxt's rules); LeGrad (Bousselham et al. 2025) sums "
            "positive gradients through the last two layers' attention maps; Grad-CAM weights the last block's ln1 "
            "activations by their mean gradient (pytorch-grad-cam's ViT recipe).")
-if loaded.attention_scope == "window":
+if ctx.lens.scope == "window":
     st.caption("Window attention (Swin): LeGrad takes the target's own gradient through each block's window attention "
                "(mean over the queries sharing the key's window), each later stage's map spread over the patches its "
                "tokens merge; Grad-CAM is pytorch-grad-cam's Swin recipe on the last stage's coarser grid, brought to "
@@ -40,7 +40,7 @@ c1, c2, c3 = st.columns([3, 2, 1])
 concept = concept_target_picker(ctx, c2, "attr_concept")
 available, refused = methods_for(loaded.model)
 if concept is not None:  # LeGrad scores the model's output; Grad-CAM reads the last block, after an earlier concept
-    refused |= concept_refusals(concept, loaded, available)
+    refused |= concept_refusals(concept, ctx.lens, available)
     available = [m for m in available if m not in refused]
 keep_available("attr_methods", available)  # chosen for another model or target
 methods = c1.multiselect("Methods", available, default=[m for m in ("attnlrp", "legrad", "gradcam") if m in available],

@@ -19,8 +19,8 @@ if ctx is None:
     st.stop()
 heading(__file__, ctx.image.name)
 view_applies(ctx, "registers")
-if ctx.loaded.attention_scope == "window":
-    st.info(f"{ctx.loaded.label} attends within shifted windows and has no prefix tokens: there is no register to add.")
+if ctx.lens.scope == "window":
+    st.info(f"{ctx.lens.label} attends within shifted windows and has no prefix tokens: there is no register to add.")
     st.stop()
 st.caption("Large ViTs write a few high-norm *outlier* tokens into background patches, and attention to them "
            "puts bright specks in the maps (Darcet et al. 2024). A handful of MLP neurons write them; moving those "

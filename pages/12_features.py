@@ -3,6 +3,7 @@ from dataclasses import replace
 
 import streamlit as st
 
+from ui import keys
 from ui.cache import operator_settings
 from ui.charts import file_stem, show_chart
 from ui.display import patch_picker
@@ -17,7 +18,6 @@ from vitviz.features.figures import (activation_histogram, deletion_figure, imag
                                      latent_patches_figure, latent_scores_figure)
 from vitviz.features.session import (DEFAULT_LATENTS, DEFAULT_TOPK, SHARED_CAP, SizeCap,
                                      default_layer, default_settings)
-from vitviz.lens import Lens
 from vitviz.sources.preprocess import preprocess
 
 ctx = setup()
@@ -34,7 +34,7 @@ st.caption("A sparse autoencoder (SAE) splits one layer's patch tokens into many
 
 trained = st.session_state.get(TRAINED)
 with st.expander("Train an SAE here", expanded=trained is None, key="features_train_box"), guarded("the SAE training"):
-    lens = Lens(ctx.loaded)
+    lens = ctx.lens
     samples = sample_set(ctx)
     extra = [im for im in samples if im.sha256 not in {i.sha256 for i in ctx.images}]
     t1, t2, t3, t4 = st.columns(4)
@@ -131,7 +131,7 @@ show_chart(image_latents_figure(ctx.result.model_input, maps, [int(j) for j in t
 
 st.subheader("Which latents fire at a patch")
 gh, gw = layout.grid_size
-clicked = st.session_state.get("patch")  # shared with the other pages that pick patches
+clicked = st.session_state.get(keys.PATCH)  # shared with the other pages that pick patches
 # before any click: the strongest patch of the image's top latent
 patch = int(maps[0].argmax()) if clicked is None or clicked >= gh * gw else int(clicked)
 pick, listed = st.columns([1, 2])

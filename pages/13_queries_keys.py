@@ -23,11 +23,11 @@ if ctx is None:
 images = ctx.images[:MAX_IMAGES]
 names = [im.name for im in images]
 heading(__file__, f"{len(images)} image{'s' if len(images) != 1 else ''}")
-if ctx.loaded.attention_scope == "window":
-    st.info(f"{ctx.loaded.label} attends within windows: its queries and keys meet only inside one window, so there is "
+if ctx.lens.scope == "window":
+    st.info(f"{ctx.lens.label} attends within windows: its queries and keys meet only inside one window, so there is "
             "no one picture of a head over an image. This page reads models whose tokens attend to every token.")
     st.stop()
-lens = vitviz.Lens(ctx.loaded)
+lens = ctx.lens
 L, H = lens.num_layers, lens.num_heads
 x = lens.preprocess([im.image for im in images])
 layout = lens.layout_for(x)

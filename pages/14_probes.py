@@ -7,12 +7,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from ui.cache import cached_model
+from ui.cache import cached_lens
 from ui.charts import file_stem, show_chart
-from ui.state import PROBE_HEAD, setup
-from ui.navigation import heading
+from ui.keys import PROBE_HEAD
+from ui.state import setup
+from ui.navigation import concepts_link, heading
 from vitviz.errors import VitvizError
-from vitviz.lens import Lens
 from vitviz.probes import LabelledImages, fit
 from vitviz.probes.features import POOLINGS
 from vitviz.probes.figures import accuracy_figure
@@ -27,11 +27,11 @@ st.caption("A linear probe (logistic regression, L2, C chosen by stratified cros
            "only) on each layer's pooled vector says from which layer on your groups are linearly decodable (Alain & "
            "Bengio 2016; DINOv2's linear evaluation). Accuracy is out-of-fold: every image is predicted by a probe that "
            "never saw it; the bars are 95% Wilson intervals over the images, the dashed line is chance (the largest "
-           "group's share). The best layer's probe becomes a head the other pages can use. To probe a concept painted "
-           "on patches instead of whole images, see the Painted concepts page.")
+           f"group's share) {concepts_link('chance')}. The best layer's probe becomes a head the other pages can "
+           "use. To probe a concept painted on patches instead of whole images, see the Painted concepts page.")
 backbone_spec = replace(ctx.spec, head=None)
-backbone = cached_model(backbone_spec)  # probes are trained on the backbone, never on a probe head
-if backbone.attention_scope != "global":
+backbone = cached_lens(backbone_spec)  # probes are trained on the backbone, never on a probe head
+if backbone.scope != "global":
     st.info(f"{backbone.label} attends within windows and pools only its last stage: probes read models whose every "
             "layer has the same tokens.")
     st.stop()
@@ -61,7 +61,7 @@ if run:
     try:
         images.check("the group boxes")
         bar = st.progress(0.0, text="Features of every layer ...")
-        result = fit(Lens(backbone), images, pooling=pooling,
+        result = fit(backbone, images, pooling=pooling,
                      progress=lambda done: bar.progress(done / len(chosen), text=f"Features: {done} of {len(chosen)} "
                                                                                   "images (one forward each)"))
         bar.progress(1.0, text="Cross-validating every layer's probe ...")
@@ -107,4 +107,4 @@ if c3.button(f"Use the layer-{result.layer} probe as the model's head", help="Ev
     st.session_state["use_trained_head"] = True
     st.rerun()
 if ctx.spec.head:
-    st.caption(f"The model's head now: {Path(ctx.spec.head).name} ({ctx.loaded.label}).")
+    st.caption(f"The model's head now: {Path(ctx.spec.head).name} ({ctx.lens.label}).")

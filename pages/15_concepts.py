@@ -2,14 +2,13 @@
 layer says from which layer on the concept is readable, and its probability map says where else it fires."""
 import streamlit as st
 
-from ui.cache import cached_model
+from ui.cache import cached_lens
 from ui.charts import file_stem, show_chart
 from ui.concepts import BRUSHES, backbone_spec, fit, fitted, paint_picker, painted_set, painting
 from ui.downloads import button_row
 from ui.state import setup
-from ui.navigation import heading
+from ui.navigation import concepts_link, heading
 from vitviz.errors import VitvizError
-from vitviz.lens import Lens
 from vitviz.probes.concepts import HOLDOUT, LABEL_RULE, MAPS
 from vitviz.probes.figures import concept_accuracy_figure, concept_maps_figure
 
@@ -20,12 +19,11 @@ heading(__file__)
 st.caption("Paint the patches of a concept on one or more images; for every layer a logistic probe (L2, C = 0.1 on "
            "standardised tokens, classes weighted by inverse frequency) reads the patch tokens of that layer's output "
            "(resid_post). Accuracy is out-of-fold; the maps show the probe's probability on every patch of every image.")
-backbone = cached_model(backbone_spec(ctx))  # concepts are probed on the backbone, never through a probe head
-if backbone.attention_scope != "global":
-    st.info(f"{backbone.label} attends within windows and pools only its last stage: patch probes read models whose "
+lens = cached_lens(backbone_spec(ctx))  # concepts are probed on the backbone, never through a probe head
+if lens.scope != "global":
+    st.info(f"{lens.label} attends within windows and pools only its last stage: patch probes read models whose "
             "every layer has the same patch tokens.")
     st.stop()
-lens = Lens(backbone)
 layout = lens.layout
 grid = tuple(layout.grid_size)
 names = [im.name for im in ctx.images]
@@ -68,7 +66,7 @@ with right:
 if run:
     try:
         bar = st.progress(0.0, text="Tokens of every layer ...")
-        fit(ctx, backbone, painted, key, lambda done: bar.progress(
+        fit(ctx, lens, painted, key, lambda done: bar.progress(
             done / len(ctx.images), text=f"Tokens: {done} of {len(ctx.images)} images (one forward each)"))
         bar.empty()
     except VitvizError as exc:
@@ -84,15 +82,16 @@ first = concept.readable_from(0.9)
 best = max(concept.layers, key=lambda s: (s.balanced_accuracy, -s.layer)).layer
 layer = st.slider("Layer (1-based)", 1, concept.num_layers, first or best, key="concept_layer",
                   help="Both the accuracy star and the maps follow this layer.")
-stem = file_stem("concept", backbone.spec.name, f"layer{layer}")
+stem = file_stem("concept", lens.spec.name, f"layer{layer}")
 show_chart(concept_accuracy_figure(concept.table, concept.chance, layer,
                                    f"From which layer on is the concept readable · {sum(im['concept'] for im in concept.images)} "
                                    f"concept and {sum(im['not_concept'] for im in concept.images)} not-concept patches"),
-           "concept_accuracy", file_stem("concept_accuracy", backbone.spec.name))
+           "concept_accuracy", file_stem("concept_accuracy", lens.spec.name))
 st.caption(("Readable (balanced accuracy ≥ 90 %) from layer " + str(first) + " on." if first else
             "No run of layers reaches a balanced accuracy of 90 % to the last layer.")
            + f" Hold-out: {HOLDOUT[concept.holdout]}. Balanced accuracy is the mean of the concept and not-concept "
-           "recalls (chance 50 % whatever the concept's share); plain accuracy's chance is the larger class's share.")
+           "recalls (chance 50 % whatever the concept's share); plain accuracy's chance is the larger class's share. "
+           + concepts_link("chance"))
 current = names.index(ctx.image.name) if ctx.image.name in names else 0
 order = [current] + [j for j in range(len(names)) if j != current]
 titles = [f"{names[j]}{' (current)' if j == current else ''}<br>"

@@ -15,7 +15,6 @@ from vitviz import residual
 from vitviz.errors import VitvizError
 from vitviz.figures.core import panel_width
 from vitviz.figures.readout_figures import component_bars, contribution_heatmap, lens_classes, logit_lens_figure
-from vitviz.lens import Lens
 
 ctx = setup()
 if ctx is None:
@@ -26,13 +25,13 @@ st.caption("The last block's output is a sum — the "
            "the final norm's scale frozen at this image's own value the head reading it is linear, so the target "
            "splits exactly into those parts plus a constant (the norms' and the head's biases). The parts add up to the "
            "model's own value. Layers and heads count from 1 here, from 0 in the downloads.")
-why = residual.why_not(Lens(ctx.loaded))
+why = residual.why_not(ctx.lens)
 if why:
     st.info(why)
     st.stop()
 
 c1, c2 = st.columns([2, 3])
-has_text = Lens(ctx.loaded).has_text
+has_text = ctx.lens.has_text
 text = c1.text_input("Text (CLIP: split the image–text score for it)", "a photo of a cat", key="readout_text",
                      help="CLIP's score logit_scale.exp() · cos(image, text), the image embedding's norm frozen at "
                           "this image's own value.") if has_text else None
@@ -43,12 +42,12 @@ except VitvizError as exc:
     st.info(str(exc))
     st.stop()
 what = target_title(r.target)
-target_box = c2 if has_text or ctx.loaded.has_head else st  # a headless model picks nothing: the line spans the page
+target_box = c2 if has_text or ctx.lens.has_head else st  # a headless model picks nothing: the line spans the page
 target_box.markdown(f"**Target:** {what} = **{r.total[0]:.4g}** (the model's own value); the parts below add up to "
                     f"{r.parts_sum[0]:.4g}.")
 
 names = None
-if ctx.loaded.has_head and st.session_state.get("readout_names"):
+if ctx.lens.has_head and st.session_state.get("readout_names"):
     try:
         table = set_head_names(ctx)
     except VitvizError as exc:
@@ -66,7 +65,7 @@ picked = [int(v) for v in point_customdata(points[0])] if points else []
 top_layer, top_head, _ = r.top_heads(1)[0]
 layer, head = (picked[0], picked[1]) if len(picked) == 2 else (top_layer, top_head)
 
-unit = "score" if text else "logit" if ctx.loaded.has_head else "projection"
+unit = "score" if text else "logit" if ctx.lens.has_head else "projection"
 left, right = st.columns([3, 2])
 with left:
     show_chart(contribution_heatmap(r.heads[0], f"contribution ({unit})", selected=(layer, head), names=names),
@@ -80,7 +79,7 @@ st.caption("Red raises the target, blue lowers it; limits ± the 95th percentile
            "beyond drawn in the end colour and marked ▲ / ▼. Largest heads: "
            + ", ".join(f"layer {l + 1} head {h + 1} ({v:+.3g})" for l, h, v in order)
            + ". Click a cell to see what that head moved from each patch.")
-if ctx.loaded.has_head:
+if ctx.lens.has_head:
     st.toggle("Name each head by the classes it writes toward (over the image set)", key="readout_names",
               help="Each head's direct contribution to every class's logit, averaged over the sidebar's images and "
                    "taken relative to its mean over the classes; the top class shows in the heatmap's hover.")
@@ -114,8 +113,8 @@ if has_text:
         st.dataframe(shown, hide_index=True, width="stretch")
 
 st.subheader("Logit lens: the head read after every block")
-if not ctx.loaded.has_head:
-    st.info(residual.logit_lens_why_not(Lens(ctx.loaded)))
+if not ctx.lens.has_head:
+    st.info(residual.logit_lens_why_not(ctx.lens))
 else:
     lens_result = set_logit_lens(ctx)
     index = next((i for i, im in enumerate(ctx.images) if im.sha256 == ctx.image.sha256), 0)

@@ -11,7 +11,7 @@ from ui.downloads import download_row
 from ui.explain import BLOCK, CLUSTER_SOURCES, FINAL, KEYS, cached_clusters
 from ui.guard import guarded
 from ui.state import view_applies, setup
-from ui.navigation import heading
+from ui.navigation import concepts_link, heading
 from vitviz.analyses.clusters import K_RANGE
 from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import cluster_figure
@@ -32,7 +32,8 @@ with left, guarded("the image and its patch grid"):
                file_stem("patch_grid", ctx.image.name))
     st.caption(f"{layout.grid_size[0]}x{layout.grid_size[1]} patches of {layout.patch_size[0]} px after resize and "
                f"crop. {PATCH_NUMBERING} The prefix tokens {list(layout.prefix_tokens) or 'none'} come before the "
-               f"patches in the token sequence (token index = patch number + {layout.num_prefix_tokens}).")
+               f"patches in the token sequence (token index = patch number + {layout.num_prefix_tokens}). "
+               + concepts_link("patches-tokens-and-layers"))
 with right, guarded("the model card and classes"):
     card = ctx.loaded.card()
     st.subheader("Model")
@@ -62,7 +63,8 @@ with norm_col, guarded("the output-token norms"):
                         tile_px=360)
     show_chart(fig, "norms", file_stem("token_norms", ctx.image.name, f"layer{layer + 1}"))
     st.caption("High-norm artifact tokens (last layer, over 10x the median patch norm; Darcet et al. 2023), "
-               f"crossed: {[layout.token_name(int(t)) for t in r.artifacts] or 'none'}.")
+               f"crossed: {[layout.token_name(int(t)) for t in r.artifacts] or 'none'}. "
+               + concepts_link("definitions-used"))
 with sink_col, guarded("the attention received per token"):
     _, fig = map_figure(r.model_input, received, layout, replace(plain, cmap="Inferno", scale_mode="log"), titles=[""],
                         value_name="received ÷ uniform", title=f"Attention received per token, layer {layer + 1}",

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
+from ui import keys
 from ui.attribution import attribution_panel
 from ui.charts import file_stem, show_chart
 from ui.display import Display, display_controls, map_figure, panel_download, patch_picker, render
@@ -23,7 +24,6 @@ from vitviz.layout import PATCH_NUMBERING
 from vitviz.analyses.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
 from vitviz.figures.overlay import OVERLAY_STYLES
 from vitviz.figures.paper_figure import heads_groups, paper_figure
-from vitviz.lens import Lens
 from vitviz.residual import why_not as residual_why_not
 
 DINO_KEEP = 0.6
@@ -32,7 +32,7 @@ ctx = setup()
 if ctx is None:
     st.stop()
 heading(__file__, ctx.image.name)
-if ctx.loaded.attention_scope == "window":  # Swin: each head's window around a clicked patch
+if ctx.lens.scope == "window":  # Swin: each head's window around a clicked patch
     windows.heads_view(ctx)
     st.stop()
 r, layout = ctx.result, ctx.result.layout
@@ -100,8 +100,27 @@ def _browser_view(view: dict, patch: int | None) -> HeadsView | None:
     return HeadsView(layer, query, mode, min(1.0, max(0.0, setting("keep", 0.0))), ranking, display)
 
 
-def _panel(v: HeadsView):
-    """The grid's maps in tile order and everything drawn with them (the same for the screen and the downloads)."""
+@dataclass
+class HeadsPanel:
+    """The grid's maps and everything drawn with them (the same for the screen and the downloads)."""
+
+    maps: np.ndarray  # (H, gh, gw): every head's map, in head number order
+    order: list[int]  # the tiles' heads (0-based), in the order chosen
+    keep: float  # the DINO mask's share of the mass (0: no mask)
+    masks: np.ndarray | None  # (H, gh, gw) bool in tile order, or None
+    sinks: np.ndarray | None  # the layer's sink patches (0-based raster), left out of the colour scale; or None
+    titles: list[str]  # one per tile
+    notes: list[str]  # one per tile: entropy, focus, distance
+    title: str
+
+    @property
+    def tiles(self) -> np.ndarray:
+        """(H, gh, gw): the maps in tile order."""
+        return self.maps[self.order]
+
+
+def _panel(v: HeadsView) -> HeadsPanel:
+    """The grid of layer ``v.layer``: every head's map, ordered, masked and titled as ``v`` says."""
     maps = layer_maps(r.attention, layout, v.layer, v.query, v.mode)
     order = list(range(H))
     scores = r.head_scores
@@ -115,24 +134,24 @@ def _panel(v: HeadsView):
     notes = [f"H {scores['entropy'][v.layer, h]:.2f} nats · focus {scores['cls_focus'][v.layer, h]:.2f} · "
              f"{r.distance[v.layer, h]:.0f} px" for h in order]
     title = f"Layer {v.layer + 1}, every head, {v.what}" + (f", DINO mask keeping {keep:.0%} of the mass" if keep else "")
-    return maps, order, keep, masks, sinks, titles, notes, title
+    return HeadsPanel(maps, order, keep, masks, sinks, titles, notes, title)
 
 
 def _downloads(v: HeadsView, rendered=None) -> None:
-    maps, order, keep, masks, sinks, titles, notes, title = _panel(v)
+    p = _panel(v)
     query = v.query if v.by_patch else None
     stem = file_stem("heads", ctx.image.name, f"layer{v.layer + 1}", str(v.query))
     scores = r.head_scores
     if rendered is None:  # the browser drew the grid: the colour scales and clipped patches as the PNG export has them
-        rendered = render(r.model_input, maps[order], v.display, masks=masks, query=query, sinks=sinks)
+        rendered = render(r.model_input, p.tiles, v.display, masks=p.masks, query=query, sinks=p.sinks)
     settings = v.display.settings(rendered)
     settings |= {"image": ctx.image.name, "sha256": ctx.image.sha256, "model": ctx.loaded.card()["spec"],
-                 "layer (1-based)": v.layer + 1, "query": v.what, "keep_share": keep,
-                 "head_order (1-based)": [h + 1 for h in order], "maps_axis_0": "heads in head_order"}
-    download_row(stem, {"maps": maps[order], "head_order": np.array(order), "entropy": scores["entropy"],
+                 "layer (1-based)": v.layer + 1, "query": v.what, "keep_share": p.keep,
+                 "head_order (1-based)": [h + 1 for h in p.order], "maps_axis_0": "heads in head_order"}
+    download_row(stem, {"maps": p.tiles, "head_order": np.array(p.order), "entropy": scores["entropy"],
                         "cls_focus": scores["cls_focus"], "distance": r.distance}, settings,
-                 panel_download(r.model_input, maps[order], v.display, titles, title, masks=masks, query=query,
-                                sinks=sinks, columns=3 if H <= 9 else 4, notes=notes))
+                 panel_download(r.model_input, p.tiles, v.display, p.titles, p.title, masks=p.masks, query=query,
+                                sinks=p.sinks, columns=3 if H <= 9 else 4, notes=p.notes))
 
 
 def _paper_section(v: HeadsView) -> None:
@@ -169,27 +188,44 @@ def _paper_section(v: HeadsView) -> None:
         paper_downloads(stem, build)
 
 
+@dataclass
+class ComparePanel:
+    """One head's maps in several layers and what is drawn with them (the same for the screen and the downloads)."""
+
+    head: int  # 0-based
+    layers: list[int]  # 0-based, one panel each
+    what: str  # the query in words
+    display: Display
+    maps: np.ndarray  # (len(layers), gh, gw)
+    titles: list[str]
+    title: str
+    stem: str  # the downloads' file name stem
+    drawn: dict  # ``query`` and ``sinks``, as map_figure and render take them
+
+
 def _compare_panel(head: int, compare_layers: list[int], query, what: str, by_patch: bool, patch: int | None,
-                   display: Display, mode: str):
-    """Head ``head``'s maps in ``compare_layers`` (0-based) and what is drawn with them; the PNG and npz downloads."""
-    panels = len(compare_layers)
+                   display: Display, mode: str) -> ComparePanel:
+    """Head ``head``'s maps in ``compare_layers`` (0-based)."""
     compare = np.stack([layer_maps(r.attention, layout, l, query, mode)[head] for l in compare_layers])
     compare_sinks = [r.sinks.patch_sinks(layout, [l]) for l in compare_layers] if display.exclude_sinks else None
-    compare_titles = [f"layer {l + 1}, head {head + 1}" for l in compare_layers]
-    compare_title = f"Head {head + 1} across layers, {what}"
-    stem = file_stem("compare", ctx.image.name, f"head{head + 1}", "layers", *[l + 1 for l in compare_layers])
-    drawn = dict(query=patch if by_patch else None, sinks=compare_sinks)
+    return ComparePanel(head, compare_layers, what, display, compare,
+                        titles=[f"layer {l + 1}, head {head + 1}" for l in compare_layers],
+                        title=f"Head {head + 1} across layers, {what}",
+                        stem=file_stem("compare", ctx.image.name, f"head{head + 1}", "layers",
+                                       *[l + 1 for l in compare_layers]),
+                        drawn=dict(query=patch if by_patch else None, sinks=compare_sinks))
 
-    def downloads(rendered=None) -> None:
-        if rendered is None:  # drawn by the browser: the scales and clipped patches as the PNG export has them
-            rendered = render(r.model_input, compare, display, **drawn)
-        download_row(stem, {"maps": compare, "layers_1based": np.array(compare_layers) + 1},
-                     display.settings(rendered) | {"image": ctx.image.name, "sha256": ctx.image.sha256,
-                                                   "model": ctx.loaded.card()["spec"], "head (1-based)": head + 1,
-                                                   "layers (1-based)": [l + 1 for l in compare_layers], "query": what},
-                     panel_download(r.model_input, compare, display, compare_titles, compare_title, columns=panels,
-                                    **drawn))
-    return compare, compare_titles, compare_title, stem, drawn, downloads
+
+def _compare_downloads(c: ComparePanel, rendered=None) -> None:
+    """The PNG and npz downloads of Compare layers; ``rendered`` None: drawn by the browser, so the scales and clipped
+    patches are computed as the PNG export has them."""
+    if rendered is None:
+        rendered = render(r.model_input, c.maps, c.display, **c.drawn)
+    download_row(c.stem, {"maps": c.maps, "layers_1based": np.array(c.layers) + 1},
+                 c.display.settings(rendered) | {"image": ctx.image.name, "sha256": ctx.image.sha256,
+                                                 "model": ctx.loaded.card()["spec"], "head (1-based)": c.head + 1,
+                                                 "layers (1-based)": [l + 1 for l in c.layers], "query": c.what},
+                 panel_download(r.model_input, c.maps, c.display, c.titles, c.title, columns=len(c.layers), **c.drawn))
 
 
 def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | None, display: Display) -> None:
@@ -202,13 +238,12 @@ def _compare_section(query, mode: str, what: str, by_patch: bool, patch: int | N
     # for 12 layers) instead of keeping the two old sliders' values.
     compare_layers = [col.slider(f"Layer {chr(65 + i)}", 1, L, round(1 + i * (L - 1) / (panels - 1)),
                                  key=f"compare_{panels}_{i}") - 1 for i, col in enumerate(cols)]
-    compare, titles, title, stem, drawn, downloads = _compare_panel(head, compare_layers, query, what, by_patch, patch,
-                                                                    display, mode)
-    rendered_cmp, fig_cmp = map_figure(r.model_input, compare, layout, display, titles=titles, title=title,
-                                       columns=panels, **drawn)
-    show_chart(fig_cmp, "compare_grid", stem, vector=False)
+    c = _compare_panel(head, compare_layers, query, what, by_patch, patch, display, mode)
+    rendered_cmp, fig_cmp = map_figure(r.model_input, c.maps, layout, display, titles=c.titles, title=c.title,
+                                       columns=panels, **c.drawn)
+    show_chart(fig_cmp, "compare_grid", c.stem, vector=False)
     st.caption(rendered_cmp.caption())
-    downloads(rendered_cmp)
+    _compare_downloads(c, rendered_cmp)
 
 
 def _view_int(text, default: int, lo: int, hi: int) -> int:
@@ -223,8 +258,8 @@ def _browser_compare(view: dict, v: HeadsView) -> None:
     layers = [_view_int(x, 0, 1, L) - 1 for x in str(view.get("cl", "")).split(",")]
     if len(layers) != panels or -1 in layers:  # no list, or one the link got wrong: spread, as the browser does
         layers = [round(1 + i * (L - 1) / (panels - 1)) - 1 for i in range(panels)]
-    _compare_panel(_view_int(view.get("chead"), 1, 1, H) - 1, layers, v.query, v.what, v.by_patch,
-                   st.session_state.get("patch"), v.display, v.mode)[-1]()
+    _compare_downloads(_compare_panel(_view_int(view.get("chead"), 1, 1, H) - 1, layers, v.query, v.what, v.by_patch,
+                                      st.session_state.get(keys.PATCH), v.display, v.mode))
 
 
 # ---- Repair: the readout's attention in the layer shown, before and after (ui/repair.py) ----
@@ -262,7 +297,7 @@ def _server_grid() -> None:
         direction = st.radio("Direction", ["query → keys", "keys → query"], key="direction", horizontal=True,
                              help="keys → query: how much every patch attends to the clicked patch")
         patch_picker(r.model_input, layout, "patch_click", scope="fragment")
-        patch = st.session_state.get("patch")
+        patch = st.session_state.get(keys.PATCH)
         st.caption("Click a patch to use it as the query (or key). Selected: "
                    + (layout.token_name(layout.num_prefix_tokens + patch) if patch is not None else "none"))
         keep = st.slider("DINO mask: keep share of mass", 0.0, 1.0, 0.0, 0.05, key="keep",
@@ -276,10 +311,10 @@ def _server_grid() -> None:
         return
     query = patch if by_patch else {"CLS": "cls", "mean over patches": "mean"}[query_label]
     v = HeadsView(layer, query, "key" if direction == "keys → query" else "query", keep, ranking, display)
-    maps, order, keep, masks, sinks, titles, notes, title = _panel(v)
+    p = _panel(v)
     with grid_col:
-        rendered, fig = map_figure(r.model_input, maps[order], layout, display, titles=titles, notes=notes, title=title,
-                                   masks=masks, query=patch if by_patch else None, sinks=sinks,
+        rendered, fig = map_figure(r.model_input, p.tiles, layout, display, titles=p.titles, notes=p.notes,
+                                   title=p.title, masks=p.masks, query=patch if by_patch else None, sinks=p.sinks,
                                    columns=3 if H <= 9 else 4, highlight=_compare_head())
         show_chart(fig, "heads_grid", file_stem("heads", ctx.image.name, f"layer{layer + 1}", str(query)), vector=False)
         st.caption(rendered.caption() + _SCORES_CAPTION)
@@ -294,7 +329,7 @@ def browser_view() -> None:
     """The grid drawn in the browser: layer, query, patch and display changes repaint there; the server hears
     of the view afterwards (URL, session, downloads)."""
     payload, _ = heads_explorer(ctx)
-    saved, patch = saved_view(), st.session_state.get("patch")
+    saved, patch = saved_view(), st.session_state.get(keys.PATCH)
     _browser_grid(payload, saved, patch)
     _repair_section(_view_int(saved.get("layer"), L, 1, L) - 1, _view_int(saved.get("chead"), 1, 1, H) - 1,
                     _view_padding(saved))
@@ -335,7 +370,7 @@ if st.toggle("Show an attribution map of this image", key="heads_attr_on"):
 
 
 # ---- Names: what each head writes toward, in the classes' own words (ui/readout.py, vitviz.residual) ----
-if ctx.loaded.has_head and residual_why_not(Lens(ctx.loaded)) is None:
+if ctx.lens.has_head and residual_why_not(ctx.lens) is None:
     st.subheader("What does each head write toward?")
     if st.toggle("Name every head by the classes it writes toward (over the image set)", key="heads_names_on",
                  help="Each head's direct contribution to every class's logit (its share of the last block's output, "

@@ -2,6 +2,7 @@
 import numpy as np
 import streamlit as st
 
+from ui import keys
 from ui.attribution import attribution_panel
 from ui.cache import cached_gradient_rollout, cached_rollout
 from ui.charts import file_stem, show_chart
@@ -12,7 +13,7 @@ from ui.guard import guarded
 from ui.state import view_applies, setup
 from ui.progress import cached, with_progress
 from ui.repair import repair_view
-from ui.navigation import heading
+from ui.navigation import concepts_link, heading
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
 from vitviz.analyses.flow import FLOW_DEFINITION, attention_flow
 from vitviz.analyses.maps import layer_maps
@@ -38,7 +39,8 @@ discard = c2.slider("Discard lowest share", 0.0, 0.95, 0.0, 0.05, key="discard")
 start, end = c3.slider("Layers", 1, L, (1, L), key="layer_range")
 exclude = c4.selectbox("Keep out of rollout", list(EXCLUDE), key="rollout_exclude",
                        help="Attention sinks: patches receiving a disproportionate share of attention in a layer of "
-                            "the range. High-norm tokens: last-layer output norm > 10x the median (Darcet et al.).")
+                            "the range. High-norm tokens: last-layer output norm > 10x the median (Darcet et al.). "
+                            + concepts_link("definitions-used"))
 exclude_sinks, exclude_artifacts = EXCLUDE[exclude]
 # With "resize whole image (pad)", the patches holding only padding can be kept out of rollout as sinks are.
 padding_out = bool(ctx.padding.size) and st.toggle(
@@ -64,7 +66,7 @@ if BROWSER:
     view = rollout_explorer(ctx, fusion=fusion, discard=discard, start=start - 1, end=end,
                             exclude_tokens=_kept_out(settings, r.artifacts, r.sinks, layout), sinks=sinks,
                             display=display)
-    reads_patch, depth, patch = view.reads_patch, view.depth, st.session_state.get("patch")
+    reads_patch, depth, patch = view.reads_patch, view.depth, st.session_state.get(keys.PATCH)
     st.caption(f"Sent to the browser: {view.payload.nbytes / 1e6:.2f} MB for this image and these settings "
                f"({'every patch’s rollout after every layer' if view.payload.patch_rows else 'the readout’s rollout; a clicked patch’s on demand'}).")
     if reads_patch and patch is None:
@@ -73,9 +75,9 @@ else:
     readout_col, picker_col, _ = st.columns([1, 1, 2])
     reads_patch = readout_col.radio("Read out", [READOUT, CLICKED], key="rollout_readout",
                                     help="Whose row of R = A'_end ⋯ A'_start is shown: the model's readout, or the row "
-                                         "of a patch you click (where that patch's representation drew its mass from)."
-                                    ) == CLICKED
-    patch = st.session_state.get("patch")  # the same patch as on the heads page
+                                         "of a patch you click (where that patch's representation drew its mass from). "
+                                         + concepts_link("definitions-used")) == CLICKED
+    patch = st.session_state.get(keys.PATCH)  # the same patch as on the heads page
     if reads_patch:
         with picker_col:
             patch_picker(r.model_input, layout, "rollout_patch_click")
@@ -174,12 +176,12 @@ repair_view(ctx, "rollout", _repair_maps, what=f"Rollout of the {READOUT if quer
             value_name="rollout mass", padding=display.padding)
 
 st.subheader("Class-specific gradient rollout")
-if not ctx.loaded.has_head:
+if not ctx.lens.has_head:
     st.info("Gradient rollout needs a classifier head; this model has none. Pick a timm model with a head "
             "(e.g. vit_base_patch16_224.augreg2_in21k_ft_in1k) in the sidebar.")
 else:
     with guarded("gradient rollout"):
-        top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
+        top = top_classes(r.logits, k=10, labels=ctx.lens.class_labels)
         label = st.selectbox("Class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="target")
         target = int(label.split(":")[0])
         grad_map, _ = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, target)

@@ -8,7 +8,7 @@ from ui.guard import guarded
 from ui.persist import set_view
 from ui import windows
 from ui.state import setup
-from ui.navigation import heading
+from ui.navigation import concepts_link, heading
 from vitviz.analyses.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
 from vitviz.figures.core import distance_scatter, layer_head_heatmap
 
@@ -16,7 +16,7 @@ ctx = setup()
 if ctx is None:
     st.stop()
 heading(__file__)
-if ctx.loaded.attention_scope == "window":  # Swin: distance within windows, block by block
+if ctx.lens.scope == "window":  # Swin: distance within windows, block by block
     windows.distance_view(ctx)
     st.stop()
 r = ctx.result
@@ -57,14 +57,16 @@ else:
     with guarded("the layer x head heatmap"):
         show_chart(layer_head_heatmap(distance, "mean attention distance", "pixels"), "distance_heatmap", stem)
 if view == "depth plot":
-    st.caption(f"Click a dot to open that head on the Attention heads page. Convention: {CONVENTION}. Dotted line: a "
+    st.caption(f"Click a dot to open that head on the Attention heads page. Convention: {CONVENTION} "
+               f"{concepts_link('distance-conventions')}. Dotted line: a "
                f"head attending uniformly to every patch of this {r.layout.grid_size[0]}x{r.layout.grid_size[1]} grid "
                f"({uniform:.1f} px). Grey dashes: receptive field of a stack of 3x3 stride-1 convolutions of the same "
                "depth, for comparison. "
                + (f"Error bars: ± one standard deviation over the {len(names)} images." if spread is not None else
                   "Pick all images in the set for the spread over images."))
 else:
-    st.caption(f"Each cell: one head's mean attention distance in pixels ({CONVENTION}), layers down and heads "
+    st.caption(f"Each cell: one head's mean attention distance in pixels ({CONVENTION} "
+               f"{concepts_link('distance-conventions')}), layers down and heads "
                f"across, both counted from 1; uniform attention on this grid would give {uniform:.1f} px"
                + (f"; the mean over the {len(names)} images." if len(names) > 1 else "."))
 download_row(stem, {"mean_distance": distance} | ({"mean_distance_std": spread} if spread is not None else {}),

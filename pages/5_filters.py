@@ -14,7 +14,7 @@ if ctx is None:
     st.stop()
 heading(__file__)
 try:
-    filters = patch_filters(ctx.loaded.model)
+    filters = patch_filters(ctx.lens.model)
 except VitvizError as exc:
     st.error(str(exc))
     st.stop()

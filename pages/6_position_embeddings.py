@@ -46,7 +46,7 @@ def _select_from_click() -> None:
 ctx = setup()
 if ctx is None:
     st.stop()
-loaded, layout = ctx.loaded, ctx.loaded.layout
+loaded, layout = ctx.loaded, ctx.lens.layout
 gh, gw = layout.grid_size
 native = loaded.native_pos_embed
 heading(__file__)

@@ -2,6 +2,7 @@
 import numpy as np
 import streamlit as st
 
+from ui import keys
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download, patch_picker
 from ui.downloads import download_row
@@ -38,7 +39,7 @@ with controls:
     display = display_controls()
 with picker:
     # The heads page's clicked patch is this page's too; the centre patch until one is clicked.
-    patch = st.session_state.get("patch")
+    patch = st.session_state.get(keys.PATCH)
     if patch is None:
         patch = (layout.grid_size[0] // 2) * layout.grid_size[1] + layout.grid_size[1] // 2
     patch_picker(r.model_input, layout, "anatomy_click", shown=patch)

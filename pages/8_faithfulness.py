@@ -6,17 +6,17 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from ui.cache import cached_gradient_rollout, cached_model, cached_rollout, model_run, operator_settings, store
+from ui.cache import cached_gradient_rollout, cached_rollout, model_run, operator_settings, store
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
 from ui.progress import cached, with_progress
-from ui.state import setup, upload_too_large, view_applies
-from ui.navigation import heading
+from ui.state import setup, view_applies
+from ui.uploads import upload_too_large
+from ui.navigation import concepts_link, heading
 from vitviz.runs.analysis import AnalysisSettings
 from vitviz.explainers.attribution import default_target
 from vitviz.explainers import explain, names as explainer_names, registered
-from vitviz.lens import Lens
 from vitviz.perturbation.curves import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
                                  ordered, qualify_best, random_seed_maps, split_random_seeds, step_counts, to_rgb)
 from vitviz.perturbation.curves import auc as auc_of
@@ -155,11 +155,13 @@ with c3:
                                               "a shorter range is faster.")
         seed = int(st.number_input(f"First random seed (of {RANDOM_SEEDS})", 0, 2**31 - 1, 0, key="faith_seed",
                                    help=f"The random floor is the mean over {RANDOM_SEEDS} seeded random maps, with "
-                                        "their spread: one seed alone moves the AUC by a few hundredths."))
+                                        "their spread: one seed alone moves the AUC by a few hundredths. "
+                                        + concepts_link("chance")))
         replacement = st.selectbox("Removed patches become", REPLACEMENTS, key="faith_replacement",
                                    format_func=lambda r: REPLACEMENT_TEXT[r],
                                    help="mean: 0 in the normalised input (the dataset mean colour, as the deletion "
-                                        "protocol has it); blur: RISE's blurred copy of the image.")
+                                        "protocol has it); blur: RISE's blurred copy of the image. "
+                                        + concepts_link("definitions-used"))
         ordering = st.selectbox("Order of signed maps", ORDERINGS, key="faith_ordering",
                                 help="AttnLRP, CP-LRP and Gradient × Input are signed. signed: most positive first, "
                                      "most negative last; positive: negative values tie at 0; absolute: |value|. "
@@ -169,13 +171,13 @@ protocol_slot.caption(f"Protocol: {protocol_text(replacement)}. Score: {score_te
                       "(or above it on insertion): one seed alone moves by a few hundredths.")
 target = None
 if loaded.has_head:
-    top = top_classes(r.logits, k=10, labels=ctx.loaded.class_labels)
+    top = top_classes(r.logits, k=10, labels=ctx.lens.class_labels)
     label = c2.selectbox("Target class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="faith_target")
     target = int(label.split(":")[0])
 steps = int(c2.number_input("Steps", 2, 41, 11, key="faith_steps", help="fractions 0, 1/(S-1), ..., 1"))
 # The registry's methods that explain a target and apply to this model (relevance, occlusion); gradient rollout is
 # listed with the attention methods.
-attributions = [m for m in explainer_names(Lens(loaded), kinds=("relevance", "perturbation")) if m != "gradient_rollout"]
+attributions = [m for m in explainer_names(ctx.lens, kinds=("relevance", "perturbation")) if m != "gradient_rollout"]
 options = (["last_layer_mean"] + [f"last_layer_head_{h + 1}" for h in range(H)] + ["rollout"]
            + (["gradient_rollout"] if loaded.has_head else []) + ["attention_flow"] + attributions + ["random"])
 # The methods worth computing first: relevance (AttnLRP), attention (rollout) and chance (random).
@@ -213,14 +215,14 @@ def run(progress):
         if "gradient_rollout" in methods else None
     flow = flow_map().map if "attention_flow" in methods else None
     maps = attention_maps(r.attention, layout, rollout_map=roll.map, gradient_map=grad, flow_map=flow, seed=seed)
-    model = cached_model(ctx.spec).model
+    model = ctx.lens.model
     chosen = {}
     with model_run():
         for m in methods:
             if m == "random":
                 chosen |= random_seed_maps(layout.grid_size, seed)
             elif m in attributions:
-                found = explain(Lens(loaded), model_input[None], m, default_target(model, target))
+                found = explain(ctx.lens, model_input[None], m, default_target(model, target))
                 chosen[m] = ordered(found.patches[0], ordering) if found.signed else found.patches[0]
             else:
                 chosen[m] = maps[m]

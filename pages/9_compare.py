@@ -9,7 +9,8 @@ from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
 from ui.guard import guarded
 from ui.similarity import similarity_section
-from ui.state import setup, upload_too_large
+from ui.state import setup
+from ui.uploads import upload_too_large
 from ui.navigation import heading
 from vitviz.analyses.compare import (STATISTICS, StatsTableError, check_stats_table, combine, head_summary, layer_summary,
                             model_overview, read_stats_table, stats_path)
@@ -81,7 +82,7 @@ with stats_tab:
         label = canonical_model_name(ctx.spec.name) + (f" at {ctx.spec.img_size} px" if ctx.spec.img_size else "")
         if local.button(f"Add this session's {len(ctx.images)} image{'s' if len(ctx.images) != 1 else ''} with "
                         "the current model", key="compare_run",
-                        help=f"Runs {ctx.loaded.label} on the sidebar's image set ({ctx.framing} framing) and adds "
+                        help=f"Runs {ctx.lens.label} on the sidebar's image set ({ctx.framing} framing) and adds "
                              f"it as one more model, named {label!r} as `python -m vitviz stats --model` names it."):
             bar = st.progress(0.0, text=f"{label}: running the model on the image set ...")
             table = table_for_images(ctx.loaded, [im.image for im in ctx.images], [im.name for im in ctx.images],

@@ -4,7 +4,9 @@
 
 Starts the app (``streamlit run app.py``, offline, bundled model), opens each page of ui/navigation.py by its
 address with the sample photos and writes ``<out>/<address>.png`` (the viewport, as a user sees it first) and
-``<out>/sidebar.png``. Needs Debian's Chromium (``apt-get install chromium``) and Playwright.
+``<out>/sidebar.png``. On the Features page it first trains an SAE in the browser (Train, the defaults, until
+converged: a few minutes on a CPU) and shows its top latents. Needs Debian's Chromium (``apt-get install chromium``)
+and Playwright.
 """
 from __future__ import annotations
 
@@ -24,6 +26,19 @@ from ui.navigation import PAGES  # noqa: E402
 def address(file: str) -> str:
     """The page's URL path as Streamlit derives it from the file name ("pages/3_rollout.py" -> "rollout")."""
     return re.sub(r"^\d+_", "", Path(file).stem)
+
+
+def train_sae(page) -> None:
+    """Train an SAE on the Features page with its defaults and bring its top latents into view: the page shows
+    nothing until an SAE is given."""
+    page.get_by_role("button", name="Train", exact=True).click()
+    _wait_idle(page, timeout=1_800_000)
+    if page.get_by_text("Trained here:", exact=False).count() != 1:
+        raise SystemExit("the Features page did not finish training an SAE: see the server log")
+    # The trained line at the top of the view: the screenshot says what was trained, then shows its top latents.
+    page.get_by_text("Trained here:", exact=False).evaluate("e => e.scrollIntoView({block: 'start'})")
+    page.mouse.wheel(0, -40)
+    _wait_idle(page, quiet=800)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
             _wait_idle(page, timeout=600_000)
             if i == 0:
                 page.locator('[data-testid="stSidebar"]').screenshot(path=args.out / "sidebar.png")
+            if name == "features":
+                train_sae(page)
             page.screenshot(path=args.out / f"{name}.png")
             print(f"wrote {args.out / name}.png")
         browser.close()

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import sys
 from pathlib import Path
@@ -20,6 +21,11 @@ if str(ROOT) not in sys.path:
 def _cell(text: str) -> str:
     """Text safe inside a Markdown table cell: one line, pipes escaped."""
     return re.sub(r"\s+", " ", text).replace("|", "\\|").strip()
+
+
+def _text(text: str) -> str:
+    """argparse's plain text as Markdown that shows it as written: ``DIR/<stem>.png`` is no HTML tag."""
+    return html.escape(text, quote=False)
 
 
 def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
@@ -38,14 +44,14 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[str]:
         help_text = (action.help or "") % {"default": default, "prog": parser.prog} if action.help else ""
         if action.choices is not None and not isinstance(action.choices, dict):
             help_text += f" (one of: {', '.join(str(c) for c in action.choices)})"
-        rows.append(f"| {_cell(names)} | {_cell(shown)} | {_cell(help_text)} |")
+        rows.append(f"| {_cell(names)} | {_cell(shown)} | {_cell(_text(help_text))} |")
     return rows
 
 
 def _command(parser: argparse.ArgumentParser, level: int) -> list[str]:
     out = [f"{'#' * level} `{parser.prog}`", ""]
     if parser.description:
-        out += [parser.description, ""]
+        out += [_text(parser.description), ""]
     out += ["```text", parser.format_usage().strip(), "```", ""]
     out += _option_rows(parser) + [""]
     for action in parser._actions:

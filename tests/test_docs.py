@@ -1,7 +1,8 @@
 """Documentation a researcher uses, typed by the tests: the README's and the docs' Python examples (their printed
 lines are the pages'), the two scripts in examples/ and the tutorial scripts on the bundled model, and the site
 itself: `scripts/docs.sh` builds it with --strict (any warning, a broken link or anchor, fails), every picture a
-page shows is there, the CLI and API references are complete, and every app page has its screenshot."""
+page shows is there and loads in Chromium, no page logs an error, the CLI and API references are complete, and every
+app page has its screenshot."""
 import html.parser
 import os
 import re
@@ -158,6 +159,38 @@ def test_the_registers_tutorial_prints_what_its_page_shows_and_writes_its_figure
                     tmp_path)
 
 
+def _changed(path: Path) -> float:
+    """When git says ``path`` last changed on this branch: the date (seconds since 1970) of the last commit along the
+    first parents that changed it (for a change made on another branch, the merge that brought it), or infinity while
+    the working tree holds an uncommitted change. File mtimes say nothing: a clone gives every file the clone's time."""
+    rel = path.relative_to(ROOT).as_posix()
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args, "--", rel], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+
+    if git("status", "--porcelain").strip():
+        return float("inf")
+    stamp = git("log", "-1", "--first-parent", "--format=%ct").strip()
+    return float(stamp) if stamp else float("inf")
+
+
+def test_every_app_screenshot_is_newer_than_its_page():
+    """docs/img/app/<address>.png was committed after the last commit of the page's file: a page changed since its
+    screenshot fails here, naming the command that retakes it. (A shallow clone dates every file alike: it passes.)"""
+    from ui.navigation import PAGES
+
+    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode:
+        pytest.skip("not a git checkout: no dates to compare")
+    stale = []
+    for p in PAGES:
+        address = re.sub(r"^\d+_", "", Path(p.file).stem)
+        shot = ROOT / "docs" / "img" / "app" / f"{address}.png"
+        if not shot.is_file() or _changed(shot) < _changed(ROOT / p.file):
+            stale.append(address)
+    assert not stale, (f"app pages changed since their screenshot: {stale}; retake them with "
+                       f".venv/bin/python scripts/docs_screenshots.py --pages {','.join(stale)} and commit the PNGs")
+
+
 class _Refs(html.parser.HTMLParser):
     """The pictures and local links of one built page."""
 
@@ -174,21 +207,49 @@ class _Refs(html.parser.HTMLParser):
 
 
 def _site(tmp: Path) -> Path:
-    """The site as `scripts/docs.sh` builds it (strict), into ``tmp``; built once per test session."""
+    """The site built strictly into ``tmp``, once per test module: in CI by `scripts/docs.sh`, as the README says;
+    elsewhere by the mkdocs command that script runs, because the script first runs scripts/ensure_venv.sh, which
+    re-points a .venv shared by several checkouts at this one."""
     site = tmp / "site"
     if not (site / "index.html").exists():
-        env = os.environ | {"SITE_DIR": str(site), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-        done = subprocess.run(["bash", "scripts/docs.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=600)
+        env = os.environ | {"SITE_DIR": str(site), "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1",
+                            "NO_MKDOCS_2_WARNING": "1"}
+        script = bool(os.environ.get("CI"))
+        args = (["bash", "scripts/docs.sh"] if script
+                else [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)])
+        done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
         assert "WARNING" not in done.stderr, done.stderr[-4000:]
-        assert f"open file://{site}/index.html" in done.stdout
+        assert not script or f"open file://{site}/index.html" in done.stdout
     return site
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     return _site(tmp_path_factory.mktemp("docs"))
+
+
+@pytest.fixture(scope="module")
+def served(site):
+    """The built site over HTTP on a free local port, as a host serves it (the search index loads by fetch, which
+    a page opened from a folder may not do); the server stops with the module."""
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_port}/"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=10)
 
 
 def test_the_site_builds_strictly_and_every_picture_and_link_is_there(site):
@@ -258,3 +319,86 @@ def test_every_app_page_has_its_screenshot_in_the_app_tour():
             missing.append(address)
     assert not missing, (f"app pages without a screenshot in the app tour: {missing}; take them with "
                          f".venv/bin/python scripts/docs_screenshots.py --pages {','.join(missing)}")
+
+
+# Every picture of the page once it has loaded (lazy ones made eager first): [source, natural width].
+IMAGES_JS = """async () => {
+  const imgs = [...document.images];
+  imgs.forEach(i => { i.loading = 'eager'; });
+  await Promise.all(imgs.map(i => i.complete ? null
+    : new Promise(done => { i.addEventListener('load', done); i.addEventListener('error', done); })));
+  return imgs.map(i => [i.currentSrc || i.src, i.naturalWidth]);
+}"""
+
+
+@pytest.mark.browser
+def test_every_page_of_the_built_site_opens_in_chromium_without_an_error_a_missing_picture_or_a_broken_link(
+        site, served):
+    """Each page of the built site, served over HTTP, in Chromium: no console error, no uncaught exception, no
+    failed request (an offline reader's browser fetches nothing from elsewhere), every <img> decoded (naturalWidth
+    > 0), and every link into the site answers 200 and, when it names an anchor, lands on an element with that id."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, require_chromium
+
+    require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    pages = sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html") if p.name != "404.html")
+    problems, links, ids = [], {}, {}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        tab = browser.new_page(viewport=VIEWPORT)
+        current = [""]
+        tab.on("console", lambda m: m.type == "error" and problems.append(f"{current[0]}: console: {m.text}"))
+        tab.on("pageerror", lambda e: problems.append(f"{current[0]}: exception: {e}"))
+        # A request the next page's navigation cancels (the search worker, the favicon) is no failure.
+        tab.on("requestfailed", lambda r: r.failure != "net::ERR_ABORTED"
+               and problems.append(f"{current[0]}: request failed: {r.url} ({r.failure})"))
+        tab.on("response", lambda r: r.status >= 400 and problems.append(f"{current[0]}: HTTP {r.status}: {r.url}"))
+        for name in pages:
+            current[0] = name
+            url = served + name.removesuffix("index.html")
+            response = tab.goto(url, wait_until="load")
+            if response is None or response.status != 200:
+                problems.append(f"{name}: HTTP {response and response.status}")
+                continue
+            for src, width in tab.evaluate(IMAGES_JS):
+                if not width:
+                    problems.append(f"{name}: picture not loaded: {src}")
+            ids[url] = set(tab.evaluate("() => [...document.querySelectorAll('[id]')].map(e => e.id)"))
+            for href in tab.evaluate("() => [...document.querySelectorAll('a[href]')].map(a => a.href)"):
+                if href.startswith(served):
+                    links.setdefault(href, name)
+        browser.close()
+    assert len(pages) > 30 and len(links) > 100, (len(pages), len(links))
+    for href, name in sorted(links.items()):
+        target, _, anchor = href.partition("#")
+        if target not in ids:  # not a page visited above: a file (a picture, the sitemap, a download)
+            try:
+                with urllib.request.urlopen(target, timeout=30) as answer:
+                    status = answer.status
+            except urllib.error.HTTPError as error:
+                status = error.code
+            if status != 200:
+                problems.append(f"{name}: broken link {href} (HTTP {status})")
+        elif anchor and urllib.parse.unquote(anchor) not in ids[target]:
+            problems.append(f"{name}: link to a missing anchor {href}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_app_pages_links_land_on_a_heading_of_the_built_site(site):
+    """Each page's first-line link and each help text's Concepts link, read as a path under mkdocs.yml's site_url,
+    is a page of the built site with an element of that id (the published site is this build)."""
+    from test_navigation import concept_links
+    from ui import navigation
+
+    urls = [navigation.docs_url(p) for p in navigation.PAGES]
+    urls += [re.search(r"\((http[^)]+)\)", navigation.concepts_link(s)).group(1) for s in concept_links()]
+    for url in urls:
+        assert url.startswith(navigation.DOCS_URL), url
+        path, _, anchor = url.removeprefix(navigation.DOCS_URL).partition("#")
+        page = site / path / "index.html"
+        assert page.is_file() and f'id="{anchor}"' in page.read_text(), url

@@ -1,6 +1,8 @@
 """The app's navigation: pages grouped in sections in the order a newcomer follows, each page under its section with
 its title as its heading and its question as its first line. (The sidebar as drawn, every page visible without
 "View more", is in tests/test_browser.py.)"""
+import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,64 @@ EXPECTED = {
     "Repair": ["Registers & sinks"],
     "Across models": ["Compare models"],
 }
+
+
+def _mkdocs() -> dict:
+    import yaml
+
+    return yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+
+def _nav_files(nav) -> list[str]:
+    """Every Markdown file of mkdocs.yml's nav, at any depth."""
+    if isinstance(nav, str):
+        return [nav]
+    items = nav.values() if isinstance(nav, dict) else nav
+    return [f for item in items for f in _nav_files(item)]
+
+
+def _docs_link(info: navigation.PageInfo) -> str:
+    """The address of the page's section of the app tour, made here from mkdocs.yml's site_url and MkDocs' own
+    heading ids (Python-Markdown's slugify), not by ui/navigation.py."""
+    from markdown.extensions.toc import slugify
+
+    return f"{_mkdocs()['site_url']}app/{info.docs}/#{slugify(info.title, '-')}"
+
+
+def test_every_page_links_its_section_of_the_published_docs_and_that_section_is_in_the_nav():
+    """Each page's first line links ``<site_url>app/<docs>/#<title>``: the published site (a user who only runs the
+    app has no built one), its app-tour page in mkdocs.yml's nav, and a heading there with the page's title."""
+    config = _mkdocs()
+    assert config["site_url"].startswith("https://") and config["site_url"].endswith("/")
+    nav = _nav_files(config["nav"])
+    for info in navigation.PAGES:
+        assert f"app/{info.docs}.md" in nav, info
+        headings = re.findall(r"^#+ (.+)$", (ROOT / "docs" / "app" / f"{info.docs}.md").read_text(), re.M)
+        assert info.title in headings, (info.docs, info.title)
+        assert f"]({_docs_link(info)})" in navigation.first_line(info) and info.question in navigation.first_line(info)
+    assert len({_docs_link(p) for p in navigation.PAGES}) == len(navigation.PAGES)  # one section per page
+
+
+def concept_links() -> dict[str, list[str]]:
+    """Each ``concepts_link("section")`` written in pages/ and ui/: section -> the files that use it."""
+    found: dict[str, list[str]] = {}
+    for path in sorted([*(ROOT / "pages").glob("*.py"), *(ROOT / "ui").glob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "concepts_link":
+                found.setdefault(node.args[0].value, []).append(path.name)
+    return found
+
+
+def test_help_texts_that_use_a_defined_term_link_its_section_of_the_concepts_page():
+    from markdown.extensions.toc import slugify
+
+    links = concept_links()
+    assert {"chance", "distance-conventions", "patches-tokens-and-layers", "definitions-used"} <= set(links)
+    assert len({f for files in links.values() for f in files}) >= 6  # overview, rollout, distance, faithfulness, ...
+    sections = {slugify(h, "-") for h in re.findall(r"^#+ (.+)$", (ROOT / "docs" / "concepts.md").read_text(), re.M)}
+    assert set(links) <= sections, set(links) - sections
+    assert "concepts.md" in _nav_files(_mkdocs()["nav"])
+    assert navigation.concepts_link("chance") == f"([Concepts]({_mkdocs()['site_url']}concepts/#chance))"
 
 
 def test_every_page_file_is_in_one_section_once():
@@ -64,7 +124,8 @@ def test_every_page_opens_with_its_title_and_its_question():
             assert not at.exception, (info.file, [e.message for e in at.exception])
             heading = at.main.header[0].value
             assert heading == title or heading.startswith(f"{title} · "), (info.file, heading)
-            assert at.main.markdown[0].value == f"**{info.question}**", info.file  # the first line under the heading
+            # the first line under the heading: the question and the link to the page's documentation
+            assert at.main.markdown[0].value == f"**{info.question}** · [How to read this page]({_docs_link(info)})"
 
 
 def test_the_readme_and_get_started_list_every_page_with_its_question():

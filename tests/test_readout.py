@@ -300,3 +300,32 @@ def test_every_timm_family_adds_up_to_its_own_forward_or_is_refused_with_a_sente
             pooled = model.forward_head(model.forward_features(x), pre_logits=True)
             own = (pooled * pooled).sum(-1).sqrt().numpy()  # the projection on its own direction: its norm
     assert np.all(np.abs(r.parts_sum - own) <= float64_tolerance(r) * 10)
+
+
+def test_a_shared_trace_gives_both_readouts_of_their_own_forwards_and_the_cli_runs_one_forward_per_batch(
+        monkeypatch):
+    from types import SimpleNamespace
+
+    from vitviz.runs.readout_run import ReadoutWork
+    from vitviz.trace import PointNotKept
+
+    lens = lens_of(tiny_timm(7))
+    x = images(3)
+    own_r, own_ll = vitviz.readout(lens, x), vitviz.logit_lens(lens, x)
+    trace = lens.trace(x, keep=vitviz.residual.readout_points(lens) + ["resid_post"])
+    shared_r, shared_ll = vitviz.readout(lens, x, trace=trace), vitviz.logit_lens(lens, x, trace=trace)
+    # the same forward arithmetic either way: equality is the point
+    for name in ("total", "embed", "heads", "attn_bias", "mlp", "head_sources"):
+        np.testing.assert_array_equal(getattr(shared_r, name), getattr(own_r, name))
+    np.testing.assert_array_equal(shared_ll.logits, own_ll.logits)
+    with pytest.raises(ValueError, match="another batch"):
+        vitviz.readout(lens, x[:2], trace=trace)
+    with pytest.raises(PointNotKept):
+        vitviz.readout(lens, x, trace=lens.trace(x, keep=["resid_post"]))
+
+    calls = []
+    real = Lens.trace
+    monkeypatch.setattr(Lens, "trace", lambda self, *a, **k: calls.append(k) or real(self, *a, **k))
+    batch = ReadoutWork()(lens, SimpleNamespace(x=x, names=["a", "b", "c"]))
+    assert len(calls) == 1
+    assert batch.lens is not None and len(batch.table) > 0

@@ -121,6 +121,9 @@ def test_the_readmes_python_lines_for_the_readout_run_as_written(probe_folder, m
     assert np.all(np.abs(r.residual) <= 1e-4 * np.abs(r.total).max())
     assert scope["ll"].logits.shape == (2, 9, 3) and scope["ll"].patches.shape == (2, 9, 257, 3)
     assert len(scope["tuned"].fit) == 9
+    # the shared forward's readouts are the ones each ran alone (the same arithmetic: equality is the point)
+    np.testing.assert_array_equal(scope["r1"].heads, r.heads)
+    np.testing.assert_array_equal(scope["ll1"].logits, scope["ll"].logits)
 
 
 def test_readout_on_ray_writes_the_tables_the_local_engine_writes(tmp_path):

@@ -21,7 +21,7 @@ def test_the_readout_page_shows_the_current_images_parts_and_with_a_probe_head_t
     from streamlit.testing.v1 import AppTest
 
     from test_probe_head import write_probe
-    from ui.state import PROBE_HEAD
+    from ui.keys import PROBE_HEAD
 
     at = AppTest.from_file(APP, default_timeout=600)
     at.session_state["kept_samples"] = ["chelsea.jpg", "coffee.jpg"]

@@ -228,7 +228,7 @@ def test_a_torchvision_name_in_the_model_box_is_loaded_as_torchvision(tmp_path, 
     not in torch hub's cache, the app shows the sentence the command line gives, and keeps the previous model."""
     import torch
 
-    from ui.state import HUGGING_FACE
+    from ui.model_box import HUGGING_FACE
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path))  # an empty cache

@@ -63,7 +63,7 @@ def test_weights_on_disk_finds_a_cached_tag_and_nothing_else(hub_cache):
 
 @pytest.mark.slow
 def test_the_model_search_marks_what_loads_offline(hub_cache):
-    from ui.state import ON_DISK
+    from ui.model_box import ON_DISK
 
     at = _app()
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()

@@ -60,11 +60,11 @@ def target_picker(ctx, container, key: str, say_headless: bool = True) -> int | 
     """The class whose logit is explained, picked in ``container`` among the top 10 (default the top-1), or None
     for a headless model (the projection of its pooled vector; ``container`` says so unless ``say_headless`` is
     False)."""
-    if not ctx.loaded.has_head:
+    if not ctx.lens.has_head:
         if say_headless:
             container.markdown(HEADLESS_TARGET)
         return None
-    top = top_classes(ctx.result.logits, k=10, labels=ctx.loaded.class_labels)
+    top = top_classes(ctx.result.logits, k=10, labels=ctx.lens.class_labels)
     label = container.selectbox("Target class (logit)", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key=key)
     return int(label.split(":")[0])
 
@@ -113,7 +113,7 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
             caption and downloads go where the call is made.
         display: the page's :class:`ui.display.Display` (default: the choices last made on a map page).
     """
-    model = ctx.loaded.model
+    model = ctx.lens.model
     if why := why_not(model):
         st.info(why)
         return

@@ -1,4 +1,4 @@
-"""Cached model and per-image analysis. All model mutation happens inside ``cached_model``.
+"""Cached models (read as :class:`vitviz.Lens`) and per-image analysis. All model mutation happens inside ``cached_model``.
 
 Everything lives in one byte-bounded LRU (:mod:`ui.memo`) shared by every session and thread,
 budget ``VITVIZ_CACHE_MB``: models, per-image results keyed by (spec, image SHA-256) and derived
@@ -17,7 +17,8 @@ from PIL import Image
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
 from vitviz.runs.pipeline import Forward, forward
 from vitviz.sources.preprocess import preprocess
-from vitviz.sources.models import ModelSpec, load_model, with_labels
+from vitviz.lens import Lens
+from vitviz.sources.models import LoadedModel, ModelSpec, load_model, with_labels
 from vitviz.analyses.posembed import patch_position_embeddings, position_embedding_similarity
 from vitviz.analyses.rollout import class_gradient_rollout, rollout
 from vitviz.settings import Settings
@@ -75,7 +76,17 @@ def _model_run(message: str, compute):
     return run
 
 
-def cached_model(spec: ModelSpec):
+def cached_lens(spec: ModelSpec) -> Lens:
+    """The model ``spec`` names, loaded once per server and shared by every session (read-only).
+
+    The store holds the loaded model (:func:`cached_model`); a :class:`vitviz.Lens` is a view of it that costs
+    nothing to build, so every caller gets the same model, layout and adapter.
+    """
+    return Lens(cached_model(spec))
+
+
+def cached_model(spec: ModelSpec) -> LoadedModel:
+    """The loaded model (:class:`vitviz.sources.models.LoadedModel`); pages read it through :func:`cached_lens`."""
     if spec.labels is not None:  # names change no weight: one cached model for every set of names
         return with_labels(cached_model(replace(spec, labels=None)), spec.labels)
     if spec.head is not None:  # the probe wraps the cached backbone, nothing copied (vitviz.probes.head)

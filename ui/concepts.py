@@ -10,6 +10,7 @@ from streamlit_image_coordinates import streamlit_image_coordinates
 from vitviz.probes.concepts import PaintedImages, fit_concept, patch_rectangle
 from vitviz.probes.figures import painted_image
 
+from . import keys
 from .cache import model_run
 from .display import CLICK_SCALE
 
@@ -74,11 +75,9 @@ def painted_set(images, grid: tuple[int, int]) -> tuple[PaintedImages, tuple]:
 
 
 def fit(ctx, backbone, painted: PaintedImages, key: tuple, progress):
-    """Fit the concept probes of every layer on the sidebar's backbone and keep them for the session."""
-    from vitviz.lens import Lens
-
+    """Fit the concept probes of every layer on the sidebar's backbone (a Lens) and keep them for the session."""
     with model_run():
-        result = fit_concept(Lens(backbone), painted, progress=progress)
+        result = fit_concept(backbone, painted, progress=progress)
     st.session_state[FITTED] = (("concept", backbone_spec(ctx), key), result)
     return result
 
@@ -112,11 +111,11 @@ def concept_target_picker(ctx, container, key: str):
     with container:
         if st.radio("Explain", ["the model's output", "the painted concept"], key=f"{key}_what",
                     horizontal=True) == "the painted concept":
-            top = min(concept.num_layers, ctx.loaded.adapter.num_layers(ctx.loaded.model))  # a probe head ends early
+            top = min(concept.num_layers, ctx.lens.num_layers)  # a probe head ends early
             default = min(concept.readable_from(0.9) or top, top)
             layer = st.slider("Concept's layer (1-based)", 1, top, default, key=f"{key}_layer",
                               help="The patch probe of this layer; its logit is explained.")
-            patch = st.session_state.get("patch")  # the patch picked on any page (0-based raster index)
+            patch = st.session_state.get(keys.PATCH)  # the patch picked on any page (0-based raster index)
             where = st.radio("Where", ["summed over the patches", "at the selected patch"], key=f"{key}_where",
                              horizontal=True, disabled=patch is None,
                              help="The selected patch is the one clicked on the heads, rollout or anatomy page"
@@ -126,11 +125,10 @@ def concept_target_picker(ctx, container, key: str):
     return None
 
 
-def concept_refusals(concept, loaded, methods: list[str]) -> dict[str, str]:
-    """Method -> the registry's sentence saying why it cannot explain ``concept`` on ``loaded``'s model (LeGrad;
+def concept_refusals(concept, lens, methods: list[str]) -> dict[str, str]:
+    """Method -> the registry's sentence saying why it cannot explain ``concept`` on ``lens``'s model (LeGrad;
     Grad-CAM before the last layer), for ``methods``."""
     from vitviz.explainers import registered
-    from vitviz.lens import Lens
 
-    lens, found = Lens(loaded), registered()
+    found = registered()
     return {m: why for m in methods if (why := found[m].why_not_target(lens, concept))}

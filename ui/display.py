@@ -12,6 +12,7 @@ import streamlit as st
 from PIL import Image
 from streamlit_image_coordinates import streamlit_image_coordinates
 
+from ui import keys
 from ui.numbers import number
 from vitviz.figures.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.figures.core import map_panel
@@ -193,15 +194,15 @@ def patch_picker(image: Image.Image, layout: TokenLayout, key: str, shown: int |
                  scope: str = "app") -> None:
     """The model-input image at column width, one patch outlined; a click selects the patch under it.
 
-    The selection (0-based raster index) is ``st.session_state["patch"]``, shared by every page that
+    The selection (0-based raster index) is ``st.session_state[keys.PATCH]``, shared by every page that
     picks patches. ``shown``: the patch to outline (default the selection); ``scope``: what a click
     reruns (``"fragment"`` inside a fragment).
     """
-    shown = st.session_state.get("patch") if shown is None else shown
+    shown = st.session_state.get(keys.PATCH) if shown is None else shown
     click = streamlit_image_coordinates(outline_patch(image, shown, layout.grid_size, CLICK_SCALE), key=key,
                                         image_format="JPEG", jpeg_quality=85, width="stretch")
     last = f"{key}_last"
     if click and click.get("unix_time") != st.session_state.get(last):
         st.session_state[last] = click.get("unix_time")
-        st.session_state["patch"] = layout.patch_at(click["x"], click["y"], click["width"] / image.width)
+        st.session_state[keys.PATCH] = layout.patch_at(click["x"], click["y"], click["width"] / image.width)
         st.rerun(scope=scope)

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 import streamlit as st
 
+from ui import keys
 from ui.numbers import number
 from ui.persist import remember_view, saved_view
 from vitviz.figures.explorer import ExplorerPayload, explorer_payload, rollout_payload
@@ -67,10 +68,10 @@ def heads_explorer(ctx, key: str = "heads_explorer") -> tuple[ExplorerPayload, d
         return explorer_payload(r.attention, layout, r.model_input,
                                 sinks=[r.sinks.patch_sinks(layout, [l]) for l in range(L)], notes=notes,
                                 scores={label: (scores[key], key != "entropy") for label, key in RANKINGS.items()},
-                                selected=st.session_state.get("patch"), padding=ctx.padding)
+                                selected=st.session_state.get(keys.PATCH), padding=ctx.padding)
 
     name = (ctx.image.sha256, ctx.loaded.card()["spec"], tuple(r.attention.shape), tuple(ctx.padding.tolist()))
-    return _mount(key, lambda: _held(key, name, st.session_state.get("patch"), build))
+    return _mount(key, lambda: _held(key, name, st.session_state.get(keys.PATCH), build))
 
 
 @dataclass
@@ -94,11 +95,11 @@ def rollout_explorer(ctx, *, fusion: str, discard: float, start: int, end: int, 
     def build() -> ExplorerPayload:
         return rollout_payload(r.attention, r.layout, r.model_input, fusion=fusion, discard=discard, start=start,
                                end=end, exclude_tokens=exclude_tokens, sinks=sinks, display=shown,
-                               selected=st.session_state.get("patch"), padding=np.array(display.padding, dtype=int))
+                               selected=st.session_state.get(keys.PATCH), padding=np.array(display.padding, dtype=int))
 
     name = (ctx.image.sha256, ctx.loaded.card()["spec"], tuple(r.attention.shape), fusion, discard, start, end,
             tuple(exclude_tokens), tuple(np.asarray(sinks, int).tolist()), tuple(sorted(shown.items())), display.padding)
-    payload, _ = _mount(key, lambda: _held(key, name, st.session_state.get("patch"), build))
+    payload, _ = _mount(key, lambda: _held(key, name, st.session_state.get(keys.PATCH), build))
     saved = saved_view()
     asked = number(saved.get("depth", end))
     depth = end if asked is None else int(min(end, max(start + 1, asked)))

@@ -13,7 +13,6 @@ from vitviz.features.public import check_width, load_sae
 from vitviz.features.sae import SAE
 from vitviz.features.session import SizeCap, TrainedSAE, train_small
 from vitviz.features.train import TrainSettings
-from vitviz.lens import Lens
 
 from .cache import _model_run, model_run, store
 
@@ -52,7 +51,7 @@ def checked_point(ctx, sae: SAE) -> str:
     kind, layer = sae.info.get("point_kind"), sae.info.get("layer")
     if not kind or not layer:
         raise VitvizError("this SAE does not say which point and layer it reads (sae.json: point_kind, layer).")
-    check_width(sae, Lens(ctx.loaded), kind, int(layer))
+    check_width(sae, ctx.lens, kind, int(layer))
     return f"blocks.{int(layer) - 1}.{kind}"
 
 
@@ -61,14 +60,14 @@ def codes_of(ctx, sae: SAE, ident: tuple, point: str) -> Codes:
     key = ("features", ctx.spec, ident, ctx.framing, tuple(im.sha256 for im in ctx.images))
     images = [im.image for im in ctx.images]
     return store().get_or_compute(key, _model_run(f"Encoding {len(images)} images with the SAE ...",
-                                                  lambda: encode_images(Lens(ctx.loaded), sae, images, point)))
+                                                  lambda: encode_images(ctx.lens, sae, images, point)))
 
 
 def drivers_of(ctx, sae: SAE, ident: tuple):
     """Feature attribution of the current image's default target (top-1 logit, or the pooled vector's projection)."""
     from vitviz.features.splice import feature_attribution
 
-    lens = Lens(ctx.loaded)
+    lens = ctx.lens
     key = ("features-drivers", ctx.spec, ident, ctx.image.sha256)
     return store().get_or_compute(key, _model_run("One backward pass through the spliced SAE ...", lambda: (
         feature_attribution(lens, lens.preprocess([ctx.image.image]), sae))))
@@ -78,7 +77,7 @@ def deletion_of(ctx, sae: SAE, ident: tuple, steps: int, seeds: int):
     """Concept deletion over the sidebar's image set (shared between sessions, computed once per settings)."""
     from vitviz.features.deletion import concept_deletion
 
-    lens = Lens(ctx.loaded)
+    lens = ctx.lens
     key = ("features-deletion", ctx.spec, ident, ctx.framing, tuple(im.sha256 for im in ctx.images),
            steps, seeds)
     images = [im.image for im in ctx.images]
@@ -93,7 +92,7 @@ def descriptions_of(ctx, sae: SAE, ident: tuple, latent: int, n: int = 5):
     for a model without a text tower, or the sentence saying why there are none (a str)."""
     from vitviz.features.classes import nearest_descriptions, why_no_descriptions
 
-    lens = Lens(ctx.loaded)
+    lens = ctx.lens
     if not lens.has_text:
         return None
     why = why_no_descriptions(lens, sae)
@@ -109,7 +108,7 @@ def nearest_of(ctx, sae: SAE, ident: tuple, latent: int, n: int = 5):
     head, or the sentence saying why there are none (a str)."""
     from vitviz.features.classes import nearest_classes, why_no_classes
 
-    lens = Lens(ctx.loaded)
+    lens = ctx.lens
     why = why_no_classes(lens, sae)
     if why:
         return why
@@ -144,7 +143,7 @@ def train_here(ctx, images: list, settings: TrainSettings, cap: SizeCap) -> Trai
                 bar.progress(fraction, text=f"{label} step {metrics['step']:,} · explained variance "
                                             f"{metrics['explained_variance']:.3f} · L0 {metrics['l0']:.1f}")
 
-            trained = train_small(Lens(ctx.loaded), images, settings, progress, cap)
+            trained = train_small(ctx.lens, images, settings, progress, cap)
             stop.empty()
             bar.empty()
             return trained

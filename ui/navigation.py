@@ -2,14 +2,37 @@
 the question it answers, and the documentation's app tour all read this one list.
 
 A page's title is its sidebar label and the start of its heading (``Title`` or ``Title · detail``); its question is
-the page's first line under the heading. ``docs`` names the app-tour page of the documentation site (docs/app/).
+the page's first line under the heading, with a link to the page's section of the documentation's app tour
+(``docs`` names its page, docs/app/<docs>.md) on the published site, whose address is mkdocs.yml's ``site_url``.
 """
 from __future__ import annotations
 
+import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 import streamlit as st
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _site_url() -> str:
+    """mkdocs.yml's ``site_url``: the one place that says where the documentation site is published. The app links
+    there (not to a site built in the checkout: a user who only ran the app has none, and a browser does not follow
+    an http page's link to a file:// address)."""
+    found = re.search(r"^site_url:\s*(\S+)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    return found.group(1).rstrip("/") + "/"
+
+
+DOCS_URL = _site_url()
+
+
+def anchor(title: str) -> str:
+    """A heading's id as MkDocs' table of contents makes it (Python-Markdown's ``slugify``): "Registers & sinks" ->
+    "registers-sinks"."""
+    text = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
 
 
 @dataclass(frozen=True)
@@ -84,8 +107,25 @@ def page_info(file: str) -> PageInfo:
     return next(p for p in PAGES if Path(p.file).name == name)
 
 
+def docs_url(info: PageInfo) -> str:
+    """The page's section of the documentation's app tour: ``<site_url>app/<docs>/#<title's anchor>``."""
+    return f"{DOCS_URL}app/{info.docs}/#{anchor(info.title)}"
+
+
+def concepts_link(section: str) -> str:
+    """A Markdown link to ``section`` (a heading's anchor) of the Concepts page, for a help text that uses a term
+    the page defines: "… inside: chance ([Concepts](…/concepts/#chance))"."""
+    return f"([Concepts]({DOCS_URL}concepts/#{section}))"
+
+
+def first_line(info: PageInfo) -> str:
+    """The page's first line: its question, in bold, and the link to its part of the documentation."""
+    return f"**{info.question}** · [How to read this page]({docs_url(info)})"
+
+
 def heading(file: str, detail: str | None = None) -> None:
-    """The page's heading (its sidebar title, `` · detail`` when given) and, as its first line, its question."""
+    """The page's heading (its sidebar title, `` · detail`` when given) and, as its first line, its question and
+    the link to its documentation."""
     info = page_info(file)
     st.header(info.title + (f" · {detail}" if detail else ""))
-    st.markdown(f"**{info.question}**")
+    st.markdown(first_line(info))

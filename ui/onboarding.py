@@ -6,7 +6,9 @@ from pathlib import Path
 import streamlit as st
 from PIL import Image, ImageOps
 
+from ui import keys
 from ui.persist import INTRO_PARAM, SAVED
+from ui.widgets import choose
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SEEN = INTRO_PARAM  # URL key: ?intro=0 once the explanation was closed, so a reload does not show it again
@@ -39,8 +41,8 @@ def _toggled() -> None:
 
 def _open(name: str) -> None:
     _close()
-    st.session_state["kept_samples"] = [name]
-    st.session_state["kept_current"] = name
+    choose(keys.SAMPLE_PICKS, [name])
+    choose(keys.CURRENT, name)
     st.session_state[SAVED].update(FIRST_VIEW)
     st.session_state["intro_open"] = True
 

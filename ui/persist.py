@@ -12,7 +12,9 @@ import os
 import streamlit as st
 
 from ui.memo import ByteLRU
+from ui import keys
 from ui.numbers import whole
+from ui.widgets import choose
 
 # URL key -> (session key of the same choice on the server-drawn pages, or None).
 VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "patch", "keep": "keep",
@@ -45,13 +47,13 @@ def remember_view(view: dict) -> None:
     patch = None if view.get("patch") is None else int(view["patch"])
     if patch is not None and patch == st.session_state.get(STALE_PATCH):
         # The browser's last report still names the patch by the old grid's number: keep the mapped one.
-        patch = st.session_state.get("patch")
+        patch = st.session_state.get(keys.PATCH)
         params.pop("patch", None)
         if patch is not None:
             saved["patch"] = str(patch)
     else:
         st.session_state.pop(STALE_PATCH, None)
-    st.session_state["patch"] = patch
+    st.session_state[keys.PATCH] = patch
     changed = {k: v for k, v in params.items() if st.query_params.get(k) != v}
     if changed:
         st.query_params.update(changed)
@@ -76,32 +78,32 @@ def restore_params() -> None:
     missing = {k: v for k, v in saved.items() if k not in st.query_params and (k in VIEW_PARAMS or k == INTRO_PARAM)}
     if missing:
         st.query_params.update(missing)
-    if "patch" in saved and st.session_state.get("patch") is None:
+    if "patch" in saved and st.session_state.get(keys.PATCH) is None:
         patch = whole(saved["patch"])
         if patch is None:
             saved.pop("patch")
         else:
-            st.session_state["patch"] = patch
+            st.session_state[keys.PATCH] = patch
 
 
 def follow_grid(layout) -> None:
     """Keep the selected patch on the same place of the image when the patch grid changes.
 
-    The selection is a raster index of the grid it was picked on (``st.session_state["patch"]``); a new
+    The selection is a raster index of the grid it was picked on (``st.session_state[keys.PATCH]``); a new
     resolution or model gives another grid, where the same number is another place. Map it to the patch
     that holds the old patch's centre (:meth:`vitviz.layout.TokenLayout.patch_from`); call once per run,
     before a page reads the selection.
     """
     grid = tuple(layout.grid_size)
-    old, patch = st.session_state.get(PATCH_GRID), st.session_state.get("patch")
+    old, patch = st.session_state.get(PATCH_GRID), st.session_state.get(keys.PATCH)
     st.session_state[PATCH_GRID] = grid
     if patch is None or old is None or tuple(old) == grid:
         if patch is not None and not 0 <= patch < layout.num_patches:  # a number from a link for another grid
-            st.session_state["patch"] = None
+            st.session_state[keys.PATCH] = None
             st.session_state.setdefault(SAVED, {}).pop("patch", None)
         return
     mapped = layout.patch_from(patch, tuple(old))
-    st.session_state["patch"] = mapped
+    st.session_state[keys.PATCH] = mapped
     st.session_state[STALE_PATCH] = patch
     st.session_state.setdefault(SAVED, {})["patch"] = str(mapped)
     st.query_params["patch"] = str(mapped)
@@ -137,7 +139,7 @@ def keep_images(store: dict[str, bytes]) -> list[str]:
     of the session server-side, and name them in the URL. Returns the sentences for uploads that are gone."""
     kept, gone = kept_uploads(), []
     wanted = [h for h in st.query_params.get(IMAGES_PARAM, "").split(",") if h]
-    if not store and wanted and not st.session_state.get("persist_restored"):
+    if not store and wanted and not st.session_state.get(keys.PERSIST_RESTORED):
         for h in wanted:
             held = kept.get(h)
             if held is None:
@@ -146,8 +148,8 @@ def keep_images(store: dict[str, bytes]) -> list[str]:
                 store[held[0]] = held[1]
         current = st.query_params.get(CURRENT_PARAM)
         if current in store:
-            st.session_state["kept_current"] = current
-    st.session_state["persist_restored"] = True
+            choose(keys.CURRENT, current)
+    st.session_state[keys.PERSIST_RESTORED] = True
     names = []
     for name, data in store.items():
         h = content_name(data)
@@ -196,18 +198,18 @@ MODEL_PARAM, SIZE_PARAM = "model", "res"
 
 def seed_model(bundled: str, by_name: str) -> None:
     """On a session's first run, seed the sidebar's model box from a link's ``model`` and ``res`` (the widgets read
-    their ``kept_*`` values)."""
-    if st.session_state.get("persist_model_seeded"):
+    their kept values, :mod:`ui.widgets`)."""
+    if st.session_state.get(keys.PERSIST_MODEL_SEEDED):
         return
-    st.session_state["persist_model_seeded"] = True
+    st.session_state[keys.PERSIST_MODEL_SEEDED] = True
     name = st.query_params.get(MODEL_PARAM)
     if name and name != bundled and not name.startswith(("hf:", "/", ".")):
-        st.session_state["kept_model_choice"] = by_name
-        st.session_state["kept_timm_query"] = name
-        st.session_state["kept_timm_name"] = name
+        choose(keys.MODEL_CHOICE, by_name)
+        choose(keys.TIMM_QUERY, name)
+        choose(keys.TIMM_NAME, name)
     size = st.query_params.get(SIZE_PARAM, "")
     if size.isdigit():
-        st.session_state["kept_img_size"] = int(size)
+        choose(keys.IMG_SIZE, int(size))
 
 
 def remember_model(name: str, img_size: int | None) -> None:

@@ -12,23 +12,18 @@ from .cache import model_run
 from .progress import with_progress
 
 
-def _lens(ctx) -> vitviz.Lens:
-    return vitviz.Lens(ctx.loaded)
-
-
 def target_of(ctx, target_class: int | None, text: str | None = None):
     """CLIP's score for ``text`` when given; else the class logit picked (None: the top-1), or for a headless model
     the pooled vector's projection (None)."""
-    return residual.target_for(_lens(ctx), target_class, text or ())
+    return residual.target_for(ctx.lens, target_class, text or ())
 
 
 def image_readout(ctx, target_class: int | None, text: str | None = None) -> residual.Readout:
     """The current image's direct readout (with each head's per-source shares)."""
     def compute(progress):
-        lens = _lens(ctx)
         with model_run():
             progress(0, 1)
-            result = residual.readout(lens, [ctx.image.image], target_of(ctx, target_class, text))
+            result = residual.readout(ctx.lens, [ctx.image.image], target_of(ctx, target_class, text))
         result.images = [ctx.image.name]
         return result
     return with_progress(("readout", ctx.spec, ctx.framing, ctx.image.sha256, target_class, text),
@@ -38,9 +33,8 @@ def image_readout(ctx, target_class: int | None, text: str | None = None) -> res
 def set_textspan(ctx, k: int = 3):
     """TextSpan over the image set (:func:`vitviz.textspan`): each late head's top descriptions."""
     def compute(progress):
-        lens = _lens(ctx)
         with model_run():
-            return vitviz.textspan(lens, [im.image for im in ctx.images], k=k, progress=progress)
+            return vitviz.textspan(ctx.lens, [im.image for im in ctx.images], k=k, progress=progress)
     return with_progress(("textspan", ctx.spec, ctx.framing, tuple(im.sha256 for im in ctx.images), k),
                          "TextSpan: images", compute)
 
@@ -48,10 +42,9 @@ def set_textspan(ctx, k: int = 3):
 def set_logit_lens(ctx) -> residual.LogitLens:
     """The logit lens of every image of the set (the current image among them)."""
     def compute(progress):
-        lens = _lens(ctx)
         with model_run():
             progress(0, 1)
-            result = residual.logit_lens(lens, [im.image for im in ctx.images])
+            result = residual.logit_lens(ctx.lens, [im.image for im in ctx.images])
         result.images = [im.name for im in ctx.images]
         return result
     return with_progress(("logit_lens", ctx.spec, ctx.framing, tuple(im.sha256 for im in ctx.images)),
@@ -61,20 +54,18 @@ def set_logit_lens(ctx) -> residual.LogitLens:
 def image_patch_lens(ctx) -> residual.LogitLens:
     """The current image's logit lens per patch (every token of every block read alone), (1, L, N, C)."""
     def compute(progress):
-        lens = _lens(ctx)
         with model_run():
             progress(0, 1)
-            return residual.logit_lens(lens, [ctx.image.image], per_patch=True)
+            return residual.logit_lens(ctx.lens, [ctx.image.image], per_patch=True)
     return with_progress(("patch_lens", ctx.spec, ctx.framing, ctx.image.sha256), "Logit lens per patch …", compute)
 
 
 def set_tuned_lens(ctx) -> residual.TunedLens:
     """A tuned lens fitted on the image set (a quarter held out), and its held-out fit."""
     def compute(progress):
-        lens = _lens(ctx)
         with model_run():
             progress(0, 1)
-            return residual.TunedLens.fit_images(lens, [im.image for im in ctx.images])
+            return residual.TunedLens.fit_images(ctx.lens, [im.image for im in ctx.images])
     return with_progress(("tuned_lens", ctx.spec, ctx.framing, tuple(im.sha256 for im in ctx.images)),
                          "Tuned lens: fitting one map per block …", compute)
 
@@ -82,7 +73,7 @@ def set_tuned_lens(ctx) -> residual.TunedLens:
 def set_head_names(ctx, k: int = 3):
     """Each head's top classes over the image set (:func:`vitviz.residual.head_names`), one image at a time."""
     def compute(progress):
-        lens = _lens(ctx)
+        lens = ctx.lens
         tables = []
         with model_run():
             for i, im in enumerate(ctx.images):

@@ -83,7 +83,7 @@ def repair_choice(ctx) -> Repair | None:
         if register is None:
             return None
         repair = Repair("register", register)
-    why = repair.why_not(ctx.loaded.model, ctx.result.layout)
+    why = repair.why_not(ctx.lens.model, ctx.result.layout)
     if why:
         st.info(why)
         return None
@@ -100,7 +100,7 @@ def _register(ctx) -> TestTimeRegister | None:
         try:
             data = json.loads(upload.getvalue())
             register = register_from_json(data if isinstance(data, dict) else {})
-            check_register(ctx.loaded.model, register, ctx.result.layout)
+            check_register(ctx.lens.model, register, ctx.result.layout)
         except (UnicodeDecodeError, json.JSONDecodeError, VitvizError) as exc:
             st.error(f"{upload.name}: {exc} (give the registers.json written for this model).")
             return None
@@ -157,8 +157,8 @@ def repair_view(ctx, key: str, maps_of: Callable[[Side], dict[str, np.ndarray]],
     after, change = _repaired(ctx, repair)
     layout = ctx.result.layout
     before_maps = maps_of(Side(ctx.result, Repair(), None, repair))
-    device = next(ctx.loaded.model.parameters()).device
-    after_maps = maps_of(Side(after, repair, repair.edit(ctx.loaded.model, layout, [ctx.result.sinks], device), repair))
+    device = next(ctx.lens.model.parameters()).device
+    after_maps = maps_of(Side(after, repair, repair.edit(ctx.lens.model, layout, [ctx.result.sinks], device), repair))
     marked = ctx.result.sinks.patch_sinks(layout) if repair.kind == "sinks" else None
     padding = np.asarray(display_in_use().padding if padding is None else tuple(padding), dtype=int)
     stem = file_stem(key, "repair", repair.kind, ctx.image.name)

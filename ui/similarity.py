@@ -29,9 +29,9 @@ def _other_side(ctx, name: str):
     if is_cnn_name(name):
         return store().get_or_compute(("cnn", name, ctx.spec.device),
                                       lambda: CNNFeatures.open(name, device=ctx.spec.device))
-    from ui.cache import cached_model
+    from ui.cache import cached_lens
 
-    return Lens(cached_model(replace(ctx.spec, name=name, checkpoint=None, labels=None, head=None)))
+    return cached_lens(replace(ctx.spec, name=name, checkpoint=None, labels=None, head=None))
 
 
 def similarity_section(ctx) -> None:
@@ -66,7 +66,7 @@ def similarity_section(ctx) -> None:
         return
     result = cached(key)
     try:
-        lens = Lens(ctx.loaded)
+        lens = ctx.lens
         side_b = _other_side(ctx, other) if other else lens
         if result is None:
             with model_run():

@@ -25,6 +25,7 @@ import torch
 from ..adapters import Hooks
 from ..explainers.attribution import Target, default_target, for_lens
 from ..layout import TokenLayout
+from ..trace import Trace
 from .frozen import FrozenNorms, ReadoutNotApplicable
 
 COMPONENTS = ("embed", "attn_head", "attn_bias", "mlp", "bias")
@@ -152,7 +153,22 @@ def _frozen_readout(lens, tokens: torch.Tensor, target: Target) -> tuple[torch.T
     return grad.detach(), constant.detach()
 
 
-def readout(lens, x, target: Target | None = None, sources: bool = True, tolerance: float = 1e-3) -> Readout:
+def _check_batch(trace: Trace, inputs) -> None:
+    if trace["embed"].shape[0] != inputs.tensor.shape[0]:
+        raise ValueError("trace= holds another batch than x: pass the trace of these images")
+
+
+def readout_points(lens, sources: bool = True) -> list:
+    """What :func:`readout` keeps of the forward (``keep=`` for :meth:`vitviz.Lens.trace`), so that a caller who
+    also wants other points (the logit lens's ``"resid_post"``) runs one forward and passes its ``trace=``."""
+    L = lens.num_layers
+    keep = ["embed", "z", "mlp_out", "attn_out", ("resid_post", L - 1), "pooled"]
+    keep += ["logits"] if lens.has_head else []
+    return keep + (["attn", "v"] if sources else [])
+
+
+def readout(lens, x, target: Target | None = None, sources: bool = True, tolerance: float = 1e-3,
+            trace: Trace | None = None) -> Readout:
     """Split ``target`` into the direct contributions of every part of the residual stream.
 
     Args:
@@ -166,6 +182,8 @@ def readout(lens, x, target: Target | None = None, sources: bool = True, toleran
             one (B, H, N, N) product per block.
         tolerance: the largest |total − sum of parts| allowed, relative to the sum of the parts' magnitudes: more
             means the readout is not linear in the tokens and the split is refused.
+        trace: a :class:`vitviz.Trace` of ``x`` already run, keeping at least :func:`readout_points`; without it the
+            readout runs its own forward.
 
     Returns:
         Readout: ``total`` (B,), ``heads`` (B, L, H), ... and :meth:`Readout.table`.
@@ -180,10 +198,8 @@ def readout(lens, x, target: Target | None = None, sources: bool = True, toleran
     inputs = lens.as_input(x)
     model, adapter, L = lens.model, lens.adapter, lens.num_layers
     target = for_lens(target or default_target(model), lens, linear=True)
-    keep = ["embed", "z", "mlp_out", "attn_out", ("resid_post", L - 1), "pooled"]
-    keep += ["logits"] if lens.has_head else []
-    keep += ["attn", "v"] if sources else []
-    trace = lens.trace(inputs, keep=keep)
+    trace = trace if trace is not None else lens.trace(inputs, keep=readout_points(lens, sources))
+    _check_batch(trace, inputs)
     points = {k: trace[k].clone() for k in ("pooled", "logits") if k in trace}  # plain tensors: bind may keep them
     target = target.bind(points)
     total = target(points).double()

@@ -108,7 +108,7 @@ class LogitLens:
         return pd.DataFrame(rows, columns=["image", "name", "layer", "class", "label", "logit", "prob", "rank"])
 
 
-def logit_lens(lens, x, per_patch: bool = False, tuned: "TunedLens | None" = None) -> LogitLens:
+def logit_lens(lens, x, per_patch: bool = False, tuned: "TunedLens | None" = None, trace=None) -> LogitLens:
     """The model's head read after every block.
 
     Args:
@@ -116,6 +116,8 @@ def logit_lens(lens, x, per_patch: bool = False, tuned: "TunedLens | None" = Non
         x: images as :meth:`vitviz.Lens.trace` takes them.
         per_patch: also read every token alone, (B, L, N, C).
         tuned: a fitted :class:`TunedLens`: each block's tokens go through its map first.
+        trace: a :class:`vitviz.Trace` of ``x`` already run that kept ``"resid_post"`` at every block; without it
+            the lens runs its own forward.
 
     Returns:
         LogitLens: ``logits`` (B, L, C) and, on request, ``patches`` (B, L, N, C).
@@ -127,7 +129,9 @@ def logit_lens(lens, x, per_patch: bool = False, tuned: "TunedLens | None" = Non
     if why:
         raise ReadoutNotApplicable(why)
     inputs = lens.as_input(x)
-    trace = lens.trace(inputs, keep=["resid_post"])
+    trace = trace if trace is not None else lens.trace(inputs, keep=["resid_post"])
+    if trace["resid_post", 0].shape[0] != inputs.tensor.shape[0]:
+        raise ValueError("trace= holds another batch than x: pass the trace of these images")
     logits, patches = [], []
     with torch.no_grad():
         for l in range(lens.num_layers):

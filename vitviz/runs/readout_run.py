@@ -35,11 +35,13 @@ class ReadoutWork:
     def __call__(self, lens, batch) -> ReadoutBatch:
         from .. import residual
 
-        r = residual.readout(lens, batch.x, residual.target_for(lens, self.target_class, self.texts))
+        keep = residual.readout_points(lens) + (["resid_post"] if lens.has_head else [])
+        trace = lens.trace(batch.x, keep=keep)  # one forward for both readouts
+        r = residual.readout(lens, batch.x, residual.target_for(lens, self.target_class, self.texts), trace=trace)
         r.images = list(batch.names)
         lens_table = None
         if lens.has_head:
-            ll = residual.logit_lens(lens, batch.x)
+            ll = residual.logit_lens(lens, batch.x, trace=trace)
             ll.images = list(batch.names)
             lens_table = ll.table(top=self.top)
         return ReadoutBatch(r.table(), r.patch_maps().astype(np.float32), lens_table, np.abs(r.residual),
