@@ -52,7 +52,8 @@ def views(count: int = 8, seed: int = 0) -> list:
     for path in SAMPLES:
         photo = Image.open(path).convert("RGB")
         for _ in range(count):
-            area, aspect = rng.uniform(0.4, 1.0) * photo.width * photo.height, np.exp(rng.uniform(*np.log([3 / 4, 4 / 3])))
+            area = rng.uniform(0.4, 1.0) * photo.width * photo.height
+            aspect = np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3)))
             w = int(min(photo.width, round(np.sqrt(area * aspect))))
             h = int(min(photo.height, round(np.sqrt(area / aspect))))
             x, y = rng.integers(0, photo.width - w + 1), rng.integers(0, photo.height - h + 1)

@@ -4,8 +4,8 @@ layer of B (of A alone: the within-model map) over an image set, as ``DIR/cka.pa
 Minibatches run on the engine (:mod:`vitviz.runs.engines`: here, or on Ray with ``--engine ray``); after each, the
 sums so far are durable in ``DIR/.vitviz-similarity-parts/sums.npz`` ((1 + bootstrap) x L_a x L_b numbers, whatever
 the number of images), so a killed run's next run goes on from there and ends with the numbers of an uninterrupted
-one. The two result files are written
-together, whole, at the end; an interrupted run leaves the previous ones as they were."""
+one. The two result files are written together, whole, at the end; an interrupted run leaves the previous ones as
+they were."""
 from __future__ import annotations
 
 import argparse
@@ -42,8 +42,8 @@ def add_parser(sub) -> None:
                     "is minibatch CKA with the unbiased HSIC (Nguyen, Raghu & Kornblith, ICLR 2021): memory does "
                     "not grow with the number of images. Give --model once for the within-model map, twice to "
                     "compare two models; a timm CNN (resnet50, convnext_tiny, ...) may be either model: its stages "
-                    "are compared. --batch-size is the minibatch (4 or more). Re-running with the same DIR goes on from the "
-                    "minibatches a killed run finished; --engine ray runs them on Ray actors.")
+                    "are compared. --batch-size is the minibatch (4 or more). Re-running with the same DIR goes on "
+                    "from the minibatches a killed run finished; --engine ray runs them on Ray actors.")
     add_inputs(p)
     add_model(p, per_model=True, batch_size=32)  # --batch-size: images per minibatch and per forward (4 or more)
     p.add_argument("--point", default="resid_post",
@@ -63,8 +63,8 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """CKA over the images on the engine; each finished minibatch is durable, the two result files written whole."""
-    from ..runs.engines import run_batches
     from ..analyses.similarity import MinibatchCKA
+    from ..runs.engines import run_batches
     from ..runs.similarity_run import MIN_BATCH, CKASums, CKAWork, SidesSpec, minibatch_sizes, result_of
 
     models = args.model or ["bundled"]
