@@ -1,6 +1,7 @@
 """The engine (vitviz.runs.engines): batches in file order with the decoded inputs a user's preprocessing gives,
 resuming skips whole batches, bad files are listed, part files appear together; on Ray (one local Ray session for
-the module, slow): the same values as here, for the engine, the probe command and the SAE's token stream."""
+the module, slow): the same values as here, for the engine, the SAE's token stream and float16 shards, and the
+features train, probe and qk commands; Ray runs killed and started again end as uninterrupted local runs."""
 from __future__ import annotations
 
 import json
@@ -164,25 +165,6 @@ def test_a_users_mistake_on_a_ray_actor_reaches_the_caller_as_its_sentence(backb
 
 
 @pytest.mark.slow
-def test_probe_on_ray_writes_the_local_probe(tmp_path, backbone, ray_session):
-    from vitviz.cli import main
-
-    root, weights, _ = backbone
-    for i, cls in enumerate(("cat", "dog")):
-        noise_images(tmp_path / "set" / cls, 4, 20 + i)
-    model = ["--model", ARCH, "--checkpoint", str(weights), "--img-size", str(IMG), "--device", "cpu"]
-    outs = {}
-    for engine in ("local", "ray"):
-        outs[engine] = tmp_path / engine
-        assert main(["probe", str(tmp_path / "set"), "--folders", "--out", str(outs[engine]), "--batch-size", "3",
-                     "--engine", engine, "--workers", "2", *model]) == 0
-    assert len(json.loads((outs["ray"] / "probe.json").read_text())["images"]) == 8
-    for name in ("probe.safetensors", "probe.json"):  # the same features to the bit: the same probe
-        assert (outs["ray"] / name).read_bytes() == (outs["local"] / name).read_bytes(), name
-    assert not (outs["ray"] / ".vitviz-probe-parts").exists()
-
-
-@pytest.mark.slow
 def test_the_sae_token_stream_from_ray_has_the_local_mean_and_variance(tmp_path, backbone, ray_session):
     from vitviz.features.data import flat, token_batches
 
@@ -200,18 +182,192 @@ def test_the_sae_token_stream_from_ray_has_the_local_mean_and_variance(tmp_path,
     assert torch.equal(var_ray, var_local)
 
 
+def _model(weights) -> list[str]:
+    return ["--model", ARCH, "--checkpoint", str(weights), "--img-size", str(IMG), "--device", "cpu"]
+
+
+def _files(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _shard(data: bytes) -> tuple[dict, list]:
+    """A shard file's metadata and tokens (float16 values as a list): safetensors writes the header's keys in an
+    order of its own (a hash map's), so two equal shards need not be equal bytes."""
+    from safetensors.torch import load
+
+    size = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + size])["__metadata__"], load(data)["tokens"].tolist()
+
+
 @pytest.mark.slow
-def test_features_train_on_ray_reads_the_local_token_statistics(tmp_path, backbone, ray_session):
+def test_features_train_on_ray_with_shards_writes_the_local_files(tmp_path, backbone, ray_session):
+    """`features train --shards --engine ray`: the actors write the float16 shards (one per image here: the first,
+    broken.png alone, gives an empty shard), the same tokens and metadata as the local run's; the SAE trained from
+    them is the same file with the same sae.json."""
+    from vitviz.cli import main
+
+    root, weights, _ = backbone
+    for engine, workers in (("local", "0"), ("ray", "2")):
+        assert main(["features", "train", str(root / "img"), "--layer", "6", "--latents", "16", "--topk", "2",
+                     "--epochs", "2", "--batch-size", "1", "--batch-tokens", "8", "--shards", str(tmp_path / engine),
+                     "--out", str(tmp_path / engine / "sae"), "--engine", engine, "--workers", workers,
+                     *_model(weights)]) == 0
+    local, ray = (_files(tmp_path / engine) for engine in ("local", "ray"))
+    assert sorted(local) == [*(f"shard-00000{i}.safetensors" for i in range(8)), "shards.json"]
+    shards = [name for name in local if name.endswith(".safetensors")]
+    assert all(_shard(ray[name]) == _shard(local[name]) for name in shards)
+    assert _shard(ray["shard-000000.safetensors"]) == (  # broken.png's batch: no tokens, the file named
+        {"index": "0", "names": "[]", "problems": '["broken.png: is not an image file Pillow can read"]'}, [])
+    meta, tokens = _shard(ray["shard-000003.safetensors"])
+    assert meta == {"index": "3", "names": '["img2.png"]', "problems": "[]"} and len(tokens) == 1
+    sae_local, sae_ray = (_files(tmp_path / engine / "sae") for engine in ("local", "ray"))
+    assert sae_ray["sae.safetensors"] == sae_local["sae.safetensors"]
+    assert json.loads(sae_ray["sae.json"]) == json.loads(sae_local["sae.json"])
+
+
+class Killed(Exception):
+    pass
+
+
+class _KilledBar:
+    """The shards' progress bar of a run killed after ``at`` shards came back."""
+
+    def __init__(self, at: int):
+        self.at, self.n = at, 0
+
+    def update(self, n):
+        self.n += n
+        if self.n == self.at:
+            raise Killed
+
+    def set_postfix(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.mark.slow
+def test_features_train_on_ray_killed_and_started_again_ends_with_the_local_weights(tmp_path, backbone, ray_session,
+                                                                                    monkeypatch):
+    """Killed while the actors write the shards, then while the trainer reads them; and a run streaming from the
+    actors killed in its first epoch. Each started again ends with the weights of the uninterrupted local run."""
+    from vitviz.features import train as train_module
     from vitviz.features.train import TrainSettings, train
+    from vitviz.features.shards import shard_name
 
     _, weights, paths = backbone
     lens = open_backbone(weights)
-    settings = TrainSettings(point="resid_post", layer=6, latents=16, topk=2, epochs=1, batch_size=3,
-                             batch_tokens=8)
-    local = train(lens, paths, settings, tmp_path / "local", progress=False)
-    ray = train(lens, paths, settings, tmp_path / "ray", progress=False, engine=Engine("ray", 2))
-    assert ray.info["activations"] == local.info["activations"]
-    assert ray.info["activations"]["tokens"] == 7 * 4 and ray.info["images"]["skipped"] == local.info["images"][
-        "skipped"] == ["broken.png: is not an image file Pillow can read"]
-    for (name, p), q in zip(local.named_parameters(), ray.parameters()):  # the same tokens: the same training
-        assert torch.equal(p, q), name
+    settings = TrainSettings(point="resid_post", layer=6, latents=16, topk=2, epochs=2, batch_size=1, batch_tokens=8)
+    ray = Engine("ray", 2)
+
+    def kill_at(n):
+        def kill(done, metrics):
+            if done == n:
+                raise Killed
+        return kill
+
+    def same(a, b):
+        for (name, p), q in zip(a.named_parameters(), b.parameters()):
+            assert torch.equal(p, q), name
+        assert a.info["metrics"] == b.info["metrics"] and a.info["activations"] == b.info["activations"]
+
+    # float16 shards: killed after 2 of 8 shards came back (broken.png's, empty, and one), then after 3 of
+    # the 16 training batches
+    whole = train(lens, paths, settings, tmp_path / "local", progress=False, shards=tmp_path / "local-shards")
+    real_bar = train_module._bar
+    monkeypatch.setattr(train_module, "_bar", lambda total, progress, initial, desc="": (
+        _KilledBar(2) if desc == "float16 shards" else real_bar(total, progress, initial, desc)))
+    with pytest.raises(Killed):
+        train(lens, paths, settings, tmp_path / "cut", progress=False, engine=ray, shards=tmp_path / "shards")
+    monkeypatch.setattr(train_module, "_bar", real_bar)
+    assert 2 <= len(list((tmp_path / "shards").glob("shard-*"))) <= 4  # the two in flight may have landed too
+    assert not (tmp_path / "cut" / "checkpoint.pt").exists()
+    with pytest.raises(Killed):
+        train(lens, paths, settings, tmp_path / "cut", progress=False, engine=ray, shards=tmp_path / "shards",
+              callback=kill_at(3))
+    for i in range(8):
+        assert _shard((tmp_path / "shards" / shard_name(i)).read_bytes()) == _shard(
+            (tmp_path / "local-shards" / shard_name(i)).read_bytes()), i
+    same(train(lens, paths, settings, tmp_path / "cut", progress=False, engine=ray, shards=tmp_path / "shards"), whole)
+
+    # the float32 stream from the actors: killed after its second image batch
+    whole = train(lens, paths, settings, tmp_path / "local-stream", progress=False)
+    with pytest.raises(Killed):
+        train(lens, paths, settings, tmp_path / "stream", progress=False, engine=ray, callback=kill_at(2))
+    seen = []
+    resumed = train(lens, paths, settings, tmp_path / "stream", progress=False, engine=ray,
+                    callback=lambda done, m: seen.append(done))
+    assert seen == list(range(3, 17))  # from the third batch on, the first two from the checkpoint
+    same(resumed, whole)
+    assert resumed.info["activations"]["tokens"] == 7 * 4  # 7 good images x 2x2 patches
+    assert resumed.info["images"]["skipped"] == whole.info["images"]["skipped"] == [
+        "broken.png: is not an image file Pillow can read"]
+
+
+@pytest.mark.slow
+def test_probe_on_ray_killed_and_started_again_writes_the_local_probe(tmp_path, backbone, ray_session):
+    """The feature table's parts written as the actors' batches come back; killed after the first, the command
+    started again computes the rest on Ray and writes the local run's files byte for byte (the same features to the
+    bit: the same probe), and removes the parts."""
+    from vitviz.cli import main
+    from vitviz.probes.collect import PARTS_DIR, collect_features
+    from vitviz.probes.data import from_folders
+
+    _, weights, _ = backbone
+    for i, cls in enumerate(("cat", "dog")):
+        noise_images(tmp_path / "set" / cls, 4, 20 + i)
+
+    def probe(out, engine):
+        return main(["probe", str(tmp_path / "set"), "--folders", "--out", str(out), "--batch-size", "3",
+                     "--engine", engine, "--workers", "2" if engine == "ray" else "0", *_model(weights)])
+
+    assert probe(tmp_path / "local", "local") == 0
+
+    def killed(count):
+        if count >= 3:
+            raise Killed
+
+    (tmp_path / "ray").mkdir()
+    with pytest.raises(Killed):
+        collect_features(open_backbone(weights), from_folders([tmp_path / "set"]), "cls", batch_size=3,
+                         engine=Engine("ray", 2), folder=tmp_path / "ray", progress=killed)
+    assert len(list((tmp_path / "ray" / PARTS_DIR).glob("features-*.parquet"))) == 1
+    assert probe(tmp_path / "ray", "ray") == 0
+    assert len(json.loads((tmp_path / "ray" / "probe.json").read_text())["images"]) == 8
+    for name in ("probe.safetensors", "probe.json"):
+        assert (tmp_path / "ray" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+    assert not (tmp_path / "ray" / PARTS_DIR).exists()
+
+
+@pytest.mark.slow
+def test_qk_on_ray_writes_the_local_files_and_the_librarys_picture(tmp_path, backbone, ray_session):
+    """`qk --engine ray`: queries, keys and scores come back from the actors batch by batch (three batches of 3
+    files, broken.png skipped) and the files equal the local engine's; the picture is the library's over the seven
+    images in one forward, to float32 rounding of the forward (batches of 3 against one of 7)."""
+    import pandas as pd
+
+    from vitviz.cli import main
+    from vitviz.heads import qk
+
+    root, weights, paths = backbone
+    for engine, workers in (("local", "0"), ("ray", "2")):
+        assert main(["qk", str(root / "img"), "--layer", "3", "--batch-size", "3", "--engine", engine,
+                     "--workers", workers, "--out", str(tmp_path / engine), *_model(weights)]) == 0
+    local, ray = (pd.read_parquet(tmp_path / engine / "qk.parquet") for engine in ("local", "ray"))
+    pd.testing.assert_frame_equal(ray, local, check_exact=True)
+    for name in ("ray", "local"):
+        assert (tmp_path / name / "correlations.json").read_text() == (tmp_path / "local" / "correlations.json").read_text()
+    settings = {e: json.loads((tmp_path / e / "settings.json").read_text()) for e in ("local", "ray")}
+    assert settings["ray"].pop("engine") == "ray" and settings["local"].pop("engine") == "local"
+    assert settings["ray"] == settings["local"]
+    assert settings["ray"]["skipped"] == [{"name": "broken.png", "reason": "is not an image file Pillow can read"}]
+    good = [p for p in paths if p.name != "broken.png"]
+    lens = open_backbone(weights)
+    pictures = qk.layer_pictures(lens, lens.preprocess(good), 2)
+    expected = qk.points_table(pictures, lens.layout_for(lens.preprocess(good[:1])), [p.name for p in good])
+    assert list(ray["image"]) == list(expected["image"]) and list(ray["token"]) == list(expected["token"])
+    xy = expected[["x", "y"]].to_numpy()
+    # float32 forwards of other batch shapes differ by a few units of 2^-24 relative; PCA of ~70 points moves them
+    # by far less than 1e-4 of the cloud's extent
+    np.testing.assert_allclose(ray[["x", "y"]].to_numpy(), xy, rtol=0, atol=1e-4 * np.abs(xy).max())

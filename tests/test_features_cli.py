@@ -225,7 +225,7 @@ def test_the_readme_features_examples_run_as_typed(tmp_path, monkeypatch, capsys
 
     (tmp_path / "assets").symlink_to(ASSETS)
     monkeypatch.chdir(tmp_path)
-    args = readme_command(".venv/bin/python -m vitviz features train", tmp_path / "sae")
+    args = readme_command(".venv/bin/python -m vitviz features train assets/", tmp_path / "sae")
     assert main(args[2:]) == 0
     info = json.loads((tmp_path / "sae" / "sae.json").read_text())
     assert (info["layer"], info["latents"], info["topk"], info["images"]["count"]) == (9, 256, 8, 4)

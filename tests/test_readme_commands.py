@@ -51,7 +51,9 @@ TYPED_HERE = {
     "stats_two_models": VITVIZ + "stats imagenet/val/ --model bundled --model",
     "stats_ray": VITVIZ + "stats /shared/imagenet/val/",
     "faithfulness_assets": VITVIZ + "faithfulness assets/ --methods",
-    "features_train": VITVIZ + "features train",
+    "features_train": VITVIZ + "features train assets/",
+    "features_train_ray": VITVIZ + "features train /shared/",  # docs/how-to/ray.md
+    "probe_ray": VITVIZ + "probe /shared/",  # docs/how-to/ray.md
     "features_top": VITVIZ + "features top",
     "heads_patch": VITVIZ + "heads assets/chelsea.jpg assets/coffee.jpg --patch",
     "heads_ablate": VITVIZ + "heads assets/ --ablate",
@@ -419,6 +421,27 @@ def test_stats_on_a_ray_cluster_offline_names_the_hub_model_before_ray_starts(fo
     out = folder / "shared" / "stats"
     assert not (out / "summary.json").exists()
     assert not (out / "stats.parquet").exists() or pd.read_parquet(out / "stats.parquet").empty
+
+
+@pytest.mark.parametrize("name, out", [("features_train_ray", "sae"), ("probe_ray", "probe")])
+def test_the_ray_pages_sae_and_probe_lines_offline_name_the_hub_model_before_ray_starts(folder, capsys, network_calls,
+                                                                                      monkeypatch, name, out):
+    """The Ray page's `features train` and `probe` lines, /shared/ a folder of the temporary one (as for the stats
+    line above): every option parses, and offline the hub model is refused before Ray is started or reached, with
+    nothing written (the runs themselves, on a local Ray, are test_engines.py's)."""
+    import ray
+
+    args = [a.replace("/shared/", str(folder / "shared") + "/") for a in typed(name)]
+    assert args[args.index("--engine") + 1] == "ray" and args[args.index("--address") + 1] == "auto"
+    for name in ("rocket", "coffee"):  # two classes, as --folders needs
+        crops(folder / "shared" / "imagenet" / "train" / name, name, 3)
+    monkeypatch.setattr(ray, "init", lambda *a, **k: pytest.fail("Ray was started"))
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and all(w in err for w in HUB_OFFLINE)
+    assert "'vit_base_patch16_224.augreg2_in21k_ft_in1k'" in err
+    written = [p for p in (folder / "shared").rglob("*") if p.is_file() and "imagenet" not in p.parts]
+    assert not any(p.suffix in (".safetensors", ".parquet", ".pt") for p in written), written
 
 
 @pytest.mark.slow

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from ..errors import VitvizError
-from .options import Progress, add_inputs, add_model, add_out, decode, expand, open_lens, skipped_records, versions
+from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, check_batch_size,
+                      decode, engine_of, expand, open_lens, skipped_records, versions)
 
 QK_POINTS, QK_CORRELATIONS, EFFECTS, SETTINGS = "qk.parquet", "correlations.json", "effects.parquet", "settings.json"
 
@@ -29,7 +30,8 @@ def add_parsers(sub) -> None:
                     help="pca (instant), tsne (scikit-learn, cosine, perplexity 20) or umap (umap-learn, cosine)")
     qk.add_argument("--seed", type=int, default=0, help="random state of t-SNE and UMAP")
     add_out(qk)
-    add_model(qk, batch_size=None)
+    add_model(qk, batch_size=8)
+    add_engine(qk, ENGINE_WORKERS_HELP, workers_default=0)
     heads = sub.add_parser(
         "heads", help="switch heads off (ablation) or swap them between two images (patching)",
         description="--ablate: set heads' context z to zero or to its mean over the images given and write the "
@@ -76,8 +78,16 @@ def _write(out: Path, table, name: str, settings: dict, extra: dict[str, bytes] 
 
 def run_qk(args: argparse.Namespace) -> int:
     from ..heads import qk
+    from ..io.output import check_writable
+    from ..runs.engines import run_batches
 
-    lens, images, names, skipped = _open(args)
+    check_batch_size(args)
+    engine = engine_of(args)
+    check_writable(args.out)
+    files, problems = expand(args)
+    if not files:
+        raise VitvizError("no image could be read from the inputs given.")
+    lens = open_lens(args)
     if not 1 <= args.layer <= lens.num_layers:
         raise VitvizError(f"--layer {args.layer} is not a layer of this model (1 to {lens.num_layers}).")
     heads = None
@@ -85,16 +95,29 @@ def run_qk(args: argparse.Namespace) -> int:
         count = lens.adapter.num_heads(lens.model, args.layer - 1)
         if not 1 <= args.head_index <= count:
             raise VitvizError(f"--head {args.head_index} is not a head of layer {args.layer} (1 to {count}).")
-        heads = [args.head_index - 1]
-    x = lens.preprocess(images)
-    total = len(heads) if heads else lens.adapter.num_heads(lens.model, args.layer - 1)
-    pictures = qk.layer_pictures(lens, x, args.layer - 1, heads, args.projection, args.seed,
-                                 Progress(total, desc=f"{args.projection} per head", unit="head", lines=False).callback())
-    layout = lens.layout_for(x)
+        heads = (args.head_index - 1,)
+    # Queries, keys and scores of the asked heads, batch by batch (here or on Ray actors); the pictures need them
+    # all at once (one projection per head over every image).
+    parts, names, skipped = [], [], skipped_records(problems)
+    for batch in run_batches(qk.QKWork(args.layer - 1, heads), lens, files, args.batch_size, engine):
+        for name, reason in batch.bad:
+            print(f"skipped {name}: {reason}", file=sys.stderr)
+            skipped.append({"name": name, "reason": reason})
+        if batch.value is not None:
+            parts.append(batch.value)
+            names += batch.names
+    if not parts:
+        raise VitvizError("no image could be read from the inputs given.")
+    arrays = qk.QKArrays.join(parts)
+    pictures = qk.pictures_of(arrays, args.layer - 1, args.projection, args.seed,
+                              Progress(len(arrays.heads), desc=f"{args.projection} per head", unit="head",
+                                       lines=False).callback())
+    layout = arrays.layout
     correlations = pictures.correlations()
     settings = {
         "command": "qk", "model": lens.loaded.card(), "versions": versions("scikit-learn", "umap-learn"), "images": names, "skipped": skipped,
         "layer": args.layer, "heads": [c["head"] for c in correlations], "projection": args.projection,
+        "batch_size": args.batch_size, "engine": args.engine,
         "projection_text": qk.PROJECTION_TEXT[args.projection], "seed": args.seed,
         "token_layout": layout.to_dict(), "columns": qk.POINT_COLUMNS,
         "corrections": "keys translated by mean(q) - mean(k) over every token of every image, then keys x c and "

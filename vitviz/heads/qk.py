@@ -382,23 +382,82 @@ def layer_pictures(lens, x, layer: int, heads: list[int] | None = None, projecti
     Raises:
         VitvizError: a window-attention model (its queries and keys live in windows, not on one image).
     """
-    if lens.scope != "global":
-        raise VitvizError(f"{lens.label} attends within windows: its queries and keys meet only inside one window, so "
-                          "there is no one picture of a head over an image; the queries and keys view reads models "
-                          "whose tokens attend to every token.")
-    trace = lens.trace(x, keep=[("q", layer), ("k", layer), ("scores", layer)], stop_after=("scores", layer))
-    layer = layer % lens.num_layers
-    heads = list(range(trace["q", layer].shape[1])) if heads is None else list(heads)
+    work = QKWork(layer, None if heads is None else tuple(heads))
+    arrays = work.arrays(lens, x)
+    return pictures_of(arrays, work.layer % lens.num_layers, projection, seed, progress)
+
+
+@dataclass(frozen=True)
+class QKArrays:
+    """One layer's queries, keys and scores of some heads over a batch of images (what a picture is made of).
+
+    Attributes:
+        queries, keys: (B, h, N, d) float64; scores: (B, h, N, N) float64 (the logits the softmax sees).
+        heads: the h heads, 0-based. layout: the batch's token layout.
+    """
+
+    queries: np.ndarray
+    keys: np.ndarray
+    scores: np.ndarray
+    heads: tuple[int, ...]
+    layout: TokenLayout
+
+    @staticmethod
+    def join(parts: list["QKArrays"]) -> "QKArrays":
+        """Batches of the same heads, one after the other, as one image set."""
+        first = parts[0]
+        return QKArrays(*(np.concatenate([getattr(p, name) for p in parts]) for name in ("queries", "keys", "scores")),
+                        first.heads, first.layout)
+
+
+@dataclass(frozen=True)
+class QKWork:
+    """The per-batch function of ``python -m vitviz qk`` (:mod:`vitviz.runs.engines`: here or on Ray actors): a
+    batch's :class:`QKArrays`, the forward stopped after the layer's scores.
+
+    Attributes:
+        layer: 0-based. heads: 0-based (None: every head of the layer).
+    """
+
+    layer: int
+    heads: tuple[int, ...] | None = None
+
+    def __call__(self, lens, batch) -> QKArrays:
+        return self.arrays(lens, batch.x)
+
+    def arrays(self, lens, x) -> QKArrays:
+        """:class:`QKArrays` of the images ``x`` (what :meth:`vitviz.Lens.preprocess` takes)."""
+        if lens.scope != "global":
+            raise VitvizError(f"{lens.label} attends within windows: its queries and keys meet only inside one "
+                              "window, so there is no one picture of a head over an image; the queries and keys view "
+                              "reads models whose tokens attend to every token.")
+        layer = self.layer
+        trace = lens.trace(x, keep=[("q", layer), ("k", layer), ("scores", layer)], stop_after=("scores", layer))
+        layer = layer % lens.num_layers
+        count = trace["q", layer].shape[1]
+        heads = tuple(range(count)) if self.heads is None else tuple(self.heads)
+        for head in heads:
+            if not 0 <= head < count:
+                raise VitvizError(f"head index {head} is out of range: layer {layer + 1} has {count} heads (indices 0 "
+                                  f"to {count - 1}; on screen and on the command line heads 1 to {count}).")
+        pick = list(heads)
+        q, k, scores = (trace[name, layer][:, pick].detach().cpu().double().numpy() for name in ("q", "k", "scores"))
+        return QKArrays(q, k, scores, heads, trace.layout)
+
+
+def pictures_of(arrays: QKArrays, layer: int, projection: str = "pca", seed: int = 0, progress=None) -> LayerPictures:
+    """Each head of ``arrays`` (0-based ``layer``) in 2-D, over every image of it; ``progress(done, total heads)``."""
     pictures, shares, scales = [], [], []
-    for done, head in enumerate(heads, 1):
-        qk = head_qk(trace, layer, head)
-        scores = trace["scores", layer][:, head].detach().cpu().double().numpy()
-        parts = score_scale_and_bias(qk.queries, qk.keys, scores)
+    B = len(arrays.queries)
+    for done, head in enumerate(arrays.heads, 1):
+        i = done - 1
+        qk = HeadQK(arrays.queries[:, i], arrays.keys[:, i], np.arange(B), layer, head)
+        parts = score_scale_and_bias(qk.queries, qk.keys, arrays.scores[:, i])
         pictures.append(head_picture(qk, projection, seed))
         shares.append(parts.bias_share)
         scales.append(parts.scale)
         if progress:
-            progress(done, len(heads))
+            progress(done, len(arrays.heads))
     return LayerPictures(pictures, shares, scales)
 
 
