@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 from vitviz.analyses.distance import mean_attention_distance, stream_mean_attention_distance  # noqa: E402
 from vitviz.layout import TokenLayout  # noqa: E402
 from vitviz.analyses.maps import head_scores  # noqa: E402
@@ -69,7 +69,7 @@ def median_time(fn, repeats=7):
 
 def legacy_attention_gradients(model, x, target):
     """attention_gradients as it was before issue 10: float64 copies of the whole (L, H, N, N) arrays."""
-    from vitviz.capture import attention_and_logits
+    from vitviz.analyses.rollout import _attention_and_logits as attention_and_logits
 
     with torch.enable_grad():
         x = x.detach().requires_grad_(True)

@@ -57,16 +57,16 @@ def main() -> None:
 
     from streamlit.testing.v1 import AppTest
 
-    import vitviz.capture as capture_module
+    import vitviz.trace as capture_module
 
     at = AppTest.from_file(APP, default_timeout=300).run()
     at.switch_page("pages/2_heads.py").run()
     calls = []
-    original = capture_module.capture
-    capture_module.capture = lambda *a, **k: calls.append(1) or original(*a, **k)
+    original = capture_module.trace_for_analysis
+    capture_module.trace_for_analysis = lambda *a, **k: calls.append(1) or original(*a, **k)
     import ui.cache
 
-    ui.cache.capture = capture_module.capture
+    ui.cache.capture = capture_module.trace_for_analysis
     times, sizes = [], []
     moves = [("heads_layer", v) for v in (3, 7, 11, 5, 9, 2)] + [("opacity", v) for v in (0.3, 0.8, 0.5)] + \
             [("compare_0", v) for v in (4, 6)]

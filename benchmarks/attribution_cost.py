@@ -3,11 +3,11 @@
 Prints
   1. per model (the bundled model @224 with its real weights; ViT-B/16 and Swin-T @224 with random weights,
      timing only) and batch 8: the median time of one plain forward (``model(x)``, timm's fused attention,
-     inference mode) and of each method of :mod:`vitviz.explainers.attribution` on the same batch, all measured in
+     inference mode) and of each attribution method (:mod:`vitviz.explainers`) on the same batch, all measured in
      the same run, each method right after a plain forward: the ratios method / plain forward of the medians,
      of the minima and the median of the paired ratios; beside them,
      ``attnlrp (before)``: AttnLRP with its LayerNorm rule written out as tensor operations, as it was before
-     the fused rule (:class:`vitviz.explainers.attribution._LayerNormRule`), to compare in the same run;
+     the fused rule (:class:`vitviz.explainers.rules._LayerNormRule`), to compare in the same run;
   2. with --auc: deletion and insertion AUC (11 steps, mean colour, the faithfulness page's score: the
      bundled model has no head, so the cosine of pooled vectors; the attribution target is the pooled
      vector's projection on its own direction) of every method on the four sample photos, signed order
@@ -32,11 +32,19 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from vitviz.explainers import attribution  # noqa: E402
-from vitviz.explainers.attribution import METHODS, attribute, default_target  # noqa: E402
+from vitviz.explainers import get_method, registered  # noqa: E402
+from vitviz.explainers import rules as attribution  # noqa: E402  (the rules module: _layer_norm is swapped there)
+from vitviz.explainers.base import AttributionMethod  # noqa: E402
+from vitviz.explainers.targets import default_target  # noqa: E402
 from vitviz.io.images import load_image  # noqa: E402
 from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
+
+METHODS = tuple(n for n, m in registered().items() if isinstance(m, AttributionMethod))
+
+
+def attribute(model, x, method, target):
+    return get_method(method).maps(model, x, target)
 
 SAMPLES = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg")
 BATCH = 8

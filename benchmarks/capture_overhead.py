@@ -2,7 +2,7 @@
 
 Prints, per model and batch size, the median time of
   plain    model(x) with timm's fused attention (what the model costs anyway),
-  capture  vitviz.capture.capture(model, x) (all layers' attention, features, logits),
+  capture  vitviz.trace.trace_for_analysis(model, x) (all layers' attention, features, logits),
   hooks    fused attention turned off on a copy + forward hooks on attn_drop (vit-explain /
            timm AttentionExtract style),
 and the ratios capture/plain and hooks/plain. Then peak extra RSS of capture over the plain
@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 
 MODELS = [
     ("bundled (vit_small_patch14_dinov2)", "vit_small_patch14_dinov2", 224),

@@ -63,7 +63,7 @@ def payload_bytes() -> dict:
     from vitviz.figures.explorer import explorer_payload, rollout_payload
     from vitviz.io.images import load_image
     from vitviz.sources.models import ModelSpec, load_model
-    from vitviz.runs.pipeline import forward
+    from vitviz.analyses.per_image import analyse_images as forward
 
     out = {}
     for size in (None, 518):

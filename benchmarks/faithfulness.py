@@ -22,7 +22,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 from vitviz.perturbation.curves import attention_maps, perturbation_curves  # noqa: E402
 from vitviz.analyses.flow import attention_flow  # noqa: E402
 from vitviz.io.images import load_image  # noqa: E402

@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from vitviz.analyses.rollout import rollout  # noqa: E402
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 from vitviz.io.images import load_image  # noqa: E402
 from vitviz.perturbation.curves import random_seed_maps  # noqa: E402
 from vitviz.perturbation.protocols import PROTOCOLS, protocol_curves, protocol_curves_batch  # noqa: E402

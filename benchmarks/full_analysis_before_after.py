@@ -6,7 +6,7 @@ issue 10's device work share: run it once per tree, each run's ratio is its own 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/full_analysis_before_after.py
 """
 import sys, time, statistics, torch, timm
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.analyses.distance import mean_attention_distance
 from vitviz.analyses.maps import head_scores
 from vitviz.analyses.tokens import attention_sinks

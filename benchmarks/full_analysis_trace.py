@@ -2,7 +2,8 @@
 Trace keeps only what is asked).
 
 "Full analysis" is what ``analyze`` and the app compute for every batch: preprocessing, the forward that keeps every
-layer's attention (:func:`vitviz.runs.pipeline.forward`: token norms, artifacts, sinks, mean distance, and in the
+layer's attention (:func:`vitviz.analyses.per_image.analyse_images`, before issue 41 ``runs.pipeline.forward``:
+token norms, artifacts, sinks, mean distance, and in the
 trees before the Trace also every head's entropy and CLS focus) and each image's rollout. "Plain" is preprocessing
 and the model's own fused forward. Each tree runs in its own process, rounds alternate between the trees so that load
 drift hits both alike, and each round's ratio is full / plain of the same process (interleaved, median of
@@ -32,7 +33,10 @@ def child(repeats: int) -> None:
 
     from vitviz.analyses.rollout import rollout
     from vitviz.io.images import load_image
-    from vitviz.runs.pipeline import forward
+    try:
+        from vitviz.analyses.per_image import analyse_images as forward
+    except ImportError:  # a tree before issue 41
+        from vitviz.runs.pipeline import forward
     from vitviz.sources.models import ModelSpec, load_model
     from vitviz.sources.preprocess import preprocess
 

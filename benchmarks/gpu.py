@@ -8,7 +8,7 @@ converted cache is there, else the same architecture with random weights, said s
 ``vit_base_patch16_224``, random weights): a plain forward (``model(x)``, timm's fused attention, inference mode);
 the full analysis as ``analyze`` runs it (:func:`vitviz.runs.analysis.analyze_batch`: preprocessing, the forward with
 every attention map, every per-image analysis, the attention copied to the host); AttnLRP, LeGrad and Grad-CAM
-(:func:`vitviz.explainers.attribution.attribute`); faithfulness (:func:`vitviz.runs.faithfulness_run.image_tables`,
+(each registered method's ``maps``); faithfulness (:func:`vitviz.runs.faithfulness_run.image_tables`,
 the batch's perturbed inputs 64 per forward: rollout and a random floor of two seeds, MoRF / LeRF / insertion, 11
 steps); and SAE training tokens/s once ``vitviz.features`` exists. On the GPU at batch 1, 8 and 64 in float32 and bfloat16; on the CPU at batch 1 in float32 (--small:
 batch 1 at 112 px, 3 steps). Then ``pytest -m gpu`` on the test files that hold gpu-marked tests.
@@ -127,7 +127,8 @@ def workload(name: str, loaded, images, steps: int):
     import torch
 
     from vitviz.runs.analysis import AnalysisSettings, analyze_batch
-    from vitviz.explainers.attribution import attribute, default_target
+    from vitviz.explainers import get_method
+    from vitviz.explainers.targets import default_target
     from vitviz.runs.faithfulness_run import RunSettings, image_tables
     from vitviz.sources.preprocess import preprocess
 
@@ -142,7 +143,7 @@ def workload(name: str, loaded, images, steps: int):
         return lambda: analyze_batch(loaded, images, settings)
     if name in ("attnlrp", "legrad", "gradcam"):
         target = default_target(loaded.model)
-        return lambda: attribute(loaded.model, x, name, target)
+        return lambda: get_method(name).maps(loaded.model, x, target)
     if name == "faithfulness":
         settings = RunSettings(model="benchmark", methods=("rollout", "random"), protocols=("morf", "lerf", "insertion"),
                                steps=steps, random_seeds=2)

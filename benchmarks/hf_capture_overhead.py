@@ -5,7 +5,7 @@ For each transformers family, a ViT-Ti-sized random model (192 wide, 12 layers, 
 several interleaved runs (the least disturbed by other processes) of
   default  the model's own default forward (SDPA), loaded by transformers itself,
   eager    transformers' eager forward with output_attentions=True (the usual way to read attention),
-  capture  vitviz.capture.capture (every layer's attention, token norms, final features, logits),
+  capture  vitviz.trace.trace_for_analysis (every layer's attention, token norms, final features, logits),
 and the ratios capture/default and eager/default in the same run. Run it from two checkouts (PYTHONPATH)
 to compare a change; a family the checkout does not read is skipped.
 Usage:
@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 from vitviz.errors import ModelError  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 

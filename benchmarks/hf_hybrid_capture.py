@@ -4,7 +4,7 @@ Prints, per model and batch size, the fastest of several runs (the least disturb
 processes on a shared machine; as timeit advises) of
   default  the model's own default forward (transformers: SDPA; timm: fused attention),
   eager    transformers' eager forward with output_attentions=True (HF only: the usual way),
-  capture  vitviz.capture.capture on the model as vitviz loads it (HF: eager, loaded once),
+  capture  vitviz.trace.trace_for_analysis on the model as vitviz loads it (HF: eager, loaded once),
 and the ratio capture/default in the same run. Random weights; timing does not depend on them.
 Usage:
     .venv/bin/python benchmarks/hf_hybrid_capture.py [--quick] [--device cuda]
@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 from vitviz.analyses import registers as R  # noqa: E402
 from vitviz.adapters import run  # noqa: E402
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 from vitviz.io.images import load_image  # noqa: E402
 from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402

@@ -30,7 +30,7 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from _memory import cli_in_fresh_process  # noqa: E402
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 from vitviz.io.images import load_image  # noqa: E402
 from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.io.inputs import expand_inputs  # noqa: E402

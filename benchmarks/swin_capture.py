@@ -4,7 +4,7 @@ Prints, per batch size, the fastest of several interleaved runs (see hf_hybrid_c
   default  the model's own forward as timm builds it (WindowAttention.fused_attn is timm's
            "experimental" switch, off by default: the unfused softmax path),
   sdpa     the same model with fused attention switched on (a copy): the fastest timm can do,
-  capture  vitviz.capture.capture (the adapter's spelled-out forward; every block's window probabilities kept),
+  capture  vitviz.trace.trace_for_analysis (the adapter's spelled-out forward; every block's window probabilities kept),
   +dist    capture and the mean attention distance within windows of every block (the page's cost),
 and the ratios capture/default and capture/sdpa in the same run. Random weights.
 Usage:
@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hf_hybrid_capture import fastest_seconds  # noqa: E402
 from vitviz import swin  # noqa: E402
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """Attribution: which pixels and patches made the model give its output (AttnLRP, CP-LRP, LeGrad, Grad-CAM)."""
 import streamlit as st
 
-from ui.attribution import (attributions, keep_available, label, overlay_choices, scale_caption, target_picker,
-                            target_title)
+from ui.attribution import (attribution_methods, attributions, keep_available, label, overlay_choices, scale_caption,
+                            target_picker, target_title)
 from ui.charts import file_stem, show_chart
 from ui.concepts import concept_refusals, concept_target_picker
 from ui.display import TILE_PX, display_controls
@@ -12,7 +12,7 @@ from ui.repair import repair_view
 from ui.state import setup, view_applies
 from ui.navigation import heading
 from vitviz.errors import VitvizError
-from vitviz.explainers.attribution import methods_for, why_not
+from vitviz.explainers.base import why_not_attribution
 from vitviz.figures.attribution_figures import attribution_groups, conservation_figure, maps_figure
 from vitviz.figures.paper_figure import paper_figure
 from vitviz.explainers import registered
@@ -23,8 +23,8 @@ if ctx is None:
 heading(__file__, ctx.image.name)
 view_applies(ctx, "attribution")
 loaded, r = ctx.loaded, ctx.result
-if why_not(loaded.model):
-    st.info(why_not(loaded.model))
+if why_not_attribution(ctx.lens.model):
+    st.info(why_not_attribution(ctx.lens.model))
     st.stop()
 st.caption("AttnLRP (Achtibat et al. 2024) and CP-LRP (Ali et al. 2022) propagate the target's value back to the "
            "pixels as a modified gradient (Gradient × Input, lxt's rules); LeGrad (Bousselham et al. 2025) sums "
@@ -38,7 +38,7 @@ if ctx.lens.scope == "window":
 
 c1, c2, c3 = st.columns([3, 2, 1])
 concept = concept_target_picker(ctx, c2, "attr_concept")
-available, refused = methods_for(loaded.model)
+available, refused = attribution_methods(ctx.lens)
 if concept is not None:  # LeGrad scores the model's output; Grad-CAM reads the last block, after an earlier concept
     refused |= concept_refusals(concept, ctx.lens, available)
     available = [m for m in available if m not in refused]

@@ -15,7 +15,7 @@ from ui.state import setup, view_applies
 from ui.uploads import upload_too_large
 from ui.navigation import concepts_link, heading
 from vitviz.runs.analysis import AnalysisSettings
-from vitviz.explainers.attribution import default_target
+from vitviz.explainers.targets import default_target
 from vitviz.explainers import explain, names as explainer_names, registered
 from vitviz.perturbation.curves import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
                                  ordered, qualify_best, random_seed_maps, split_random_seeds, step_counts, to_rgb)

@@ -17,8 +17,9 @@ sys.dont_write_bytecode = False
 RUNTIME = ["torch", "torchvision", "timm", "timm.models", "safetensors.torch", "numpy", "PIL.Image", "onnx",
            "sklearn.decomposition", "sklearn.cluster", "scipy.sparse.csgraph", "plotly.graph_objects", "plotly.io",
            "pandas", "pyarrow.parquet", "streamlit", "streamlit.web.bootstrap", "streamlit.runtime.scriptrunner",
-           "streamlit_image_coordinates", "transformers", "tqdm", "vitviz.cli", "vitviz.runs.pipeline",
-           "vitviz.explainers.attribution", "vitviz.runs.registers_run", "vitviz.perturbation.protocols", "matplotlib.figure",
+           "streamlit_image_coordinates", "transformers", "tqdm", "vitviz.cli", "vitviz.analyses.per_image",
+           "vitviz.explainers.base", "vitviz.explainers.rules", "vitviz.runs.registers_run", "vitviz.perturbation.protocols",
+           "matplotlib.figure",
            "matplotlib.backends.backend_svg", "matplotlib.backends.backend_pdf"]
 # transformers imports a family's modeling file when its class is first used: the families vitviz reads.
 HF_CLASSES = ["AutoConfig", "AutoImageProcessor", "ViTForImageClassification", "DeiTForImageClassificationWithTeacher",

@@ -115,7 +115,7 @@ def capture_in_threads(model, inputs: list[torch.Tensor]) -> list:
     """``capture`` of every input, each in its own thread at once, on one shared model."""
     import threading
 
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
 
     results = [None] * len(inputs)
 

@@ -381,7 +381,7 @@ def test_hf_swin_threads_with_different_edits_get_their_own_results(hf_swin):
 
 
 def test_hf_swin_budget_counts_the_window_attention_it_captures(hf_swin):
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.sources.budget import architecture
 
     for size, loaded in hf_swin.items():
@@ -412,7 +412,7 @@ def test_analyze_runs_end_to_end_for_a_hf_swin_folder(hf_swin, tmp_path):
     import json
 
     from vitviz import swin
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.cli import main
 
     from conftest import ASSETS
@@ -495,7 +495,7 @@ def test_hf_swinv2_zeroing_one_head_of_a_shifted_block_matches_transformers(hf_s
 
 
 def test_analyze_and_the_budget_work_for_a_hf_swinv2_folder(hf_swinv2, tmp_path):
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.sources.budget import architecture
     from vitviz.cli import main
 

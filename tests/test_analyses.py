@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import tiny_model
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.analyses.distance import (conv_receptive_field, layer_attention_distance, mean_attention_distance,
                              stream_mean_attention_distance)
 from vitviz.analyses.filters import patch_filter_pca

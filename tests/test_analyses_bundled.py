@@ -4,7 +4,7 @@ import pytest
 from PIL import Image
 
 from conftest import ASSETS
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.analyses.distance import mean_attention_distance
 from vitviz.analyses.filters import patch_filter_pca, patch_filters
 from vitviz.sources.preprocess import preprocess

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from vitviz.errors import VitvizError
-from vitviz.explainers.attribution import LABELS
+from attribution_names import LABELS
 from vitviz.figures.analysis_report import distance_file, methods_figure, parse_formats, spread_layers, tiles_file
 
 

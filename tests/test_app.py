@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from conftest import ASSETS
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.cli import main as cli_main
 from vitviz.io.images import load_image
 from vitviz.sources.preprocess import preprocess

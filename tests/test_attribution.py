@@ -10,7 +10,7 @@ import timm
 import torch
 
 from conftest import tiny_model
-from vitviz.explainers import attribution as A
+import attribution_names as A
 from vitviz.adapters import adapter_for, run
 
 TV_CONFIG = dict(image_size=32, patch_size=8, num_layers=2, num_heads=4, hidden_dim=32, mlp_dim=64, num_classes=10)

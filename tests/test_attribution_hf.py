@@ -12,7 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from vitviz.explainers import attribution as A  # noqa: E402
+import attribution_names as A  # noqa: E402
 from vitviz.adapters import Hooks, adapter_for, point_name, run  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402
 

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from conftest import ASSETS
-from vitviz.explainers import attribution as A
+import attribution_names as A
 from vitviz.figures.attribution_figures import maps_figure
 from vitviz.io.images import load_image
 from vitviz.sources.preprocess import preprocess

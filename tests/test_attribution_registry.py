@@ -2,7 +2,7 @@
 the app and the figures name and sort methods by the registry, so a drift would show one name in one place and
 another elsewhere."""
 from vitviz.explainers import registered
-from vitviz.explainers import attribution as A
+import attribution_names as A
 from vitviz.explainers.base import AttributionMethod
 
 

@@ -11,7 +11,7 @@ import torch
 
 from test_attribution import _hf_swin
 from test_adapters_swin import load_timm_swin
-from vitviz.explainers import attribution as A
+import attribution_names as A
 
 
 @pytest.fixture(scope="module")

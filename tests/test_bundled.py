@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vitviz.sources import bundled as weights
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.sources.preprocess import preprocess
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import FAMILIES, tiny_model
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.layout import TokenLayout
 from vitviz.sources.models import check_supported
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from conftest import ASSETS
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.cli import main
 from vitviz.io.images import load_image
 from vitviz.sources.preprocess import preprocess

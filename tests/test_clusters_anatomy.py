@@ -8,7 +8,7 @@ import torch
 
 from conftest import ASSETS, FAMILIES, TINY, tiny_model
 from vitviz.analyses.anatomy import attention_anatomy, block_output, layer_qkv, softmax
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.analyses.clusters import cluster_overlay, order_by_size, token_clusters
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import vitviz
-from vitviz.explainers.attribution import AttnLRP
+from vitviz.explainers.rules import AttnLRP
 from vitviz.lens import Lens
 from vitviz.probes.concepts import (ConceptError, ConceptTarget, PaintedImages, _probe, fit_concept, folds_of,
                                     patch_labels, read_concept)

@@ -11,7 +11,7 @@ import torch
 
 from conftest import entropy_float32_atol, tiny_model
 from vitviz.runs.analysis import AnalysisSettings, analyze_batch
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.analyses.distance import patch_distances
 from vitviz.sources.preprocess import preprocess
 from vitviz.analyses.maps import head_scores

@@ -33,8 +33,8 @@ PROGRAMMING_ERRORS = {
     ("analyses/registers.py", "Repair.__post_init__"): "a Repair built with a register for another kind (the UI and "
                                                         "CLI build it from the kind)",
     ("analyses/registers.py", "Repair.edit"): "calling code leaving out the unrepaired sinks sink masking needs",
-    ("explainers/attribution.py", "to_patch_grid"): "a coarse map whose grid calling code did not match to the "
-                                                      "layout",
+    ("explainers/base.py", "to_patch_grid"): "a coarse map whose grid calling code did not match to the "
+                                               "layout",
     ("explainers/text.py", "TextTarget.bind"): "a TextTarget used before it was given a lens's text tower",
     ("io/output.py", "NpzStream.append"): "calling code appending arrays of another dtype or shape under one name",
     ("perturbation/stats.py", "bootstrap_mean"): "calling code asking an interval of no values",

@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 
 from conftest import tiny_model
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.figures.colour import FLAT_RELATIVE, colour_scale, colourise, lookup_table
 from vitviz.figures.explorer import FLOAT16_ABSOLUTE, FLOAT16_RELATIVE, explorer_payload, rollout_payload, unpack
 from vitviz.analyses.maps import key_attention_map, query_attention_map

@@ -86,7 +86,7 @@ def _forward():
     """The page's image through the bundled model, here in the test's process: (attention, layout, forward)."""
     from vitviz.io.images import load_image
     from vitviz.sources.models import ModelSpec, load_model
-    from vitviz.runs.pipeline import forward
+    from vitviz.analyses.per_image import analyse_images as forward
 
     fwd = forward(load_model(ModelSpec()), [load_image(ASSETS / IMAGE).image])
     return fwd.trace.stack("attn")[0].numpy(), fwd.layout, fwd

@@ -122,7 +122,7 @@ def _independent_curve(model, image, grid_map, layout, fractions, mode, target):
 
 @pytest.mark.parametrize("family", ["vit_augreg", "dino"])
 def test_curves_equal_an_independent_recomputation_of_the_protocol(family):
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.analyses.rollout import rollout
 
     model = tiny_model(family)
@@ -205,7 +205,7 @@ def test_attention_flow_error_bound_brackets_the_true_min_cut():
 
 def test_attention_flow_with_a_layer_range_uses_only_those_layers():
     model = tiny_model("vit_augreg")
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
 
     out = capture(model, torch.randn(1, 3, 64, 64))
     attention, layout = out.stack("attn")[0].numpy(), out.layout
@@ -280,7 +280,7 @@ def test_faithfulness_page_shows_the_cores_curves_and_aucs(bundled):
     from streamlit.testing.v1 import AppTest
 
     from test_app import APP, _decode, _traces
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.io.images import load_image
     from vitviz.sources.preprocess import preprocess
     from vitviz.analyses.rollout import rollout
@@ -327,7 +327,7 @@ def test_rollout_page_shows_attention_flow_equal_to_the_core(bundled):
     from streamlit.testing.v1 import AppTest
 
     from test_app import APP, _heatmaps
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.io.images import load_image
     from vitviz.sources.preprocess import preprocess
 

@@ -26,8 +26,8 @@ def _tables(out):
 
 
 def test_cli_tables_equal_the_core_on_each_image(tmp_path, tiny_checkpoint):
-    from vitviz.explainers.attribution import attribute, default_target
-    from vitviz.capture import capture
+    from attribution_names import attribute, default_target
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.perturbation.curves import ordered, random_seed_maps
     from vitviz.perturbation.protocols import protocol_curves
     from vitviz.io.images import load_image

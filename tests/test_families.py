@@ -19,7 +19,7 @@ import torch
 from timm.models import register_model
 
 from vitviz.analyses.anatomy import attention_anatomy, layer_qkv, softmax
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.errors import ModelError, ViewNotApplicable
 from vitviz.sources.models import ModelSpec, check_supported, load_model
 

@@ -166,7 +166,7 @@ def test_concept_deletion_curves_follow_the_ranking_and_say_what_they_show(lense
 def test_attnlrp_rules_act_through_the_spliced_forward(lenses):
     """rules=AttnLRP(): the model's norms, softmax and products take lxt's rules downstream of the splice (the
     scores move away from the plain gradient's) while the target's value stays the plain forward's."""
-    from vitviz.explainers.attribution import AttnLRP
+    from vitviz.explainers.rules import AttnLRP
 
     _, lens64 = lenses
     sae = _sae(lenses[0], torch.float64)

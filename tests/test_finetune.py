@@ -9,7 +9,7 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.errors import ModelError
 from vitviz.sources.labels import ClassNames, parse_labels, read_labels
 from vitviz.sources.models import ModelSpec, load_model

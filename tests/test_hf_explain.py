@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from vitviz.analyses.anatomy import attention_anatomy, layer_qkv, softmax  # noqa: E402
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 from vitviz.perturbation.curves import perturbation_curves, perturbed_at, random_map  # noqa: E402
 from vitviz.sources.preprocess import preprocess  # noqa: E402
 from vitviz.sources.models import ModelSpec, load_model  # noqa: E402

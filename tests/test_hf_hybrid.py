@@ -13,7 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from vitviz.capture import capture  # noqa: E402
+from vitviz.trace import trace_for_analysis as capture  # noqa: E402
 from vitviz.errors import ModelError  # noqa: E402
 from vitviz.io.images import load_image  # noqa: E402
 from vitviz.sources.preprocess import preprocess  # noqa: E402

@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.errors import ModelError
 from vitviz.sources.models import ModelSpec, load_model, resolve_device
 

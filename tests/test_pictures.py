@@ -155,7 +155,7 @@ def test_every_chart_is_sent_without_the_streamlit_theme_and_with_exact_stops(bu
 
 @pytest.mark.slow
 def test_heads_grid_top_colour_is_each_maps_99th_percentile(bundled):
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.io.images import load_image
     from vitviz.sources.preprocess import preprocess
     from vitviz.analyses.maps import layer_maps

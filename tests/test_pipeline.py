@@ -1,4 +1,4 @@
-"""The pipeline's per-image results read one Trace (vitviz.runs.pipeline.Forward): a batch's forward sliced to one
+"""The pipeline's per-image results read one Trace (vitviz.analyses.per_image.ImageAnalyses): a batch's forward sliced to one
 image equals the analyses computed from the front door's own trace of that image, head scores are computed only when
 read, and the app's byte budget weighs a per-image result by the memory it holds (its attention stack once)."""
 import numpy as np
@@ -12,7 +12,7 @@ from vitviz.analyses.distance import mean_attention_distance
 from vitviz.analyses.maps import cls_focus, head_entropy
 from vitviz.analyses.tokens import artifact_tokens, attention_sinks
 from vitviz.io.images import load_image
-from vitviz.runs.pipeline import forward
+from vitviz.analyses.per_image import analyse_images as forward
 
 NAME = "deit_tiny_distilled_patch16_224"
 

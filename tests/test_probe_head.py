@@ -15,7 +15,7 @@ import timm
 import torch
 
 import vitviz
-from vitviz.explainers.attribution import ClassLogit
+from vitviz.explainers.targets import ClassLogit
 from vitviz.errors import ModelError
 from vitviz.lens import Lens
 from vitviz.sources.models import ModelSpec, _finish

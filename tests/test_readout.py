@@ -17,7 +17,7 @@ import timm
 import torch
 
 import vitviz
-from vitviz.explainers.attribution import ClassLogit
+from vitviz.explainers.targets import ClassLogit
 from vitviz.lens import Lens
 from vitviz.residual import ReadoutNotApplicable, direct_vectors
 from vitviz.sources.models import ModelSpec, _finish
@@ -318,8 +318,10 @@ def test_a_shared_trace_gives_both_readouts_of_their_own_forwards_and_the_cli_ru
     for name in ("total", "embed", "heads", "attn_bias", "mlp", "head_sources"):
         np.testing.assert_array_equal(getattr(shared_r, name), getattr(own_r, name))
     np.testing.assert_array_equal(shared_ll.logits, own_ll.logits)
-    with pytest.raises(ValueError, match="another batch"):
+    with pytest.raises(vitviz.errors.OptionError, match="trace= holds 3 images and x 2"):
         vitviz.readout(lens, x[:2], trace=trace)
+    with pytest.raises(vitviz.errors.OptionError, match="trace= holds 3 images and x 2"):
+        vitviz.logit_lens(lens, x[:2], trace=trace)
     with pytest.raises(PointNotKept):
         vitviz.readout(lens, x, trace=lens.trace(x, keep=["resid_post"]))
 

@@ -332,7 +332,7 @@ def test_registers_page_repairs_the_planted_model(planted_checkpoint):
 
     from streamlit.testing.v1 import AppTest
 
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.io.images import load_image
     from vitviz.sources.preprocess import preprocess
     from vitviz.sources.models import ModelSpec, load_model

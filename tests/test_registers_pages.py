@@ -61,7 +61,7 @@ def test_trained_register_repair_drops_the_register_keys_in_every_layer():
     """DINOv2-style model with 4 registers: after the repair no query attends to a register, rows sum to 1."""
     from test_registers import tiny_vit
 
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.layout import TokenLayout
 
     model = tiny_vit(reg_tokens=4, class_token=True, no_embed_class=True)
@@ -83,11 +83,11 @@ def test_repair_choice_shows_sink_masking_before_and_after_on_heads_rollout_and_
     from streamlit.testing.v1 import AppTest
 
     from conftest import ASSETS
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.io.images import load_image
     from vitviz.sources.preprocess import preprocess
     from vitviz.analyses.maps import layer_maps
-    from vitviz.runs.pipeline import forward
+    from vitviz.analyses.per_image import analyse_images as forward
     from vitviz.analyses.rollout import rollout
 
     at = AppTest.from_file(APP, default_timeout=300).run()
@@ -148,7 +148,7 @@ def test_repair_faithfulness_scores_the_before_maps_plainly_and_the_after_maps_w
     from test_registers import LAYER, NEURON
 
     from conftest import ASSETS
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
     from vitviz.perturbation.curves import perturbation_curves, random_seed_maps
     from vitviz.io.images import load_image
     from vitviz.sources.preprocess import preprocess
@@ -191,7 +191,7 @@ def test_attribution_page_after_map_is_the_attribution_of_the_repaired_forward(p
     from test_registers import LAYER, NEURON
 
     from conftest import ASSETS
-    from vitviz.explainers.attribution import attribute, default_target
+    from attribution_names import attribute, default_target
     from vitviz.io.images import load_image
     from vitviz.sources.preprocess import preprocess
     from vitviz.layout import TokenLayout

@@ -83,7 +83,7 @@ def test_repair_maps_hatch_padding_and_keep_it_out_of_their_scale_as_the_display
 
     from vitviz.figures.colour import colour_scale
     from vitviz.io.images import frame_image, load_image, mean_colour
-    from vitviz.runs.pipeline import forward
+    from vitviz.analyses.per_image import analyse_images as forward
     from vitviz.sources.models import ModelSpec, load_model
     from vitviz.sources.preprocess import padding_patches
 
@@ -141,7 +141,7 @@ def test_the_attribution_pages_maps_hatch_padding_and_leave_it_out_of_their_limi
     """The Attribution page's own maps (vitviz.figures.attribution_figures.maps_figure, the figure above its Repair
     maps) hatch the padding patches and keep them out of each map's limits: signed relevance (symmetric limits from
     |value|) and LeGrad (from 0), the padding row the hottest of each (walk4 saw LeGrad and Grad-CAM tint the bands)."""
-    from vitviz.explainers.attribution import Attribution
+    from attribution_names import Attribution
     from vitviz.figures.attribution_figures import maps_figure
     rng = np.random.default_rng(1)
     signed = rng.uniform(-0.1, 0.1, size=(1, 4, 4))

@@ -467,7 +467,7 @@ def test_max_runs_defaults_to_two_when_shared_and_no_limit_locally():
 def test_the_run_over_the_limit_waits_and_every_run_gives_the_serial_result():
     from conftest import tiny_model
     from ui.runs import RunLimiter
-    from vitviz.capture import capture
+    from vitviz.trace import trace_for_analysis as capture
 
     model = tiny_model("dinov2_reg")
     torch.manual_seed(1)

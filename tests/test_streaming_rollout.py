@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.sources.preprocess import preprocess
 from vitviz.layout import TokenLayout
 from vitviz.analyses.rollout import gradient_rollout, gradient_rollout_reference, rollout, rollout_reference

@@ -16,7 +16,7 @@ from PIL import Image
 from timm.models.swin_transformer import _create_swin_transformer
 
 from vitviz import swin
-from vitviz.capture import capture
+from vitviz.trace import trace_for_analysis as capture
 from vitviz.io.images import load_image
 from vitviz.sources.preprocess import preprocess
 from vitviz.sources.models import ModelSpec, load_model
@@ -369,7 +369,7 @@ def test_attribution_page_with_a_swin_checkpoint_offers_every_method(swin_checkp
 
     from test_app import APP
     from ui.state import SAMPLES
-    from vitviz.explainers import attribution as A
+    import attribution_names as A
 
     at = AppTest.from_file(APP, default_timeout=180).run()
     at.sidebar.selectbox(key="model_choice").set_value("timm model by name").run()

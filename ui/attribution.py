@@ -7,15 +7,17 @@ import hashlib
 
 import streamlit as st
 
-from ui.cache import cached_model, model_run
+from ui.cache import cached_lens, model_run
 from ui.charts import file_stem, show_chart
 from ui.display import display_in_use
 from ui.downloads import download_row
 from ui.progress import with_progress
-from vitviz.adapters import editing
+from vitviz.adapters import Rules, editing
 from vitviz.errors import VitvizError
-from vitviz.explainers.attribution import Attribution, Projection, attribute, default_target, methods_for, why_not
-from vitviz.explainers import registered
+from vitviz.explainers import Map, explain, methods as method_rows, registered
+from vitviz.explainers.base import AttributionMethod, why_not_attribution
+from vitviz.explainers.targets import Projection, default_target
+from vitviz.lens import Lens
 from vitviz.figures.attribution_figures import maps_figure
 from vitviz.sources.preprocess import preprocess
 from vitviz.analyses.tokens import top_classes
@@ -24,8 +26,8 @@ HEADLESS_TARGET = ("**Target**: this model has no classifier head; the pooled ve
                    "unperturbed direction, s(x) = ⟨p(x), p(x₀)⟩ / ‖p(x₀)‖, is explained.")
 
 
-def attributions(ctx, methods: list[str], target_class: int | None, side=None, concept=None) -> list[Attribution]:
-    """Each method's :class:`vitviz.explainers.attribution.Attribution` of the current image (one backward each);
+def attributions(ctx, methods: list[str], target_class: int | None, side=None, concept=None) -> list[Map]:
+    """Each method's :class:`vitviz.explainers.Map` of the current image (one backward each);
     with ``side`` (:class:`ui.repair.Side`), its repair runs in every forward (:func:`vitviz.adapters.editing`); with
     ``concept`` (a :class:`vitviz.probes.concepts.ConceptTarget`), that painted concept is explained instead."""
     repair = None if side is None or side.edit is None else side.repair
@@ -34,17 +36,28 @@ def attributions(ctx, methods: list[str], target_class: int | None, side=None, c
     key = ("attribution", ctx.spec, ctx.image.sha256, tuple(methods), what) + ((repair,) if repair else ())
 
     def compute(progress):
-        model = cached_model(ctx.spec)
-        x = preprocess([ctx.image.image], model.data_config).tensor
-        target = concept or default_target(model.model, target_class)
+        lens = cached_lens(ctx.spec)
+        x = preprocess([ctx.image.image], lens.loaded.data_config).tensor
+        target = concept or default_target(lens.model, target_class)
         results = []
         with model_run(), editing(None if repair is None else side.edit):
             for i, method in enumerate(methods):
                 progress(i, len(methods))
-                results.append(attribute(model.model, x, method, target))
+                results.append(explain(lens, x, method, target))
         return results
 
     return with_progress(key, "Attribution: method", compute)
+
+
+def attribution_methods(lens: Lens) -> tuple[list[str], dict[str, str]]:
+    """(the attribution methods that apply to ``lens``'s model, method -> the sentence refusing each other one): those
+    of :func:`vitviz.methods` whose rules or per-layer gradients act in the forward, in the registry's order except
+    that the plain gradient (Gradient × Input: the model's own rules), the baseline the others are read against,
+    comes last."""
+    found = registered()
+    rows = sorted((r for r in method_rows(lens) if isinstance(found[r["name"]], AttributionMethod)),
+                  key=lambda r: getattr(found[r["name"]], "rules", None) is Rules)
+    return [r["name"] for r in rows if r["why_not"] is None], {r["name"]: r["why_not"] for r in rows if r["why_not"]}
 
 
 def keep_available(key: str, available: list[str]) -> None:
@@ -70,7 +83,7 @@ def target_picker(ctx, container, key: str, say_headless: bool = True) -> int | 
 
 
 def target_title(target) -> str:
-    """The target in words, for figure titles; captions keep :meth:`vitviz.explainers.attribution.Target.text` (which names
+    """The target in words, for figure titles; captions keep :meth:`vitviz.explainers.targets.Target.text` (which names
     the vector as the code does, e.g. ``forward_head(pre_logits=True)``)."""
     if isinstance(target, Projection):
         return "projection of the model's pooled output vector on its direction for this image"
@@ -113,11 +126,10 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
             caption and downloads go where the call is made.
         display: the page's :class:`ui.display.Display` (default: the choices last made on a map page).
     """
-    model = ctx.lens.model
-    if why := why_not(model):
+    if why := why_not_attribution(ctx.lens.model):
         st.info(why)
         return
-    available, refused = methods_for(model)
+    available, refused = attribution_methods(ctx.lens)
     keep_available(f"{key}_method", available)
     c1, c2 = (st if controls is None else controls).columns(2)
     method = c1.selectbox("Attribution method", available, format_func=label, key=f"{key}_method",

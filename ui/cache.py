@@ -15,7 +15,7 @@ import streamlit as st
 from PIL import Image
 
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
-from vitviz.runs.pipeline import Forward, forward
+from vitviz.analyses.per_image import ImageAnalyses, analyse_images
 from vitviz.sources.preprocess import preprocess
 from vitviz.lens import Lens
 from vitviz.sources.models import LoadedModel, ModelSpec, load_model, with_labels
@@ -102,18 +102,18 @@ def model_is_cached(spec: ModelSpec) -> bool:
 
 # Shared, not copied: st.cache_data would unpickle a copy of the attention (19 MB for the
 # bundled model, ~500 MB for ViT-L/16 @384) on every rerun. Pages only read it.
-def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> Forward:
-    """One image through the model, on the host: its trace and per-image analyses (:class:`vitviz.runs.pipeline.Forward`,
-    sliced to the image), everything the pages draw from."""
+def cached_image_result(spec: ModelSpec, sha256: str, _image: Image.Image) -> ImageAnalyses:
+    """One image through the model, on the host: its trace and per-image analyses
+    (:class:`vitviz.analyses.per_image.ImageAnalyses`), everything the pages draw from."""
     return store().get_or_compute(("image", spec, sha256),
                                   _model_run("Running the model ...", lambda: _image_result(spec, _image)))
 
 
-def _image_result(spec: ModelSpec, _image: Image.Image) -> Forward:
-    return forward(cached_model(spec), [_image]).image(0)
+def _image_result(spec: ModelSpec, _image: Image.Image) -> ImageAnalyses:
+    return analyse_images(cached_model(spec), [_image]).image(0)
 
 
-def cached_rollout(spec: ModelSpec, sha256: str, _result: Forward, settings: AnalysisSettings,
+def cached_rollout(spec: ModelSpec, sha256: str, _result: ImageAnalyses, settings: AnalysisSettings,
                    query: int | None = None, extra_tokens: tuple[int, ...] = ()):
     """Rollout of the readout, or of patch ``query`` (raster order, 0-based) when one was clicked; ``extra_tokens``
     (sequence indices, e.g. the padding patches') are kept out besides the settings' exclusions."""
@@ -136,12 +136,12 @@ def cached_gradient_rollout(spec: ModelSpec, sha256: str, _image: Image.Image, t
                                   _model_run("Computing gradients ...", compute))
 
 
-def cached_feature_pca(spec: ModelSpec, sha256: str, _result: Forward) -> np.ndarray:
+def cached_feature_pca(spec: ModelSpec, sha256: str, _result: ImageAnalyses) -> np.ndarray:
     return store().get_or_compute(("feature_pca", spec, sha256),
                                   lambda: feature_pca_rgb(_result.features, _result.layout))
 
 
-def cached_top_classes(spec: ModelSpec, sha256: str, _result: Forward, k: int = 5):
+def cached_top_classes(spec: ModelSpec, sha256: str, _result: ImageAnalyses, k: int = 5):
     return store().get_or_compute(("top_classes", spec, sha256, k),
                                   lambda: top_classes(_result.logits, k, cached_model(spec).class_labels))
 

@@ -12,7 +12,7 @@ from PIL import Image
 from vitviz.analyses.anatomy import LayerQKV, block_output, layer_qkv
 from vitviz.analyses.clusters import TokenClusters, token_clusters
 from vitviz.sources.preprocess import preprocess
-from vitviz.runs.pipeline import Forward
+from vitviz.analyses.per_image import ImageAnalyses
 from vitviz.sources.models import ModelSpec
 
 from .cache import _model_run, _spinning, cached_model, store
@@ -43,7 +43,7 @@ def cached_block_output(spec: ModelSpec, sha256: str, _image: Image.Image, layer
     return store().get_or_compute(("block_output", spec, sha256, layer), _model_run("Running the blocks ...", compute))
 
 
-def cached_clusters(spec: ModelSpec, sha256: str, _image: Image.Image, _result: Forward, source: str,
+def cached_clusters(spec: ModelSpec, sha256: str, _image: Image.Image, _result: ImageAnalyses, source: str,
                     layer: int, head: int, k: int) -> TokenClusters:
     """k-means of the patch tokens: ``source`` in CLUSTER_SOURCES; layer/head 0-based (ignored where unused)."""
     def compute():

@@ -8,7 +8,7 @@ from vitviz.sources.preprocess import preprocess
 from vitviz.sources.models import ModelSpec
 from vitviz.analyses.registers import (RepairMaps, Search, TestTimeRegister, mask_keys, neuron_maps, repair_maps, sink_mask,
                               why_no_register)
-from vitviz.runs.pipeline import Forward
+from vitviz.analyses.per_image import ImageAnalyses
 from vitviz.runs.registers_run import search_images
 
 from .cache import _model_run, cached_model, store
@@ -27,7 +27,7 @@ def _input(spec: ModelSpec, image):
     return loaded, preprocess([image], loaded.data_config).tensor.to(param.device, param.dtype)
 
 
-def cached_sink_masking(spec: ModelSpec, sha256: str, _image, _result: Forward) -> RepairMaps:
+def cached_sink_masking(spec: ModelSpec, sha256: str, _image, _result: ImageAnalyses) -> RepairMaps:
     """The current image with its patch sinks (per layer) dropped as keys, rows renormalised.
 
     ``_image``: the image as loaded (the model's own preprocessing runs again, as for ``_result``)."""

@@ -18,7 +18,8 @@ import streamlit as st
 
 from vitviz.errors import VitvizError
 from vitviz.sources.preprocess import preprocess
-from vitviz.runs.pipeline import Forward, forward_repaired
+from vitviz.analyses.per_image import ImageAnalyses
+from vitviz.runs.registers_run import analyse_repaired
 from vitviz.analyses.registers import REPAIRS, Repair, TestTimeRegister, check_register, compare_outputs, register_from_json
 from vitviz.runs.registers_run import repair_faithfulness
 from vitviz.figures.core import panel_width
@@ -43,7 +44,7 @@ class Side:
     (None before), for pages whose maps need a model run of their own (attribution); ``compared``: the repair
     chosen (the same on both sides)."""
 
-    result: Forward
+    result: ImageAnalyses
     repair: Repair
     edit: dict | None
     compared: Repair
@@ -116,11 +117,11 @@ def _register(ctx) -> TestTimeRegister | None:
     return TestTimeRegister(held[0], init)
 
 
-def _repaired(ctx, repair: Repair) -> tuple[Forward, object]:
+def _repaired(ctx, repair: Repair) -> tuple[ImageAnalyses, object]:
     """The current image's result with ``repair`` run in the forward, and the output change (cached per repair)."""
     def compute():
         loaded = cached_model(ctx.spec)
-        after = forward_repaired(loaded, [ctx.image.image], repair, [ctx.result.sinks]).image(0)
+        after = analyse_repaired(loaded, [ctx.image.image], repair, [ctx.result.sinks]).image(0)
         param = next(loaded.model.parameters())
         x = preprocess([ctx.image.image], loaded.data_config).tensor.to(param.device, param.dtype)
         edit = repair.edit(loaded.model, loaded.layout, [ctx.result.sinks], param.device)

@@ -17,7 +17,7 @@ from vitviz.errors import ImageError
 from vitviz.io.images import LoadedImage, mean_colour, model_view, visible_share
 from vitviz.lens import Lens
 from vitviz.sources.preprocess import padding_patches
-from vitviz.runs.pipeline import Forward
+from vitviz.analyses.per_image import ImageAnalyses
 from vitviz.sources.models import BUNDLED, LoadedModel, ModelSpec
 from vitviz.settings import megabytes
 
@@ -46,7 +46,7 @@ class Context:
     spec: ModelSpec
     lens: Lens
     image: LoadedImage
-    result: Forward
+    result: ImageAnalyses
     images: list[LoadedImage]
     framing: str = "crop"
     padding: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))

@@ -100,7 +100,7 @@ def heads_view(ctx: Context) -> None:
     H = len(maps)
     masks = np.stack([threshold_mask(m, DINO_KEEP) for m in maps]) if display.style == "DINO mask" else None
     titles = [f"head {h + 1}" for h in range(H)]
-    notes = [f"{r.distance[b][h]:.1f} px" for h in range(H)]
+    notes = [f"{r.window_distance[b][h]:.1f} px" for h in range(H)]
     title = (f"Block {b + 1} (stage {g.stage + 1}, {'shifted' if g.shifted else 'regular'} windows), every head, "
              f"query patch row {row + 1}, col {col + 1}")
     columns = 3 if H <= 9 else 4 if H <= 16 else 6
@@ -152,7 +152,7 @@ def distance_view(ctx: Context) -> None:
             results.append(cached_image_result(ctx.spec, im.sha256, im.image))
             bar.progress((i + 1) / len(ctx.images), text=f"{i + 1} of {len(ctx.images)} images")
         bar.empty()
-    per_block = [np.stack([res.distance[b] for res in results]) for b in range(len(r.geometry))]  # (images, H_b)
+    per_block = [np.stack([res.window_distance[b] for res in results]) for b in range(len(r.geometry))]  # (images, H_b)
     distance = [v.mean(axis=0) for v in per_block]
     spread = [v.std(axis=0) for v in per_block] if len(results) > 1 else None
     names = [im.name for im in ctx.images] if scope.startswith("all") else [ctx.image.name]

@@ -31,7 +31,7 @@ _PUBLIC = {
     "save": "runs.analyze", "load": "runs.analyze",
     "ModelSpec": "sources.models", "TokenLayout": "layout",
     "VitvizError": "errors", "ModelError": "errors", "ImageError": "errors",
-    "ClassLogit": "explainers.attribution", "Projection": "explainers.attribution", "Target": "explainers.attribution",
+    "ClassLogit": "explainers.targets", "Projection": "explainers.targets", "Target": "explainers.targets",
     "methods": "explainers", "explain": "explainers", "register_method": "explainers", "MapMethod": "explainers",
     "Map": "explainers",
     "faithfulness": "runs.faithfulness_run", "FaithfulnessTables": "runs.faithfulness_run",

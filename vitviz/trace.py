@@ -15,7 +15,9 @@ Two things a cache of TransformerLens does not do, because vision models hold N 
 """
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import functools
 import io
 import json
 from pathlib import Path
@@ -31,7 +33,7 @@ from .io.atomic import atomic_write_bytes
 from .layout import TokenLayout
 from .types import ModelInput
 
-__all__ = ["NORM", "PointNotKept", "Trace", "load_trace", "trace_model"]
+__all__ = ["NORM", "PointNotKept", "Trace", "analysis_points", "load_trace", "trace_for_analysis", "trace_model"]
 
 TRACE_ARRAYS, TRACE_INFO = "trace.npz", "trace.json"
 
@@ -67,20 +69,32 @@ class Trace(Mapping):
             mean_distance, ...) and its settings.json, as ``{"arrays": ..., "settings": ...}``; else None.
     """
 
-    def __init__(self, points: dict[str, torch.Tensor], layout: TokenLayout, num_layers: int,
+    def __init__(self, points: dict[str, torch.Tensor], layout: TokenLayout | Callable[[], TokenLayout],
+                 num_layers: int | Callable[[], int],
                  inputs: ModelInput | None = None, geometry: list | None = None,
                  stacked: dict[str, torch.Tensor] | None = None, batched: bool = True, edited: bool = False,
                  lens=None, saved: dict | None = None):
         self._points = dict(points)
         self._stacked = dict(stacked or {})  # kind -> (B, L, ...) whose layer slices are the points
-        self.layout = layout
-        self.num_layers = num_layers
+        self._layout, self._num_layers = layout, num_layers  # or a function giving it, called on first read
         self.inputs = inputs
         self.geometry = geometry
         self.batched = batched
         self.edited = edited
         self.lens = lens
         self.saved = saved
+
+    @property
+    def layout(self) -> TokenLayout:
+        if callable(self._layout):
+            self._layout = self._layout()
+        return self._layout
+
+    @property
+    def num_layers(self) -> int:
+        if callable(self._num_layers):
+            self._num_layers = self._num_layers()
+        return self._num_layers
 
     # --- Mapping -------------------------------------------------------------------------------
     def __getitem__(self, key):
@@ -164,7 +178,7 @@ class Trace(Mapping):
             else:
                 points[name] = fn(value)
         fields = {"inputs": self.inputs, "geometry": self.geometry, "edited": self.edited, "lens": self.lens} | changes
-        return Trace(points, self.layout, self.num_layers, stacked=stacked, batched=batched, **fields)
+        return Trace(points, self._layout, self._num_layers, stacked=stacked, batched=batched, **fields)
 
     def image(self, i: int) -> "Trace":
         """Image ``i`` of the batch (0-based, negative from the end) as a trace without the batch axis: views of
@@ -260,8 +274,9 @@ class _Layers:
 
 
 def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iterable[str] = (),
-                edit: Mapping[str, Callable] | None = None, stop_after: str | None = None, grad: bool = False,
-                rules: Rules | None = None, layout: TokenLayout | None = None, adapter=None) -> Trace:
+                edit: Mapping[str, Callable] | None = None, stop_after: str | None = None, grad: bool | None = False,
+                rules: Rules | None = None, layout: TokenLayout | None = None, adapter=None,
+                fast: bool = False) -> Trace:
     """Run ``model`` once on ``x`` and keep the named points (what :meth:`vitviz.Lens.trace` runs).
 
     Args:
@@ -271,38 +286,71 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iter
             ending in ``".norm"`` (keep only its L2 norm).
         edit: point name or pattern -> ``fn(value, point) -> value``, applied before a value is kept.
         stop_after: end the forward after this point (a name).
-        grad: keep the autograd graph (else inference mode; only then are layers written into one stack).
+        grad: keep the autograd graph (else inference mode; only then are layers written into one stack); None: run
+            in the caller's autograd context as it is (an explainer's ``no_grad`` reference, ``enable_grad`` backward).
         rules: how norms, activations and attention products are computed; default the model's own.
         layout: the token layout of the forward (an edit that adds a token makes another); default the model's.
         adapter: the model's adapter when the caller has it resolved.
+        fast: allow the library's fused forward where nothing inside the blocks is read or changed (a perturbed
+            copy's score: :class:`vitviz.adapters.base.Hooks`).
     """
     adapter = adapter or adapter_for(model)
     inputs = x if isinstance(x, ModelInput) else ModelInput(tensor=x, images=[])
     param = next(model.parameters())
     tensor = inputs.tensor.to(device=param.device, dtype=param.dtype)
-    L = adapter.num_layers(model)
+    depth = functools.cache(lambda: adapter.num_layers(model))  # read only where needed: a scoring forward never does
+    graph = torch.is_grad_enabled() and not torch.is_inference_mode_enabled() if grad is None else grad
     plain, collectors = [], {}
     for name in keep:
         parts = name.split(".", 2)
         every_layer = len(parts) == 3 and parts[0] == "blocks" and parts[1] == "*" and "*" not in parts[2]
-        if name.endswith(NORM) or (every_layer and not grad and adapter.scope == "global"):
+        if name.endswith(NORM) or (every_layer and not graph and adapter.scope == "global"):
             kind = parts[2] if len(parts) == 3 else name
-            collectors[name] = _Layers(kind, L, stack=every_layer and not grad and adapter.scope == "global",
+            collectors[name] = _Layers(kind, depth(), stack=every_layer and not graph and adapter.scope == "global",
                                        norm=name.endswith(NORM))
         else:
             plain.append(name)
     observe = [{name[:-len(NORM)] if name.endswith(NORM) else name: c} for name, c in collectors.items()]
-    context = torch.enable_grad() if grad else torch.inference_mode()
+    context = contextlib.nullcontext() if grad is None else torch.enable_grad() if grad else torch.inference_mode()
     with context:
         kept = run(model, tensor, keep=plain, edit=compose_edits(edit, *observe) if observe else edit,
-                   stop_after=stop_after, **({} if rules is None else {"rules": rules}))
+                   stop_after=stop_after, fast=fast, **({} if rules is None else {"rules": rules}))
     for c in collectors.values():
         kept |= c.points()
     stacked = {c.kind: c.stacked() for c in collectors.values() if c.stacked() is not None}
     input_hw = tuple(tensor.shape[-2:])
-    return Trace(kept, layout=layout or adapter.layout(model, input_hw), num_layers=L, inputs=inputs,
+    return Trace(kept, layout=layout or (lambda: adapter.layout(model, input_hw)), num_layers=depth, inputs=inputs,
                  geometry=adapter.geometry(model, input_hw) if adapter.scope == "window" else None, stacked=stacked,
                  edited=edit is not None)
+
+
+def analysis_points(model, adapter=None) -> list[str]:
+    """The points every per-image analysis reads (``analyze``, ``stats``, the app's pages): ``attn`` of every layer,
+    ``final_norm``, the token norms ``resid_post.norm`` (global attention) and ``logits`` (a model with a head)."""
+    adapter = adapter or adapter_for(model)
+    keep = ["blocks.*.attn", "final_norm"] + (["blocks.*.resid_post.norm"] if adapter.scope == "global" else [])
+    return keep + (["logits"] if adapter.num_classes(model) > 0 else [])
+
+
+def trace_for_analysis(model, x: torch.Tensor | ModelInput, edit=None, layout: TokenLayout | None = None) -> Trace:
+    """:func:`trace_model` keeping :func:`analysis_points`, in one forward.
+
+    Args:
+        model: a model an adapter reads (:mod:`vitviz.adapters`), in eval mode.
+        x: (B, 3, H, W) normalised model input, or the :class:`ModelInput` of :meth:`vitviz.Lens.preprocess`.
+        edit: the adapters' ``edit=`` applied in the same forward, before a point is read (a repair,
+            :mod:`vitviz.analyses.registers`).
+        layout: the token layout the edited forward runs (an extra token: one more prefix token); default the
+            model's own.
+
+    Returns:
+        Trace on the model's device. Global attention: ``attn`` of every layer in one (B, L, H, N, N) float32 stack
+        (``trace.stack("attn")``), the token norms ``resid_post.norm`` (B, N) per layer, ``final_norm`` (B, N, D)
+        and ``logits`` (B, C) for a model with a head. Window attention (Swin): ``attn`` per block (B, nW, H, T, T),
+        ``final_norm`` (B, gh, gw, D), ``logits``, and ``trace.geometry``.
+    """
+    adapter = adapter_for(model)
+    return trace_model(model, x, analysis_points(model, adapter), edit=edit, layout=layout, adapter=adapter)
 
 
 def load_trace(folder: str | Path) -> Trace:

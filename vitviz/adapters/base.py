@@ -281,7 +281,7 @@ class Adapter:
         return None
 
     def why_not_attribution(self, model: torch.nn.Module, method: str) -> str | None:
-        """One sentence saying why the attribution ``method`` (one of :data:`vitviz.explainers.attribution.METHODS`) does not
+        """One sentence saying why the attribution ``method`` (a :class:`vitviz.explainers.base.AttributionMethod`) does not
         apply to this model where the attribution view does, or None."""
         return None
 
@@ -347,7 +347,7 @@ def compose_edits(*edits: Mapping[str, Callable] | None) -> dict[str, Callable]:
     """One ``edit=`` mapping that applies, at every point, each given mapping's edit in turn (first to last).
 
     A :class:`Hooks` run applies one function per point; two readers or changers of the same point (a
-    capture reading ``blocks.*.attn`` and a repair masking it) are composed here instead. Keys stay as
+    a trace reading ``blocks.*.attn`` and a repair masking it) are composed here instead. Keys stay as
     given (names or patterns), so a run still skips the points nobody asked for.
     """
     given = [dict(e) for e in edits if e]
@@ -372,7 +372,7 @@ def editing(edit: Mapping[str, Callable] | None):
     """Every :func:`run` inside this block (in this thread) applies ``edit`` first, before its own ``edit=``.
 
     For analyses that run the model themselves and take no ``edit=`` (attribution): a repair
-    (:mod:`vitviz.analyses.registers`) then changes their forward the same way it changes a capture's. Context-local,
+    (:mod:`vitviz.analyses.registers`) then changes their forward the same way it changes a trace's. Context-local,
     so two threads with different edits on one cached model never see each other's."""
     token = _CONTEXT_EDIT.set(compose_edits(_CONTEXT_EDIT.get(), edit) or None)
     try:

@@ -1,9 +1,9 @@
 """One attention row taken apart: q, the scores q·k, the 1/sqrt(d) scaling, the softmax, the weighted values.
 
 The queries, keys and values are recomputed from the block's own input with the block's own
-modules, along the path capture takes (the family adapter's ``layer_qkv``: ``norm1``, the
+modules, along the path a trace takes (the family adapter's ``layer_qkv``: ``norm1``, the
 projections, ``q_norm``/``k_norm``, the rotary embedding of EVA-02 and rotary ViTs), so the row
-shown here is the row that capture returns. BEiT's
+shown here is the row that a trace keeps. BEiT's
 relative position bias is the one term not in q·k: it is kept as ``bias`` and added to the scaled
 scores, exactly as the model adds it.
 """
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..adapters import adapter_for, point_name, run
+from ..adapters import adapter_for, point_name
+from ..trace import trace_model
 from ..errors import OptionError
 from ..types import to_model_input
 
@@ -33,7 +34,7 @@ def block_output(model, images: torch.Tensor, layer: int) -> torch.Tensor:
     """
     _check_layer(model, layer)
     name = point_name("resid_post", layer)
-    return run(model, to_model_input(model, images), keep=(name,), stop_after=name)[name]
+    return trace_model(model, to_model_input(model, images), keep=(name,), stop_after=name, grad=None)[name]
 
 
 @torch.inference_mode()
@@ -41,7 +42,7 @@ def block_input(model, images: torch.Tensor, layer: int) -> torch.Tensor:
     """The tokens entering block ``layer`` (0-based): (B, 3, H, W) -> (B, N, D)."""
     _check_layer(model, layer)
     name = point_name("resid_pre", layer)
-    return run(model, to_model_input(model, images), keep=(name,), stop_after=name)[name]
+    return trace_model(model, to_model_input(model, images), keep=(name,), stop_after=name, grad=None)[name]
 
 
 @dataclass

@@ -101,14 +101,20 @@ def stream_mean_attention_distance(model, batches: Iterable[torch.Tensor], layou
         layout: the token layout for that input size.
         progress: called with the number of images done after each batch.
     """
-    from ..capture import for_each_layer, to_model_input
+    from ..trace import trace_model
+    from ..types import to_model_input
 
     d = torch.as_tensor(patch_distances(layout))
     per_image, done = [], 0
     for x in batches:
         x = to_model_input(model, x)
         layers = []
-        for_each_layer(model, x, lambda i, h, probs: layers.append(layer_attention_distance(probs, layout, d)))
+
+        def reduce(probs, point):  # one layer's attention at a time: reduced as the forward reaches it, not kept
+            layers.append(layer_attention_distance(probs, layout, d))
+            return probs
+
+        trace_model(model, x, edit={"blocks.*.attn": reduce})
         per_image.append(np.stack(layers, axis=1))
         done += x.shape[0]
         if progress:

@@ -19,7 +19,8 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from ..adapters import adapter_for, compose_edits, point_name, run
+from ..adapters import adapter_for, compose_edits, point_name
+from ..trace import trace_model
 from ..errors import FileContentError, OptionError, ViewNotApplicable
 from ..layout import TokenLayout
 from ..tensors import to_host
@@ -52,8 +53,8 @@ def token_norms(model, x: torch.Tensor, edit=None) -> torch.Tensor:
         norms[point.layer] = value.float().norm(dim=-1)
         return value
 
-    run(model, x, edit=compose_edits(edit, {"blocks.*.resid_post": keep}),
-        stop_after=point_name("resid_post", adapter_for(model).num_layers(model) - 1))
+    trace_model(model, x, edit=compose_edits(edit, {"blocks.*.resid_post": keep}),
+                stop_after=point_name("resid_post", adapter_for(model).num_layers(model) - 1), grad=None)
     return torch.stack([norms[i] for i in range(len(norms))], dim=1)
 
 
@@ -188,7 +189,7 @@ class Search:
 def _check_hidden_point(model, x: torch.Tensor) -> None:
     """A sentence when the family's MLP has no ``mlp_hidden`` point (its class is not spelled out)."""
     name = point_name("mlp_hidden", 0)
-    if name not in run(model, x[:1], keep=(name,), stop_after=point_name("resid_post", 0)):
+    if name not in trace_model(model, x[:1], keep=(name,), stop_after=point_name("resid_post", 0), grad=None):
         raise ViewNotApplicable(f"{type(model).__name__}'s MLP is run as its own module here: its hidden units "
                                 "cannot be read, so there are no register neurons to search.")
 
@@ -228,8 +229,8 @@ def search_register_neurons(model, batches: Iterable[torch.Tensor], layout: Toke
             return value
 
         with torch.inference_mode():
-            run(model, x, edit={"blocks.*.mlp_hidden": keep_hidden, "blocks.*.resid_post": keep_norm},
-                stop_after=point_name("resid_post", depth - 1))
+            trace_model(model, x, edit={"blocks.*.mlp_hidden": keep_hidden, "blocks.*.resid_post": keep_norm},
+                        stop_after=point_name("resid_post", depth - 1), grad=None)
             n = torch.stack([norms[i] for i in range(depth)], dim=1)  # (b, L, N)
             patch = n[:, detect, layout.patch_slice]
             mask = patch > factor * patch.quantile(0.5, dim=-1, keepdim=True)  # (b, P), numpy's median
@@ -346,8 +347,8 @@ def check_register(model, register: TestTimeRegister, layout: TokenLayout) -> No
     param = next(model.parameters())
     (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
     with torch.inference_mode():
-        out = run(model, torch.zeros(1, 3, gh * ph, gw * pw, device=param.device, dtype=param.dtype), keep=names,
-                  stop_after=names[-1])
+        blank = torch.zeros(1, 3, gh * ph, gw * pw, device=param.device, dtype=param.dtype)
+        out = trace_model(model, blank, keep=names, stop_after=names[-1], grad=None)
     for layer, index in register.neurons:
         name = point_name("mlp_hidden", layer)
         if name not in out:
@@ -513,7 +514,8 @@ def output_change(before: dict, after: dict) -> OutputChange:
 def compare_outputs(model, x: torch.Tensor, edit: dict) -> OutputChange:
     """One forward as the model is and one with ``edit``: their :class:`OutputChange`."""
     keep = ("pooled", "logits") if adapter_for(model).num_classes(model) > 0 else ("pooled",)
-    return output_change(run(model, x, keep=keep), run(model, x, keep=keep, edit=edit))
+    return output_change(trace_model(model, x, keep=keep, grad=None),
+                         trace_model(model, x, keep=keep, edit=edit, grad=None))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -556,10 +558,11 @@ def _readout_maps(attention: np.ndarray, layout: TokenLayout) -> tuple[np.ndarra
 def repair_maps(model, x: torch.Tensor, layout: TokenLayout, edit: dict, after_layout: TokenLayout | None = None) -> RepairMaps:
     """Capture one image (x: (1, 3, H, W)) as the model is and with ``edit`` (a repair whose runs have
     ``after_layout``, default ``layout``): last-layer heads, rollout, norms and the output change."""
-    from ..capture import capture
+    from ..trace import trace_for_analysis
 
     after_layout = after_layout or layout
-    before, after = capture(model, x, layout=layout), capture(model, x, edit=edit, layout=after_layout)
+    before = trace_for_analysis(model, x, layout=layout)
+    after = trace_for_analysis(model, x, edit=edit, layout=after_layout)
     a0, a1 = to_host(before.stack("attn")[0]), to_host(after.stack("attn")[0])
     h0, r0 = _readout_maps(a0, layout)
     h1, r1 = _readout_maps(a1, after_layout)
@@ -575,6 +578,6 @@ def neuron_maps(model, x: torch.Tensor, layout: TokenLayout, neurons: list[Regis
     if not neurons:
         return np.zeros((0, *layout.grid_size))
     names = [point_name("mlp_hidden", layer) for layer in sorted({n.layer for n in neurons})]
-    out = run(model, x, keep=names, stop_after=names[-1])
+    out = trace_model(model, x, keep=names, stop_after=names[-1], grad=None)
     return np.stack([layout.to_grid(to_host(out[point_name("mlp_hidden", n.layer)][0, layout.patch_slice, n.index]))
                      for n in neurons])

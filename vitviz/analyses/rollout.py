@@ -223,13 +223,14 @@ def attention_gradients(model, images, target: int | None = None):
         (attention (L, H, N, N), gradients (L, H, N, N), target class): float32 numpy arrays, the
         precision the model computes them in; :func:`gradient_rollout` accumulates in float64.
     """
-    from ..capture import attention_and_logits, num_classes, to_model_input
+    from ..adapters import adapter_for
+    from ..types import to_model_input
 
-    if num_classes(model) <= 0:
+    if adapter_for(model).num_classes(model) <= 0:
         raise ViewNotApplicable("Gradient-weighted rollout needs a classifier head; this model has none.")
     with torch.enable_grad():
         x = to_model_input(model, images).detach().requires_grad_(True)
-        layers, logits = attention_and_logits(model, x)
+        layers, logits = _attention_and_logits(model, x)
         for probs in layers:
             probs.retain_grad()
         target = int(logits[0].argmax()) if target is None else int(target)
@@ -280,13 +281,14 @@ def class_gradient_rollout(model, images, layout: TokenLayout, target: int | Non
     Returns:
         (map (gh, gw), target class).
     """
-    from ..capture import attention_and_logits, num_classes, to_model_input
+    from ..adapters import adapter_for
+    from ..types import to_model_input
 
-    if num_classes(model) <= 0:
+    if adapter_for(model).num_classes(model) <= 0:
         raise ViewNotApplicable("Gradient-weighted rollout needs a classifier head; this model has none.")
     with torch.enable_grad():
         x = to_model_input(model, images).detach().requires_grad_(True)
-        layers, logits = attention_and_logits(model, x, edit)
+        layers, logits = _attention_and_logits(model, x, edit)
         fused: list[torch.Tensor | None] = [None] * len(layers)
         for i, probs in enumerate(layers):
             # The hook holds a detached view, not ``probs`` itself: probs -> its hook -> probs would be a
@@ -301,6 +303,15 @@ def class_gradient_rollout(model, images, layout: TokenLayout, target: int | Non
     for m in reversed(fused):
         v = v + v @ m
     return layout.to_grid(to_host(v)[layout.patch_slice]), target
+
+
+def _attention_and_logits(model, x: torch.Tensor, edit=None) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The attention of every layer [(B, H, N, N)] and the logits (B, C) of one forward, in one graph (gradients of
+    the logits reach each layer's attention); ``edit``: the adapters' ``edit=`` (a repair)."""
+    from ..trace import trace_model
+
+    trace = trace_model(model, x, ("blocks.*.attn", "logits"), edit=edit, grad=True)
+    return trace.each("attn"), trace.logits
 
 
 def gradient_rollout_reference(attention: np.ndarray, gradients: np.ndarray, layout: TokenLayout) -> np.ndarray:

@@ -36,7 +36,7 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from ..capture import capture
+from ..trace import trace_for_analysis
 from ..trace import Trace
 from .distance import mean_attention_distance_conventions
 from ..sources.preprocess import preprocess
@@ -124,7 +124,7 @@ def batch_tables(loaded, inputs: torch.Tensor, names: list[str], model: str) -> 
         names: the b image names.
         model: the model string written in the ``model`` column.
     """
-    return capture_tables(capture(loaded.model, inputs), names, model)
+    return capture_tables(trace_for_analysis(loaded.model, inputs), names, model)
 
 
 def capture_tables(out: Trace, names: list[str], model: str) -> StatsTables:

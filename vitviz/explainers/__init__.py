@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .attribution import Target, for_lens
+from .targets import Target, for_lens
 from .base import (METHOD_MODULES, NEEDS, Map, MapMethod, MethodError, get_method, methods, names, parse_methods,
                    register_method, registered)
 

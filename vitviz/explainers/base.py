@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .attribution import Target
-from ..errors import MethodError, VitvizError
+from .targets import Target
+from ..adapters import adapter_for
+from ..errors import MethodError, OptionError
+from ..layout import TokenLayout
 
 # The method modules, in the order methods are listed (relevance first, then attention, then the baselines).
 METHOD_MODULES = ("attnlrp", "cp_lrp", "gradient", "integrated_gradients", "legrad", "gradcam", "occlusion",
@@ -41,31 +43,41 @@ class Map:
         method: the registry name (``"attnlrp"``).
         patches: (B, gh, gw) float64, one value per patch (signed for :attr:`signed` methods).
         pixels: (B, H, W) float64 per pixel of the model input, for methods that have them, else None.
-        signed: whether values can be negative (draw diverging around 0) or not (sequential).
         target_value: (B,) the explained score at the unperturbed input, or None (attention methods explain no score).
         target: the bound target (its ``describe()`` is in :attr:`settings`), or None.
+        signed: whether values can be negative (draw diverging around 0) or not (sequential).
         settings: what decides the numbers (method, options, target), for settings.json.
-        coarse: (B, gh', gw') the map on the coarser grid the method read (Grad-CAM on a late Swin stage), else None;
-        coarse_layout: that grid's layout.
+        coarse: (B, gh', gw') the map on the coarser grid the method read (Grad-CAM on a late Swin stage), before
+            :func:`to_patch_grid` brought it to ``patches``; else None.
+        coarse_layout: that grid's layout (its ``patch_size`` is the pixels per token), or None.
     """
 
     method: str
     patches: np.ndarray
     pixels: np.ndarray | None = None
-    signed: bool = False
     target_value: np.ndarray | None = None
     target: Target | None = None
+    signed: bool = False
     settings: dict = field(default_factory=dict)
     coarse: np.ndarray | None = None
-    coarse_layout: object | None = None
+    coarse_layout: TokenLayout | None = None
+
+    @property
+    def pixel_sum(self) -> np.ndarray | None:
+        """(B,) the relevance the pixels receive, to compare with :attr:`target_value` (conservation)."""
+        return None if self.pixels is None else self.pixels.reshape(len(self.pixels), -1).sum(-1)
 
     def conservation(self) -> list[dict] | None:
         """Per image: the target's value, the pixels' total relevance and their share (None without pixels)."""
-        from .attribution import conservation
-
         if self.pixels is None or self.target_value is None:
             return None
-        return conservation(self.target_value, self.pixels.reshape(len(self.pixels), -1).sum(-1))
+        return conservation(self.target_value, self.pixel_sum)
+
+
+def conservation(target_value: np.ndarray, pixel_sum: np.ndarray) -> list[dict]:
+    """Per image: the target's value, the pixels' total relevance and their share of the value (None at 0)."""
+    return [{"target_value": float(v), "pixel_relevance": float(p), "pixel_share": float(p / v) if v != 0 else None}
+            for v, p in zip(target_value, pixel_sum)]
 
 
 class MapMethod:
@@ -143,9 +155,12 @@ def _load_all() -> None:
 
 
 def registered() -> dict[str, MapMethod]:
-    """Every registered method by name, in :data:`METHOD_MODULES` order."""
+    """Every registered method by name, in :data:`METHOD_MODULES` order (whichever module was imported first), then
+    methods registered from elsewhere in the order they registered."""
     _load_all()
-    return dict(_METHODS)
+    order = {module: i for i, module in enumerate(METHOD_MODULES)}
+    return dict(sorted(_METHODS.items(),
+                       key=lambda item: order.get(type(item[1]).__module__.rsplit(".", 1)[-1], len(order))))
 
 
 def get_method(name: str) -> MapMethod:
@@ -180,26 +195,95 @@ def names(lens=None, kinds: tuple[str, ...] | None = None) -> list[str]:
 
 
 class AttributionMethod(MapMethod):
-    """A method of :mod:`vitviz.explainers.attribution` (its rules and per-layer gradients act in the adapters' forward)."""
+    """A method whose rules or per-layer gradients act in the adapters' spelled-out forward (AttnLRP, CP-LRP,
+    Gradient × Input, LeGrad, Grad-CAM): subclasses implement :meth:`maps` on the model itself."""
 
     needs = ("gradients",)
 
     def why_not(self, lens) -> str | None:
-        from .attribution import why_not
+        return why_not_attribution(lens.model, self.name)
 
-        return why_not(lens.model, self.name)
+    def maps(self, model, x: torch.Tensor, target: Target) -> Map:
+        """The maps of a batch ``x`` (B, 3, H, W) for ``target`` (bound here), on ``model`` (any device)."""
+        raise NotImplementedError
 
     def compute(self, lens, x, target=None, trace=None, **options):
-        from .attribution import attribute, default_target
+        from dataclasses import replace
+
+        from .targets import default_target
 
         if options:
             raise MethodError(f"{self.label} takes no options (got {', '.join(options)}).")
         why = self.why_not_target(lens, target)
         if why:
             raise MethodError(why)
-        a = attribute(lens.model, x, self.name, target or default_target(lens.model))
-        return Map(self.name, a.patches, a.pixels, self.signed, a.target_value, a.target,
-                   {"method": self.name, "target": a.target.describe()}, a.coarse, a.coarse_layout)
+        found = self.maps(lens.model, x, target or default_target(lens.model))
+        return replace(found, settings={"method": self.name, "target": found.target.describe()})
+
+
+def why_not_attribution(model, method: str | None = None) -> str | None:
+    """One sentence saying why attribution (``method``: that method; None: the whole view) does not apply to
+    ``model``, or None. Every method needs the family's forward spelled out in vitviz (the rules act there); LeGrad
+    also reads each layer's tokens through the head (:meth:`Adapter.readout`)."""
+    from ..adapters import Adapter
+
+    adapter = adapter_for(model)
+    why = adapter.why_not(model, "attribution")
+    if why is None and method is not None:
+        why = adapter.why_not_attribution(model, method)
+    # A family attending globally without a readout that does not say which methods it refuses has not been
+    # spelled out for them (window families' LeGrad differentiates the target itself: no readout needed)
+    if why is None and adapter.scope == "global" and type(adapter).readout is Adapter.readout \
+            and adapter.why_not_attribution(model, "legrad") is None:
+        why = (f"Attribution (AttnLRP, LeGrad, Grad-CAM) is not supported yet for {adapter.label(model)} models: vitviz "
+               "runs them through their library's own forward, where the relevance rules and per-layer gradients "
+               "cannot act.")
+    return why
+
+
+def to_model(model, x: torch.Tensor) -> torch.Tensor:
+    param = next(model.parameters())
+    return x.detach().to(device=param.device, dtype=param.dtype)
+
+
+def patch_sums(pixels: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """(B, H, W) -> (B, gh, gw): the sum over each patch (pixels past the last whole patch are not read by the model)."""
+    (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
+    B = pixels.shape[0]
+    return pixels[:, :gh * ph, :gw * pw].reshape(B, gh, ph, gw, pw).sum(dim=(2, 4))
+
+
+def check_attribution(model, method: str) -> None:
+    """Raise :class:`MethodError` with :func:`why_not_attribution`'s sentence where ``method`` does not apply."""
+    why = why_not_attribution(model, method)
+    if why:
+        raise MethodError(why)
+
+
+def to_patch_grid(maps: torch.Tensor, coarse: TokenLayout, layout: TokenLayout, mode: str = "nearest") -> torch.Tensor:
+    """(B, gh', gw') on a coarser grid (a Swin stage's: ``coarse.patch_size`` pixels per token, a whole multiple f of
+    ``layout``'s) -> (B, gh, gw) on the patch grid: upsampled by f per axis, then cropped to the patch grid (patch
+    merging pads odd grids, so the last coarse token may cover one patch row or column that does not exist).
+
+    Args:
+        mode: ``"nearest"`` (each coarse token's value given to the f x f patches it merges) or ``"bilinear"``
+            (half-pixel centres, edges replicated: cv2's and pytorch-grad-cam's resize, no antialiasing).
+    """
+    (fy, fx) = (c // p for c, p in zip(coarse.patch_size, layout.patch_size))
+    if (fy * layout.patch_size[0], fx * layout.patch_size[1]) != tuple(coarse.patch_size):
+        raise ValueError(f"a grid of {coarse.patch_size} pixels per token is not a whole multiple of the "
+                         f"{layout.patch_size} patches")
+    gh, gw = layout.grid_size
+    if (fy, fx) == (1, 1):
+        return maps[:, :gh, :gw]
+    if mode == "nearest":
+        up = maps.repeat_interleave(fy, dim=1).repeat_interleave(fx, dim=2)
+    elif mode == "bilinear":
+        up = torch.nn.functional.interpolate(maps[:, None], size=(maps.shape[1] * fy, maps.shape[2] * fx),
+                                             mode="bilinear", align_corners=False)[:, 0]
+    else:
+        raise OptionError(f"unknown upsampling {mode!r}: nearest or bilinear")
+    return up[:, :gh, :gw]
 
 
 def target_text(target: Target) -> str:
@@ -226,12 +310,12 @@ def attention_of(lens, x: torch.Tensor, trace=None) -> np.ndarray:
 def bound_target(lens, x: torch.Tensor, target: Target | None):
     """``target`` (default: top-1 logit, or the pooled vector's projection) bound on the unperturbed batch ``x``,
     with its value (B,) float64 — from the adapters' fused forward (``fast``), as perturbed copies are scored."""
-    from ..adapters import run
-    from .attribution import default_target
+    from ..trace import trace_model
+    from .targets import default_target
 
     target = target or default_target(lens.model)
     with torch.no_grad():  # not inference mode: gradient methods use the bound reference in their graph
-        points = run(lens.model, x, keep=(target.point,), fast=True)
+        points = trace_model(lens.model, x, keep=(target.point,), fast=True, grad=None)
         bound = target.bind(points)
         return bound, bound(points).double().cpu().numpy()
 
@@ -240,7 +324,7 @@ def repeat_target(bound: Target, index: int, n: int) -> Target:
     """A bound target of image ``index`` applied to ``n`` copies of it (perturbations, interpolation steps)."""
     from dataclasses import replace
 
-    from .attribution import ClassLogit, Projection
+    from .targets import ClassLogit, Projection
 
     if hasattr(bound, "repeat"):  # a target that knows what it fixed per image (vitviz.TextTarget)
         return bound.repeat(index, n)

@@ -1,7 +1,7 @@
 """Gradient-weighted rollout (Chefer et al. 2021, generic): :func:`vitviz.analyses.rollout.class_gradient_rollout`."""
 import numpy as np
 
-from .attribution import ClassLogit
+from .targets import ClassLogit
 from ..errors import VitvizError
 from ..analyses.rollout import class_gradient_rollout
 from .base import Map, MapMethod, register_method

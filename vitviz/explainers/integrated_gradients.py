@@ -8,9 +8,8 @@ quadrature error, which :attr:`Map.settings` reports (``convergence_delta``).
 import numpy as np
 import torch
 
-from ..adapters import run
-from .attribution import patch_sums
-from .base import Map, MapMethod, bound_target, register_method, repeat_target
+from ..trace import trace_model
+from .base import Map, MapMethod, bound_target, patch_sums, register_method, repeat_target, why_not_attribution
 
 
 @register_method
@@ -23,9 +22,7 @@ class IntegratedGradients(MapMethod):
     summary = "gradients integrated from the mean-colour image to the input (Captum), times the difference; signed"
 
     def why_not(self, lens):
-        from .attribution import why_not
-
-        return why_not(lens.model, "gradient")
+        return why_not_attribution(lens.model, "gradient")
 
     def compute(self, lens, x, target=None, trace=None, steps: int = 32, batch_size: int = 16):
         from captum.attr import IntegratedGradients as CaptumIG
@@ -37,7 +34,7 @@ class IntegratedGradients(MapMethod):
         pixels, deltas = [], []
         for i in range(len(x)):
             def score(z, i=i):
-                return repeat_target(bound, i, len(z))(run(lens.model, z, keep=(bound.point,)))
+                return repeat_target(bound, i, len(z))(trace_model(lens.model, z, keep=(bound.point,), grad=None))
 
             with torch.enable_grad():
                 attr, delta = CaptumIG(score).attribute(x[i:i + 1], baselines=torch.zeros_like(x[i:i + 1]),
@@ -46,6 +43,6 @@ class IntegratedGradients(MapMethod):
             pixels.append(attr.detach().sum(1).double())
             deltas.append(float(delta.detach().abs().max()))
         pixels = torch.cat(pixels)
-        return Map(self.name, patch_sums(pixels, layout).cpu().numpy(), pixels.cpu().numpy(), True, values, bound,
-                   {"method": self.name, "steps": steps, "baseline": "the normalised zero image (mean colour)",
+        return Map(self.name, patch_sums(pixels, layout).cpu().numpy(), pixels.cpu().numpy(), values, bound, signed=True,
+                   settings={"method": self.name, "steps": steps, "baseline": "the normalised zero image (mean colour)",
                     "target": bound.describe(), "convergence_delta": deltas})

@@ -3,7 +3,7 @@
 s(x) = logit_scale.exp() · ⟨e(x), t⟩ / ‖e(x₀)‖,   e(x) = visual_projection(pooled(x)),  t = the text's unit embedding
 
 At the image itself (x = x₀) this is transformers' ``logits_per_image`` for that text. The image embedding's norm is
-frozen at the image's own value when the target is bound (as :class:`~vitviz.explainers.attribution.Projection` fixes
+frozen at the image's own value when the target is bound (as :class:`~vitviz.explainers.targets.Projection` fixes
 its reference), so the score is linear in the pooled vector: the direct readout splits it exactly, and relevance
 methods conserve it (a cosine is scale-invariant in e, so Gradient × Input of the cosine itself sums to zero at the
 pooled vector). ``live=True`` divides by the perturbed image's own norm instead: the model's score on every
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..sources.text import TextNotAvailable
-from .attribution import Target
+from .targets import Target
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class TextTarget(Target):
 
     Args:
         texts: one text, or several: each image is then scored against the text it matches best (zero-shot
-            top-1 among them, as :class:`~vitviz.explainers.attribution.ClassLogit` picks the top-1 class).
+            top-1 among them, as :class:`~vitviz.explainers.targets.ClassLogit` picks the top-1 class).
         live: divide by each (perturbed) image's own embedding norm rather than the unperturbed image's.
 
     The other fields are filled by :meth:`for_lens` (the text embeddings (T, P), ``visual_projection`` (P, D), the

@@ -80,7 +80,7 @@ def readout_directions(lens, reference: torch.Tensor, chunk: int = 64, scores=No
         (C, D) float64 on the CPU, row c = ∂ score_c / ∂δ.
     """
     from ..adapters import Hooks
-    from ..explainers.attribution import AttnLRP
+    from ..explainers.rules import AttnLRP
 
     model, adapter, layout = lens.model, lens.adapter, lens.layout
     param = next(model.parameters())

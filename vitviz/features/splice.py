@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..explainers.attribution import Target
+from ..explainers.targets import Target
 from ..errors import VitvizError
 from .sae import SAE
 
@@ -115,11 +115,11 @@ def feature_attribution(lens, x, sae: SAE, target: Target | None = None, rules=N
     Args:
         x: a ModelInput, a normalised tensor (B, 3, H, W) or images (as ``lens.trace`` takes them).
         target: default the top-1 logit, or the pooled vector's projection for headless models.
-        rules: :class:`vitviz.explainers.attribution.AttnLRP` (or CP-LRP) to take AttnLRP's modified gradient through the
+        rules: :class:`vitviz.explainers.rules.AttnLRP` (or CP-LRP) to take AttnLRP's modified gradient through the
             model's norms, softmax and products (the SAE's encoder and decoder are linear and its ReLU passes
             f(x)/x = its gradient, so the rules change nothing inside the splice); default the plain gradient.
     """
-    from ..explainers.attribution import default_target
+    from ..explainers.targets import default_target
 
     target = target or default_target(lens.model)
     splice = Splice(sae, error=True, num_prefix_tokens=num_prefix_tokens)

@@ -1,4 +1,4 @@
-"""Figures of :mod:`vitviz.explainers.attribution`: signed relevance maps on a diverging scale centred on 0, and the
+"""Figures of the map methods (:mod:`vitviz.explainers`): signed relevance maps on a diverging scale centred on 0, and the
 conservation figure (how much of the target's value reaches the pixels)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from plotly.subplots import make_subplots
 from PIL import Image
 
 from ..explainers import registered
-from ..explainers.attribution import Attribution
+from ..explainers.base import Map
 from .colour import DIVERGING, ROBUST_PERCENTILE, lookup_table, reference_stops
 from .core import image_data_uri
 
@@ -33,7 +33,7 @@ def robust_limit(values: np.ndarray) -> float:
     return limit if limit > 0 else float(np.abs(values).max()) or 1.0
 
 
-def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, pixels: bool = True,
+def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: bool = True,
                 target_text: str = "", with_input: bool = True, wrap: int | None = None,
                 plot_height: int = 265, *, cmap: str = SEQUENTIAL_MAP, style: str = "transparent where low",
                 opacity: float = 0.8, smooth: bool = False, columns: int = 3,
@@ -121,7 +121,7 @@ def maps_figure(image: Image.Image, results: list[Attribution], index: int = 0, 
     return fig
 
 
-def conservation_figure(results: list[Attribution], index: int = 0, target_text: str = "") -> go.Figure:
+def conservation_figure(results: list[Map], index: int = 0, target_text: str = "") -> go.Figure:
     """Per relevance method: the target's value beside the relevance the pixels receive (their sum). What
     is missing went to the prefix tokens, the position embedding, biases and (AttnLRP) the softmax."""
     methods = [r for r in results if r.pixels is not None]
@@ -154,7 +154,7 @@ def relevance_overlay(image: Image.Image, grid: np.ndarray, limit: float | None 
     return Image.blend(image.convert("RGB"), colours, 0.6)
 
 
-def attribution_groups(results: list[Attribution], index: int = 0) -> list:
+def attribution_groups(results: list[Map], index: int = 0) -> list:
     """The methods' patch maps of image ``index`` as :func:`method_groups` arranges them."""
     return method_groups({r.method: r.patches[index] for r in results})
 

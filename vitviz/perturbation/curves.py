@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..adapters import adapter_for, run
-from ..capture import num_classes
+from ..adapters import adapter_for
+from ..trace import trace_model
 from ..errors import OptionError
 from ..layout import TokenLayout
 from ..analyses.maps import query_attention_map
@@ -108,7 +108,7 @@ class Score:
         raise NotImplementedError
 
     def __call__(self, model, x: torch.Tensor) -> np.ndarray:  # (B, 3, H, W) -> (B,)
-        return self.of(run(model, x, keep=(self.point,), fast=True)[self.point])
+        return self.of(trace_model(model, x, keep=(self.point,), fast=True, grad=None)[self.point])
 
 
 class ClassProbability(Score):
@@ -129,12 +129,12 @@ class ClassProbability(Score):
 
 def model_logits(model, x: torch.Tensor) -> torch.Tensor:
     """The classifier's logits of the model's forward (its adapter's): (B, 3, H, W) -> (B, C)."""
-    return run(model, x, keep=("logits",), fast=True)["logits"]
+    return trace_model(model, x, keep=("logits",), fast=True, grad=None)["logits"]
 
 
 def pre_logits(model, x: torch.Tensor) -> torch.Tensor:
     """The pooled vector the head reads (the adapter's ``pooled`` point): (B, 3, H, W) -> (B, D)."""
-    return run(model, x, keep=("pooled",), fast=True)["pooled"]
+    return trace_model(model, x, keep=("pooled",), fast=True, grad=None)["pooled"]
 
 
 def pre_logits_text(model) -> str:
@@ -165,7 +165,7 @@ def default_score(model, image: torch.Tensor, target: int | None = None) -> Scor
     """The protocol's score for this model and one normalised image (3, H, W): class probability
     of ``target`` (default the top-1) with a head, else the pre-logits cosine."""
     x = _to_model(model, image[None])
-    if num_classes(model) > 0:
+    if adapter_for(model).num_classes(model) > 0:
         return ClassProbability(int(model_logits(model, x)[0].argmax()) if target is None else target)
     return PreLogitsCosine(pre_logits(model, x)[0], pre_logits_text(model))
 

@@ -48,7 +48,7 @@ import torch
 from ..errors import OptionError, ViewNotApplicable
 from .curves import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits,
                            patch_masks, patch_order, pixel_masks, score_inputs, step_counts, _to_model)
-from ..adapters import run
+from ..trace import trace_model
 from ..layout import TokenLayout
 
 PROTOCOLS = ("morf", "lerf", "insertion")
@@ -322,7 +322,7 @@ def _score_rows(model, rows: list, batch_size: int) -> None:
             if first.point is None:  # one score object for the whole group
                 scored = first(model, x)
             else:
-                values = run(model, x, keep=(first.point,), fast=True)[first.point]
+                values = trace_model(model, x, keep=(first.point,), fast=True, grad=None)[first.point]
         start = 0
         for k, inputs in parts:
             end = start + len(inputs)
@@ -342,6 +342,6 @@ def _score_rows(model, rows: list, batch_size: int) -> None:
 
 
 def _has_head(model) -> bool:
-    from ..capture import num_classes
+    from ..adapters import adapter_for
 
-    return num_classes(model) > 0
+    return adapter_for(model).num_classes(model) > 0

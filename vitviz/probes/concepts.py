@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..explainers.attribution import Target
+from ..explainers.targets import Target
 from ..errors import VitvizError
 
 C = 0.1

@@ -120,7 +120,7 @@ _LOCK = threading.Lock()
 
 
 def _backbone_facts(loaded) -> tuple[dict, dict]:
-    from ..adapters import run
+    from ..trace import trace_model
     from .probe import model_identity
 
     with _LOCK:
@@ -132,7 +132,7 @@ def _backbone_facts(loaded) -> tuple[dict, dict]:
     param = next(loaded.model.parameters())
     blank = torch.zeros(1, 3, *loaded.data_config["input_size"][-2:], device=param.device, dtype=param.dtype)
     with torch.inference_mode():
-        points = run(loaded.model, blank, keep=("final_norm", "pooled"))
+        points = trace_model(loaded.model, blank, keep=("final_norm", "pooled"), grad=None)
     d, p = points["final_norm"].shape[-1], points["pooled"].shape[-1]
     facts = (model_identity(loaded), {"cls": p, "mean": d, "cls+mean": p + d})
     with _LOCK:

@@ -23,7 +23,8 @@ import pandas as pd
 import torch
 
 from ..adapters import Hooks
-from ..explainers.attribution import Target, default_target, for_lens
+from ..errors import OptionError
+from ..explainers.targets import Target, default_target, for_lens
 from ..layout import TokenLayout
 from ..trace import Trace
 from .frozen import FrozenNorms, ReadoutNotApplicable
@@ -120,7 +121,7 @@ def target_for(lens, cls: int | None = None, texts=()) -> Target | None:
         from ..explainers.text import TextTarget
 
         return TextTarget(tuple(texts) if not isinstance(texts, str) else texts)
-    from ..explainers.attribution import ClassLogit
+    from ..explainers.targets import ClassLogit
 
     return ClassLogit(cls, labels=lens.class_labels) if lens.has_head else None
 
@@ -153,9 +154,11 @@ def _frozen_readout(lens, tokens: torch.Tensor, target: Target) -> tuple[torch.T
     return grad.detach(), constant.detach()
 
 
-def _check_batch(trace: Trace, inputs) -> None:
-    if trace["embed"].shape[0] != inputs.tensor.shape[0]:
-        raise ValueError("trace= holds another batch than x: pass the trace of these images")
+def check_trace(trace: Trace, inputs, point) -> None:
+    """Refuse a ``trace=`` run on another batch than ``inputs`` (compared on ``point``'s batch axis)."""
+    if trace[point].shape[0] != inputs.tensor.shape[0]:
+        raise OptionError(f"trace= holds {trace[point].shape[0]} images and x {inputs.tensor.shape[0]}: it is the "
+                          f"trace of another batch; pass the trace of these images.")
 
 
 def readout_points(lens, sources: bool = True) -> list:
@@ -199,7 +202,7 @@ def readout(lens, x, target: Target | None = None, sources: bool = True, toleran
     model, adapter, L = lens.model, lens.adapter, lens.num_layers
     target = for_lens(target or default_target(model), lens, linear=True)
     trace = trace if trace is not None else lens.trace(inputs, keep=readout_points(lens, sources))
-    _check_batch(trace, inputs)
+    check_trace(trace, inputs, "embed")
     points = {k: trace[k].clone() for k in ("pooled", "logits") if k in trace}  # plain tensors: bind may keep them
     target = target.bind(points)
     total = target(points).double()

@@ -125,13 +125,14 @@ def logit_lens(lens, x, per_patch: bool = False, tuned: "TunedLens | None" = Non
     Raises:
         ReadoutNotApplicable: a model without a head or with window attention (the sentence says what to do).
     """
+    from .direct import check_trace
+
     why = why_not(lens)
     if why:
         raise ReadoutNotApplicable(why)
     inputs = lens.as_input(x)
     trace = trace if trace is not None else lens.trace(inputs, keep=["resid_post"])
-    if trace["resid_post", 0].shape[0] != inputs.tensor.shape[0]:
-        raise ValueError("trace= holds another batch than x: pass the trace of these images")
+    check_trace(trace, inputs, ("resid_post", 0))
     logits, patches = [], []
     with torch.no_grad():
         for l in range(lens.num_layers):

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .pipeline import read
-from ..capture import capture
+from ..analyses.per_image import analyse
+from ..trace import trace_for_analysis
 from ..sources.preprocess import preprocess
 from ..trace import Trace
 from ..analyses.clusters import batch_clusters
@@ -45,7 +45,7 @@ class AnalysisSettings:
         flow: attention flow (exact max-flow) with the rollout's fusion, discard, layers and exclusions.
         clusters: k-means clusters of each image's patch tokens (2..12); None = no clustering.
         cluster_layer: 0-based block whose output is clustered; None = the final features.
-        attribution: methods of :mod:`vitviz.explainers.attribution` to run (target: ``target_class``'s logit, default
+        attribution: map methods (:mod:`vitviz.explainers`) to run (target: ``target_class``'s logit, default
             each image's top-1, or the pooled vector's projection for a model without a head).
     """
 
@@ -129,25 +129,26 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     (flow and faithfulness copy one image's at a time). ``edit``, ``layout``: a repair run in the forward
     and the gradient rollout, and the token layout it makes (:mod:`vitviz.analyses.registers`).
     """
-    trace = capture(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout)
+    trace = trace_for_analysis(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout)
     return analyze_trace(loaded, trace, settings, keep_attention, edit)
 
 
 def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings, keep_attention: bool = True,
                   edit=None) -> Analysis:
-    """Every per-image analysis of a batch's trace (the points :func:`vitviz.capture.capture` keeps, with its
+    """Every per-image analysis of a batch's trace (the points :func:`vitviz.trace.analysis_points`, with its
     ``inputs``), as :func:`analyze_batch` runs them; ``edit``: the edit the trace's forward ran (a repair), which
     the analyses that run the model again (gradient rollout) run too."""
-    fwd = read(trace)
-    batch, layout = fwd.batch, fwd.layout
-    attention = fwd.trace.stack("attn")
-    arrays = {"input": batch.tensor.numpy(), "features": fwd.features, "token_norms": fwd.token_norms}
+    fwd = analyse(trace)
+    batch, layout = trace.inputs, trace.layout
+    attention = trace.stack("attn")
+    arrays = {"input": batch.tensor.numpy(), "features": to_host(trace["final_norm"].float()),
+              "token_norms": to_host(trace.stack("resid_post.norm"))}
     if keep_attention:
         arrays["attention"] = to_host(attention)
     facts: dict[str, list] = {}
     run_facts: dict = {}
-    if fwd.logits is not None:
-        arrays["logits"] = fwd.logits
+    if trace.logits is not None:
+        arrays["logits"] = to_host(trace.logits.float())
     if settings.clusters is not None:
         arrays["clusters"], facts["inertia_per_image"] = batch_clusters(
             loaded.model, batch.tensor, arrays["features"], layout, settings.clusters, settings.cluster_layer,
@@ -215,7 +216,7 @@ def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: Anal
                        facts: dict) -> None:
     """``attribution_<method>`` (b, gh, gw); for relevance methods ``attribution_<method>_pixels`` (b, H, W); where a
     method read a coarser grid (Grad-CAM on a later Swin stage) ``attribution_<method>_coarse`` (b, gh', gw')."""
-    from ..explainers.attribution import default_target
+    from ..explainers.targets import default_target
     from ..explainers import explain
     from ..lens import Lens
 

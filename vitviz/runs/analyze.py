@@ -107,22 +107,26 @@ def write_window_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]]
     """
     from .. import swin
     from .analysis import attribution_arrays, attribution_info
-    from .pipeline import forward, read
+    from ..analyses.per_image import analyse, analyse_images
+    from ..tensors import to_host
 
     written, geometry, facts, fwd = Written(), None, {}, None
     with RunOutput(out) as output:
         for done, batch in batches:
-            fwd = forward(loaded, [im.image for im in batch]) if trace is None else read(trace)
-            geometry = fwd.geometry
-            arrays = {"input": fwd.batch.tensor.numpy(), "features": fwd.features,
-                      "window_distance": swin.heads_padded(fwd.distance)}
-            if fwd.logits is not None:
-                arrays["logits"] = fwd.logits
+            fwd = analyse_images(loaded, [im.image for im in batch]) if trace is None else analyse(trace)
+            batch_trace = fwd.trace
+            geometry = batch_trace.geometry
+            arrays = {"input": batch_trace.inputs.tensor.numpy(),
+                      "features": to_host(batch_trace["final_norm"].float()),
+                      "window_distance": swin.heads_padded(fwd.window_distance)}
+            if batch_trace.logits is not None:
+                arrays["logits"] = to_host(batch_trace.logits.float())
             if keep_attention:
-                arrays |= {f"{WINDOW_ATTENTION}{g.index}": a for a, g in zip(fwd.attention, geometry)}
+                arrays |= {f"{WINDOW_ATTENTION}{g.index}": to_host(a)
+                           for a, g in zip(batch_trace.each("attn"), geometry)}
             if settings.attribution:
                 batch_facts: dict = {}
-                attribution_arrays(loaded, fwd.batch.tensor, settings, arrays, batch_facts)
+                attribution_arrays(loaded, batch_trace.inputs.tensor, settings, arrays, batch_facts)
                 for key, values in batch_facts.items():
                     facts.setdefault(key, []).extend(values)
             output.arrays.append(arrays)
@@ -133,7 +137,7 @@ def write_window_analysis(out: Path, loaded, batches: Iterable[tuple[int, list]]
         output.commit({
             "command": "analyze", "model": loaded.card(), "versions": versions(), "images": written.images,
             "skipped": list(skipped), "arrays": output.arrays.shapes(), "attention_saved": keep_attention,
-            "window_geometry": [g.to_dict() for g in geometry], "token_layout": fwd.layout.to_dict(),
+            "window_geometry": [g.to_dict() for g in geometry], "token_layout": fwd.trace.layout.to_dict(),
             **({"analysis": {"attribution": attribution_info(settings.attribution, facts)}}
                if settings.attribution else {}),
             "conventions": {
@@ -183,7 +187,7 @@ def save(trace, folder: str | Path, settings=None, lens=None) -> Path:
         VitvizError: a trace without its model, input or batch axis, an edited one missing points, or settings that
             do not apply to a window model.
     """
-    from ..capture import capture
+    from ..trace import trace_for_analysis
     from ..io.lock import output_lock
     from .analysis import AnalysisSettings
 
@@ -202,7 +206,7 @@ def save(trace, folder: str | Path, settings=None, lens=None) -> Path:
             needed = [*_block_kinds(window), "final_norm"] + (["logits"] if lens.has_head else [])
             raise VitvizError("this trace ran with edit= and lacks what analyze reads: keep "
                               f"{', '.join(map(repr, needed[:-1]))} and {needed[-1]!r}.")
-        analysed = capture(lens.model, trace.inputs, layout=trace.layout)
+        analysed = trace_for_analysis(lens.model, trace.inputs, layout=trace.layout)
     inputs = trace.inputs
     sources = inputs.sources or [_Unnamed(f"image {i + 1}") for i in range(len(inputs.tensor))]
     folder = Path(folder)

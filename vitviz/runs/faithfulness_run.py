@@ -94,7 +94,7 @@ def image_maps(loaded, x: torch.Tensor, settings: RunSettings) -> list[dict[str,
 
     Every method comes from the registry (:func:`vitviz.explain`); signed maps are ordered by ``settings.ordering``;
     the attention methods share one forward."""
-    from ..explainers.attribution import default_target
+    from ..explainers.targets import default_target
     from ..explainers import explain
     from ..lens import Lens
 

@@ -159,23 +159,23 @@ def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("roll
     The target is the same on both sides: the unrepaired top-1 class with a head (or ``target``), else each side's
     pre-logits cosine with its own unperturbed vector."""
     from ..adapters import editing
-    from ..explainers.attribution import default_target
+    from ..explainers.targets import default_target
     from ..explainers import explain, get_method
     from ..lens import Lens
     from ..sources.preprocess import preprocess
-    from .pipeline import forward, forward_repaired
+    from ..analyses.per_image import analyse_images
     from ..analyses.rollout import rollout
 
     model, layout = loaded.model, loaded.layout
-    before = forward(loaded, [image])
+    before = analyse_images(loaded, [image])
     sinks = before.sinks if sinks is None else sinks
-    after = forward_repaired(loaded, [image], repair, sinks)
+    after = analyse_repaired(loaded, [image], repair, sinks)
     x = preprocess([image], loaded.data_config).tensor
     param = next(model.parameters())
     x = x.to(param.device, param.dtype)
     edit = repair.edit(model, layout, sinks, param.device)
-    if target is None and before.logits is not None:
-        target = int(before.logits[0].argmax())
+    if target is None and before.trace.logits is not None:
+        target = int(before.trace.logits[0].argmax())
     lens = Lens(loaded)
     use = [m for m in methods if m == "rollout" or (get_method(m).why_not(lens) is None and not (
         repair.kind == "register" and m in ("legrad", "gradcam")))]
@@ -184,7 +184,7 @@ def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("roll
         out = {}
         for m in use:
             if m == "rollout":
-                out[m] = rollout(to_host(fwd.trace.stack("attn")[0]), fwd.layout).map
+                out[m] = rollout(to_host(fwd.trace.stack("attn")[0]), fwd.trace.layout).map
             else:
                 with editing(side_edit):
                     out[m] = explain(lens, x, m, default_target(model, target)).patches[0]
@@ -196,3 +196,29 @@ def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("roll
     with editing(edit):
         f1 = perturbation_curves(model, x[0], after_maps | rand, layout, target=target)
     return RepairFaithfulness(f0, f1, split_random_seeds(f0)[1], split_random_seeds(f1)[1])
+
+
+def analyse_repaired(loaded, images: list, repair, sinks: list | None = None):
+    """``images`` (PIL) through the model with ``repair`` (:class:`vitviz.analyses.registers.Repair`) run in the
+    forward, analysed (:class:`vitviz.analyses.per_image.Analysed`); its layout is the repaired one (the test-time
+    register is one more prefix token).
+
+    ``sinks``: per image, the sinks of the unrepaired forward (sink masking drops them); found here with one plain
+    forward when not given.
+
+    Raises:
+        ViewNotApplicable: window attention, or a repair this model cannot take (the sentence says why).
+    """
+    from ..analyses.per_image import analyse_images
+    from ..errors import ViewNotApplicable
+
+    if loaded.attention_scope == "window":
+        raise ViewNotApplicable("a repair needs global attention; this model attends within windows")
+    why = repair.why_not(loaded.model, loaded.layout)
+    if why:
+        raise ViewNotApplicable(why)
+    if repair.kind == "sinks" and sinks is None:
+        sinks = analyse_images(loaded, images).sinks
+    layout, device = loaded.layout, next(loaded.model.parameters()).device  # the layout of the model's own input size
+    return analyse_images(loaded, images, edit=repair.edit(loaded.model, layout, sinks, device),
+                          layout=repair.layout(layout))

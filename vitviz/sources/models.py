@@ -56,7 +56,7 @@ class ModelSpec:
 
 @dataclass
 class LoadedModel:
-    """A model ready for :func:`vitviz.capture.capture`, with what the UI needs to describe it."""
+    """A model ready for :func:`vitviz.trace.trace_model`, with what the UI needs to describe it."""
 
     model: torch.nn.Module
     spec: ModelSpec
@@ -83,7 +83,7 @@ class LoadedModel:
 
     @property
     def attention_scope(self) -> str:
-        """``"global"``: every token attends to every token, attention is (L, H, N, N) (vitviz.capture);
+        """``"global"``: every token attends to every token, attention is (L, H, N, N) (vitviz.trace);
         ``"window"``: attention inside local windows per block (Swin). Pages ask :meth:`why_not`, not the family."""
         return self.adapter.scope
 

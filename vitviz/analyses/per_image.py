@@ -1,0 +1,162 @@
+"""The per-image analyses every consumer reads (the CLI's ``analyze``, the app's pages), as functions of one
+:class:`vitviz.trace.Trace` of the points :func:`vitviz.trace.analysis_points` names.
+
+Which results apply depends on the attention's scope (:attr:`vitviz.adapters.Adapter.scope`), never on the family:
+global attention gives the high-norm artifact tokens, the attention sinks and the mean attention distance (L, H) per
+image; window attention (Swin) gives the mean distance within windows per block and the uniform-attention reference.
+:func:`analyse` reads a batch's trace (:class:`Analysed`, per image of the batch); :meth:`Analysed.image` is one
+image's (:class:`ImageAnalyses`, on the host), what the app's pages keep.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+from PIL import Image
+
+from .distance import mean_attention_distance
+from .maps import cls_focus, head_entropy
+from .tokens import AttentionSinks, artifact_tokens, attention_sinks
+from ..layout import TokenLayout
+from ..tensors import to_host
+from ..trace import Trace, trace_for_analysis
+from ..types import ModelInput
+
+__all__ = ["Analysed", "ImageAnalyses", "analyse", "analyse_images"]
+
+
+@dataclass
+class _OfTrace:
+    """A trace and what was found in it: the layout and model input are the trace's."""
+
+    trace: Trace
+
+    @property
+    def layout(self) -> TokenLayout:
+        return self.trace.layout
+
+    @property
+    def batch(self) -> ModelInput:
+        """The model input (normalised tensor, exact model-input images)."""
+        return self.trace.inputs
+
+
+@dataclass
+class Analysed(_OfTrace):
+    """A batch's trace and, per image of the batch, what its analyses found.
+
+    Attributes:
+        trace: the batch's :func:`vitviz.trace.trace_for_analysis` trace, where the model ran.
+        artifacts: global attention: per image the high-norm token indices of the last layer (>10x the median);
+            empty for window attention.
+        sinks: global attention: per image the tokens receiving a disproportionate share of attention, per layer;
+            empty for window attention.
+        distance: global attention: (b, L, H) mean attention distance in pixels; None for window attention.
+        window_distance: window attention: per block (b, H) mean distance within windows in pixels; empty for global.
+        uniform_distance: window attention: (blocks,) the distance of uniform attention over each query's window;
+            None for global attention.
+    """
+
+    artifacts: list[np.ndarray] = field(default_factory=list)
+    sinks: list[AttentionSinks] = field(default_factory=list)
+    distance: np.ndarray | None = None
+    window_distance: list[np.ndarray] = field(default_factory=list)
+    uniform_distance: np.ndarray | None = None
+
+    def image(self, i: int) -> ImageAnalyses:
+        """Image ``i`` alone, on the host: the trace sliced (:meth:`vitviz.trace.Trace.image`) and its findings."""
+        one = self.trace.image(i).to("cpu")
+        if self.trace.geometry is not None:
+            return ImageAnalyses(one, window_distance=[d[i] for d in self.window_distance],
+                                 uniform_distance=self.uniform_distance)
+        return ImageAnalyses(one, artifacts=self.artifacts[i], sinks=self.sinks[i], distance=self.distance[i])
+
+
+@dataclass
+class ImageAnalyses(_OfTrace):
+    """One image's trace (on the host, no batch axis) and what its analyses found: what the app's pages draw from.
+
+    Attributes:
+        trace: one image's trace (:meth:`vitviz.trace.Trace.image`).
+        artifacts: global attention: the high-norm token indices of the last layer; None for window attention.
+        sinks: global attention: the attention sinks per layer; None for window attention.
+        distance: global attention: (L, H) mean attention distance in pixels; None for window attention.
+        window_distance: window attention: per block (H,) mean distance within windows; empty for global.
+        uniform_distance: window attention: (blocks,) uniform attention's distance; None for global.
+    """
+
+    artifacts: np.ndarray | None = None
+    sinks: AttentionSinks | None = None
+    distance: np.ndarray | None = None
+    window_distance: list[np.ndarray] = field(default_factory=list)
+    uniform_distance: np.ndarray | None = None
+
+    @property
+    def model_input(self) -> Image.Image:
+        """The image as the model saw it, after resize and crop."""
+        return self.trace.inputs.images[0]
+
+    @property
+    def geometry(self) -> list | None:
+        """Window models: one :class:`vitviz.adapters.windows.WindowGeometry` per block."""
+        return self.trace.geometry
+
+    @property
+    def attention(self) -> np.ndarray | list[np.ndarray]:
+        """Global: (L, H, N, N); window: per block (nW, H, T, T); float32 on the host."""
+        if self.trace.geometry is not None:
+            return [to_host(a) for a in self.trace.each("attn")]
+        return to_host(self.trace.stack("attn"))
+
+    @property
+    def token_norms(self) -> np.ndarray:
+        """(L, N) the L2 norm of every token leaving each block, float32 on the host."""
+        return to_host(self.trace.stack("resid_post.norm"))
+
+    @property
+    def features(self) -> np.ndarray:
+        """(N, D) the final-norm features (window models: (gh, gw, D)), float32 on the host."""
+        return to_host(self.trace["final_norm"].float())
+
+    @property
+    def logits(self) -> np.ndarray | None:
+        """(C,) float32 on the host, or None without a classifier head."""
+        return None if self.trace.logits is None else to_host(self.trace.logits.float())
+
+    @cached_property
+    def head_scores(self) -> dict[str, np.ndarray]:
+        """The per-head scores for ranking (:func:`vitviz.analyses.maps.head_scores`), each (L, H): computed on first
+        read (the heads page), not for every forward (``analyze`` never reads them)."""
+        attention = self.trace.stack("attn")
+        return {"entropy": head_entropy(attention, self.layout), "cls_focus": cls_focus(attention, self.layout),
+                "distance": self.distance}
+
+
+def analyse(trace: Trace) -> Analysed:
+    """The per-image analyses of a batch's trace (the points :func:`vitviz.trace.analysis_points` names), computed
+    where it was run."""
+    if trace.geometry is not None:
+        from .. import swin
+
+        return Analysed(trace, window_distance=[swin.mean_window_attention_distance(to_host(a), g)
+                                                for a, g in zip(trace.each("attn"), trace.geometry)],
+                        uniform_distance=np.array([swin.uniform_window_distance(g) for g in trace.geometry]))
+    # The analyses read the whole (b, L, H, N, N) stack after the forward, where the model ran: reducing each layer
+    # inside the forward was measured slower on the CPU (benchmarks/README.md).
+    attention, layout = trace.stack("attn"), trace.layout
+    norms = to_host(trace.stack("resid_post.norm"))
+    return Analysed(trace, artifacts=[artifact_tokens(n[-1], layout) for n in norms],
+                    sinks=[attention_sinks(a, layout) for a in attention],
+                    distance=mean_attention_distance(attention, layout))
+
+
+def analyse_images(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | None = None) -> Analysed:
+    """``images`` prepared with the model's own rules (:func:`vitviz.sources.preprocess.preprocess`), traced once
+    (:func:`vitviz.trace.trace_for_analysis`, one batch) and analysed (:func:`analyse`).
+
+    ``edit``, ``layout``: a repair run in the same forward (global attention only) and the token layout it makes
+    (:mod:`vitviz.analyses.registers`); default the model as it is."""
+    from ..sources.preprocess import preprocess
+
+    return analyse(trace_for_analysis(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout))
