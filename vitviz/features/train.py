@@ -31,7 +31,8 @@ import torch
 
 from ..errors import VitvizError
 from .data import flat, shuffled, token_batches
-from .sae import SAE, Convergence, SAEError, Trainer, _postfix, converged, stop_record
+from .sae import SAE
+from .trainer import Convergence, SAEError, Trainer, bar_postfix, converged, stop_record
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_STEPS = 100  # after the first epoch: repeats of a small set are one or a few steps each
@@ -188,7 +189,7 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
                 written = trainer.step_count
             bar.update(1)
             if trainer.last:
-                bar.set_postfix(_postfix(trainer.last), refresh=False)
+                bar.set_postfix(bar_postfix(trainer.last), refresh=False)
             if callback is not None:
                 callback(epoch * n_batches + batch.index + 1, trainer.last)
             if trainer.stopped:
