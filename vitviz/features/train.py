@@ -21,7 +21,6 @@ import itertools
 import json
 import math
 import platform
-import warnings
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
