@@ -7,10 +7,13 @@ Workloads, each on the bundled model (DINOv2 ViT-S/14 @224, its real weights whe
 converted cache is there, else the same architecture with random weights, said so) and ViT-B/16 @224 (timm
 ``vit_base_patch16_224``, random weights): a plain forward (``model(x)``, timm's fused attention, inference mode);
 the full analysis as ``analyze`` runs it (:func:`vitviz.runs.analysis.analyze_batch`: preprocessing, the forward with
-every attention map, every per-image analysis, the attention copied to the host); AttnLRP, LeGrad and Grad-CAM
-(each registered method's ``maps``); faithfulness (:func:`vitviz.runs.faithfulness_run.image_tables`,
+every attention map, every per-image analysis of the batch at once on the device (:mod:`vitviz.analyses.batched`),
+the attention copied to the host), and the same with ``--no-attention`` ("results only": only the results leave the
+device); AttnLRP, LeGrad and Grad-CAM (each registered method's ``maps``); faithfulness
+(:func:`vitviz.runs.faithfulness_run.image_tables`,
 the batch's perturbed inputs 64 per forward: rollout and a random floor of two seeds, MoRF / LeRF / insertion, 11
-steps); and SAE training tokens/s once ``vitviz.features`` exists. On the GPU at batch 1, 8 and 64 in float32 and bfloat16; on the CPU at batch 1 in float32 (--small:
+steps); and SAE training tokens/s on the device (``SAE.fit(device=)``) against the tokens/s of the forward that
+makes them. On the GPU at batch 1, 8 and 64 in float32 and bfloat16; on the CPU at batch 1 in float32 (--small:
 batch 1 at 112 px, 3 steps). Then ``pytest -m gpu`` on the test files that hold gpu-marked tests.
 
 Each figure is the median of up to 5 timed calls after one untimed warm-up call, in milliseconds per image, with
@@ -40,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VITVIZ_CACHE", str(Path(tempfile.gettempdir()) / "vitviz-cache"))
 
-WORKLOADS = ("forward", "analysis", "attnlrp", "legrad", "gradcam", "faithfulness")
+WORKLOADS = ("forward", "analysis", "analysis, results only", "attnlrp", "legrad", "gradcam", "faithfulness")
 SAMPLES = ("astronaut.jpg", "chelsea.jpg", "coffee.jpg", "rocket.jpg")
 MAX_REPS = 5
 REPS_BUDGET_S = 2.0  # timed calls stop once they add up to this (at least one is always made)
@@ -138,9 +141,10 @@ def workload(name: str, loaded, images, steps: int):
             with torch.inference_mode():
                 loaded.model(x)
         return run
-    if name == "analysis":
+    if name in ("analysis", "analysis, results only"):
         settings = AnalysisSettings(batch_size=len(images))
-        return lambda: analyze_batch(loaded, images, settings)
+        keep = name == "analysis"  # results only: analyze --no-attention, the attention never leaves the device
+        return lambda: analyze_batch(loaded, images, settings, keep_attention=keep)
     if name in ("attnlrp", "legrad", "gradcam"):
         target = default_target(loaded.model)
         return lambda: get_method(name).maps(loaded.model, x, target)
@@ -214,8 +218,9 @@ def run_cases(records: list, notes: list, device: str, dtypes, batches, img_size
             del loaded
 
 
-def sae_figure(small: bool = False) -> str:
-    """SAE training tokens/s (``--small``: 2 048 tokens, K 512)."""
+def sae_figure(small: bool = False, device: str = "cpu", notes: list | None = None) -> str:
+    """SAE training tokens/s on ``device`` (``--small``: 2 048 tokens, K 512), and on a GPU the tokens/s of the
+    forward that makes them (the bundled architecture's last block output, batch 64) on the same device."""
     try:
         import vitviz.features  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - not written yet, or broken: the table says which
@@ -225,15 +230,40 @@ def sae_figure(small: bool = False) -> str:
     from vitviz.features import SAE
 
     # The bundled model's width (384), K = 4096 latents, k = 32, 32 768 random tokens, batch 256 (128 steps): the
-    # training step's cost does not depend on what the tokens are. SAE.fit trains on the CPU (it takes no device).
+    # training step's cost does not depend on what the tokens are. The tokens stay on the host and each batch moves
+    # to the device, as SAE.fit(device=) does with activations read from shards.
+    dev = torch.device(device)
     n, latents = (2_048, 512) if small else (32_768, 4096)
     tokens = torch.randn(n, 384, generator=torch.Generator().manual_seed(0))
-    SAE.fit(tokens[:512], latents=latents, topk=32, seed=0, epochs=1)  # warm-up
+    SAE.fit(tokens[:512], latents=latents, topk=32, seed=0, epochs=1, device=dev)  # warm-up
+    _sync(dev)
     t = time.perf_counter()
-    SAE.fit(tokens, latents=latents, topk=32, seed=0, epochs=1)
-    seconds = time.perf_counter() - t
-    return (f"{n / seconds:,.0f} tokens/s on the CPU ({torch.get_num_threads()} threads; K {latents}, k 32, D 384, "
-            f"batch 256, {n} tokens; SAE.fit takes no device yet)")
+    SAE.fit(tokens, latents=latents, topk=32, seed=0, epochs=1, device=dev)
+    _sync(dev)
+    rate = n / (time.perf_counter() - t)
+    where = (f"on {torch.cuda.get_device_name(dev)}" if dev.type == "cuda"
+             else f"on the CPU ({torch.get_num_threads()} threads)")
+    text = f"{rate:,.0f} tokens/s {where} (K {latents}, k 32, D 384, batch 256, {n} tokens)"
+    if dev.type != "cuda":
+        return text
+    batch, made = forward_tokens(device, small, notes if notes is not None else [])
+    return (f"{text}; the forward that makes them (bundled, batch {batch}, float32, the last block's output): "
+            f"{made:,.0f} tokens/s, so training takes {made / rate:.2f}x the forward's time per token")
+
+
+def forward_tokens(device: str, small: bool, notes: list) -> tuple[int, float]:
+    """(batch, tokens/s) of the forward that makes an SAE's tokens: the bundled architecture's last block output
+    (``Lens.trace``), float32, batch 64 (8 with ``small``), on ``device``."""
+    from vitviz.lens import Lens
+    from vitviz.sources.preprocess import preprocess
+
+    batch = 8 if small else 64
+    loaded = build("bundled", device, "float32", 112 if small else None, notes)
+    lens = Lens(loaded)
+    x = preprocess(_images(batch), loaded.data_config).tensor.to(loaded.device)
+    record = Record("bundled", "tokens", device, "float32", batch)
+    measure(record, lambda: lens.trace(x, keep=[("resid_post", -1)]), loaded.device)
+    return batch, loaded.layout.num_tokens * 1e3 / record.ms_per_image
 
 
 def gpu_tests(timeout: float) -> dict:
@@ -343,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         run_cases(records, notes, "cuda", dtypes, gpu_batches, img_size, steps, clock, until=0.55)
     run_cases(records, notes, "cpu", ["float32"], cpu_batches, img_size, steps, clock, until=0.75,
               reps=(1, 0.0, False) if args.small else (MAX_REPS, REPS_BUDGET_S, True))
-    report["sae_training_tokens_per_s"] = sae_figure(args.small)
+    report["sae_training_tokens_per_s"] = sae_figure(args.small, "cuda" if use_gpu else "cpu", notes)
     if use_gpu and not args.no_tests:
         report["gpu_tests"] = gpu_tests(args.budget - clock.elapsed() - 5)
     elif not args.no_tests:

@@ -15,13 +15,15 @@ Prints
      reads the 12 blocks (``lens.trace``), the 12 Gram matrices (pooling tokens: 256 patches x 384 dims per image),
      and the CKA sums with and without the bootstrap's 200 replicates; the load of a shared machine moves each part
      alike, so their ratios hold better than those of whole runs;
+  5. (``--cli``) the command (``python -m vitviz similarity``, in this process: the engine, each minibatch written as a
+     part, the two files at the end) against ``vitviz.similarity`` and the forwards, N = 64 (``--images``' largest);
   4. (``--calibration``, no model) the interval's calibration on simulated features: for unrelated and for related
      features (48 dims, 60 fresh samples each), the spread (standard deviation) of the estimate over samples against
      the bootstrap's mean 95 % width / 3.92, and how often the interval holds the true value (0, or the mean
      estimate), for 48 images in minibatches of 8, 64 in 16 and 256 in 32.
 
 Images: generated 320x240 JPEGs (noise on a gradient) on disk. Medians of ``--repeats`` interleaved runs.
-Usage: .venv/bin/python benchmarks/similarity.py [--images 32 64 128] [--repeats 2] [--calibration]
+Usage: .venv/bin/python benchmarks/similarity.py [--images 32 64 128] [--repeats 2] [--calibration] [--parts] [--cli]
 """
 from __future__ import annotations
 
@@ -74,6 +76,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--calibration", action="store_true", help="only the interval's calibration (no model)")
     parser.add_argument("--parts", action="store_true", help="only one minibatch's parts")
+    parser.add_argument("--cli", action="store_true", help="only the command against the library call")
     parser.add_argument("--memory-of", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -83,6 +86,8 @@ def main() -> None:
         return calibration()
     if args.parts:
         return parts(args.repeats)
+    if args.cli:
+        return command(max(args.images), args.repeats)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, timm {timm.__version__}")
     lens = vitviz.open("bundled", device="cpu")
     with tempfile.TemporaryDirectory() as tmp:
@@ -122,6 +127,27 @@ def main() -> None:
             out = subprocess.run([sys.executable, __file__, "--memory-of", str(n), "--folder", str(folder)],
                                  capture_output=True, text=True, check=True).stdout
             print(f"N = {n}: +{float(out.split()[-1]):.0f} MiB", flush=True)
+
+
+def command(n: int, repeats: int) -> None:
+    from vitviz.cli import main as cli
+
+    lens = vitviz.open("bundled", device="cpu")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = make_images(Path(tmp) / "images", n)
+        paths = sorted(folder.iterdir())
+        vitviz.similarity(lens, lens, paths[:8], batch_size=BATCH)  # warm-up
+        runs = {"forwards": [], "library": [], "command": []}
+        for r in range(repeats):
+            runs["forwards"].append(timed(lambda: forwards([lens], paths)))
+            runs["library"].append(timed(lambda: vitviz.similarity(lens, lens, paths, batch_size=BATCH)))
+            out = Path(tmp) / f"out{r}"
+            runs["command"].append(timed(lambda: cli(["similarity", str(folder), "--out", str(out), "--workers", "0",
+                                                      "--batch-size", str(BATCH), "--device", "cpu"])))
+    m = {k: statistics.median(v) for k, v in runs.items()}
+    print(f"N = {n}, batches of {BATCH}, {torch.get_num_threads()} threads: forwards {m['forwards']:.2f} s, "
+          f"vitviz.similarity {m['library']:.2f} s ({m['library'] / m['forwards']:.2f}x), the command (model load "
+          f"included) {m['command']:.2f} s ({m['command'] / m['forwards']:.2f}x)")
 
 
 def parts(repeats: int) -> None:

@@ -60,7 +60,7 @@ try:
 except VitvizError as exc:  # a family whose forward the rules cannot reach yet
     st.info(str(exc))
     st.stop()
-target_text = results[0].target.text()
+target_text = target_title(results[0].target)
 stem = file_stem("attribution", ctx.image.name, "_".join(methods))
 display = display_controls()
 show_chart(maps_figure(r.model_input, results, pixels=pixels, target_text=target_title(results[0].target),

@@ -4,6 +4,7 @@ from dataclasses import replace
 import streamlit as st
 
 from ui import keys
+from ui.attribution import target_title
 from ui.cache import operator_settings
 from ui.charts import file_stem, show_chart
 from ui.display import patch_picker
@@ -30,7 +31,8 @@ st.caption("A sparse autoencoder (SAE) splits one layer's patch tokens into many
            "(TopK, Gao et al. 2024). Train one here on the sidebar's images (below), or on more images with "
            "`python -m vitviz features train INPUT... --layer L --latents K --topk k --out DIR`"
            + ("." if shared else ", and give its folder, a saev checkpoint or a ViT-Prisma folder below.")
-           + " Latents are numbered from 0, as in the files; patches (row, column) from 1.")
+           + " Latents are numbered from 0, as in the files; patches as on every page: patch 147 (row 10, col 4), "
+           "numbered from 0, rows and columns from 1.")
 
 trained = st.session_state.get(TRAINED)
 with st.expander("Train an SAE here", expanded=trained is None, key="features_train_box"), guarded("the SAE training"):
@@ -145,7 +147,7 @@ def _open(latent: int) -> None:
 
 
 with listed:
-    st.markdown(f"**Patch ({patch // gw + 1}, {patch % gw + 1})** (row, column from the top left): "
+    st.markdown(f"**{layout.token_name(patch + layout.num_prefix_tokens).capitalize()}**: "
                 f"{len(firing)} latents fire there, strongest first. Click one to open it below.")
     if not firing:
         st.caption("No latent fires at this patch.")
@@ -204,9 +206,9 @@ elif words is not None:
 st.subheader("Which latents drive the output")
 if st.toggle("Compute: one backward pass through the SAE spliced in", key="features_drivers"):
     fa = drivers_of(ctx, sae, ident)
-    show_chart(latent_scores_figure(fa.scores[0], fa.target.text()), "features_drivers_fig",
+    show_chart(latent_scores_figure(fa.scores[0], target_title(fa.target)), "features_drivers_fig",
                file_stem("features_drivers", ctx.image.name))
-    st.caption(f"Score of a latent = its activation × the gradient of {fa.target.text()} with respect to it, summed "
+    st.caption(f"Score of a latent = its activation × the gradient of {target_title(fa.target)} with respect to it, summed "
                "over the patches, with the SAE spliced in at its point and its reconstruction error kept as a constant "
                "(the output is exactly the model's own).")
 

@@ -16,6 +16,11 @@ from vitviz.heads.figures import COLOUR_TEXT, effect_heatmap, position_key, qk_g
 
 MAX_IMAGES = 8  # AttentionViz's image set: 8 images
 METHODS = {"pca": "PCA (instant)", "tsne": "t-SNE", "umap": "UMAP"}
+# The ablations in words (vitviz.heads.patching.ABLATION_TEXT names the edited point as the code does: z).
+ABLATION_WORDS = {"zero": "each chosen head's output (its attention-weighted values, before the output projection) set "
+                          "to 0",
+                  "mean": "each chosen head's output (its attention-weighted values, before the output projection) set "
+                          "to its mean over the image set, position by position"}
 
 ctx = setup()
 if ctx is None:
@@ -144,8 +149,8 @@ if action == "Ablate":
                              centre=0.0 if lens.has_head else None,
                              first_layer=1 if scope.startswith("every") else layer + 1)
         show_chart(fig, "heads_ablation_map", file_stem("ablation", mode, f"{len(pairs)}heads"))
-        st.caption(f"Ablation: {patching.ABLATION_TEXT[mode]}, through the forward's z point (the model is not "
-                   f"changed). Output read: {output_text}.")
+        st.caption(f"Ablation: {ABLATION_WORDS[mode]}, edited while the model runs (its weights are not changed). "
+                   f"Output read: {output_text}.")
         download_row(file_stem("ablation", mode), {kind: grids}, {
             "images": names, "ablation": patching.ABLATION_TEXT[mode], "axes": "(image, layer - 1, head - 1)"})
         strongest = pairs[int(np.nanargmax(np.abs(values[[l for l, _ in pairs], [h for _, h in pairs]])))]

@@ -18,6 +18,17 @@ from vitviz.probes.features import POOLINGS
 from vitviz.probes.figures import accuracy_figure
 
 UNUSED = "(not used)"
+# The table's columns in words (probe.json keeps the code names: layer, accuracy, low, high, folds, C, C_at_edge).
+TABLE_COLUMNS = {"layer": "layer", "accuracy": "accuracy (out of fold)", "low": "95 % interval from",
+                 "high": "95 % interval to", "folds": "cross-validation folds", "C": "regularisation C (inverse)",
+                 "C_at_edge": "folds whose C hit the grid's end"}
+
+
+def probe_table(rows: list[dict]) -> pd.DataFrame:
+    """The per-layer probe table with words for headers and 3 decimals for the accuracies."""
+    table = pd.DataFrame(rows).round({"accuracy": 3, "low": 3, "high": 3})
+    return table.rename(columns=TABLE_COLUMNS)
+
 
 ctx = setup()
 if ctx is None:
@@ -53,13 +64,21 @@ for i, image in enumerate(ctx.images):
         if group != UNUSED:
             chosen[image.name] = (image, group)
 
-run = left.button("Train a probe on every layer", type="primary")
+images = LabelledImages(tuple(im for im, _ in chosen.values()), tuple(chosen), tuple(g for _, g in chosen.values()),
+                        tuple(f"{n} (its group box)" for n in chosen))
+try:  # the rule is said before a press: the button waits until the groups meet it
+    images.check("the group boxes")
+    not_ready = None
+except VitvizError as exc:
+    not_ready = str(exc)
+run = left.button("Train a probe on every layer", type="primary", disabled=not_ready is not None,
+                  help=not_ready and f"Not yet: {not_ready}")
+if not_ready:
+    left.caption(f"Not yet: {not_ready}")
 key = ("probe_result", backbone_spec, pooling, tuple(sorted((n, im.sha256, g) for n, (im, g) in chosen.items())))
+failed = False
 if run:
-    images = LabelledImages(tuple(im for im, _ in chosen.values()), tuple(chosen), tuple(g for _, g in chosen.values()),
-                            tuple(f"{n} (its group box)" for n in chosen))
     try:
-        images.check("the group boxes")
         bar = st.progress(0.0, text="Features of every layer ...")
         result = fit(backbone, images, pooling=pooling,
                      progress=lambda done: bar.progress(done / len(chosen), text=f"Features: {done} of {len(chosen)} "
@@ -68,11 +87,14 @@ if run:
         st.session_state[key] = result
         bar.empty()
     except VitvizError as exc:
+        bar.empty()
         st.error(str(exc))
+        failed = True
 result = st.session_state.get(key)
 if result is None:
-    st.info("Sort at least two images into each of two groups and press the button: the model runs once per image "
-            "and the probes of all layers are fitted on those features.")
+    if not failed:  # beside an error the instructions would contradict it
+        st.info("Sort at least two images into each of two groups and press the button: the model runs once per "
+                "image and the probes of all layers are fitted on those features.")
     st.stop()
 
 layer = st.select_slider("The head's layer", [s.layer for s in result.layers], value=result.layer, key="probe_layer",
@@ -89,9 +111,7 @@ st.caption(f"{backbone.label}. Chance {result.chance:.0%} (the largest group). P
 head_note = result.C_search.note() if result.C_search else None
 if head_note:
     st.caption(f"The head's {head_note}")
-st.dataframe(pd.DataFrame(result.table).assign(accuracy=lambda d: d.accuracy.round(3), low=lambda d: d.low.round(3),
-                                               high=lambda d: d.high.round(3)),
-             hide_index=True, height=min(460, 36 * (len(result.table) + 1)))
+st.dataframe(probe_table(result.table), hide_index=True, height="content")
 files = result.files()
 c1, c2, c3 = st.columns(3)
 c1.download_button("probe.safetensors", files["probe.safetensors"], file_name="probe.safetensors",

@@ -9,6 +9,7 @@ from ui.downloads import button_row
 from ui.state import setup
 from ui.navigation import concepts_link, heading
 from vitviz.errors import VitvizError
+from vitviz.figures.core import panel_width
 from vitviz.probes.concepts import HOLDOUT, LABEL_RULE, MAPS
 from vitviz.probes.figures import concept_accuracy_figure, concept_maps_figure
 
@@ -97,10 +98,11 @@ order = [current] + [j for j in range(len(names)) if j != current]
 titles = [f"{names[j]}{' (current)' if j == current else ''}<br>"
           + (f"painted: {concept.images[j]['concept']} concept" if concept.images[j]["concept"] or
              concept.images[j]["not_concept"] else "not painted: prediction") for j in order]
-show_chart(concept_maps_figure([inputs[j] for j in order], concept.probability[order, layer - 1], titles, layout,
+maps_fig = concept_maps_figure([inputs[j] for j in order], concept.probability[order, layer - 1], titles, layout,
                                painted=[painted.concept[j] for j in order], highlight=0,
-                               title=f"Where the concept fires · the layer-{layer} probe's probability on every image"),
-           "concept_maps", stem)
+                               title=f"Where the concept fires · the layer-{layer} probe's probability on every image")
+# As wide as its tiles and their colour bar: at the column's width the bar stood ~200 px right of the maps.
+show_chart(maps_fig, "concept_maps", stem, width=panel_width(maps_fig))
 st.caption("One fixed scale, probability 0 to 1 (Viridis), for every image; painted concept patches are outlined in "
            "white. On painted images the map is the probe's fit to its own training patches; on the others it is a "
            "prediction. Hover a patch for its probability.")

@@ -9,6 +9,7 @@ from ui.display import display_controls, map_figure
 from ui.downloads import download_row
 from ui.readout import (image_patch_lens, image_readout, set_head_names, set_logit_lens, set_textspan,
                         set_tuned_lens)
+from ui.model_box import APP_GIVE_A_HEAD
 from ui.state import setup
 from ui.navigation import heading
 from vitviz import residual
@@ -114,7 +115,7 @@ if has_text:
 
 st.subheader("Logit lens: the head read after every block")
 if not ctx.lens.has_head:
-    st.info(residual.logit_lens_why_not(ctx.lens))
+    st.info(residual.logit_lens_why_not(ctx.lens, APP_GIVE_A_HEAD))
 else:
     lens_result = set_logit_lens(ctx)
     index = next((i for i, im in enumerate(ctx.images) if im.sha256 == ctx.image.sha256), 0)

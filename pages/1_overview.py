@@ -18,6 +18,12 @@ from vitviz.figures.explain_figures import cluster_figure
 from vitviz.figures.core import bars, patch_grid_image, rgb_image
 from vitviz.layout import PATCH_NUMBERING
 
+# The model card's rows in words (the card's keys, as settings.json writes them, are for code and the docs).
+CARD_ROWS = {"label": "model", "library": "library", "architecture": "architecture", "weights_source": "weights from",
+             "layers": "layers", "heads": "heads per layer", "embed_dim": "token width (dimensions)",
+             "parameters": "parameters", "num_classes": "classes (0: no classifier)", "device": "device",
+             "dtype": "number type"}
+
 ctx = setup()
 if ctx is None:
     st.stop()
@@ -37,8 +43,7 @@ with left, guarded("the image and its patch grid"):
 with right, guarded("the model card and classes"):
     card = ctx.loaded.card()
     st.subheader("Model")
-    st.table({k: str(card[k]) for k in ("label", "library", "architecture", "weights_source", "layers", "heads",
-                                          "embed_dim", "parameters", "num_classes", "device", "dtype")}
+    st.table({words: str(card[k]) for k, words in CARD_ROWS.items()}
              | {"prefix tokens": ", ".join(layout.prefix_tokens) or "none", "pooling": layout.global_pool})
     for note in ctx.loaded.notes:
         st.caption(note)

@@ -134,7 +134,7 @@ with stats_tab:
     # As text: the grid draws a missing value (a layer the shallower model lacks) as "None", not as blank.
     st.dataframe(per_layer.rename_axis(index="layer (1-based)").map(lambda v: "–" if v != v else f"{v:.{digits}f}"),
                  column_config={m: st.column_config.TextColumn(m, width="medium", alignment="right") for m in models},
-                 key="compare_table")
+                 key="compare_table", height="content")  # every layer shows: no inner scroll hiding the last ones
     download_row(stem, heads.assign(statistic=statistic.column, unit=statistic.unit),
                  {"statistic": statistic.column, "label": statistic.label, "unit": statistic.unit,
                   "depth_axis": "relative depth (layer + 1) / L" if relative else "layer, 1-based",

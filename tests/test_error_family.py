@@ -38,6 +38,7 @@ PROGRAMMING_ERRORS = {
     ("explainers/text.py", "TextTarget.bind"): "a TextTarget used before it was given a lens's text tower",
     ("io/output.py", "NpzStream.append"): "calling code appending arrays of another dtype or shape under one name",
     ("perturbation/stats.py", "bootstrap_mean"): "calling code asking an interval of no values",
+    ("runs/engines.py", "_chunks"): "calling code passing batch sizes that do not add up to the files",
 }
 
 

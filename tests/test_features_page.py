@@ -116,7 +116,7 @@ def test_features_page_shows_the_images_top_latents_and_their_maps(sae_dir):
         label = buttons[f"features_open_{j}"].label
         assert label.startswith(f"latent {j} · ")
         assert abs(float(label.split(" · ")[1]) - z[patch, j]) <= 5e-3 * z[patch, j] + 1e-4
-    assert any("Patch (5, 7)" in m.value for m in at.markdown)
+    assert any("Patch 70 (row 5, col 7)" in m.value for m in at.markdown)  # named as on every page
     # opening the weakest of them (not one of the image's top latents, typically) shows its view
     weakest = int(firing[np.argmin(z[patch, firing])])
     at.button(key=f"features_open_{weakest}").click().run()

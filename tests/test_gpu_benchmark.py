@@ -23,7 +23,7 @@ def test_gpu_benchmark_runs_on_the_cpu_with_a_figure_for_every_case(tmp_path):
     records = report["records"]
     assert {(r["model"].split(" @")[0], r["workload"]) for r in records} == {
         (m, w) for m in ("bundled", "vit_b16")
-        for w in ("forward", "analysis", "attnlrp", "legrad", "gradcam", "faithfulness")}
+        for w in ("forward", "analysis", "analysis, results only", "attnlrp", "legrad", "gradcam", "faithfulness")}
     assert all(r["device"] == "cpu" and r["batch"] == 1 and r["ms_per_image"] > 0 and not r["note"] for r in records)
     table = (tmp_path / "gpu.md").read_text()
     assert table == done.stdout

@@ -59,14 +59,14 @@ def test_two_sessions_opening_one_image_run_one_forward(fresh_store, monkeypatch
     spec = ModelSpec(name="deit_tiny_patch16_224", img_size=64)
     fresh_store.put(("model", spec), _finish(tiny_model("deit3"), spec, "random weights", "tiny", []))
     forwards, started = [], threading.Barrier(2)
-    real_forward = ui.cache.forward
+    real_forward = ui.cache.analyse_images
 
     def counted(loaded, images):
         forwards.append(1)
         threading.Event().wait(0.3)  # the other session asks while this forward runs
         return real_forward(loaded, images)
 
-    monkeypatch.setattr(ui.cache, "forward", counted)
+    monkeypatch.setattr(ui.cache, "analyse_images", counted)
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 80, 3), dtype=np.uint8))
     results = [None, None]
 

@@ -145,3 +145,31 @@ def test_the_cka_tab_draws_the_front_doors_map_of_the_sidebars_images(page, bund
     assert all(str(c).startswith("rgb(") for _, c in spec["data"][0]["colorscale"])  # no theme placeholder colour
     assert (spec["data"][0]["zmin"], spec["data"][0]["zmax"]) == (0, 1)
     assert any(d.proto.label == "Data (csv)" for d in page.get("download_button"))
+    assert spec["data"][0]["colorbar"]["title"]["text"] == "CKA"
+    assert spec["layout"]["xaxis"]["ticktext"][0] == "1" and spec["layout"]["yaxis"]["ticktext"][-1] == "12"
+    labels = [d.proto.label for d in page.get("download_button")]
+    assert {"Chart (svg)", "Chart (pdf)"} <= set(labels)
+    caption = next(c.value for c in page.caption if "minibatch" in c.value)
+    assert caption.startswith("4 images in 1 minibatch(es)") and "95 % percentile Bayesian bootstrap" in caption
+
+    # The cell's two layers, clustered side by side: first the curve's middle pair (layer 6 with layer 7, for one
+    # model the curve pairs each layer with the next), then the cell a click picks.
+    def clusters(tag):
+        chart = next(c for c in page.get("plotly_chart") if f"cka_clusters_{tag}" in (c.proto.id or ""))
+        spec = json.loads(chart.proto.spec)
+        return spec["layout"]["title"]["text"], _decode(spec["data"][1]["z"]) - 1
+
+    assert clusters("a")[0].endswith("layer 6, resid_post, 4 clusters")
+    assert clusters("b")[0].endswith("layer 7, resid_post, 4 clusters")
+    page.session_state["cka_cell"] = (2, 9)
+    page.run()
+    assert not page.exception, [e.message for e in page.exception]
+    from vitviz.analyses.clusters import token_clusters
+
+    image = load_image(ASSETS / names[0]).image  # the sidebar's current image: the first of the set
+    trace = lens.trace(lens.preprocess([image]), keep="resid_post")
+    for tag, layer in (("a", 2), ("b", 9)):
+        title, drawn = clusters(tag)
+        assert title.endswith(f"layer {layer + 1}, resid_post, 4 clusters")
+        tokens = trace.each("resid_post")[layer][0, trace.layout.num_prefix_tokens:].numpy()
+        np.testing.assert_array_equal(drawn, token_clusters(tokens, trace.layout.grid_size, 4).labels)

@@ -33,6 +33,7 @@ def test_an_upload_comes_back_from_its_link_and_only_from_it():
     reloaded = _session({"img": link, "image": "chelsea.jpg"})
     assert "chelsea.jpg" in _images(reloaded)
     assert reloaded.sidebar.selectbox(key="current").value == "chelsea.jpg"
+    assert _images(reloaded) == ["chelsea.jpg"]  # the default sample stays out, as it did before F5
     # ... and the sidebar's list of loaded images names it on that first run (the uploader widget is empty).
     assert any("chelsea.jpg" in c.value for c in reloaded.sidebar.caption)
     assert any((b.key or "").startswith("remove_") for b in reloaded.sidebar.button)

@@ -254,6 +254,7 @@ def test_registers_page_with_outliers_but_none_in_the_detection_layer_says_so_an
 
     at = AppTest.from_file(APP, default_timeout=300).run()
     at.sidebar.file_uploader(key="uploads").set_value([("square.png", _grey_with_a_white_square(), "image/png")]).run()
+    at.sidebar.multiselect(key="samples").set_value(["astronaut.jpg"]).run()  # chosen: an upload replaces the default
     at.switch_page("pages/11_registers.py").run()
     at.slider(key="registers_factor").set_value(2.0).run()
     assert not at.exception, [e.message for e in at.exception]

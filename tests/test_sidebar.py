@@ -92,14 +92,28 @@ def test_padded_panorama_is_seen_whole_and_keyed_apart():
 def test_new_upload_becomes_the_current_image_and_survives_page_switches():
     at = _app()
     at = _run(at.sidebar.file_uploader(key="uploads").set_value([_file("chelsea.jpg")]))
-    assert _current(at) == ("chelsea.jpg", ["chelsea.jpg", "astronaut.jpg"])
+    assert _current(at) == ("chelsea.jpg", ["chelsea.jpg"])  # the default sample leaves the set
     assert any("chelsea.jpg" in h.value for h in at.header)
     at = _run(at.sidebar.file_uploader(key="uploads").set_value([_file("chelsea.jpg"), _file("coffee.jpg")]))
     assert _current(at)[0] == "coffee.jpg"
     for page in ("pages/2_heads.py", "pages/1_overview.py", "pages/2_heads.py"):
         at = _run(at.switch_page(page))
-        assert _current(at) == ("coffee.jpg", ["chelsea.jpg", "coffee.jpg", "astronaut.jpg"])
+        assert _current(at) == ("coffee.jpg", ["chelsea.jpg", "coffee.jpg"])
         assert at.sidebar.file_uploader(key="uploads").value in (None, [])  # re-created empty on the new page
+
+
+@pytest.mark.slow
+def test_an_upload_replaces_the_default_sample_but_not_a_chosen_one():
+    at = _app()
+    assert _current(at) == ("astronaut.jpg", ["astronaut.jpg"])  # the default, so that a first visit shows something
+    at = _run(at.sidebar.file_uploader(key="uploads").set_value([_file("chelsea.jpg")]))
+    assert at.sidebar.multiselect(key="samples").value == []
+    at = _run(at.switch_page("pages/14_probes.py"))  # the set the Probes page sorts into groups: the upload alone
+    assert [s.label for s in at.selectbox if s.key and s.key.startswith("probe_group_")] == ["chelsea.jpg"]
+    at = _app()
+    at = _run(at.sidebar.multiselect(key="samples").set_value(["rocket.jpg"]))  # the user's choice
+    at = _run(at.sidebar.file_uploader(key="uploads").set_value([_file("chelsea.jpg")]))
+    assert _current(at) == ("chelsea.jpg", ["chelsea.jpg", "rocket.jpg"])
 
 
 @pytest.mark.slow
@@ -124,7 +138,7 @@ def test_removing_a_file_in_the_uploader_removes_it_and_its_error():
     at = _run(at.sidebar.file_uploader(key="uploads").set_value([("chelsea.jpg", kept[0].getvalue(), "image/jpeg")]))
     assert not any("broken.png" in e.value for e in at.error)
     at = _run(at.sidebar.file_uploader(key="uploads").set_value([]))
-    assert _current(at)[1] == ["astronaut.jpg"]
+    assert _current(at)[1] == ["astronaut.jpg"]  # no upload left: the default sample is back
     assert not any(b.label == "Forget uploaded images" for b in at.sidebar.button)
 
 
@@ -135,7 +149,7 @@ def test_removal_after_a_page_switch_keeps_the_earlier_uploads():
     at = _run(at.switch_page("pages/2_heads.py"))
     at = _run(at.sidebar.file_uploader(key="uploads").set_value([_file("coffee.jpg")]))
     at = _run(at.sidebar.file_uploader(key="uploads").set_value([]))
-    assert _current(at)[1] == ["chelsea.jpg", "astronaut.jpg"]
+    assert _current(at)[1] == ["chelsea.jpg"]
 
 
 @pytest.mark.slow

@@ -293,7 +293,9 @@ def test_readme_similarity_within_the_bundled_model_writes_the_python_calls_numb
     want = vitviz.similarity(lens, lens, SAMPLES)  # the same images, the same seed: the same numbers
     np.testing.assert_array_equal(table.pivot(index="layer_a", columns="layer_b", values="cka").to_numpy(), want.cka)
     np.testing.assert_array_equal(table["low"].to_numpy(), want.low.ravel())
-    assert (table["low"] <= table["cka"]).all() and (table["cka"] <= table["high"]).all()
+    # A percentile interval over four images need not hold the estimate (it does not for a few pairs at seeds 0-2):
+    # the bounds are only ordered.
+    assert (table["low"] <= table["high"]).all()
     assert not list(out.glob(".*"))  # no temporary or lock file left behind
 
 

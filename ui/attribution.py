@@ -83,8 +83,8 @@ def target_picker(ctx, container, key: str, say_headless: bool = True) -> int | 
 
 
 def target_title(target) -> str:
-    """The target in words, for figure titles; captions keep :meth:`vitviz.explainers.targets.Target.text` (which names
-    the vector as the code does, e.g. ``forward_head(pre_logits=True)``)."""
+    """The target in words, for titles and captions (:meth:`vitviz.explainers.targets.Target.text` names the vector
+    as the code does, e.g. ``forward_head(pre_logits=True)``: for downloads and the docs, not the screen)."""
     if isinstance(target, Projection):
         return "projection of the model's pooled output vector on its direction for this image"
     return target.text()
@@ -143,7 +143,7 @@ def attribution_panel(ctx, key: str, controls=None, display=None) -> None:
     except VitvizError as exc:  # a family whose forward the rules cannot reach yet
         st.info(str(exc))
         return
-    text = result.target.text()
+    text = target_title(result.target)
     stem = file_stem("attribution", ctx.image.name, method)
     display = display or display_in_use()
     show_chart(maps_figure(ctx.result.model_input, [result], pixels=False, target_text=target_title(result.target),

@@ -15,6 +15,7 @@ from vitviz.features.session import SizeCap, TrainedSAE, train_small
 from vitviz.features.train import TrainSettings
 
 from .cache import _model_run, model_run, store
+from .model_box import APP_GIVE_A_HEAD
 
 TRAINED = "features_trained"  # session key: the TrainedSAE trained on the page, kept for the session
 CANCELLED = "features_train_cancelled"  # session key: the last training was cancelled
@@ -109,7 +110,7 @@ def nearest_of(ctx, sae: SAE, ident: tuple, latent: int, n: int = 5):
     from vitviz.features.classes import nearest_classes, why_no_classes
 
     lens = ctx.lens
-    why = why_no_classes(lens, sae)
+    why = why_no_classes(lens, sae, APP_GIVE_A_HEAD)
     if why:
         return why
     key = ("features-classes", ctx.spec, ident, latent, n)

@@ -34,6 +34,9 @@ UPLOADER_HELD = "uploader_held"  # file_id -> name the uploader held at the last
 UPLOADER_PAGE = "uploader_page"  # the page whose uploader that was
 UPLOADS_SEEN = "uploads_seen"  # file_ids a run has stored or refused
 UPLOADS_REFUSED = "uploads_refused"  # file_id -> the sentence refusing it
+UPLOAD_WATCH_PAGE = "upload_watch_page"  # the page the upload watch belongs to (ui.uploads.watch_uploads)
+UPLOAD_WATCH_SINCE = "upload_watch_since"  # time.monotonic() of the switch to that page (-inf: the session's first)
+SAMPLES_BY_DEFAULT = "samples_by_default"  # "shown"/"hidden" while the sample set is the app's choice, not the user's
 
 # The model (ui.model_box, ui.recovery)
 GOOD_SPEC = "good_spec"  # the ModelSpec that loaded last

@@ -111,12 +111,17 @@ def ckpt_key() -> str:
     return "ckpt" if generation == 0 else f"ckpt_{generation}"
 
 
+HEAD_BOX = "Head: a trained probe (optional)"
+# How the app gives a headless model classes (vitviz.errors.GIVE_A_HEAD says it in code for notebooks and the CLI).
+APP_GIVE_A_HEAD = f"a probe trained on the Probes page, or its file in the sidebar's \"{HEAD_BOX}\" box"
+
+
 def _head() -> str | None:
     """The probe file that becomes the model's classifier (the Head box): an upload, else the one the Probes page
     trained and the user chose; None: the model's own head. Uploads are kept on disk under their content hash
     (a few kB): the model cache keys the headed model by that path."""
     sb = st.sidebar
-    upload = sb.file_uploader("Head (probe.safetensors, optional)", type=["safetensors"], key=keys.HEAD_UPLOAD,
+    upload = sb.file_uploader(HEAD_BOX, type=["safetensors"], key=keys.HEAD_UPLOAD,
                               help="A linear probe from the Probes page or `python -m vitviz probe`: the model gains "
                                    "its classes (top-k, gradient rollout, class targets for attribution, Chefer's "
                                    "protocols) and ends at the probe's layer. A probe of another model is refused.")

@@ -41,6 +41,7 @@ def _toggled() -> None:
 
 def _open(name: str) -> None:
     _close()
+    st.session_state.pop(keys.SAMPLES_BY_DEFAULT, None)  # a sample the user opened stays when they upload their own
     choose(keys.SAMPLE_PICKS, [name])
     choose(keys.CURRENT, name)
     st.session_state[SAVED].update(FIRST_VIEW)

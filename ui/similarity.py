@@ -7,14 +7,18 @@ from dataclasses import replace
 import numpy as np
 import streamlit as st
 
-from ui.cache import model_run, store
-from ui.charts import file_stem, show_chart
+from ui.cache import _model_run, model_run, store
+from ui.charts import file_stem, point_customdata, show_chart
 from ui.downloads import download_row
 from ui.guard import guarded
 from ui.progress import cached, with_progress
+from vitviz.analyses.clusters import K_RANGE, token_clusters
 from vitviz.errors import VitvizError
+from vitviz.figures.explain_figures import cluster_figure
 from vitviz.figures.similarity_figures import cka_diagonal, cka_heatmap
-from vitviz.runs.similarity_run import MIN_BATCH, POOLINGS, TOKEN_POINTS, CNNFeatures, is_cnn_name, similarity
+from vitviz.lens import Lens
+from vitviz.runs.similarity_run import (MIN_BATCH, POOLINGS, TOKEN_POINTS, CNNFeatures, LensFeatures, is_cnn_name,
+                                        layer_tokens, similarity)
 from vitviz.sources.names import canonical_model_name
 
 BATCH_SIZE = 32
@@ -55,15 +59,16 @@ def similarity_section(ctx) -> None:
     name_a = canonical_model_name(ctx.spec.name)
     name_b = canonical_model_name(other) if other else name_a
     key = ("cka", ctx.spec, other, point, pooling, tuple(im.sha256 for im in ctx.images))
-    if cached(key) is None and not st.button(f"Compute CKA over the {len(ctx.images)} images", key="cka_run",
-                                             help="Runs each model once over the images, "
-                                                  f"{BATCH_SIZE} at a time."):
+    button = st.empty()  # emptied once the map is computed: the clicked button does not stay above it
+    if cached(key) is None and not button.button(f"Compute CKA over the {len(ctx.images)} images", key="cka_run",
+                                                 help="Runs each model once over the images, "
+                                                      f"{BATCH_SIZE} at a time."):
         return
     result = cached(key)
     try:
+        lens = ctx.lens
+        side_b = _other_side(ctx, other) if other else lens
         if result is None:
-            lens = ctx.lens
-            side_b = _other_side(ctx, other) if other else lens
             with model_run():
                 result = with_progress(key, "CKA: running the models over the images ...", lambda progress: similarity(
                     lens, side_b, [im.image for im in ctx.images], point=point, pooling=pooling,
@@ -71,9 +76,16 @@ def similarity_section(ctx) -> None:
     except VitvizError as exc:
         st.error(str(exc))
         return
+    button.empty()
     stem = file_stem("cka", name_a, name_b, point, pooling)
+    la, lb = result.cka.shape
+    cell = st.session_state.get("cka_cell")
+    if cell is None or cell[0] >= la or cell[1] >= lb:  # first view, or another map: the curve's middle pair
+        middle = result.diagonal().iloc[len(result.diagonal()) // 2]
+        cell = (int(middle["layer_a"]), int(middle["layer_b"]))
     with guarded("the CKA map"):
-        show_chart(cka_heatmap(result, name_a, name_b), "cka_map", stem)
+        show_chart(cka_heatmap(result, name_a, name_b, selected=cell), "cka_map", stem, on_select=_pick_cell,
+                   selection_mode="points")
     st.caption(f"{result.images} images in {result.settings['minibatches']} minibatch(es); point {point}, "
                f"pooling {pooling} ({POOLINGS[pooling]}). One colour scale, 0 to 1; an estimate below 0 (possible "
                f"with few images) is drawn as 0 and keeps its value in the hover. Interval: "
@@ -83,9 +95,52 @@ def similarity_section(ctx) -> None:
         st.warning(f"With {result.images} images the 95 % intervals are wide (median width {np.median(widths):.2f}; "
                    "hover a cell for its own): the map's broad structure may hold, but not which cells differ. Dozens "
                    "of images narrow them (`python -m vitviz similarity` runs over thousands).")
+    with guarded("the token clusters"):
+        _clusters_side_by_side(ctx, (lens, side_b), (name_a, name_b), point, cell, result)
     with guarded("the diagonal"):
         show_chart(cka_diagonal(result, name_a, name_b), "cka_diagonal", f"{stem}_diagonal")
     download_row(stem, result.table().assign(name_a=lambda t: [result.layers_a[i] for i in t["layer_a"]],
                                              name_b=lambda t: [result.layers_b[j] for j in t["layer_b"]]),
                  result.settings | {"model_a": name_a, "model_b": name_b,
                                     "layers_a": list(result.layers_a), "layers_b": list(result.layers_b)})
+
+
+def _pick_cell() -> None:
+    """A click on the map: its marker's customdata is [layer_a, layer_b], 0-based."""
+    event = st.session_state.get("cka_map") or {}
+    points = (event.get("selection") or {}).get("points") or []
+    picked = [int(v) for v in point_customdata(points[0])] if points else []
+    if len(picked) == 2:
+        st.session_state["cka_cell"] = tuple(picked)
+
+
+def _clusters_side_by_side(ctx, sides, names, point: str, cell: tuple[int, int], result) -> None:
+    """The selected cell's two layers: k-means of the sidebar's current image's tokens at each, side by side."""
+    i, j = cell
+    layers = (result.layers_a[i], result.layers_b[j])
+    shown = [f"layer {n.split()[-1]}" if n.startswith("block ") else f"stage {n}" for n in layers]
+    st.markdown(f"**Token clusters of the selected cell**: {names[0]} {shown[0]} against {names[1]} {shown[1]}, "
+                f"CKA {result.cka[i, j]:.3f} (95 %: {result.low[i, j]:.3f} to {result.high[i, j]:.3f}).")
+    k = st.slider("Clusters K", K_RANGE[0], K_RANGE[1], 4, key="cka_cluster_k")
+    columns = st.columns(2)
+    for column, side, name, layer, what, tag in zip(columns, sides, names, (i, j), shown, ("a", "b")):
+        key = ("cka_clusters", ctx.spec, name, point, layer, ctx.image.sha256, k)
+        with column:
+            tokens, clusters = store().get_or_compute(key, _model_run(
+                f"Clustering {name}'s {what} ...", lambda side=side, layer=layer: _cluster(side, point, ctx.image.image,
+                                                                                         layer, k)))
+            at = f"{what}, {point}" if isinstance(side, Lens) else what
+            title = f"{name}: {at}, {k} clusters"
+            show_chart(cluster_figure(tokens.image, clusters.labels, tokens.layout, title=title, height=430),
+                       f"cka_clusters_{tag}", file_stem("cka_clusters", ctx.image.name, name, what, f"k{k}"))
+    st.caption(f"One image (the sidebar's {ctx.image.name}) on each model's own input; k-means of its "
+               f"{'tokens' if isinstance(sides[0], Lens) else 'positions'} at each layer (fixed seed, numbered by "
+               "size, largest first). Click another cell of the map to compare two other layers. Similar groupings "
+               "at a high CKA are expected; CKA compares the images' Gram matrices over the whole set, the clusters "
+               "one image's tokens.")
+
+
+def _cluster(side, point: str, image, layer: int, k: int):
+    side = LensFeatures(side, point) if isinstance(side, Lens) else side
+    tokens = layer_tokens(side, image, layer)
+    return tokens, token_clusters(tokens.features, tokens.layout.grid_size, k)

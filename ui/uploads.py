@@ -6,6 +6,7 @@ A page switch re-creates the sidebar's uploader empty; the session keeps every u
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from vitviz.settings import megabytes
 
 from . import keys, persist
 from .cache import operator_settings, store
-from .widgets import kept_args
+from .widgets import choose, kept_args
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SAMPLES = sorted(p.name for p in ASSETS.glob("*.jpg"))
@@ -71,7 +72,8 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
     for file_id in refused.keys() - held.keys():
         refused.pop(file_id)
     added = []
-    arrived = [u for file_id, u in held.items() if file_id not in before]
+    # (a file the upload watch's run already took arrives in the uploader later: it is not taken twice)
+    arrived = [u for file_id, u in held.items() if file_id not in before and file_id not in seen]
     arrived += list({u.file_id: u for u in left_behind if u.file_id not in held}.values())
     for upload in arrived:
         file_id = upload.file_id
@@ -167,17 +169,68 @@ def _forget_uploads(store: dict[str, bytes]) -> None:
     st.session_state[keys.UPLOADER_HELD] = {}
 
 
+UPLOAD_WATCH_S = 60  # after a page switch, how long an upload begun on the page left may still land (a busy server)
+UPLOAD_WATCH_EVERY_S = 3
+
+
+def watch_uploads() -> None:
+    """For a while after each page switch, look every few seconds for an image this session sent that no run has
+    taken, and rerun the page when one has landed.
+
+    On a busy server an upload's bytes can reach it after the user has opened another page: the browser then drops
+    the upload's own rerun (its uploader is gone with the page left), the file lands in the server's storage, and no
+    run would ever take it (on a cold server, 1 to 4 of eight users uploading on the landing page lost their photo).
+    A session's first page needs no watch: there the uploader that sent the file reruns the page itself."""
+    page, previous = _page_id(), st.session_state.get(keys.UPLOAD_WATCH_PAGE)
+    if previous != page:
+        st.session_state[keys.UPLOAD_WATCH_PAGE] = page
+        st.session_state[keys.UPLOAD_WATCH_SINCE] = time.monotonic() if previous is not None else float("-inf")
+    if time.monotonic() - st.session_state[keys.UPLOAD_WATCH_SINCE] < UPLOAD_WATCH_S:
+        _upload_watch()
+
+
+@st.fragment(run_every=UPLOAD_WATCH_EVERY_S)
+def _upload_watch() -> None:
+    if time.monotonic() - st.session_state.get(keys.UPLOAD_WATCH_SINCE, float("-inf")) >= UPLOAD_WATCH_S:
+        return  # the timer goes with the page's next full run
+    if _unclaimed_images(st.session_state.get(keys.UPLOADS_SEEN, set())):
+        st.rerun(scope="app")  # the page's run takes it (_sync_uploads)
+
+
+def _samples_picked() -> None:
+    """The user chose the sample set (the sidebar's box)."""
+    st.session_state.pop(keys.SAMPLES_BY_DEFAULT, None)
+    if keys.SAMPLE_PICKS in st.session_state:  # (kept as every sidebar widget's value is: ui.widgets)
+        choose(keys.SAMPLE_PICKS, st.session_state[keys.SAMPLE_PICKS])
+
+
 def sidebar_images() -> tuple[list[LoadedImage], str | None]:
     """The decoded image set (uploads, then chosen samples) and the newest upload's name."""
     store = image_store()
     newest = _sync_uploads(store)
+    watch_uploads()
     for gone in persist.keep_images(store):  # first: after F5 the list below then shows the images it brought back
         st.sidebar.warning(gone)
     # The uploader lists what it holds with its own ×; the box lists the rest (after a page switch or F5).
     if persist.uploads_box(store, set(st.session_state.get(keys.UPLOADER_HELD, {}).values())):
         persist.keep_images(store)  # the URL names what is left
-    st.session_state.setdefault(keys.kept(keys.SAMPLE_PICKS), persist.linked_samples(SAMPLES) or SAMPLES[:1])
-    samples = st.sidebar.multiselect("Sample photos (assets/)", SAMPLES, **kept_args(keys.SAMPLE_PICKS, SAMPLES))
+    if keys.kept(keys.SAMPLE_PICKS) not in st.session_state:
+        linked = persist.linked_samples(SAMPLES)
+        choose(keys.SAMPLE_PICKS, linked or SAMPLES[:1])
+        if not linked:
+            st.session_state[keys.SAMPLES_BY_DEFAULT] = "shown"
+    # The default sample is there so that a first visit shows something: once the user's own photos are in (uploaded,
+    # or back from a link after F5) it would only swell the set (the Probes page sorted it into a group), and it comes
+    # back when no upload is left; a sample the user chose (the box, the first visit's explanation, a link) stays.
+    default = st.session_state.get(keys.SAMPLES_BY_DEFAULT)
+    if default == "shown" and store:
+        choose(keys.SAMPLE_PICKS, [])
+        st.session_state[keys.SAMPLES_BY_DEFAULT] = "hidden"
+    elif default == "hidden" and not store:
+        choose(keys.SAMPLE_PICKS, SAMPLES[:1])
+        st.session_state[keys.SAMPLES_BY_DEFAULT] = "shown"
+    samples = st.sidebar.multiselect("Sample photos (assets/)", SAMPLES, **kept_args(keys.SAMPLE_PICKS, SAMPLES)
+                                     | {"on_change": _samples_picked, "args": ()})
     images, problems = [], []
     for name, data in store.items():
         try:

@@ -55,3 +55,8 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     lines = str(exc).splitlines()
     message = lines[0][:limit] if lines else ""
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+# How to give a headless model classes, in a notebook's and a terminal's words; the app passes its own (the sidebar's
+# Head box), so the screen shows no code.
+GIVE_A_HEAD = "a probe file: vitviz.open(..., head='probe.safetensors'), --head, or the app's Head box"

@@ -149,6 +149,46 @@ def self_hsic(k: torch.Tensor) -> torch.Tensor:
             - 2 / (n - 2) * (rows * rows).sum(-1)) / (n * (n - 3))
 
 
+def minibatch_sums(grams_a: torch.Tensor, grams_b: torch.Tensor, same: bool = False, replicates: int = 200,
+                   seed: int = 0, index: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One minibatch's terms of :class:`MinibatchCKA`'s sums: the unbiased HSIC of every pair of layers, then the same
+    under each bootstrap replicate's image weights.
+
+    The weights of minibatch ``index`` come from a generator seeded by (``seed``, ``index``) alone, so a minibatch
+    computed in another process, or in a run resumed after a kill, adds exactly the terms it adds in one run.
+
+    Args:
+        grams_a: (L_a, n, n) Gram matrices of one side's layers, n >= 4 images.
+        grams_b: (L_b, n, n) of the other side's, the same images (``grams_a`` itself when ``same``).
+        same: the two sides are one model's layers: the self-HSIC is computed once.
+        replicates: bootstrap replicates R.
+        seed: of the bootstrap.
+        index: the minibatch's 0-based position in the image set.
+
+    Returns:
+        ab (1 + R, L_a, L_b), aa (1 + R, L_a), bb (1 + R, L_b) float64: row 0 the plain terms, then the replicates'.
+    """
+    n = grams_a.shape[-1]
+    ab = np.zeros((1 + replicates, grams_a.shape[0], grams_b.shape[0]))
+    aa, bb = np.zeros(ab.shape[:2]), np.zeros((1 + replicates, grams_b.shape[0]))
+    ab[0] = unbiased_hsic(grams_a, grams_b).cpu().numpy()
+    aa[0] = self_hsic(grams_a).cpu().numpy()
+    bb[0] = aa[0] if same else self_hsic(grams_b).cpu().numpy()
+    if replicates:
+        state = np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0]
+        generator = torch.Generator().manual_seed(int(state) & (2 ** 63 - 1))
+        weights = -torch.log(torch.rand(replicates, n, generator=generator, dtype=torch.float64))
+        step = max(1, MinibatchCKA.CHUNK // (3 * n * n))
+        for start in range(0, replicates, step):
+            w = weights[start:start + step]
+            mass = w.mean(-1).numpy()  # the minibatch counts with its images' weight, as it counts with n
+            rows = slice(1 + start, 1 + start + len(w))
+            ab[rows] = mass[:, None, None] * weighted_hsic(grams_a, grams_b, w).cpu().numpy()
+            aa[rows] = mass[:, None] * weighted_hsic(grams_a, grams_a, w, same=True).cpu().numpy()
+            bb[rows] = aa[rows] if same else mass[:, None] * weighted_hsic(grams_b, grams_b, w, same=True).cpu().numpy()
+    return ab, aa, bb
+
+
 class MinibatchCKA:
     """CKA of every layer of one model against every layer of another, accumulated minibatch by minibatch.
 
@@ -157,7 +197,7 @@ class MinibatchCKA:
     images. The interval is a Bayesian bootstrap over images (Rubin 1981): each replicate gives every image an Exp(1)
     weight, each minibatch's HSIC becomes :func:`weighted_hsic` and counts with its images' mean weight, and the 2.5
     and 97.5 percentiles of the replicates' CKA bound it. The replicates' sums are (R, L_a, L_b): still independent
-    of the number of images.
+    of the number of images. Minibatch i's weights depend on (seed, i) only (:func:`minibatch_sums`).
 
     Args:
         num_a: layers of one side (L_a).
@@ -169,8 +209,7 @@ class MinibatchCKA:
     CHUNK = 1 << 22  # weights x examples² per step of the bootstrap: bounds its scratch memory (~100 MB float64)
 
     def __init__(self, num_a: int, num_b: int, replicates: int = 200, seed: int = 0):
-        self.replicates = replicates
-        self.generator = torch.Generator().manual_seed(seed)
+        self.replicates, self.seed = replicates, seed
         self.ab = np.zeros((1 + replicates, num_a, num_b))  # row 0: the estimate; then the replicates
         self.aa = np.zeros((1 + replicates, num_a))
         self.bb = np.zeros((1 + replicates, num_b))
@@ -178,29 +217,20 @@ class MinibatchCKA:
         self.images = 0
 
     def update(self, grams_a: torch.Tensor, grams_b: torch.Tensor, same: bool = False) -> None:
-        """Add one minibatch: (L_a, n, n) and (L_b, n, n) Gram matrices of the same n >= 4 images.
+        """Add one minibatch, the next in order: (L_a, n, n) and (L_b, n, n) Gram matrices of the same n >= 4 images.
 
         ``same``: the two sides are one model's layers (``grams_b`` is ``grams_a``): its self-HSIC is computed once.
         """
-        n = grams_a.shape[-1]
-        self.ab[0] += unbiased_hsic(grams_a, grams_b).cpu().numpy()
-        aa = self_hsic(grams_a).cpu().numpy()
-        self.aa[0] += aa
-        self.bb[0] += aa if same else self_hsic(grams_b).cpu().numpy()
-        if self.replicates:
-            weights = -torch.log(torch.rand(self.replicates, n, generator=self.generator, dtype=torch.float64))
-            step = max(1, self.CHUNK // (3 * n * n))
-            for start in range(0, self.replicates, step):
-                w = weights[start:start + step]
-                mass = w.mean(-1).numpy()  # the minibatch counts with its images' weight, as it counts with n
-                rows = slice(1 + start, 1 + start + len(w))
-                self.ab[rows] += mass[:, None, None] * weighted_hsic(grams_a, grams_b, w).cpu().numpy()
-                aa = mass[:, None] * weighted_hsic(grams_a, grams_a, w, same=True).cpu().numpy()
-                bb = aa if same else mass[:, None] * weighted_hsic(grams_b, grams_b, w, same=True).cpu().numpy()
-                self.aa[rows] += aa
-                self.bb[rows] += bb
+        sums = minibatch_sums(grams_a, grams_b, same, self.replicates, self.seed, self.batches)
+        self.add(*sums, images=grams_a.shape[-1])
+
+    def add(self, ab: np.ndarray, aa: np.ndarray, bb: np.ndarray, images: int) -> None:
+        """Add one minibatch's terms computed elsewhere (:func:`minibatch_sums`, in a worker or a stored part)."""
+        self.ab += ab
+        self.aa += aa
+        self.bb += bb
         self.batches += 1
-        self.images += n
+        self.images += images
 
     def result(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(cka, low, high), each (L_a, L_b) float64; low and high NaN without replicates."""

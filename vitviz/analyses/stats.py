@@ -38,12 +38,10 @@ from PIL import Image
 
 from ..trace import trace_for_analysis
 from ..trace import Trace
-from .distance import mean_attention_distance_conventions
+from .batched import Reductions, batch_sinks, reduce_attention
 from ..sources.preprocess import preprocess
 from ..layout import TokenLayout
-from .maps import cls_focus, head_entropy
-from ..tensors import as_tensor, to_host
-from .tokens import attention_sinks
+from ..tensors import to_host
 
 STATISTICS = ("mean_distance", "mean_distance_with_prefix", "entropy", "cls_focus", "prefix_received")
 STATS_COLUMNS = {"image": "str", "model": "str", "layer": "int32", "head": "int32"} | {s: "float64" for s in STATISTICS}
@@ -58,35 +56,32 @@ class StatsTables:
     sinks: pd.DataFrame
 
 
-def per_head_statistics(attention: torch.Tensor | np.ndarray, layout: TokenLayout) -> dict[str, np.ndarray]:
+def per_head_statistics(attention: torch.Tensor | np.ndarray, layout: TokenLayout,
+                        reduced: Reductions | None = None) -> dict[str, np.ndarray]:
     """Every statistic of :data:`STATISTICS` for each image, layer and head.
 
-    attention: (B, L, H, N, N) probabilities -> {name: (B, L, H) float64}.
+    attention: (B, L, H, N, N) probabilities -> {name: (B, L, H) float64}. ``reduced``: the batch's
+    :func:`vitviz.analyses.batched.reduce_attention` with ``scores``, when already taken.
     """
-    a = as_tensor(attention)  # read where capture left it (a GPU's attention stays there)
-    B, L, H = a.shape[:3]
-    patches, prefix = layout.patch_slice, slice(0, layout.num_prefix_tokens)
-    if layout.has_class_token:
-        focus = cls_focus(a, layout)
-    else:
-        focus = np.full((B, L, H), np.nan)
-    renormalised, with_prefix = mean_attention_distance_conventions(a, layout)
+    # One pass over the whole batch, where capture left it (a GPU's attention stays there): only the results move.
+    r = reduced or reduce_attention(attention, layout, scores=True)
     return {
-        "mean_distance": renormalised,
-        "mean_distance_with_prefix": with_prefix,
-        "entropy": np.stack([head_entropy(image, layout) for image in a]),
-        "cls_focus": focus,
-        "prefix_received": to_host(a[..., patches, prefix].sum(dim=-1, dtype=torch.float64).mean(dim=-1)),
+        "mean_distance": to_host(r.distance),
+        "mean_distance_with_prefix": to_host(r.distance_with_prefix),
+        "entropy": to_host(r.entropy),
+        "cls_focus": to_host(r.cls_focus),
+        "prefix_received": to_host(r.prefix_received),
     }
 
 
 def statistics_table(attention: torch.Tensor | np.ndarray, layout: TokenLayout, names: list[str],
-                     model: str) -> pd.DataFrame:
+                     model: str, reduced: Reductions | None = None) -> pd.DataFrame:
     """One row per (image, layer, head) with :data:`STATS_COLUMNS`.
 
-    attention: (B, L, H, N, N) probabilities of B images named ``names``; ``model`` fills the model column.
+    attention: (B, L, H, N, N) probabilities of B images named ``names``; ``model`` fills the model column;
+    ``reduced``: as :func:`per_head_statistics` takes it.
     """
-    values = per_head_statistics(attention, layout)
+    values = per_head_statistics(attention, layout, reduced)
     B, L, H = values["mean_distance"].shape
     if len(names) != B:
         raise ValueError(f"{len(names)} names for {B} images")
@@ -100,15 +95,15 @@ def statistics_table(attention: torch.Tensor | np.ndarray, layout: TokenLayout, 
 
 
 def sinks_table(attention: torch.Tensor | np.ndarray, layout: TokenLayout, names: list[str],
-                model: str) -> pd.DataFrame:
+                model: str, reduced: Reductions | None = None) -> pd.DataFrame:
     """The attention sinks of every image and layer, one row each, with :data:`SINK_COLUMNS`.
 
-    attention: (B, L, H, N, N) probabilities of B images named ``names``.
+    attention: (B, L, H, N, N) probabilities of B images named ``names``; ``reduced``: the batch's
+    :func:`vitviz.analyses.batched.reduce_attention`, when already taken.
     """
-    a = as_tensor(attention)
+    received = (reduced or reduce_attention(attention, layout)).received
     rows = []
-    for name, image in zip(names, a):
-        sinks = attention_sinks(image, layout)
+    for name, sinks in zip(names, batch_sinks(received, layout)):
         for layer, tokens in enumerate(sinks.sinks):
             for token in tokens:
                 rows.append((name, model, layer, int(token), sinks.received[layer, token], sinks.z[layer, token]))
@@ -130,8 +125,9 @@ def batch_tables(loaded, inputs: torch.Tensor, names: list[str], model: str) -> 
 def capture_tables(out: Trace, names: list[str], model: str) -> StatsTables:
     """The rows of one captured batch of images named ``names`` (``model`` fills the model column)."""
     attention = out.stack("attn")
-    return StatsTables(stats=statistics_table(attention, out.layout, names, model),
-                       sinks=sinks_table(attention, out.layout, names, model))
+    reduced = reduce_attention(attention, out.layout, scores=True)
+    return StatsTables(stats=statistics_table(attention, out.layout, names, model, reduced),
+                       sinks=sinks_table(attention, out.layout, names, model, reduced))
 
 
 def table_for_images(loaded, images: list[Image.Image], names: list[str], batch_size: int = 8,

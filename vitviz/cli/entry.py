@@ -16,7 +16,7 @@ from .options import EXIT_USER_ERROR, Interrupted, interrupted_code
 # (vitviz.io.lock); a second run on the same folder is refused at once.
 WRITES_FOLDER = {"analyze", "stats", "faithfulness", "registers", "qk", "heads", "probe", "readout", "similarity"}
 # Commands whose tables keep the finished batches when interrupted (the rest write one result whole or not at all).
-RESUMABLE = ("stats", "faithfulness", "features", "probe")
+RESUMABLE = ("stats", "faithfulness", "features", "probe", "similarity")
 
 
 def _commands() -> dict:

@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..errors import VitvizError
+from ..errors import GIVE_A_HEAD, VitvizError
 from .sae import SAE
 
 # Points whose vectors live in the residual stream's basis (the readout reads that basis)
@@ -45,12 +45,13 @@ class NoReadout(VitvizError):
     """Nearest classes asked of a model without a head, or of an SAE whose point the head does not read."""
 
 
-def why_no_classes(lens, sae: SAE) -> str | None:
-    """One sentence saying why ``sae``'s latents have no nearest classes on ``lens``'s model, or None."""
+def why_no_classes(lens, sae: SAE, give_head: str = GIVE_A_HEAD) -> str | None:
+    """One sentence saying why ``sae``'s latents have no nearest classes on ``lens``'s model, or None.
+    ``give_head``: how the reader gives a headless model classes, in the reader's words."""
     kind, layer = sae.info.get("point_kind"), sae.info.get("layer")
     if not lens.has_head:
         return (f"Nearest classes need a classifier head; {lens.label} has none: give a probe head "
-                "(vitviz.open(..., head='probe.safetensors'), --head, or the sidebar's Head box).")
+                f"({give_head}).")
     if kind not in RESIDUAL_POINTS:
         return (f"Nearest classes read a latent's direction in the residual stream; this SAE reads {kind!r}, which is "
                 f"not in its basis (choose an SAE on {', '.join(RESIDUAL_POINTS)}).")

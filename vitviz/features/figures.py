@@ -71,12 +71,13 @@ def contact_sheet(images: list[Image.Image], maps: np.ndarray, patches: list[int
                   columns: int = 4) -> Image.Image:
     """A latent's top patches as crops: each (2·context + 1)² patches around the patch, the latent's map over it on
     one shared Inferno scale (0 to the strongest activation), the patch outlined in green; a colour bar in SAE units.
-    ``maps`` (n, gh, gw) the latent over each tile's image; ``patches`` 0-based raster; titles 1-based (row, column)."""
+    ``maps`` (n, gh, gw) the latent over each tile's image; ``patches`` 0-based raster; under each title the patch
+    named as on every page ("patch 147 (row 10, col 4)")."""
     from ..figures.overlay import colour_bar, panel_png
 
     scale = ColourScale(0.0, max(max(activations, default=0.0), 1e-12), rule="0 to the strongest activation, shared")
     (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
-    tiles, titles = [], []
+    tiles, titles, notes = [], [], []
     for im, m, p, a, n in zip(images, maps, patches, activations, names):
         full = render_overlay(im, m, scale, marks=Marks(query=p), zoom=zoom)
         r, c = divmod(int(p), gw)
@@ -84,10 +85,11 @@ def contact_sheet(images: list[Image.Image], maps: np.ndarray, patches: list[int
         side = 2 * context + 1
         box = (c0 * pw * zoom, r0 * ph * zoom, (c0 + side) * pw * zoom, (r0 + side) * ph * zoom)
         tiles.append(full.crop(box))
-        titles.append(f"{n} ({r + 1}, {c + 1}) {a:.3g}")
+        titles.append(f"{n} · {a:.3g}")
+        notes.append(layout.token_name(int(p) + layout.num_prefix_tokens))
     bar = colour_bar(scale, "Inferno", VALUE, tiles[0].height if tiles else 200)
     return panel_png(tiles, titles, f"Latent {latent}: its top patches (patch outlined; one shared scale)", bar,
-                     columns=min(columns, max(len(tiles), 1)), font_size=14)
+                     columns=min(columns, max(len(tiles), 1)), font_size=14, notes=notes)
 
 
 def deletion_figure(curves, target_text: str) -> go.Figure:

@@ -17,6 +17,11 @@ from .core import image_data_uri
 SEQUENTIAL_MAP = "Inferno"
 
 
+# Grad-CAM's value: the gradient-weighted sum of a layer's activations, negatives cut to 0 (ReLU(Σ w·A) in the
+# paper's notation; the screen says it in words).
+GRADCAM_UNIT = "weighted activation (≥ 0)"
+
+
 def _label(method: str) -> str:
     """The map method's name as the registry (:mod:`vitviz.explainers`) gives it to every reader (``"Grad-CAM"``)."""
     return registered()[method].label
@@ -49,15 +54,16 @@ def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: 
         with_input: False leaves the model input out (a map drawn beside another figure of the same image).
         wrap: break the title's lines at this many characters (a figure narrower than the page).
         plot_height: pixels of each row of maps, below the title.
-        columns: panels per row (the heads tiles' size at 1440 px with 3).
+        columns: at most this many panels per row (the heads tiles' size at 1440 px with 3); the rows are filled
+            evenly (4 panels: 2 x 2).
         padding: patch indices (0-based raster) that hold no photo (:func:`vitviz.sources.preprocess.padding_patches`):
             hatched on the patch maps and kept out of their colour limits, as on every map page (maps at pixel
             resolution draw them as they are; the title says so).
     """
     first = 2 if with_input else 1
     n = len(results) + first - 1
-    cols = min(columns, n)
-    rows = -(-n // cols)
+    rows = -(-n // columns)
+    cols = -(-n // rows)  # the rows as even as they go: 4 panels are 2 x 2, not 3 + 1 beside two empty slots
     titles = (["model input"] if with_input else []) + [
         _label(r.method) + (" (pixels)" if pixels and r.pixels is not None else "") for r in results]
     # Each colour bar's title runs up beside its bar (side "right"): above the bar, "0–1 (min-max)" ran into the next
@@ -105,15 +111,17 @@ def _add_map(fig, image: Image.Image, r: Map, index: int, pixels: bool, row: int
     at_pixels = pixels and r.pixels is not None
     grid = r.pixels[index] if at_pixels else r.patches[index]
     signed = _signed(r.method)
+    # An outline marks a clipped patch; around single pixels the outlines covered a map in cyan specks (the
+    # caption still counts the clipped pixels).
     drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed,
-                        padding=None if at_pixels else padding)
+                        padding=None if at_pixels else padding, outline_clipped=not at_pixels)
     scale, clipped = drawn.scales[0], len(drawn.clipped[0])
     note = (f"{_label(r.method)}: {clipped} {'pixels' if at_pixels else 'patches'} "
             f"{'beyond ±' if signed else 'above '}{scale.hi:.3g} drawn at the end colour") if clipped else ""
     axis = (row - 1) * cols + col
     right = fig.layout[f"xaxis{axis if axis > 1 else ''}"].domain[1]
     bottom, top = fig.layout[f"yaxis{axis if axis > 1 else ''}"].domain
-    unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else "ReLU(Σ w·A)"
+    unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else GRADCAM_UNIT
     gh, gw = grid.shape
     fig.add_trace(go.Image(source=image_data_uri(drawn.tiles[0]), hoverinfo="skip"), row=row, col=col)
     fig.add_trace(go.Heatmap(
@@ -190,6 +198,6 @@ def method_groups(maps: dict[str, np.ndarray]) -> list:
                                "relevance (target units)", signed=True))
     for m in maps:
         if not _signed(m):
-            unit = "0–1 (min-max)" if m == "legrad" else "ReLU(Σ w·A)"
+            unit = "0–1 (min-max)" if m == "legrad" else GRADCAM_UNIT
             groups.append(MapGroup(_label(m), [MapRow("", np.asarray(maps[m])[None], [_label(m)])], unit))
     return groups

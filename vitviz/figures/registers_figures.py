@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 from PIL import Image
 
 from .core import map_panel
+from .faithfulness_figures import method_label
 from ..layout import TokenLayout
 from .overlay import render_maps
 from ..analyses.registers import EXTRA_TOKEN, OutputChange, Outliers
@@ -127,6 +128,7 @@ def output_change_table(change: OutputChange, names: list[str]) -> pd.DataFrame:
 def repair_faithfulness_table(rows: list[dict]) -> pd.DataFrame:
     """:meth:`vitviz.runs.registers_run.RepairFaithfulness.table` with words for headers (formats:
     :data:`TABLE_FORMATS`)."""
+    rows = [row | {"method": method_label(row["method"])} for row in rows]
     return pd.DataFrame(rows).rename(columns={
         "side": "before / after", "deletion_auc": "deletion AUC ↓", "insertion_auc": "insertion AUC ↑",
         "deletion_vs_random": "deletion vs random maps", "insertion_vs_random": "insertion vs random maps"})

@@ -18,26 +18,47 @@ def _axis(names: tuple[str, ...], model: str) -> dict:
                 tickvals=list(range(1, len(names) + 1)), ticktext=ticks, showgrid=False, zeroline=False)
 
 
-def cka_heatmap(result, label_a: str = "model A", label_b: str = "model B", *, height: int = 560) -> go.Figure:
+def cka_heatmap(result, label_a: str = "model A", label_b: str = "model B", *, height: int = 560,
+                selected: tuple[int, int] | None = None) -> go.Figure:
     """Layer x layer CKA on one 0-1 scale with its colour bar: model A's layers up the y axis (layer 1 at the bottom),
     model B's along x; hover gives the pair, the value and its interval. Values below 0 (the unbiased estimate can
-    fall there on few images) take the lowest colour and keep their value in the hover.
+    fall there on few images) take the lowest colour and keep their value in the hover. Each cell carries a
+    transparent marker whose ``customdata`` is [layer_a, layer_b] (0-based), so a click selects it (Plotly heatmaps
+    send no clicks).
 
     Args:
         result: a :class:`vitviz.Similarity` (cka, low, high (L_a, L_b)).
-        label_a, label_b: the models in words (axis titles).
+        label_a: model A in words (the y axis title).
+        label_b: model B in words (the x axis title).
+        height: pixels.
+        selected: (layer_a, layer_b), 0-based: outlined.
     """
     la, lb = result.cka.shape
     interval = np.stack([result.low, result.high], -1)
+    names_a, names_b = _axis(result.layers_a, label_a)["ticktext"], _axis(result.layers_b, label_b)["ticktext"]
+    rows, cols = np.meshgrid(np.arange(la), np.arange(lb), indexing="ij")
+    # The hover lives on the cells' markers, which take the clicks (and with them the hover) from the heatmap.
+    hover = [f"{label_a} {names_a[i]}, {label_b} {names_b[j]}<br>CKA {result.cka[i, j]:.3f} "
+             f"(95 %: {interval[i, j, 0]:.3f} to {interval[i, j, 1]:.3f})<br>click: both layers' token clusters"
+             for i, j in zip(rows.ravel(), cols.ravel())]
     fig = go.Figure(go.Heatmap(
         z=result.cka, x=np.arange(1, lb + 1), y=np.arange(1, la + 1), zmin=0, zmax=1,
-        colorscale=reference_stops(CMAP), customdata=interval,
-        colorbar=dict(title=dict(text="CKA", side="right"), tickvals=[0, 0.25, 0.5, 0.75, 1]),
-        hovertemplate=f"{label_a} %{{y}}, {label_b} %{{x}}<br>CKA %{{z:.3f}} "
-                      "(95 %: %{customdata[0]:.3f} to %{customdata[1]:.3f})<extra></extra>"))
+        colorscale=reference_stops(CMAP), hoverinfo="skip",
+        colorbar=dict(title=dict(text="CKA", side="right"), tickvals=[0, 0.25, 0.5, 0.75, 1])))
+    fig.add_trace(go.Scatter(
+        x=cols.ravel() + 1, y=rows.ravel() + 1, mode="markers", showlegend=False, hovertext=hover, hoverinfo="text",
+        marker=dict(size=max(8, min(30, 400 // max(la, lb))), color="rgba(0, 0, 0, 0)", symbol="square"),
+        customdata=np.stack([rows.ravel(), cols.ravel()], 1)))
+    if selected is not None:
+        i, j = selected
+        fig.add_shape(type="rect", x0=j + 0.5, x1=j + 1.5, y0=i + 0.5, y1=i + 1.5,
+                      line=dict(color="rgb(0, 200, 83)", width=3))
+    fig.update_layout(clickmode="event+select", dragmode=False, plot_bgcolor="white", paper_bgcolor="white",
+                      font_color="black")
     fig.update_layout(title=f"CKA over {result.images} images: {label_a} (rows) against {label_b} (columns)",
-                      xaxis=_axis(result.layers_b, label_b), yaxis=_axis(result.layers_a, label_a) | dict(
-                          scaleanchor="x", constrain="domain"),
+                      # square cells; both axes constrained, so the y axis stays beside the map when x shrinks
+                      xaxis=_axis(result.layers_b, label_b) | dict(constrain="domain"),
+                      yaxis=_axis(result.layers_a, label_a) | dict(scaleanchor="x", constrain="domain"),
                       height=height, margin=dict(l=70, r=10, t=50, b=60))
     return fig
 

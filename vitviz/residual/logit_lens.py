@@ -21,16 +21,18 @@ import pandas as pd
 import torch
 
 from ..adapters import Hooks
+from ..errors import GIVE_A_HEAD
 from .frozen import ReadoutNotApplicable
 
 
-def why_not(lens) -> str | None:
-    """Why the logit lens does not apply to ``lens``'s model (no classes to read, window attention), or None."""
+def why_not(lens, give_head: str = GIVE_A_HEAD) -> str | None:
+    """Why the logit lens does not apply to ``lens``'s model (no classes to read, window attention), or None.
+    ``give_head``: how the reader gives a headless model classes, in the reader's words."""
     if lens.scope != "global":
         return lens.loaded.why_not("readout")
     if not lens.has_head:
         return (f"{lens.label} has no classifier head, so there are no classes to read the layers in: open it with a "
-                "head (a probe file: vitviz.open(..., head='probe.safetensors'), or the app's Head box).")
+                f"head ({give_head}).")
     return None
 
 

@@ -10,10 +10,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..analyses.per_image import analyse
 from ..trace import trace_for_analysis
 from ..sources.preprocess import preprocess
 from ..trace import Trace
+from ..analyses.batched import (batch_artifacts, batch_gradient_rollout, batch_rollout, batch_sinks,
+                                reduce_attention)
+from ..analyses.batched import rollouts as batch_rollouts
 from ..analyses.clusters import batch_clusters
 from ..analyses.distance import CONVENTION as DISTANCE_CONVENTION
 from ..perturbation.curves import attention_maps, default_fractions, perturbation_curves
@@ -23,7 +25,6 @@ from ..analyses.flow import FLOW_DEFINITION, attention_flow
 from ..layout import TokenLayout
 from ..sources.models import LoadedModel
 from ..analyses.posembed import patch_position_embeddings, position_embedding_similarity
-from ..analyses.rollout import class_gradient_rollout, rollout
 from ..tensors import to_host
 from ..analyses.tokens import AttentionSinks
 
@@ -138,11 +139,13 @@ def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings,
     """Every per-image analysis of a batch's trace (the points :func:`vitviz.trace.analysis_points`, with its
     ``inputs``), as :func:`analyze_batch` runs them; ``edit``: the edit the trace's forward ran (a repair), which
     the analyses that run the model again (gradient rollout) run too."""
-    fwd = analyse(trace)
     batch, layout = trace.inputs, trace.layout
     attention = trace.stack("attn")
-    arrays = {"input": batch.tensor.numpy(), "features": to_host(trace["final_norm"].float()),
-              "token_norms": to_host(trace.stack("resid_post.norm"))}
+    # Every per-image reduction of the batch in one pass over its attention, where the model ran; only results
+    # (and the attention itself when it is kept) come to the host.
+    reduced = reduce_attention(attention, layout, fusion=settings.fusion)
+    norms = to_host(trace.stack("resid_post.norm"))
+    arrays = {"input": batch.tensor.numpy(), "features": to_host(trace["final_norm"].float()), "token_norms": norms}
     if keep_attention:
         arrays["attention"] = to_host(attention)
     facts: dict[str, list] = {}
@@ -154,26 +157,21 @@ def analyze_trace(loaded: LoadedModel, trace: Trace, settings: AnalysisSettings,
             loaded.model, batch.tensor, arrays["features"], layout, settings.clusters, settings.cluster_layer,
             settings.batch_size)
 
-    artifacts, sinks = fwd.artifacts, fwd.sinks
+    artifacts, sinks = batch_artifacts(norms, layout), batch_sinks(reduced.received, layout)
     excluded = [excluded_tokens(settings, art, sink, layout) for art, sink in zip(artifacts, sinks)]
-    rollouts = [rollout(a, layout, fusion=settings.fusion, discard=settings.discard, start=settings.start_layer,
-                        end=settings.end_layer, exclude_tokens=ex) for a, ex in zip(attention, excluded)]
+    rows = batch_rollout(reduced.fused, layout, discard=settings.discard, start=settings.start_layer,
+                         end=settings.end_layer, exclude_tokens=excluded)
+    rollouts = batch_rollouts(rows, layout, settings.start_layer)
     arrays["rollout"] = np.stack([r.map for r in rollouts])
     arrays["rollout_per_layer"] = np.stack([r.per_layer for r in rollouts])
-    arrays["mean_distance_per_image"] = fwd.distance
+    arrays["mean_distance_per_image"] = to_host(reduced.distance)
     facts["artifact_tokens"] = [a.tolist() for a in artifacts]
     facts["attention_sinks_per_layer"] = [[s.tolist() for s in sink.sinks] for sink in sinks]
     facts["prefix_share"] = [r.prefix_share for r in rollouts]
     run_facts["rollout"] = {"layers": list(rollouts[0].layers), "readout": rollouts[0].readout}
     if loaded.has_head:
-        maps, targets = [], []
-        for i in range(len(batch.tensor)):
-            grad_map, target = class_gradient_rollout(loaded.model, batch.tensor[i:i + 1], layout, settings.target_class,
-                                                      edit=edit)
-            maps.append(grad_map)
-            targets.append(target)
-        arrays["gradient_rollout"] = np.stack(maps)
-        facts["gradient_rollout_targets"] = targets
+        arrays["gradient_rollout"], facts["gradient_rollout_targets"] = batch_gradient_rollout(
+            loaded.model, batch.tensor, layout, settings.target_class, edit=edit)
     if settings.flow:
         flows = [attention_flow(to_host(a), layout, fusion=settings.fusion, discard=settings.discard,
                                 start=settings.start_layer, end=settings.end_layer, exclude_tokens=ex)

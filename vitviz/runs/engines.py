@@ -124,7 +124,8 @@ def _entry(item) -> tuple[Any, str]:
 
 
 def decode_batch(index: int, entries: Sequence[tuple[Any, str]], data_config: dict) -> Batch:
-    """Files to model inputs, one image at a time: bad files are listed, never raised."""
+    """Files to model inputs, one image at a time: bad files are listed, never raised. ``data_config`` None: the
+    runner preprocesses itself (two models with their own preprocessing), ``x`` is the decoded RGB images."""
     import torch
 
     from ..io.images import load_image
@@ -134,22 +135,35 @@ def decode_batch(index: int, entries: Sequence[tuple[Any, str]], data_config: di
     for source, name in entries:
         try:
             image = source if not isinstance(source, (str, Path)) else load_image(source, name)
-            tensors.append(preprocess([image.image], data_config).tensor[0])
+            tensors.append(image.image if data_config is None else preprocess([image.image], data_config).tensor[0])
         except VitvizError as exc:
             bad.append((name, exc.reason if isinstance(exc, ImageError) else str(exc)))
             continue
         names.append(name)
         hashes.append(image.sha256)
         notes += [(name, note) for note in image.notes]
-    x = torch.stack(tensors) if tensors else None
+    x = None if not tensors else tensors if data_config is None else torch.stack(tensors)
     return Batch(index, len(entries), names, x, hashes, bad, notes)
 
 
-def _chunks(files: Sequence, batch_size: int, skip: Iterable[int]) -> list[tuple[int, list]]:
-    if batch_size < 1:
-        raise VitvizError(f"--batch-size must be 1 or more, not {batch_size}.")
+def _chunks(files: Sequence, batch_size: int | Sequence[int], skip: Iterable[int]) -> list[tuple[int, list]]:
     entries, skip = [_entry(f) for f in files], set(skip)
-    return [(i, entries[s:s + batch_size]) for i, s in enumerate(range(0, len(entries), batch_size)) if i not in skip]
+    if isinstance(batch_size, int):
+        if batch_size < 1:
+            raise VitvizError(f"--batch-size must be 1 or more, not {batch_size}.")
+        sizes = [batch_size] * -(-len(entries) // batch_size)
+    else:
+        sizes = list(batch_size)
+        if sum(sizes) != len(entries) or min(sizes, default=1) < 1:
+            raise ValueError(f"batch sizes {sizes} do not split {len(entries)} files")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [(i, entries[s:s + n]) for i, (s, n) in enumerate(zip(starts, sizes)) if i not in skip]
+
+
+def _data_config(runner) -> dict | None:
+    """The preprocessing the engine applies: a Lens's; None for a runner without one (it preprocesses itself)."""
+    loaded = getattr(runner, "loaded", None)
+    return None if loaded is None else loaded.data_config
 
 
 def _apply(work, lens, batch: Batch):
@@ -164,14 +178,17 @@ def _finish(work, value):
     return value if done is None or value is None else done(value)
 
 
-def run_batches(work: Callable, lens, files: Sequence, batch_size: int, engine: Engine = Engine(),
+def run_batches(work: Callable, lens, files: Sequence, batch_size: int | Sequence[int], engine: Engine = Engine(),
                 skip: Iterable[int] = ()) -> Iterator[Batch]:
     """``work(lens, batch)`` over ``files`` in batches of ``batch_size``, yielded in file order with ``.value`` set.
 
     Args:
         work: the per-batch function (a picklable callable for Ray), optionally with ``finish(value)``.
         lens: a :class:`vitviz.Lens` (local: it runs here; ray: its ``spec`` is loaded in each actor), or for
-            ray a :class:`vitviz.sources.models.ModelSpec`.
+            ray a :class:`vitviz.sources.models.ModelSpec`. Any other runner without ``loaded`` receives the
+            decoded images as ``batch.x`` (a list of RGB PIL images) and, for ray, has a ``spec`` whose
+            ``open()`` builds it in each actor.
+        batch_size: files per batch, or each batch's count of files in order (they sum to ``len(files)``).
         files: :class:`vitviz.io.inputs.ImageFile`, paths, (path, name) pairs, or decoded images (local only).
         skip: 0-based batch indices already done (resuming): they are neither decoded nor run.
     """
@@ -212,7 +229,7 @@ def _run_local(work, lens, chunks, workers: int) -> Iterator[Batch]:
     import torch
 
     loader = torch.utils.data.DataLoader(
-        _Decoded(chunks, lens.loaded.data_config), batch_size=None, num_workers=workers, collate_fn=_as_is,
+        _Decoded(chunks, _data_config(lens)), batch_size=None, num_workers=workers, collate_fn=_as_is,
         worker_init_fn=_quiet_worker if workers else None, prefetch_factor=2 if workers else None)
     if getattr(work, "finish", None) is None:
         for batch in loader:
@@ -241,16 +258,18 @@ def _done(batch: Batch, value) -> Batch:
 # ---- Ray -------------------------------------------------------------------------------------------------
 
 class _Worker:
-    """A Ray actor: one model, loaded once from its spec; each call decodes and runs one batch."""
+    """A Ray actor: one model (or a runner's models), loaded once from its spec; each call decodes and runs one
+    batch."""
 
     def __init__(self, spec, work):
         from ..lens import Lens
         from ..sources.models import load_model
 
-        self.lens, self.work = Lens(load_model(spec)), work
+        self.lens = spec.open() if hasattr(spec, "open") else Lens(load_model(spec))
+        self.work = work
 
     def run(self, index: int, entries: list[tuple[str, str]]) -> Batch:
-        batch = decode_batch(index, [(Path(p), n) for p, n in entries], self.lens.loaded.data_config)
+        batch = decode_batch(index, [(Path(p), n) for p, n in entries], _data_config(self.lens))
         value = _finish(self.work, _apply(self.work, self.lens, batch))
         return replace(batch, x=None, value=_to_cpu(value))
 

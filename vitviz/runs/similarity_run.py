@@ -17,6 +17,7 @@ features per image are chosen by ``pooling`` (:data:`POOLINGS`). The estimator a
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,7 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..analyses.similarity import KERNELS, MinibatchCKA, gram
+from ..analyses.similarity import KERNELS, MinibatchCKA, gram, minibatch_sums
 from ..errors import ImageError, ModelError, VitvizError
 from ..types import ModelInput
 
@@ -290,9 +291,7 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
     side_a = features_of(lens_a, point)
     same = lens_b is lens_a
     side_b = side_a if same else features_of(lens_b, point)
-    # Near-equal minibatches of at most batch_size images, unless that would leave one under MIN_BATCH.
-    count = min(-(-len(images) // batch_size), len(images) // MIN_BATCH)
-    sizes = iter([len(b) for b in np.array_split(np.arange(len(images)), count)])
+    sizes = iter(minibatch_sizes(len(images), batch_size))
     accumulator = MinibatchCKA(len(side_a.layer_names), len(side_b.layer_names), replicates=bootstrap, seed=seed)
     from ..lens import _as_rgb
 
@@ -332,9 +331,23 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
     if accumulator.batches == 0:
         raise TooFewImages(f"fewer than {MIN_BATCH} of the {len(images)} images could be read: CKA needs {MIN_BATCH}.",
                            skipped)
+    return result_of(accumulator, describe(side_a, side_b), point=point, pooling=pooling, kernel=kernel,
+                     threshold=threshold, batch_size=batch_size, seed=seed, skipped=skipped)
+
+
+def describe(side_a, side_b) -> dict:
+    """The two sides in words: labels, layer names, whether they are one model."""
+    return {"model_a": side_a.label, "model_b": side_b.label, "same_model": side_b is side_a,
+            "layers_a": list(side_a.layer_names), "layers_b": list(side_b.layer_names)}
+
+
+def result_of(accumulator: MinibatchCKA, sides: dict, *, point: str, pooling: str, kernel: str, threshold: float,
+              batch_size: int, seed: int, skipped: list[tuple[str, str]]) -> Similarity:
+    """The summed minibatches as a :class:`Similarity`, with its settings in words (``sides``: :func:`describe`)."""
     cka, low, high = accumulator.result()
+    bootstrap = accumulator.replicates
     settings = {
-        "model_a": side_a.label, "model_b": side_b.label, "same_model": same,
+        "model_a": sides["model_a"], "model_b": sides["model_b"], "same_model": sides["same_model"],
         "point": point, "pooling": pooling, "pooling_means": POOLINGS[pooling],
         "kernel": kernel, "rbf_threshold": threshold if kernel == "rbf" else None,
         "batch_size": batch_size, "minibatches": accumulator.batches, "images": accumulator.images,
@@ -346,8 +359,188 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
         "layers": "0-based in arrays and tables; 1-based on screen",
         "skipped": skipped,
     }
-    return Similarity(cka=cka, low=low, high=high, images=accumulator.images, layers_a=side_a.layer_names,
-                      layers_b=side_b.layer_names, settings=settings)
+    return Similarity(cka=cka, low=low, high=high, images=accumulator.images, layers_a=tuple(sides["layers_a"]),
+                      layers_b=tuple(sides["layers_b"]), settings=settings)
+
+
+@dataclass(frozen=True)
+class LayerTokens:
+    """One image's tokens at one layer of one side of a comparison, on that layer's grid (what the page clusters).
+
+    Attributes:
+        features: (gh * gw, D) float32, positions in raster order, prefix tokens dropped.
+        layout: the grid and the model-input pixels one position covers (a CNN stage's: its stride); no prefix.
+        image: the side's own model-input image (its resize and crop), on which the grid lies.
+    """
+
+    features: np.ndarray
+    layout: object
+    image: object
+
+
+def layer_tokens(side, image, layer: int) -> LayerTokens:
+    """The tokens of one image at layer ``layer`` (0-based) of ``side`` (:class:`LensFeatures` at its point, or
+    :class:`CNNFeatures`' stage).
+
+    Args:
+        side: a :class:`LensFeatures` or :class:`CNNFeatures` (a :class:`vitviz.Lens` is read at ``resid_post``).
+        image: a path, PIL image or (H, W, 3) array.
+        layer: 0-based, as in :attr:`Similarity.layers_a`.
+    """
+    from ..adapters.cnn import cnn_stages
+    from ..layout import TokenLayout
+
+    from ..lens import _as_rgb
+
+    side = features_of(side, "resid_post")
+    inputs = side.preprocess([_as_rgb(image, 0).image])
+    if isinstance(side, CNNFeatures):
+        param = next(side.model.parameters())
+        with torch.inference_mode():
+            stage = cnn_stages(side.model, inputs.tensor.to(device=param.device, dtype=param.dtype))[layer]
+        grid = tuple(stage.shape[-2:])
+        tokens = stage[0].flatten(1).T
+    else:
+        trace = side.lens.trace(inputs, keep=side.point, edit=side.edit)
+        value = trace.each(side.point)[layer][0]
+        if value.ndim == 3:  # window families: (gh, gw, D) on the stage's grid, no prefix
+            grid, tokens = tuple(value.shape[:2]), value.flatten(0, 1)
+        else:
+            grid, tokens = trace.layout.grid_size, value[trace.layout.num_prefix_tokens:]
+    height, width = inputs.tensor.shape[-2:]
+    layout = TokenLayout(prefix_tokens=(), grid_size=grid, patch_size=(height // grid[0], width // grid[1]),
+                         global_pool="", pos_embed_prefix_rows=0)
+    return LayerTokens(features=tokens.float().cpu().numpy(), layout=layout, image=inputs.images[0])
+
+
+def minibatch_sizes(images: int, batch_size: int) -> list[int]:
+    """How ``images`` images split into minibatches: near-equal ones of at most ``batch_size`` images, unless that
+    would leave one under four (then fewer, larger ones); one minibatch when there are under eight images."""
+    count = max(1, min(-(-images // batch_size), images // MIN_BATCH))
+    return [len(b) for b in np.array_split(np.arange(images), count)]
+
+
+# ---- the command's runner: minibatches on the engine, each one durable --------------------------------------
+
+@dataclass(frozen=True)
+class SidesSpec:
+    """What a worker opens: model A, model B (None: A's within-model map), the point read.
+
+    Attributes:
+        a: model A's :class:`vitviz.sources.models.ModelSpec`.
+        b: model B's, or None.
+        point: a ViT's token point per block.
+    """
+
+    a: object
+    b: object | None
+    point: str
+
+    def open(self) -> "Sides":
+        side_a = features_of(open_features(self.a), self.point)
+        side_b = side_a if self.b is None else features_of(open_features(self.b), self.point)
+        return Sides(side_a, side_b, self)
+
+
+@dataclass(frozen=True)
+class Sides:
+    """Both sides of a comparison, loaded (the runner :func:`vitviz.runs.engines.run_batches` hands to
+    :class:`CKAWork`; it has no ``loaded``, so the engine gives it decoded images and each side preprocesses its own).
+
+    Attributes:
+        a: :class:`LensFeatures` or :class:`CNNFeatures`.
+        b: the same kinds; ``a`` itself for the within-model map.
+        spec: how a Ray actor opens the same.
+    """
+
+    a: object
+    b: object
+    spec: SidesSpec
+
+    @property
+    def same(self) -> bool:
+        return self.b is self.a
+
+
+@dataclass(frozen=True)
+class CKAWork:
+    """The per-batch function of the ``similarity`` command: both sides' Gram matrices of one minibatch (the
+    forwards, :meth:`__call__`), then that minibatch's terms of the sums (:meth:`finish`, with its bootstrap
+    replicates): exactly what :func:`similarity` adds for the same minibatch. None for a minibatch with fewer than
+    four readable images. The value carries the sides in words (:func:`describe`): a driver on Ray loads no
+    model."""
+
+    pooling: str
+    kernel: str
+    threshold: float
+    replicates: int
+    seed: int
+
+    def __call__(self, sides: Sides, batch):
+        if len(batch.x) < MIN_BATCH:
+            return None
+        grams_a = _grams(sides.a, batch.x, self.pooling, self.kernel, self.threshold)
+        grams_b = grams_a if sides.same else _grams(sides.b, batch.x, self.pooling, self.kernel, self.threshold)
+        return batch.index, grams_a, grams_b, describe(sides.a, sides.b)
+
+    def finish(self, value) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], dict]:
+        """(ab, aa, bb) of :func:`vitviz.analyses.similarity.minibatch_sums`, and the sides in words."""
+        index, grams_a, grams_b, sides = value
+        return minibatch_sums(grams_a, grams_b, sides["same_model"], self.replicates, self.seed, index), sides
+
+
+class CKASums:
+    """The running sums of one run of the command, durable in ``DIR/.vitviz-similarity-parts/sums.npz``: after each
+    finished minibatch, the sums of minibatches 0 .. k (added in minibatch order, as :func:`similarity` adds them),
+    written whole in place of the previous ones. Its size is that of the sums, whatever the number of images.
+
+    Args:
+        folder: the output folder.
+        key: the run's settings in one string (models, images, minibatches, point, pooling, kernel, bootstrap): sums of
+            another key are another run's and are dropped.
+    """
+
+    NAME = "sums.npz"
+
+    def __init__(self, folder: Path, key: str):
+        self.folder, self.key = Path(folder) / ".vitviz-similarity-parts", key
+
+    def read(self) -> tuple[dict | None, bool]:
+        """(the state :meth:`write` wrote, or None; whether sums of other settings were dropped)."""
+        path = self.folder / self.NAME
+        if not path.exists():
+            return None, False
+        with np.load(path, allow_pickle=False) as stored:
+            meta = json.loads(str(stored["meta"]))
+            if meta["key"] != self.key:
+                self.clear()
+                return None, True
+            accumulator = MinibatchCKA(*stored["ab"].shape[1:], replicates=stored["ab"].shape[0] - 1)
+            accumulator.add(stored["ab"], stored["aa"], stored["bb"], images=meta["images"])
+            accumulator.batches = meta["batches"]
+        return {"next": meta["next"], "accumulator": accumulator, "sides": meta["sides"],
+                "skipped": dict(meta["skipped"])}, False
+
+    def write(self, following: int, accumulator: MinibatchCKA, sides: dict, skipped: dict[str, str]) -> None:
+        """The sums of every minibatch before ``following`` (0-based), the sides in words, the files skipped so far."""
+        import io
+
+        from ..io.atomic import atomic_write_bytes
+
+        self.folder.mkdir(exist_ok=True)
+        meta = {"key": self.key, "next": following, "batches": accumulator.batches, "images": accumulator.images,
+                "sides": sides, "skipped": list(skipped.items())}
+        buffer = io.BytesIO()
+        np.savez(buffer, ab=accumulator.ab, aa=accumulator.aa, bb=accumulator.bb, meta=np.array(json.dumps(meta)))
+        atomic_write_bytes(self.folder / self.NAME, buffer.getvalue())
+
+    def clear(self) -> None:
+        """Remove the sums and their folder (the result is written, or they were another run's)."""
+        (self.folder / self.NAME).unlink(missing_ok=True)
+        try:
+            self.folder.rmdir()
+        except OSError:
+            pass
 
 
 def _grams(side, pictures: list, pooling: str, kernel: str, threshold: float) -> torch.Tensor:
