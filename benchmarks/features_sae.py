@@ -58,7 +58,7 @@ def throughput(images: int = 16, batch: int = 8, repeats: int = 3) -> None:
     sae = SAE(384, 4096, 32).init_from(tok, 0)
     from vitviz.features.sae import Trainer
 
-    import vitviz.features.sae as sae_module
+    import vitviz.features.trainer as sae_module
 
     sparse = sae_module._sparse_decode
 

@@ -23,8 +23,7 @@ class ModelError(VitvizError):
     """A model, checkpoint or setting that cannot be loaded or used."""
 
 
-# The classes below are also ValueErrors: callers (and tests) that caught the ValueError these sites raised
-# before the family existed still catch them.
+# The classes below are also ValueErrors, so that a caller catching ValueError at these sites catches them too.
 class ModelNotSupported(ModelError, ValueError):
     """A model whose family or input vitviz cannot read (no adapter for its class, a token layout or input
     size it does not understand)."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from . import timm_vit
-from .timm_vit import AttentionReader, BlockReader, Heads, ModelReader, PositionTerms
+from .timm_attention import AttentionReader, Heads, PositionTerms, plain_steps
+from .timm_vit import BlockReader, ModelReader
 
 
 def _embed(model, x: torch.Tensor) -> tuple[torch.Tensor, list[PositionTerms]]:
@@ -42,7 +43,7 @@ def _heads(attn, x: torch.Tensor, terms: PositionTerms) -> Heads:
 
 def _steps(attn, terms: PositionTerms) -> list[str]:
     which = "this block's own" if attn.rel_pos is not None else "the model's shared"
-    return timm_vit._plain_steps(attn, PositionTerms()) + [
+    return plain_steps(attn, PositionTerms()) + [
         f"a learned relative position bias ({which}, one value per head and pair of positions; zero for prefix "
         "tokens) is added to the scaled scores before the softmax"]
 

@@ -50,7 +50,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Every method's curves on every image; finished batches are durable, tables whole; a summary at the end."""
-    from ..perturbation.protocols import CHEFER, CHEFER_TEXT, PROTOCOLS, REPLACEMENT_TEXT
+    from ..perturbation.protocols import CHEFER, PROTOCOLS
     from ..perturbation.stats import summarise, summary_lines
     from ..runs.faithfulness_run import (AUC_NAME, METHODS, SETTINGS_NAME, SUMMARY_NAME, FaithfulnessStore,
                                          RunSettings, parse_list, run_local, run_ray, same_run)
@@ -81,17 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if why := same_run(previous, settings):
         raise VitvizError(f"{args.out}: {why}")
     store = FaithfulnessStore(args.out)
-    record = {"command": "faithfulness", "run": settings.record(), "model": loaded.card(), "versions": versions(),
-              "replacement": REPLACEMENT_TEXT[settings.replacement],
-              "protocol": {"ordering": "patches by descending map value, ties to the lower raster index; LeRF is "
-                                       "MoRF's order reversed; k = round(f * P) patches at fraction f (halves up)",
-                           "score": "softmax probability of the target class (default each image's top-1) with a "
-                                    "head; else the cosine of the pooled vector with the original's",
-                           "chefer": CHEFER_TEXT,
-                           "auc": "trapezoid over the fractions; lerf_minus_morf = AUC(LeRF) - AUC(MoRF)"},
-              "random_seeds": list(range(settings.first_seed, settings.first_seed + settings.random_seeds))
-              if "random" in methods else [],
-              "target": {"kind": "logit" if loaded.has_head else "projection", "class": settings.target_class}}
+    record = _record(settings, loaded)
     interrupted = None
     try:
         store.write_json(SETTINGS_NAME, record)
@@ -129,3 +119,21 @@ def run(args: argparse.Namespace) -> int:
     print("\n".join(summary_lines(summary)))
     print(f"{auc['image'].nunique()} image(s) in {args.out / AUC_NAME}")
     return 0
+
+
+def _record(settings, loaded) -> dict:
+    """settings.json: the run's settings, the model's card and what the protocol, the score and the AUC are."""
+    from ..perturbation.protocols import CHEFER_TEXT, REPLACEMENT_TEXT
+
+    record = {"command": "faithfulness", "run": settings.record(), "model": loaded.card(), "versions": versions(),
+              "replacement": REPLACEMENT_TEXT[settings.replacement],
+              "protocol": {"ordering": "patches by descending map value, ties to the lower raster index; LeRF is "
+                                       "MoRF's order reversed; k = round(f * P) patches at fraction f (halves up)",
+                           "score": "softmax probability of the target class (default each image's top-1) with a "
+                                    "head; else the cosine of the pooled vector with the original's",
+                           "chefer": CHEFER_TEXT,
+                           "auc": "trapezoid over the fractions; lerf_minus_morf = AUC(LeRF) - AUC(MoRF)"},
+              "random_seeds": list(range(settings.first_seed, settings.first_seed + settings.random_seeds))
+              if "random" in settings.methods else [],
+              "target": {"kind": "logit" if loaded.has_head else "projection", "class": settings.target_class}}
+    return record

@@ -64,7 +64,52 @@ def _parquet(table) -> bytes:
     return buffer.getvalue()
 
 
+def _tuned_lens(args, lens, files: list):
+    """``--tuned``: the tuned lens fitted on the images (:class:`vitviz.residual.TunedLens`), or None."""
+    from .. import residual
+
+    if not args.tuned:
+        return None
+    decoded, _, _ = decode(files)
+    if not lens.has_head or len(decoded) < 2:
+        raise VitvizError("--tuned needs a model with a classifier head and at least 2 images.")
+    return residual.TunedLens.fit_images(lens, lens.preprocess([im.image for im in decoded]),
+                                         batch_size=args.batch_size)
+
+
+def _settings(args, lens, engine_kind: str, names: list, bad: list, described, text, residuals: list,
+              with_lens: bool, tuned) -> dict:
+    """settings.json: the model, the images, the target and what every file's columns mean."""
+    import numpy as np
+
+    settings = {
+        "command": "readout", "model": lens.loaded.card(), "versions": versions(), "images": names,
+        "skipped": skipped_records(bad), "target": described, "target_text": text,
+        "token_layout": lens.layout.to_dict(), "batch_size": args.batch_size, "engine": engine_kind,
+        "indices": "image, layer, head and class 0-based in every file (on screen layers and heads are 1-based)",
+        "components": {"embed": "patch + position embeddings and prefix tokens entering block 1",
+                       "attn_head": "one head's slice of the attention output projection applied to its context z "
+                                    "(times LayerScale where the model has it)",
+                       "attn_bias": "the attention output projection's bias (times LayerScale)",
+                       "mlp": "the MLP branch's output", "bias": "the readout's constant: the final norms' beta and "
+                                                                 "the head's bias"},
+        "definition": "target = sum of the components' direct contributions; each is the readout's gradient with the "
+                      "final norm's scale frozen at the image's own value, dotted with the component (exact: the "
+                      "readout is then affine in the tokens)",
+        "largest_residual": float(np.concatenate(residuals).max()),
+        "head_patches": "what each head moved from each patch into the target, (image, layer, head, row, col); the "
+                        "prefix tokens' shares are in readout.parquet's head rows but not on the grid",
+        "logit_lens": ("the model's final norm, pooling and head applied after every block (the last layer equals "
+                       "the logits)") if with_lens else "not written: the model has no classifier head",
+    }
+    if tuned is not None:
+        settings["tuned_lens"] = {"fit": "ridge least squares of the last block's tokens on each block's tokens",
+                                  "ridge": tuned.ridge, "held_out": int(tuned.fit.images_held_out.iloc[0])}
+    return settings
+
+
 def run(args: argparse.Namespace) -> int:
+    """Every image's direct contributions to the target, its logit lens and head maps, written into ``--out``."""
     import numpy as np
     import pandas as pd
 
@@ -89,13 +134,7 @@ def run(args: argparse.Namespace) -> int:
     cls = None if args.text else _class(lens, args.target)
     if args.text and not lens.has_text:
         raise VitvizError(f"--text needs a whole CLIP model with its text tower; {lens.label} has none.")
-    tuned = None
-    if args.tuned:
-        decoded, _, _ = decode(files)
-        if not lens.has_head or len(decoded) < 2:
-            raise VitvizError("--tuned needs a model with a classifier head and at least 2 images.")
-        tuned = residual.TunedLens.fit_images(lens, lens.preprocess([im.image for im in decoded]),
-                                              batch_size=args.batch_size)
+    tuned = _tuned_lens(args, lens, files)
     work = ReadoutWork(cls, args.top, tuple(args.text or ()))
     tables, lenses, maps, residuals, names, bad = [], [], [], [], [], list(problems)
     progress, seen = Progress(len(files), desc="readout"), 0
@@ -128,29 +167,7 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_bytes(args.out / HEAD_MAPS, buffer.getvalue())
     if tuned is not None:
         atomic_write_bytes(args.out / TUNED, _parquet(tuned.fit))
-    settings = {
-        "command": "readout", "model": lens.loaded.card(), "versions": versions(), "images": names,
-        "skipped": skipped_records(bad), "target": described, "target_text": text,
-        "token_layout": lens.layout.to_dict(), "batch_size": args.batch_size, "engine": engine.kind,
-        "indices": "image, layer, head and class 0-based in every file (on screen layers and heads are 1-based)",
-        "components": {"embed": "patch + position embeddings and prefix tokens entering block 1",
-                       "attn_head": "one head's slice of the attention output projection applied to its context z "
-                                    "(times LayerScale where the model has it)",
-                       "attn_bias": "the attention output projection's bias (times LayerScale)",
-                       "mlp": "the MLP branch's output", "bias": "the readout's constant: the final norms' beta and "
-                                                                 "the head's bias"},
-        "definition": "target = sum of the components' direct contributions; each is the readout's gradient with the "
-                      "final norm's scale frozen at the image's own value, dotted with the component (exact: the "
-                      "readout is then affine in the tokens)",
-        "largest_residual": float(np.concatenate(residuals).max()),
-        "head_patches": "what each head moved from each patch into the target, (image, layer, head, row, col); the "
-                        "prefix tokens' shares are in readout.parquet's head rows but not on the grid",
-        "logit_lens": ("the model's final norm, pooling and head applied after every block (the last layer equals "
-                       "the logits)") if lenses else "not written: the model has no classifier head",
-    }
-    if tuned is not None:
-        settings["tuned_lens"] = {"fit": "ridge least squares of the last block's tokens on each block's tokens",
-                                  "ridge": tuned.ridge, "held_out": int(tuned.fit.images_held_out.iloc[0])}
+    settings = _settings(args, lens, engine.kind, names, bad, described, text, residuals, bool(lenses), tuned)
     atomic_write_bytes(args.out / SETTINGS, (json.dumps(settings, indent=2, default=float) + "\n").encode())
     top = readout_table[readout_table.component == "attn_head"].groupby(["layer", "head"]).value.mean()
     best = top.abs().idxmax()

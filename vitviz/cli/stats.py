@@ -44,10 +44,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Per-head statistics of every image for each model; finished batches are durable, tables whole."""
-    from ..analyses.stats import STATISTICS
-    from ..runs.stats_run import run_local, run_ray
     from ..runs.stats_store import STATS_NAME, StatsStore
-    from ..sources.models import load_model
 
     check_batch_size(args)
     workers = engine_of(args).workers
@@ -68,38 +65,7 @@ def run(args: argparse.Namespace) -> int:
     cards, counts, interrupted, failed = dict(previous.get("models", {})), {}, None, None
     try:
         for spec in specs:
-            done = store.done_images(spec.name)
-            todo = [f for f in files if f.name not in done and f.name not in skipped]
-            counts[spec.name] = {"already_in_table": sum(f.name in done for f in files), "added": 0}
-            if not todo:
-                print(f"{spec.name}: every image is already in {args.out / STATS_NAME}", file=sys.stderr)
-                continue
-            loaded = load_model(spec)
-            if loaded.attention_scope == "window":
-                raise VitvizError(f"{spec.name}: stats reads attention over the whole image (layers x heads of one "
-                                  "token sequence) and this model attends within shifted windows (Swin); "
-                                  "`analyze` writes its window attention distance per block.")
-            cards[spec.name] = loaded.card()
-            if args.engine == "ray":
-                batches = run_ray(spec, todo, spec.name, args.batch_size, workers, args.address)
-            else:
-                batches = run_local(loaded, todo, spec.name, args.batch_size, workers)
-            progress, seen = Progress(len(todo), desc=f"stats {spec.name}"), 0
-            try:
-                for batch in batches:
-                    for name, reason in batch.bad:
-                        if name not in skipped:
-                            print(f"skipped {name}: {reason}", file=sys.stderr)
-                        skipped[name] = reason
-                    for name, note in batch.notes:
-                        print(f"note: {name}: {note}", file=sys.stderr)
-                    if batch.tables is not None:
-                        store.write_batch(batch.tables)
-                        counts[spec.name]["added"] += batch.tables.stats["image"].nunique()
-                    seen += batch.files
-                    progress.update(seen)
-            finally:
-                progress.close()
+            _add_model(args, spec, files, skipped, store, cards, counts, workers)
     except KeyboardInterrupt as exc:
         interrupted = exc
     except VitvizError as exc:
@@ -107,26 +73,10 @@ def run(args: argparse.Namespace) -> int:
             store.close()  # nothing of this run to keep: the folder stays as it was, the sentence says why
             raise
         failed = exc  # e.g. the second --model cannot be loaded: the first one's rows are kept, as on Ctrl-C
-    summary = store.consolidate()
-    table = summary.result()
+    table = store.consolidate().result()
     in_table = {} if table.empty else table.groupby(level="model")["images"].max().to_dict()
-    store.write_summary({
-        "command": "stats",
-        "complete": interrupted is None and failed is None,
-        "versions": versions(),
-        "settings": {"inputs": list(args.inputs), "models": [s.name for s in specs], "engine": args.engine,
-                     "address": args.address, "batch_size": args.batch_size, "workers": workers,
-                     "img_size": args.img_size, "device": args.device, "dtype": args.dtype,
-                     "heads": [s.head for s in specs]},
-        "models": cards,
-        "counts": {"files": len(files), "bad_files": len(skipped),
-                   "images_in_table": {m: int(n) for m, n in in_table.items()},
-                   "this_run": counts},
-        "skipped": [{"name": n, "reason": r} for n, r in skipped.items()],
-        "layer_head": layer_head_records(table),
-        "columns": COLUMN_DOCS,
-        "statistics": list(STATISTICS),
-    })
+    _write_summary(args, store, table, in_table, specs, workers, cards, files, skipped, counts,
+                   complete=interrupted is None and failed is None)
     store.close()
     held = ", ".join(f"{n} image(s) for {m}" for m, n in in_table.items()) or "no image"
     if interrupted is not None:
@@ -141,6 +91,71 @@ def run(args: argparse.Namespace) -> int:
     added = sum(c["added"] for c in counts.values())
     print(f"analysed {added} new image(s) over {len(specs)} model(s); {args.out / STATS_NAME} holds {held}")
     return 0
+
+
+def _add_model(args, spec, files: list, skipped: dict, store, cards: dict, counts: dict, workers: int) -> None:
+    """One model's rows for the images not yet in the table, batch by batch (each durable once written); the files it
+    could not read join ``skipped``, its card ``cards``, its numbers ``counts``."""
+    from ..runs.stats_run import run_local, run_ray
+    from ..runs.stats_store import STATS_NAME
+    from ..sources.models import load_model
+
+    done = store.done_images(spec.name)
+    todo = [f for f in files if f.name not in done and f.name not in skipped]
+    counts[spec.name] = {"already_in_table": sum(f.name in done for f in files), "added": 0}
+    if not todo:
+        print(f"{spec.name}: every image is already in {args.out / STATS_NAME}", file=sys.stderr)
+        return
+    loaded = load_model(spec)
+    if loaded.attention_scope == "window":
+        raise VitvizError(f"{spec.name}: stats reads attention over the whole image (layers x heads of one "
+                          "token sequence) and this model attends within shifted windows (Swin); "
+                          "`analyze` writes its window attention distance per block.")
+    cards[spec.name] = loaded.card()
+    if args.engine == "ray":
+        batches = run_ray(spec, todo, spec.name, args.batch_size, workers, args.address)
+    else:
+        batches = run_local(loaded, todo, spec.name, args.batch_size, workers)
+    progress, seen = Progress(len(todo), desc=f"stats {spec.name}"), 0
+    try:
+        for batch in batches:
+            for name, reason in batch.bad:
+                if name not in skipped:
+                    print(f"skipped {name}: {reason}", file=sys.stderr)
+                skipped[name] = reason
+            for name, note in batch.notes:
+                print(f"note: {name}: {note}", file=sys.stderr)
+            if batch.tables is not None:
+                store.write_batch(batch.tables)
+                counts[spec.name]["added"] += batch.tables.stats["image"].nunique()
+            seen += batch.files
+            progress.update(seen)
+    finally:
+        progress.close()
+
+
+def _write_summary(args, store, table, in_table: dict, specs: list, workers: int, cards: dict, files: list,
+                   skipped: dict, counts: dict, complete: bool) -> None:
+    """DIR/summary.json: the settings, the models' cards, the counts, the skipped files, per (layer, head) means."""
+    from ..analyses.stats import STATISTICS
+
+    store.write_summary({
+        "command": "stats",
+        "complete": complete,
+        "versions": versions(),
+        "settings": {"inputs": list(args.inputs), "models": [s.name for s in specs], "engine": args.engine,
+                     "address": args.address, "batch_size": args.batch_size, "workers": workers,
+                     "img_size": args.img_size, "device": args.device, "dtype": args.dtype,
+                     "heads": [s.head for s in specs]},
+        "models": cards,
+        "counts": {"files": len(files), "bad_files": len(skipped),
+                   "images_in_table": {m: int(n) for m, n in in_table.items()},
+                   "this_run": counts},
+        "skipped": [{"name": n, "reason": r} for n, r in skipped.items()],
+        "layer_head": layer_head_records(table),
+        "columns": COLUMN_DOCS,
+        "statistics": list(STATISTICS),
+    })
 
 
 def layer_head_records(table) -> dict[str, list[dict]]:

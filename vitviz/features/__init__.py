@@ -11,10 +11,12 @@ sae.decoder                                                # (K, D) unit-norm di
 sae.save("runs/sae")                                       # sae.safetensors + sae.json; SAE.load("runs/sae")
 ```
 
-- :mod:`.sae`: the TopK SAE (Gao et al. 2024), its trainer (auxiliary-k loss for dead latents, resumable) and
-  metrics (normalised MSE, explained variance, L0, dead fraction).
-- :mod:`.train`, :mod:`.data`, :mod:`.cli`: ``python -m vitviz features train`` (a layer's tokens streamed through
-  ``lens.trace``) and ``features top``; :mod:`.top`: top patches per latent, one image's top latents.
+- :mod:`.sae`: the TopK SAE (Gao et al. 2024), its files and metrics (normalised MSE, explained variance, L0, dead
+  fraction); :mod:`.trainer`: its training (auxiliary-k loss for dead latents, until a plateau, resumable).
+- :mod:`.train`, :mod:`.data`: ``python -m vitviz features train`` (a layer's tokens streamed through ``lens.trace``;
+  the command itself is :mod:`vitviz.cli.features`); :mod:`.shards`: those tokens kept on disk as float16 shards;
+  :mod:`.session`: the Features page's small run; :mod:`.top`: top patches per latent (``features top``), one
+  image's top latents; :mod:`.classes`: the classes a latent's direction points at.
 - :mod:`.public`: saev's and ViT-Prisma's files (``load_sae``), read without running code from them.
 - :mod:`.splice`: the SAE spliced in at its point (``Splice``, output unchanged bit for bit with the error term),
   ``feature_attribution`` (latent activation x gradient of a target) and ``LatentTarget`` (which pixels made a
@@ -27,8 +29,8 @@ from __future__ import annotations
 from .. import lazy_attributes
 
 # public name -> the module of this package that defines it (loaded on first use: the CLI parses without torch)
-_PUBLIC = {"SAE": "sae", "Trainer": "sae", "evaluate": "sae", "SAEError": "sae", "Convergence": "sae",
-           "NotConvergedWarning": "sae", "load_sae": "public",
+_PUBLIC = {"SAE": "sae", "Trainer": "trainer", "evaluate": "sae", "SAEError": "trainer", "Convergence": "trainer",
+           "NotConvergedWarning": "trainer", "load_sae": "public",
            "load_saev": "public", "load_prisma": "public", "Splice": "splice", "LatentTarget": "splice",
            "feature_attribution": "splice", "concept_deletion": "deletion"}
 

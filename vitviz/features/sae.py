@@ -19,11 +19,11 @@ sparsely (the k chosen rows of W_dec summed, ``embedding_bag``; the paper's spar
 product.
 
 **Why a small torch module and not a library.** ``overcomplete`` 0.3.0 (TopK, BatchTopK, JumpReLU, archetypal
-SAEs in torch) installs cleanly beside the pinned stack (``pip install --dry-run``, 2026-11-27), but it brings
-opencv-python, scikit-image, imageio and tifffile (~100 MB) for one ~200-line module, and its training loop
-keeps no resumable state (optimiser, data position, dead-latent counters), which a killed ``features train`` run
-needs to continue to the same weights. The arithmetic above is short enough to own and to test against
-planted dictionaries (tests/test_features_sae.py).
+SAEs in torch) installs beside the pinned stack, but it brings opencv-python, scikit-image, imageio and tifffile
+(~100 MB) for one ~200-line module, and its training loop keeps no resumable state (optimiser, data position,
+dead-latent counters), which a killed ``features train`` run needs to continue to the same weights. The arithmetic
+above is short enough to own and to test against planted dictionaries (tests/test_features_sae.py); the training
+itself is :mod:`vitviz.features.trainer`.
 
 **How long.** Given no ``epochs``, :meth:`SAE.fit` trains until it has converged on the data it was given: at least
 one pass and :attr:`Convergence.min_steps` steps (a small set is repeated over), then until the mean training
@@ -39,12 +39,8 @@ after any step and resumed from its checkpoint ends where the uninterrupted run 
 """
 from __future__ import annotations
 
-import io
-import itertools
 import json
 import math
-import warnings
-from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -52,96 +48,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..errors import VitvizError
 from ..io.atomic import atomic_write_bytes
+from .trainer import (AUX_COEF, Convergence, NotConvergedWarning, SAEError, Trainer, bar_postfix, run_epochs,
+                      stop_record)
 
 __all__ = ["SAE", "Trainer", "Convergence", "NotConvergedWarning", "evaluate", "SAE_WEIGHTS", "SAE_INFO", "FORMAT"]
 
 SAE_WEIGHTS, SAE_INFO = "sae.safetensors", "sae.json"
 FORMAT = "vitviz-sae/1"
-AUX_COEF = 1 / 32  # the paper's alpha for the auxiliary-k loss
 ACTIVATIONS = ("topk_relu", "topk", "relu")
-
-
-class SAEError(VitvizError):
-    """An SAE file or setting that cannot be used (the sentence names it and says why)."""
-
-
-class NotConvergedWarning(UserWarning):
-    """Training stopped on its budget while the explained variance was still rising."""
-
-
-@dataclass(frozen=True)
-class Convergence:
-    """When training without an epoch count stops (see the module docstring, "How long").
-
-    Attributes:
-        min_steps: steps before a plateau may end the run (small sets are repeated over to reach it).
-        max_steps: the budget; a single pass longer than it is still completed (all the data given is read once).
-        window: steps per window; the plateau test compares the mean training explained variance of the last two.
-        tol: the least gain (explained variance, absolute) between those two windows that counts as still rising.
-            The per-step value is measured on one batch: its noise, averaged over ``window`` steps, has to stay well
-            below ``tol`` (on the planted dictionary of tests/test_features_sae.py, batch 256, the window means'
-            step-to-step spread at the plateau is ~2e-4).
-    """
-
-    min_steps: int = 2000
-    max_steps: int = 50_000
-    window: int = 200
-    tol: float = 1e-3
-
-    def check(self) -> None:
-        if not (1 <= self.window and 1 <= self.min_steps <= self.max_steps and self.tol >= 0):
-            raise SAEError(f"convergence settings need 1 <= window, 1 <= min_steps <= max_steps and tol >= 0, not "
-                           f"{self}.")
-
-
-class History:
-    """The last 2·window per-step explained variances: the plateau test and what a stopped run reports."""
-
-    def __init__(self, window: int, values=()):
-        self.window = int(window)
-        self.values = deque((float(v) for v in values), maxlen=2 * self.window)
-
-    def add(self, explained_variance: float) -> None:
-        self.values.append(float(explained_variance))
-
-    def final(self) -> float | None:
-        """Mean explained variance of the last ``window`` steps (fewer if fewer were run)."""
-        last = list(self.values)[-self.window:]
-        return sum(last) / len(last) if last else None
-
-    def gain(self) -> float | None:
-        """Mean of the last w steps minus mean of the w before, w = min(window, steps // 2); None below 2 steps."""
-        w = min(self.window, len(self.values) // 2)
-        if w < 1:
-            return None
-        values = list(self.values)
-        return sum(values[-w:]) / w - sum(values[-2 * w:-w]) / w
-
-    def tensor(self) -> torch.Tensor:
-        return torch.tensor(list(self.values), dtype=torch.float64)
-
-
-def stop_record(history: History, reason: str, budget: str, tol: float) -> dict:
-    """``info["training"]``'s account of why a run stopped; warns (:class:`NotConvergedWarning`) when it stopped on
-    its ``budget`` (a phrase: "max_steps=50000", "epochs=5") while the explained variance was still rising by ``tol`` or
-    more per window (or too few steps were run to tell)."""
-    gain, final = history.gain(), history.final()
-    rising = reason == "budget" and (gain is None or gain >= tol)
-    sentence = None
-    if rising:
-        w = min(history.window, len(history.values) // 2)
-        told = ("too few steps to tell whether it had converged" if gain is None else
-                f"the explained variance still rising (the mean of the last {w} steps {gain:+.4f} on the {w} before)")
-        sentence = (f"SAE training stopped on its budget ({budget}) at explained variance {final:.3f} (the mean of "
-                    f"its last {min(history.window, len(history.values))} steps) with {told}: "
-                    "train longer (more epochs or steps, or leave the epoch count out to train until it converges).")
-        warnings.warn(sentence, NotConvergedWarning, stacklevel=3)
-    return {"stop_reason": reason, "budget": budget, "explained_variance": final, "explained_variance_gain": gain,
-            "still_rising": rising, "warning": sentence,
-            "explained_variance_definition": f"training batches' 1 - NMSE, mean of the last {history.window} steps; "
-                                             "gain: that mean minus the mean of as many steps before"}
 
 
 class SAE(torch.nn.Module):
@@ -268,35 +183,11 @@ class SAE(torch.nn.Module):
         until.check()
         if epochs is not None and epochs < 1:
             raise SAEError(f"epochs must be 1 or more, not {epochs}.")
-        array = _as_array(activations)
-        one_shot = False
-        if array is not None:
-            first = array
-            n_batches = math.ceil(len(array) / batch_size)
-
-            def batches(epoch):
-                order = np.random.default_rng([int(seed), epoch]).permutation(len(array))
-                for s in range(0, len(array), batch_size):
-                    yield array[torch.from_numpy(order[s:s + batch_size])]
-        else:
-            iterable = activations
-            one_shot = iter(iterable) is iterable
-            if one_shot and epochs not in (None, 1):
-                raise SAEError("a one-shot iterator of batches is one epoch: give a list of batches (or an array) "
-                               "for more epochs.")
-            stream = iter(iterable)
-            first = torch.as_tensor(np.asarray(next(stream)), dtype=torch.float32)
-            n_batches = None
-
-            def batches(epoch):
-                if epoch == 0:
-                    yield first
-                    yield from (torch.as_tensor(np.asarray(b), dtype=torch.float32) for b in stream)
-                else:
-                    yield from (torch.as_tensor(np.asarray(b), dtype=torch.float32) for b in iterable)
+        data = _Batches.of(activations, seed, batch_size, epochs)
         from ..sources.models import resolve_device
 
-        sae = cls(first.shape[-1], latents, topk, info=info).init_from(first, seed).to(resolve_device(str(device)))
+        sae = cls(data.first.shape[-1], latents, topk, info=info).init_from(data.first, seed)
+        sae = sae.to(resolve_device(str(device)))
         trainer = Trainer(sae, lr=lr, dead_after=16 * batch_size if dead_after is None else dead_after,
                           window=until.window)
         trainer.settings["seed"] = int(seed)
@@ -308,43 +199,23 @@ class SAE(torch.nn.Module):
         bar = None
         if progress:
             from tqdm import tqdm
-            total = None if n_batches is None else n_batches * epochs if epochs else None
+            total = None if data.n_batches is None else data.n_batches * epochs if epochs else None
             bar = tqdm(total=total, initial=trainer.step_count, unit="step", desc="SAE")
-        for epoch in range(epochs) if epochs else itertools.count():
-            if trainer.stopped or (epoch > 0 and one_shot):
-                break
-            if epoch < trainer.epoch:
-                continue  # done before the checkpoint this run resumed from
-            for index, batch in enumerate(batches(epoch)):
-                if (epoch, index) < (trainer.epoch, trainer.batch):
-                    continue  # done before the checkpoint this run resumed from
-                metrics = trainer.step(batch)
-                trainer.epoch, trainer.batch = (epoch, index + 1)
-                if epochs is None and epoch > 0:  # all the data read once: the plateau and the budget may end it
-                    trainer.stopped = converged(trainer, until)
-                if path is not None and (trainer.step_count % checkpoint_every == 0 or trainer.stopped):
-                    trainer.save_checkpoint(path)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(_postfix(metrics), refresh=False)
-                if callback is not None:
-                    callback(trainer.step_count, metrics)
-                if trainer.stopped:
-                    break
-            else:
-                trainer.epoch, trainer.batch = epoch + 1, 0
-                if epochs is None:  # a first pass may be longer than the budget: it is completed
-                    trainer.stopped = converged(trainer, until, pass_end=True)
-        if not trainer.stopped:  # the epochs asked for, or the one-shot stream, ran out
-            trainer.stopped = "budget"
-        if path is not None:
-            trainer.save_checkpoint(path)
+
+        def on_step(metrics: dict) -> None:
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(bar_postfix(metrics), refresh=False)
+            if callback is not None:
+                callback(trainer.step_count, metrics)
+
+        run_epochs(trainer, data.batches, epochs, until, data.one_shot, path, checkpoint_every, on_step)
         if bar is not None:
             bar.close()
-        budget = (f"epochs={epochs}" if epochs else "the one-shot iterator's batches" if one_shot and
+        budget = (f"epochs={epochs}" if epochs else "the one-shot iterator's batches" if data.one_shot and
                   trainer.step_count < until.max_steps else f"max_steps={until.max_steps}")
         sae.info["training"] = {**trainer.settings, "steps": trainer.step_count, "tokens": trainer.tokens,
-                                "epochs": (round(trainer.tokens / len(array), 3) if array is not None else
+                                "epochs": (round(trainer.tokens / data.rows, 3) if data.rows is not None else
                                            trainer.epoch + (trainer.batch > 0)),
                                 "batch_size": batch_size,
                                 **stop_record(trainer.history, trainer.stopped, budget, until.tol)}
@@ -419,25 +290,53 @@ class SAE(torch.nn.Module):
                 param.copy_(tensors[name])
 
 
-def converged(trainer: "Trainer", until: Convergence, pass_end: bool = False) -> str | None:
-    """``"plateau"``, ``"budget"`` or None (train on), asked after a step of a run that has read all its data once;
-    the plateau is tested every ``window`` steps and at the end of every pass."""
-    if trainer.step_count >= until.min_steps and (pass_end or trainer.step_count % until.window == 0):
-        gain = trainer.history.gain()
-        if gain is not None and gain < until.tol:
-            return "plateau"
-    return "budget" if trainer.step_count >= until.max_steps else None
-
-
 def _topk_relu(pre: torch.Tensor, k: int) -> torch.Tensor:
     values, index = pre.topk(k, dim=-1)
     return torch.zeros_like(pre).scatter(-1, index, values.relu())
 
 
-def _sparse_decode(index: torch.Tensor, values: torch.Tensor, W_dec: torch.Tensor) -> torch.Tensor:
-    """Σ_j values_j W_dec[index_j] per row: (b, k) indices and values -> (b, D), reading k rows of W_dec instead of a
-    dense (b, K) @ (K, D) product (the paper's sparse decoder; K / k times fewer multiplications)."""
-    return torch.nn.functional.embedding_bag(index, W_dec, per_sample_weights=values, mode="sum")
+@dataclass(frozen=True)
+class _Batches:
+    """What :meth:`SAE.fit` reads: ``batches(epoch)`` yields (b, D) float32 batches; ``first`` initialises the SAE;
+    ``rows`` and ``n_batches`` are known for an array (None for an iterable); a ``one_shot`` iterator is one epoch."""
+
+    first: torch.Tensor
+    batches: Callable
+    rows: int | None = None
+    n_batches: int | None = None
+    one_shot: bool = False
+
+    @classmethod
+    def of(cls, activations, seed: int, batch_size: int, epochs: int | None) -> "_Batches":
+        """An (n, D) array shuffled each epoch by a permutation of (seed, epoch), or an iterable taken in its order."""
+        array = _as_array(activations)
+        if array is not None:
+            def shuffled(epoch):
+                order = np.random.default_rng([int(seed), epoch]).permutation(len(array))
+                for s in range(0, len(array), batch_size):
+                    yield array[torch.from_numpy(order[s:s + batch_size])]
+
+            return cls(array, shuffled, len(array), math.ceil(len(array) / batch_size))
+        iterable = activations
+        one_shot = iter(iterable) is iterable
+        if one_shot and epochs not in (None, 1):
+            raise SAEError("a one-shot iterator of batches is one epoch: give a list of batches (or an array) "
+                           "for more epochs.")
+        stream = iter(iterable)
+        first = _float32(next(stream))
+
+        def in_order(epoch):
+            if epoch == 0:
+                yield first
+                yield from (_float32(b) for b in stream)
+            else:
+                yield from (_float32(b) for b in iterable)
+
+        return cls(first, in_order, one_shot=one_shot)
+
+
+def _float32(batch) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(batch), dtype=torch.float32)
 
 
 def _as_array(activations) -> torch.Tensor | None:
@@ -448,119 +347,6 @@ def _as_array(activations) -> torch.Tensor | None:
             raise SAEError(f"activations must be (n, D), not {activations.shape}.")
         return torch.from_numpy(np.ascontiguousarray(activations, dtype=np.float32))
     return None
-
-
-def _postfix(m: dict) -> dict:
-    return {"NMSE": f"{m['nmse']:.3f}", "EV": f"{m['explained_variance']:.3f}", "L0": f"{m['l0']:.1f}",
-            "dead": f"{m['dead_fraction']:.2f}"}
-
-
-class Trainer:
-    """Adam on an :class:`SAE` with the decoder kept on the unit sphere and the auxiliary-k loss; resumable.
-
-    Args:
-        lr: default the paper's 2e-4 / sqrt(K / 2^14).
-        dead_after: tokens without firing after which a latent is dead.
-
-    Attributes:
-        step_count, tokens: steps and tokens trained so far; epoch, batch: where the data stream stands (for
-        resuming); last: the last step's metrics; history: the last 2·window steps' explained variances
-        (:class:`History`); stopped: why training ended (``"plateau"``, ``"budget"``), None while it runs.
-    """
-
-    def __init__(self, sae: SAE, lr: float | None = None, dead_after: int = 100_000, window: int = 200):
-        if sae.activation != "topk_relu" or not sae.centre_input:
-            raise SAEError(f"only TopK SAEs (ReLU of the top k, input centred on b_dec) are trained here, not "
-                           f"{sae.activation!r} ones.")
-        self.sae = sae
-        lr = 2e-4 / math.sqrt(sae.latents / 2 ** 14) if lr is None else float(lr)
-        self.settings = {"lr": lr, "dead_after": int(dead_after), "aux_coef": AUX_COEF,
-                         "aux_k": max(1, sae.d_model // 2), "optimizer": "Adam(betas=(0.9, 0.999), eps=6.25e-10)"}
-        self.opt = torch.optim.Adam(sae.parameters(), lr=lr, betas=(0.9, 0.999), eps=6.25e-10)
-        self.step_count = self.tokens = self.epoch = self.batch = 0
-        self.last_fired = torch.zeros(sae.latents, dtype=torch.int64)  # tokens seen when each latent last fired
-        self.last: dict = {}
-        self.history = History(window)
-        self.stopped: str | None = None
-
-    def dead(self) -> torch.Tensor:
-        """(K,) bool: latents that fired on none of the last ``dead_after`` tokens (none before that many)."""
-        return (self.tokens - self.last_fired) >= self.settings["dead_after"]
-
-    def step(self, x: torch.Tensor) -> dict:
-        """One Adam step on a batch (b, D) in the input's units -> its metrics (before the step)."""
-        sae = self.sae.train()
-        x = x.to(sae.W_dec.device, torch.float32)
-        xs = x * sae.scale
-        pre = sae.pre_activations(x)
-        values, index = pre.topk(sae.topk, dim=-1)
-        values = values.relu()
-        xs_hat = _sparse_decode(index, values, sae.W_dec) + sae.b_dec
-        err = (xs - xs_hat).pow(2).sum()
-        var = (xs - xs.mean(0)).pow(2).sum().clamp_min(1e-12)
-        loss = err / var
-        dead = self.dead().to(pre.device)
-        n_dead = int(dead.sum())
-        aux = torch.zeros(())
-        if n_dead:
-            k_aux = min(self.settings["aux_k"], n_dead)
-            residual = (xs - xs_hat).detach()
-            aux_values, aux_index = pre.masked_fill(~dead, -torch.inf).topk(k_aux, dim=-1)
-            aux_hat = _sparse_decode(aux_index, aux_values.relu(), sae.W_dec)
-            aux = (residual - aux_hat).pow(2).sum() / residual.pow(2).sum().clamp_min(1e-12)
-            loss = loss + AUX_COEF * aux
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        with torch.no_grad():
-            W, g = sae.W_dec, sae.W_dec.grad
-            g -= (g * W).sum(-1, keepdim=True) * W  # keep only the component tangent to each unit row
-        self.opt.step()
-        with torch.no_grad():
-            sae.W_dec /= sae.W_dec.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        self.tokens += len(x)
-        active = values.detach() > 0
-        self.last_fired[index[active].unique().cpu()] = self.tokens
-        self.step_count += 1
-        nmse = float(err.detach() / var.detach())
-        self.last = {"nmse": nmse, "explained_variance": 1 - nmse, "l0": float(active.sum(-1).float().mean()),
-                     "dead_fraction": n_dead / sae.latents, "aux_loss": float(aux.detach()), "step": self.step_count,
-                     "tokens": self.tokens}
-        self.history.add(self.last["explained_variance"])
-        return self.last
-
-    # --- resuming --------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        return {"sae": {k: v.detach().cpu() for k, v in self.sae.state_dict().items()},
-                "optimizer": self.opt.state_dict(), "last_fired": self.last_fired.clone(),
-                "counters": torch.tensor([self.step_count, self.tokens, self.epoch, self.batch]),
-                "last": json.dumps(self.last), "settings": json.dumps(self.settings),
-                "history": self.history.tensor(), "stopped": json.dumps(self.stopped)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sae.load_state_dict(state["sae"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.last_fired = state["last_fired"].clone()
-        self.step_count, self.tokens, self.epoch, self.batch = (int(v) for v in state["counters"])
-        self.last = json.loads(state["last"])
-        self.history = History(self.history.window, state["history"].tolist())
-        self.stopped = json.loads(state["stopped"])
-        settings = json.loads(state["settings"])
-        if settings != self.settings:
-            raise SAEError(f"the checkpoint was trained with {settings}, not {self.settings}: use a new folder or "
-                           "the same settings.")
-
-    def save_checkpoint(self, path: str | Path) -> None:
-        """The whole training state, written atomically (torch.save of tensors only: reads with weights_only)."""
-        buffer = io.BytesIO()
-        torch.save(self.state_dict(), buffer)
-        atomic_write_bytes(Path(path), buffer.getvalue())
-
-    def load_checkpoint(self, path: str | Path) -> None:
-        try:
-            state = torch.load(Path(path), map_location="cpu", weights_only=True)
-        except Exception as exc:  # pickle and zip errors of a damaged file
-            raise SAEError(f"{path}: not a readable training checkpoint ({type(exc).__name__}: {exc}).") from exc
-        self.load_state_dict(state)
 
 
 @torch.no_grad()

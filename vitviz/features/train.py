@@ -21,7 +21,6 @@ import itertools
 import json
 import math
 import platform
-import warnings
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,7 +30,8 @@ import torch
 
 from ..errors import VitvizError
 from .data import flat, shuffled, token_batches
-from .sae import SAE, Convergence, SAEError, Trainer, _postfix, converged, stop_record
+from .sae import SAE
+from .trainer import Convergence, SAEError, Trainer, bar_postfix, converged, stop_record
 
 CHECKPOINT = "checkpoint.pt"
 CHECKPOINT_STEPS = 100  # after the first epoch: repeats of a small set are one or a few steps each
@@ -114,31 +114,10 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
     until = Convergence() if settings.epochs is None else None
     if until is not None:
         run["until"] = asdict(until)
-    point = f"blocks.{settings.layer - 1}.{settings.point}"
     Path(out).mkdir(parents=True, exist_ok=True)
-    path = Path(out) / CHECKPOINT
-    trainer = sae = None
-    last_epoch, problems, seen = _Running(None if until is None else until.window), [], _Moments()
-    if path.exists():
-        state = _read_checkpoint(path)
-        if json.loads(state["run"]) != run:
-            raise VitvizError(f"{path} is a checkpoint of another run ({_differences(json.loads(state['run']), run)}): "
-                              "give a new --out, or the same images and settings to continue it.")
-        K, D = state["sae"]["W_dec"].shape
-        sae = SAE(D, K, settings.topk)
-        trainer = _trainer(sae, settings, until)
-        trainer.load_state_dict(state)
-        running, problems = json.loads(state["running"])
-        last_epoch.load(running)
-        seen.load(state)
+    state = _State.resume(Path(out) / CHECKPOINT, run, settings, until)
     if shards is not None:
-        from .shards import write_shards
-
-        keys = ("model", "checkpoint", "img_size", "point", "layer", "prefix", "batch_size", "images_sha256")
-        bar = _bar(math.ceil(len(files) / settings.batch_size), progress, 0, "float16 shards")
-        shards = write_shards(lens, files, settings.point, settings.layer, settings.batch_size, settings.prefix, shards,
-                              {k: run[k] for k in keys}, engine, progress=lambda _: bar.update(1))
-        bar.close()
+        shards = _write_shards(lens, files, settings, run, shards, engine, progress)
 
     def read(start: int):
         if shards is not None:
@@ -147,75 +126,152 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
                              start=start, engine=engine)
 
     n_batches = math.ceil(len(files) / settings.batch_size)
-    held = _Held(n_batches, HOLD_BYTES if settings.epochs != 1 else 0)
     bar = _bar(n_batches * settings.epochs if settings.epochs else None, progress,
-               0 if trainer is None else trainer.epoch * n_batches + trainer.batch)
-    written = 0 if trainer is None else trainer.step_count
+               0 if state.trainer is None else state.trainer.epoch * n_batches + state.trainer.batch)
+    _train_epochs(state, lens, read, n_batches, bar, callback)
+    bar.close()
+    trainer = state.trainer
+    if trainer is None:
+        raise VitvizError("no image could be read: nothing to train on.")
+    trainer.stopped = trainer.stopped or "budget"  # the epochs asked for ran out
+    if settings.epochs:
+        trainer.epoch, trainer.batch = settings.epochs, 0
+    state.checkpoint()
+    stopped = stop_record(trainer.history, trainer.stopped,
+                          f"epochs={settings.epochs}" if settings.epochs else f"max_steps={until.max_steps}",
+                          (until or Convergence()).tol)  # warns here: the caller of train is who is told
+    state.sae.info = _sae_info(lens, state, names, stopped)
+    state.sae.to("cpu").save(out)
+    return state.sae
+
+
+class _State:
+    """What a run carries from image batch to image batch and into its checkpoint: the trainer and its SAE (None
+    until the first tokens arrive), the running metrics, the files skipped, the moments of the tokens read."""
+
+    def __init__(self, path: Path, run: dict, settings: TrainSettings, until: Convergence | None):
+        self.path, self.run, self.settings, self.until = path, run, settings, until
+        self.trainer: Trainer | None = None
+        self.sae: SAE | None = None
+        self.last_epoch, self.problems, self.seen = _Running(None if until is None else until.window), [], _Moments()
+        self.written = 0  # the step count at the last checkpoint
+
+    @classmethod
+    def resume(cls, path: Path, run: dict, settings: TrainSettings, until: Convergence | None) -> "_State":
+        """A fresh state, or the one ``path`` holds when it is a checkpoint of the same run (refused otherwise)."""
+        state = cls(path, run, settings, until)
+        if not path.exists():
+            return state
+        saved = _read_checkpoint(path)
+        if json.loads(saved["run"]) != run:
+            raise VitvizError(f"{path} is a checkpoint of another run ({_differences(json.loads(saved['run']), run)}): "
+                              "give a new --out, or the same images and settings to continue it.")
+        K, D = saved["sae"]["W_dec"].shape
+        state.sae = SAE(D, K, settings.topk)
+        state.trainer = _trainer(state.sae, settings, until)
+        state.trainer.load_state_dict(saved)
+        running, state.problems = json.loads(saved["running"])
+        state.last_epoch.load(running)
+        state.seen.load(saved)
+        state.written = state.trainer.step_count
+        return state
+
+    def start(self, tokens: torch.Tensor) -> None:
+        """The SAE initialised on the first batch's tokens (b_dec at their mean, the scale from their spread)."""
+        self.sae = SAE(tokens.shape[-1], self.settings.latents, self.settings.topk).to(tokens.device)
+        self.sae.init_from(tokens, self.settings.seed)
+        self.trainer = _trainer(self.sae, self.settings, self.until)
+
+    def checkpoint(self) -> None:
+        _write_checkpoint(self.trainer, self.run, [self.last_epoch.state(), self.problems], self.seen, self.path)
+        self.written = self.trainer.step_count
+
+
+def _write_shards(lens, files: list, settings: TrainSettings, run: dict, folder, engine, progress: bool):
+    """The missing float16 shards written (:func:`vitviz.features.shards.write_shards`); returns what reads them."""
+    from .shards import write_shards
+
+    keys = ("model", "checkpoint", "img_size", "point", "layer", "prefix", "batch_size", "images_sha256")
+    bar = _bar(math.ceil(len(files) / settings.batch_size), progress, 0, "float16 shards")
+    shards = write_shards(lens, files, settings.point, settings.layer, settings.batch_size, settings.prefix, folder,
+                          {k: run[k] for k in keys}, engine, progress=lambda _: bar.update(1))
+    bar.close()
+    return shards
+
+
+def _train_epochs(state: _State, lens, read: Callable, n_batches: int, bar, callback) -> None:
+    """Every epoch's image batches from where ``state`` stands (held in memory after the first while they fit),
+    stepping, testing convergence and checkpointing; ``callback(image batches done, last metrics)``."""
+    settings, until = state.settings, state.until
+    held = _Held(n_batches, HOLD_BYTES if settings.epochs != 1 else 0)
     for epoch in range(settings.epochs) if settings.epochs else itertools.count():
+        trainer = state.trainer
         if trainer is not None and (trainer.stopped or epoch < trainer.epoch):
             if trainer.stopped:
                 break
             continue
         start = 0 if trainer is None or epoch > trainer.epoch else trainer.batch
         if start == 0:
-            last_epoch.new_epoch()
+            state.last_epoch.new_epoch()
         from_memory = held.complete()
         for batch in held.read(read, start):
-            problems += [p for p in batch.problems if epoch == 0]
+            state.problems += [p for p in batch.problems if epoch == 0]
             if batch.names:
-                tokens = flat(batch.tokens).to(lens.device)  # shards and Ray actors give CPU tensors
-                if epoch == 0:
-                    seen.add(tokens)
-                if trainer is None:
-                    sae = SAE(tokens.shape[-1], settings.latents, settings.topk).to(tokens.device)
-                    sae.init_from(tokens, settings.seed)
-                    trainer = _trainer(sae, settings, until)
-                tokens = shuffled(tokens, settings.seed, epoch, batch.index)
-                for s in range(0, len(tokens), settings.batch_tokens):
-                    metrics = trainer.step(tokens[s:s + settings.batch_tokens])
-                    last_epoch.add(metrics, len(tokens[s:s + settings.batch_tokens]))
-                    if until is not None and epoch > 0:  # all the images read once: plateau and budget may end it
-                        trainer.stopped = converged(trainer, until)
-                        if trainer.stopped:
-                            break
+                _train_on(state, flat(batch.tokens).to(lens.device), epoch, batch.index)  # shards, Ray: CPU
+            trainer = state.trainer
             if trainer is None:
                 continue
             trainer.epoch, trainer.batch = epoch, batch.index + 1
             if trainer.batch == n_batches and until is not None and not trainer.stopped:
                 trainer.stopped = converged(trainer, until, pass_end=True)
-            if not from_memory or trainer.stopped or trainer.step_count - written >= CHECKPOINT_STEPS:
-                _write_checkpoint(trainer, run, [last_epoch.state(), problems], seen, path)
-                written = trainer.step_count
+            if not from_memory or trainer.stopped or trainer.step_count - state.written >= CHECKPOINT_STEPS:
+                state.checkpoint()
             bar.update(1)
             if trainer.last:
-                bar.set_postfix(_postfix(trainer.last), refresh=False)
+                bar.set_postfix(bar_postfix(trainer.last), refresh=False)
             if callback is not None:
                 callback(epoch * n_batches + batch.index + 1, trainer.last)
             if trainer.stopped:
                 break
-    bar.close()
-    if trainer is None:
-        raise VitvizError("no image could be read: nothing to train on.")
-    trainer.stopped = trainer.stopped or "budget"  # the epochs asked for ran out
-    if settings.epochs:
-        trainer.epoch, trainer.batch = settings.epochs, 0
-    _write_checkpoint(trainer, run, [last_epoch.state(), problems], seen, path)
-    final = last_epoch.result() or trainer.last
+
+
+def _train_on(state: _State, tokens: torch.Tensor, epoch: int, index: int) -> None:
+    """One image batch's tokens (n, D), shuffled by (seed, epoch, batch), in SAE steps of ``batch_tokens`` rows;
+    after the first pass the plateau and the budget may stop it between steps."""
+    settings, until = state.settings, state.until
+    if epoch == 0:
+        state.seen.add(tokens)
+    if state.trainer is None:
+        state.start(tokens)
+    trainer = state.trainer
+    tokens = shuffled(tokens, settings.seed, epoch, index)
+    for s in range(0, len(tokens), settings.batch_tokens):
+        metrics = trainer.step(tokens[s:s + settings.batch_tokens])
+        state.last_epoch.add(metrics, len(tokens[s:s + settings.batch_tokens]))
+        if until is not None and epoch > 0:  # all the images read once: plateau and budget may end it
+            trainer.stopped = converged(trainer, until)
+            if trainer.stopped:
+                break
+
+
+def _sae_info(lens, state: _State, names: list[str], stopped: dict) -> dict:
+    """sae.json's content beyond the weights: the model, the point, the images, how training went and why it
+    stopped (``stopped``: :func:`vitviz.features.trainer.stop_record`)."""
+    settings, until, trainer, run, seen = state.settings, state.until, state.trainer, state.run, state.seen
+    final = state.last_epoch.result() or trainer.last
     final["dead_fraction"] = float(trainer.dead().float().mean())
     card = lens.loaded.card()
-    sae.info = {
+    return {
         "model": {"name": lens.spec.name, "label": lens.label, "checkpoint": lens.spec.checkpoint,
                   "img_size": lens.spec.img_size, "token_layout": card["token_layout"]},
-        "point": point, "point_kind": settings.point, "layer": settings.layer,
+        "point": f"blocks.{settings.layer - 1}.{settings.point}", "point_kind": settings.point,
+        "layer": settings.layer,
         "layers": "layer is 1-based (as on the command line); the point name is 0-based",
         "tokens_read": "patch and prefix tokens" if settings.prefix else "patch tokens",
-        "images": {"count": len(names) - len(problems), "names": names, "skipped": problems,
+        "images": {"count": len(names) - len(state.problems), "names": names, "skipped": state.problems,
                    "sha256_of_names": run["images_sha256"]},
         "training": {**trainer.settings, **asdict(settings), "steps": trainer.step_count, "tokens": trainer.tokens,
-                     "epochs_run": round(trainer.tokens / max(seen.n, 1), 3),
-                     **stop_record(trainer.history, trainer.stopped,
-                                   f"epochs={settings.epochs}" if settings.epochs else f"max_steps={until.max_steps}",
-                                   (until or Convergence()).tol)},
+                     "epochs_run": round(trainer.tokens / max(seen.n, 1), 3), **stopped},
         "metrics": final,
         "activations": seen.result(),
         "metrics_definition": ("the last epoch's" if settings.epochs else f"the last {until.window} steps'")
@@ -224,8 +280,6 @@ def train(lens, files: list, settings: TrainSettings, out: Path, progress: bool 
                               "the last dead_after tokens",
         "versions": versions(),
     }
-    sae.to("cpu").save(out)
-    return sae
 
 
 def _trainer(sae: SAE, settings: TrainSettings, until: Convergence | None) -> Trainer:

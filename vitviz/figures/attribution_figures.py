@@ -60,8 +60,6 @@ def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: 
             hatched on the patch maps and kept out of their colour limits, as on every map page (maps at pixel
             resolution draw them as they are; the title says so).
     """
-    from .overlay import render_maps
-
     first = 2 if with_input else 1
     n = len(results) + first - 1
     rows = -(-n // columns)
@@ -77,32 +75,10 @@ def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: 
         fig.add_trace(go.Image(source=image_data_uri(image), hoverinfo="skip"), row=1, col=1)
     notes = []
     for i, r in enumerate(results):
-        at_pixels = pixels and r.pixels is not None
-        grid = r.pixels[index] if at_pixels else r.patches[index]
-        signed = _signed(r.method)
-        # An outline marks a clipped patch; around single pixels the outlines covered a map in cyan specks (the
-        # caption still counts the clipped pixels).
-        drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed,
-                            padding=None if at_pixels else padding, outline_clipped=not at_pixels)
-        scale, clipped = drawn.scales[0], len(drawn.clipped[0])
-        if clipped:
-            notes.append(f"{_label(r.method)}: {clipped} {'pixels' if at_pixels else 'patches'} "
-                         f"{'beyond ±' if signed else 'above '}{scale.hi:.3g} drawn at the end colour")
         row, col = divmod(i + first - 1, cols)
-        row, col = row + 1, col + 1
-        axis = (row - 1) * cols + col
-        right = fig.layout[f"xaxis{axis if axis > 1 else ''}"].domain[1]
-        bottom, top = fig.layout[f"yaxis{axis if axis > 1 else ''}"].domain
-        unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else GRADCAM_UNIT
-        gh, gw = grid.shape
-        fig.add_trace(go.Image(source=image_data_uri(drawn.tiles[0]), hoverinfo="skip"), row=row, col=col)
-        fig.add_trace(go.Heatmap(
-            z=grid[::-1], x0=W / gw / 2, dx=W / gw, y0=H - H / gh / 2, dy=-H / gh, opacity=0,
-            zmin=scale.lo, zmax=scale.hi, colorscale=reference_stops(drawn.cmap),
-            colorbar=dict(title=dict(text=unit, side="right", font=dict(size=11)), len=0.75 * (top - bottom),
-                          y=(top + bottom) / 2, thickness=10, x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
-            hovertemplate="row %{y:.0f}, col %{x:.0f}: %{z:.4g}<extra>" + _label(r.method) + "</extra>"),
-            row=row, col=col)
+        note = _add_map(fig, image, r, index, pixels, row + 1, col + 1, cols, cmap, style, opacity, smooth, padding)
+        if note:
+            notes.append(note)
     padded = ""
     if len(padding):
         pixel_maps = [_label(r.method) for r in results if pixels and r.pixels is not None]
@@ -115,18 +91,57 @@ def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: 
                                                   constrain="domain")})
     meaning = ("signed maps: red raises the target, blue lowers it, 0 lets the photo through (limits ±99th "
                "percentile of |value|)" if any(_signed(r.method) for r in results) else "")
-    title = f"Attribution of the {target_text}" if target_text else "Attribution"
-    lines = []
-    for text, small in [(title, False)] + [(t, True) for t in (meaning, "; ".join(notes), padded) if t]:
-        # <sup> text is about 0.7 of the title's size: its lines may be longer
-        parts = textwrap.wrap(text, int(wrap * 1.4) if small else wrap) if wrap else [text]
-        lines += [f"<sup>{part}</sup>" if small else part for part in parts]
+    lines = _title_lines(f"Attribution of the {target_text}" if target_text else "Attribution",
+                         [meaning, "; ".join(notes), padded], wrap)
     # The title hangs from the top; the plot keeps its height under a longer one (about 22 px a line, and room for
     # the maps' own titles).
     top = max(135, 64 + 22 * len(lines))
     fig.update_layout(title=dict(text="<br>".join(lines), y=1, yref="container", yanchor="top", pad=dict(t=24)),
                       height=plot_height * rows + top, margin=dict(l=10, r=50, t=top, b=10), template="plotly_white")
     return fig
+
+
+def _add_map(fig, image: Image.Image, r: Map, index: int, pixels: bool, row: int, col: int, cols: int, cmap: str,
+             style: str, opacity: float, smooth: bool, padding) -> str:
+    """One method's map of image ``index`` drawn over the model input at (row, col) (1-based), with its own colour
+    bar beside it and an invisible heatmap of its values for hover; returns the sentence on what was clipped, or ""."""
+    from .overlay import render_maps
+
+    W, H = image.size
+    at_pixels = pixels and r.pixels is not None
+    grid = r.pixels[index] if at_pixels else r.patches[index]
+    signed = _signed(r.method)
+    # An outline marks a clipped patch; around single pixels the outlines covered a map in cyan specks (the
+    # caption still counts the clipped pixels).
+    drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed,
+                        padding=None if at_pixels else padding, outline_clipped=not at_pixels)
+    scale, clipped = drawn.scales[0], len(drawn.clipped[0])
+    note = (f"{_label(r.method)}: {clipped} {'pixels' if at_pixels else 'patches'} "
+            f"{'beyond ±' if signed else 'above '}{scale.hi:.3g} drawn at the end colour") if clipped else ""
+    axis = (row - 1) * cols + col
+    right = fig.layout[f"xaxis{axis if axis > 1 else ''}"].domain[1]
+    bottom, top = fig.layout[f"yaxis{axis if axis > 1 else ''}"].domain
+    unit = "relevance" if signed else "0–1 (min-max)" if r.method == "legrad" else GRADCAM_UNIT
+    gh, gw = grid.shape
+    fig.add_trace(go.Image(source=image_data_uri(drawn.tiles[0]), hoverinfo="skip"), row=row, col=col)
+    fig.add_trace(go.Heatmap(
+        z=grid[::-1], x0=W / gw / 2, dx=W / gw, y0=H - H / gh / 2, dy=-H / gh, opacity=0,
+        zmin=scale.lo, zmax=scale.hi, colorscale=reference_stops(drawn.cmap),
+        colorbar=dict(title=dict(text=unit, side="right", font=dict(size=11)), len=0.75 * (top - bottom),
+                      y=(top + bottom) / 2, thickness=10, x=right + 0.004, xanchor="left", tickfont=dict(size=10)),
+        hovertemplate="row %{y:.0f}, col %{x:.0f}: %{z:.4g}<extra>" + _label(r.method) + "</extra>"),
+        row=row, col=col)
+    return note
+
+
+def _title_lines(title: str, notes: list[str], wrap: int | None) -> list[str]:
+    """The title's lines, then each non-empty note's in small type (``<sup>``), broken at ``wrap`` characters."""
+    lines = []
+    for text, small in [(title, False)] + [(t, True) for t in notes if t]:
+        # <sup> text is about 0.7 of the title's size: its lines may be longer
+        parts = textwrap.wrap(text, int(wrap * 1.4) if small else wrap) if wrap else [text]
+        lines += [f"<sup>{part}</sup>" if small else part for part in parts]
+    return lines
 
 
 def conservation_figure(results: list[Map], index: int = 0, target_text: str = "") -> go.Figure:

@@ -123,121 +123,169 @@ def paper_figure(image: Image.Image, groups: list[MapGroup], *, title: str, arra
     Returns:
         The :class:`PaperFigure`.
     """
-    from matplotlib.cm import ScalarMappable
-    from matplotlib.colors import ListedColormap, Normalize
     from matplotlib.figure import Figure
 
     if arrange not in ("down", "across"):
         raise OptionError(f"arrange must be 'down' or 'across', not {arrange!r}")
     if not groups or any(not g.rows for g in groups):
         raise OptionError("a paper figure needs at least one group, each with at least one row")
-    rendered = []
-    for g in groups:
-        stacked = np.concatenate([np.asarray(r.maps, dtype=np.float64) for r in g.rows])
-        sinks = [np.zeros(0, int) if r.sinks is None else np.asarray(r.sinks, int) for r in g.rows for _ in r.maps]
-        rendered.append(render_maps(image, stacked, scale_mode="log" if g.log else "shared across heads", cmap=cmap,
-                                    style=style, opacity=opacity, smooth=smooth, query=query, sinks=sinks,
-                                    signed=g.signed))
+    rendered = [_render_group(image, g, cmap, style, opacity, smooth, query) for g in groups]
     scales = [r.scales[0] for r in rendered]
+    geo = _Geometry.of(image, groups, scales, rendered, title, arrange, with_input)
 
-    # Geometry in inches: every tile TILE_INCHES wide; text bands above tiles, labels left, bars right or below.
-    w, h = image.size
-    tile_w, tile_h = TILE_INCHES, TILE_INCHES * h / w
-    title_band, tile_title, label_w, gap = 0.42, 0.2, 0.3, 0.06
-    has_labels = any(r.label for g in groups for r in g.rows)
-    left = 0.08 + (label_w if has_labels else 0.0)
-    with_input = with_input and arrange == "across"
-    input_x = left
-    if with_input:
-        left += tile_w + 0.2
-    if arrange == "down":
-        columns = max(len(r.maps) for g in groups for r in g.rows)
-        n_rows = sum(len(g.rows) for g in groups)
-        width = left + columns * (tile_w + gap) + 1.15
-        grid_h = n_rows * (tile_h + tile_title) + (len(groups) - 1) * 0.12
-        bar_band = 0.0
-    else:
-        if len({len(g.rows) for g in groups}) != 1:
-            raise OptionError("arrange='across' needs the same number of rows in every group")
-        columns = sum(max(len(r.maps) for r in g.rows) for g in groups)
-        n_rows = len(groups[0].rows)
-        width = left + columns * (tile_w + gap) + (len(groups) - 1) * 0.2 + 0.1
-        grid_h = n_rows * (tile_h + tile_title)
-        bar_band = 0.75
-    note_lines = _wrap([_scale_sentence(g, s, _clipped(r)) for g, s, r in zip(groups, scales, rendered)], width)
-    note_h = 0.16 * len(note_lines) + 0.1
-    title_lines = _wrap([title], width, 0.085)  # 11 pt
-    title_band += 0.19 * (len(title_lines) - 1)
-    height = title_band + grid_h + bar_band + note_h
-
-    fig = Figure(figsize=(width, height))
-    fig.text(0.08 / width, 1 - 0.12 / height, "\n".join(title_lines), ha="left", va="top", fontsize=11)
-
-    def axes_at(x: float, y_top: float, ww: float, hh: float):
-        """An axes at x inches from the left, its top y_top inches from the top."""
-        return fig.add_axes((x / width, 1 - (y_top + hh) / height, ww / width, hh / height))
-
-    bars = []
-    if with_input:
-        for ri in range(n_rows):
-            ax = axes_at(input_x, title_band + ri * (tile_h + tile_title) + tile_title, tile_w, tile_h)
+    fig = Figure(figsize=(geo.width, geo.height))
+    fig.text(0.08 / geo.width, 1 - 0.12 / geo.height, "\n".join(geo.title_lines), ha="left", va="top", fontsize=11)
+    if geo.with_input:
+        for ri in range(geo.n_rows):
+            ax = geo.axes(fig, geo.input_x, geo.title_band + ri * (geo.tile_h + geo.tile_title) + geo.tile_title,
+                          geo.tile_w, geo.tile_h)
             ax.imshow(np.asarray(image.convert("RGB")), interpolation="nearest")
             ax.set_axis_off()
             if ri == 0:
                 ax.set_title("model input", fontsize=8, pad=2)
-    y = title_band
-    x_group = left
-    tile_index = [0] * len(groups)
+    bars = []
+    y, x_group = geo.title_band, geo.left
     for gi, (g, drawn, scale) in enumerate(zip(groups, rendered, scales)):
         group_cols = max(len(r.maps) for r in g.rows)
-        y_row = y if arrange == "down" else title_band
-        previous = None
-        for ri, row in enumerate(g.rows):
-            x0 = left if arrange == "down" else x_group
-            show_titles = list(row.titles) != previous
-            previous = list(row.titles)
-            for ti, text in enumerate(row.titles):
-                ax = axes_at(x0 + ti * (tile_w + gap), y_row + tile_title, tile_w, tile_h)
-                ax.imshow(np.asarray(drawn.tiles[tile_index[gi]].convert("RGB")), interpolation="nearest")
-                ax.set_xticks([])
-                ax.set_yticks([])
-                for spine in ax.spines.values():
-                    spine.set_visible(False)
-                if show_titles:
-                    ax.set_title(text, fontsize=8, pad=2)
-                tile_index[gi] += 1
-            if row.label and (arrange == "down" or gi == 0):
-                fig.text((x0 - 0.06) / width if arrange == "down" else (left - 0.06) / width,
-                         1 - (y_row + tile_title + tile_h / 2) / height, row.label, rotation=90, ha="right",
-                         va="center", fontsize=9)
-            y_row += tile_h + tile_title
-        lut = ListedColormap(lookup_table(drawn.cmap) / 255.0)
-        mappable = ScalarMappable(Normalize(scale.lo, scale.hi), lut)
-        label = g.value_name + (" (log10 scale)" if scale.log else "")
+        y_row = _draw_rows(fig, geo, g, drawn, y if arrange == "down" else geo.title_band, x_group, first=gi == 0)
+        bars.append(_colour_bar(fig, geo, g, drawn, scale, y, x_group, group_cols))
         if arrange == "down":
-            block_h = len(g.rows) * (tile_h + tile_title) - tile_title
-            cax = axes_at(left + columns * (tile_w + gap) + 0.08, y + tile_title, 0.12, block_h)
-            bar = fig.colorbar(mappable, cax=cax, orientation="vertical")
             y = y_row + 0.12
         else:
-            block_w = group_cols * (tile_w + gap) - gap
-            cax = axes_at(x_group + 0.1 * block_w, title_band + grid_h + 0.12, 0.8 * block_w, 0.1)
-            bar = fig.colorbar(mappable, cax=cax, orientation="horizontal")
-            x_group += group_cols * (tile_w + gap) + 0.2
-        ticks = colour_bar_ticks(scale)
-        if arrange == "across" and group_cols < 3 and len(ticks) > 3:  # a short bar: ends and middle, not crowded
-            ticks = [ticks[0], ticks[len(ticks) // 2], ticks[-1]]
-        bar.set_ticks([scale.lo + p * (scale.hi - scale.lo) for p, _ in ticks], labels=[t for _, t in ticks])
-        bar.ax.tick_params(labelsize=7)
-        if arrange == "down":
-            bar.set_label(f"{label}\n{g.name}", fontsize=8)
-        else:  # under its own columns: wrapped to their width, the group's name only when the tiles do not say it
-            named = label if {t for r in g.rows for t in r.titles} == {g.name} else f"{label} · {g.name}"
-            bar.set_label("\n".join(_wrap([named], block_w, 0.052)), fontsize=7)
-        bars.append(bar)
-    fig.text(0.08 / width, (note_h - 0.06) / height, "\n".join(note_lines), ha="left", va="top", fontsize=7,
-             color="#333333")
+            x_group += group_cols * (geo.tile_w + geo.gap) + 0.2
+    fig.text(0.08 / geo.width, (geo.note_h - 0.06) / geo.height, "\n".join(geo.note_lines), ha="left", va="top",
+             fontsize=7, color="#333333")
     return PaperFigure(fig, list(groups), scales, rendered, bars, title)
+
+
+def _render_group(image: Image.Image, group: MapGroup, cmap: str, style: str, opacity: float, smooth: bool,
+                  query: int | None) -> RenderedMaps:
+    """Every map of one group's rows over ``image`` on the group's one colour scale."""
+    stacked = np.concatenate([np.asarray(r.maps, dtype=np.float64) for r in group.rows])
+    sinks = [np.zeros(0, int) if r.sinks is None else np.asarray(r.sinks, int) for r in group.rows for _ in r.maps]
+    return render_maps(image, stacked, scale_mode="log" if group.log else "shared across heads", cmap=cmap,
+                       style=style, opacity=opacity, smooth=smooth, query=query, sinks=sinks, signed=group.signed)
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """Where everything of a paper figure goes, in inches: every tile TILE_INCHES wide; text bands above the tiles,
+    row labels left, colour bars right (``down``) or below (``across``), the scale note at the bottom."""
+
+    arrange: str
+    width: float
+    height: float
+    tile_w: float
+    tile_h: float
+    title_band: float
+    tile_title: float
+    gap: float
+    left: float
+    input_x: float
+    with_input: bool
+    columns: int
+    n_rows: int
+    grid_h: float
+    note_h: float
+    note_lines: list
+    title_lines: list
+
+    @classmethod
+    def of(cls, image: Image.Image, groups: list[MapGroup], scales: list, rendered: list, title: str, arrange: str,
+           with_input: bool) -> "_Geometry":
+        w, h = image.size
+        tile_w, tile_h = TILE_INCHES, TILE_INCHES * h / w
+        title_band, tile_title, label_w, gap = 0.42, 0.2, 0.3, 0.06
+        has_labels = any(r.label for g in groups for r in g.rows)
+        left = 0.08 + (label_w if has_labels else 0.0)
+        with_input = with_input and arrange == "across"
+        input_x = left
+        if with_input:
+            left += tile_w + 0.2
+        if arrange == "down":
+            columns = max(len(r.maps) for g in groups for r in g.rows)
+            n_rows = sum(len(g.rows) for g in groups)
+            width = left + columns * (tile_w + gap) + 1.15
+            grid_h = n_rows * (tile_h + tile_title) + (len(groups) - 1) * 0.12
+            bar_band = 0.0
+        else:
+            if len({len(g.rows) for g in groups}) != 1:
+                raise OptionError("arrange='across' needs the same number of rows in every group")
+            columns = sum(max(len(r.maps) for r in g.rows) for g in groups)
+            n_rows = len(groups[0].rows)
+            width = left + columns * (tile_w + gap) + (len(groups) - 1) * 0.2 + 0.1
+            grid_h = n_rows * (tile_h + tile_title)
+            bar_band = 0.75
+        note_lines = _wrap([_scale_sentence(g, s, _clipped(r)) for g, s, r in zip(groups, scales, rendered)], width)
+        note_h = 0.16 * len(note_lines) + 0.1
+        title_lines = _wrap([title], width, 0.085)  # 11 pt
+        title_band += 0.19 * (len(title_lines) - 1)
+        height = title_band + grid_h + bar_band + note_h
+        return cls(arrange, width, height, tile_w, tile_h, title_band, tile_title, gap, left, input_x, with_input,
+                   columns, n_rows, grid_h, note_h, note_lines, title_lines)
+
+    def axes(self, fig, x: float, y_top: float, ww: float, hh: float):
+        """An axes at x inches from the left, its top y_top inches from the top."""
+        return fig.add_axes((x / self.width, 1 - (y_top + hh) / self.height, ww / self.width, hh / self.height))
+
+
+def _draw_rows(fig, geo: _Geometry, group: MapGroup, drawn: RenderedMaps, y_row: float, x_group: float,
+               first: bool) -> float:
+    """One group's rows of tiles, titled where a row's titles differ from the row above, labelled on the left
+    (``across``: only the first group's); returns the y (inches from the top) below its last row."""
+    tile = 0
+    previous = None
+    for row in group.rows:
+        x0 = geo.left if geo.arrange == "down" else x_group
+        show_titles = list(row.titles) != previous
+        previous = list(row.titles)
+        for ti, text in enumerate(row.titles):
+            ax = geo.axes(fig, x0 + ti * (geo.tile_w + geo.gap), y_row + geo.tile_title, geo.tile_w, geo.tile_h)
+            ax.imshow(np.asarray(drawn.tiles[tile].convert("RGB")), interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            for spine in ax.spines.values():
+                spine.set_visible(False)
+            if show_titles:
+                ax.set_title(text, fontsize=8, pad=2)
+            tile += 1
+        if row.label and (geo.arrange == "down" or first):
+            fig.text((x0 - 0.06) / geo.width if geo.arrange == "down" else (geo.left - 0.06) / geo.width,
+                     1 - (y_row + geo.tile_title + geo.tile_h / 2) / geo.height, row.label, rotation=90, ha="right",
+                     va="center", fontsize=9)
+        y_row += geo.tile_h + geo.tile_title
+    return y_row
+
+
+def _colour_bar(fig, geo: _Geometry, group: MapGroup, drawn: RenderedMaps, scale: ColourScale, y: float,
+                x_group: float, group_cols: int):
+    """The group's colour bar with its unit: right of its rows (``down``, top at ``y``) or under its columns
+    (``across``, from ``x_group``), ticks thinned on a short bar."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import ListedColormap, Normalize
+
+    lut = ListedColormap(lookup_table(drawn.cmap) / 255.0)
+    mappable = ScalarMappable(Normalize(scale.lo, scale.hi), lut)
+    label = group.value_name + (" (log10 scale)" if scale.log else "")
+    if geo.arrange == "down":
+        block_h = len(group.rows) * (geo.tile_h + geo.tile_title) - geo.tile_title
+        cax = geo.axes(fig, geo.left + geo.columns * (geo.tile_w + geo.gap) + 0.08, y + geo.tile_title, 0.12, block_h)
+        bar = fig.colorbar(mappable, cax=cax, orientation="vertical")
+    else:
+        block_w = group_cols * (geo.tile_w + geo.gap) - geo.gap
+        cax = geo.axes(fig, x_group + 0.1 * block_w, geo.title_band + geo.grid_h + 0.12, 0.8 * block_w, 0.1)
+        bar = fig.colorbar(mappable, cax=cax, orientation="horizontal")
+    ticks = colour_bar_ticks(scale)
+    if geo.arrange == "across" and group_cols < 3 and len(ticks) > 3:  # a short bar: ends and middle, not crowded
+        ticks = [ticks[0], ticks[len(ticks) // 2], ticks[-1]]
+    bar.set_ticks([scale.lo + p * (scale.hi - scale.lo) for p, _ in ticks], labels=[t for _, t in ticks])
+    bar.ax.tick_params(labelsize=7)
+    if geo.arrange == "down":
+        bar.set_label(f"{label}\n{group.name}", fontsize=8)
+    else:  # under its own columns: wrapped to their width, the group's name only when the tiles do not say it
+        named = label if {t for r in group.rows for t in r.titles} == {group.name} else f"{label} · {group.name}"
+        bar.set_label("\n".join(_wrap([named], block_w, 0.052)), fontsize=7)
+    return bar
 
 
 def _clipped(rendered: RenderedMaps) -> int:

@@ -4,6 +4,8 @@
   queries and keys of a layer's head over an image set, AttentionViz's two corrections (translate the keys,
   then scale keys and queries, both exact on the softmax), how well distance in the joint space keeps the dot
   product, and 2-D projections (PCA, t-SNE, UMAP) coloured by kind, patch position or image.
+- :mod:`vitviz.heads.corrections` — those two corrections and the scores split into the scaled dot product and a
+  bias, as arrays (re-exported by :mod:`vitviz.heads.qk`).
 - :mod:`vitviz.heads.patching` — heads switched off (ablation: zero or the image-set mean) or swapped between
   two images (activation patching) through the Trace's ``edit=`` points, and how far the output moves.
 

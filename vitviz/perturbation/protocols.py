@@ -30,7 +30,7 @@ replaced by a *replacement* value, or are the only ones restored from it:
   - Chefer scores against ImageNet's ground-truth label, so the 0 % point (computed apart, as the model's
     accuracy) is below 1; here the label is the unperturbed top-1, so the 0 % point is 1 by construction;
   - Chefer's repository computes no AUC (it saves the accuracy per fraction): vitviz's trapezoid over
-    0..0.9 x 100 follows the issue's definition, including the 0 % point.
+    0..0.9 x 100 is vitviz's own definition, and includes the 0 % point.
 
 Replacement values: ``mean`` sets the pixels to 0 in the normalised input (the dataset mean colour);
 ``blur`` takes them from a Gaussian-blurred copy of the input (RISE's insertion baseline: an 11 x 11

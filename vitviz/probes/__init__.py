@@ -19,10 +19,13 @@ vitviz.explain(lens, x, "attnlrp", target=vitviz.ConceptTarget(concept, layer=9)
 - :mod:`.features`: per-layer pooled features from one forward per image (``lens.trace`` + the adapter's readout).
 - :mod:`.linear`: scikit-learn logistic regression, nested cross-validation, the head exported as one linear layer.
 - :mod:`.probe`: :func:`fit` and :class:`ProbeResult` (the table, the head, the files).
-- :mod:`.concepts`: concepts painted on patches: a probe per layer on the patch tokens, its maps, :class:`ConceptTarget`.
+- :mod:`.concepts`: concepts painted on patches: a probe per layer on the patch tokens, its maps, :class:`ConceptTarget`;
+  :mod:`.painted`: the paintings, their labels and the fitted :class:`ConceptProbe` with its files.
 - :mod:`.masks`: mask PNGs (``probe --patch-masks DIR``) on the model's patch grid.
 - :mod:`.head`: a probe file attached to a loaded model (:func:`attach_head`), checked against the backbone.
-- :mod:`.cli`: ``python -m vitviz probe``.
+- :mod:`.collect`: ``probe``'s features of every image through the engine, each finished batch kept as a Parquet
+  part (a killed run continues); :mod:`.figures`: what the Probes and Concepts pages show.
+- ``python -m vitviz probe`` is :mod:`vitviz.cli.probe`.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import numpy as np
 from PIL import Image
 
 from ..io.inputs import IMAGE_SUFFIXES
-from .concepts import ConceptError, PaintedImages
+from .painted import ConceptError, PaintedImages
 
 NOT_SUFFIX = ".not"
 
