@@ -205,9 +205,6 @@ def run_cases(records: list, notes: list, device: str, dtypes, batches, img_size
                     if not clock.open_until(until):
                         record.note = OVER_BUDGET
                         continue
-                    if name == "faithfulness" and batch > 8:
-                        record.note = "skipped: faithfulness runs image by image (batch 64 = 64 x batch 1)"
-                        continue
                     try:
                         measure(record, workload(name, loaded, images, steps), loaded.device, *reps)
                     except Exception as exc:  # noqa: BLE001 - an out-of-memory or unsupported case is a table cell
