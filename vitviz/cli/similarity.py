@@ -67,16 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runs.engines import run_batches
     from ..runs.similarity_run import MIN_BATCH, CKASums, CKAWork, SidesSpec, minibatch_sizes, result_of
 
-    models = args.model or ["bundled"]
-    if len(models) > 2:
-        raise VitvizError(f"{len(models)} --model: similarity compares one model with itself or two models.")
-    checkpoints = args.checkpoint or ["-"] * len(models)
-    if len(checkpoints) != len(models):
-        raise VitvizError(f"{len(checkpoints)} --checkpoint for {len(models)} --model: give one per --model, in the "
-                          "same order ('-' for a model without).")
-    if args.batch_size < MIN_BATCH:
-        raise VitvizError(f"--batch-size {args.batch_size}: minibatch CKA needs {MIN_BATCH} or more images per "
-                          "minibatch.")
+    models, checkpoints = _models(args, MIN_BATCH)
     engine = engine_of(args)
     check_writable(args.out)
     files, problems = expand(args)
@@ -88,10 +79,7 @@ def run(args: argparse.Namespace) -> int:
     sides = SidesSpec(specs[0], specs[1] if len(specs) == 2 else None, args.point)
     sizes = minibatch_sizes(len(files), args.batch_size)
     work = CKAWork(args.pooling, args.kernel, args.rbf_threshold, args.bootstrap, SEED)
-    key = json.dumps({"models": models, "checkpoints": [s.checkpoint for s in specs], "img_size": args.img_size,
-                      "dtype": args.dtype, "point": args.point, "files": [str(f.path) for f in files],
-                      "minibatches": sizes, "work": [work.pooling, work.kernel, work.threshold, work.replicates,
-                                                     work.seed]})
+    key = _run_key(args, models, specs, files, sizes, work)
     if read_json(args.out / SETTINGS_NAME).get("run") == key and (args.out / CKA_NAME).exists():
         print(f"{args.out / CKA_NAME} already holds these images with these settings.", file=sys.stderr)
         return 0
@@ -135,32 +123,67 @@ def run(args: argparse.Namespace) -> int:
     progress.close()
     if accumulator is None:
         sums.clear()
-        readable = len(files) - len(skipped)
-        if readable < MIN_BATCH:
-            print(f"error: fewer than {MIN_BATCH} of the {len(files)} images could be read: CKA needs {MIN_BATCH}.",
-                  file=sys.stderr)
-        else:
-            print(f"error: no minibatch held {MIN_BATCH} readable images: CKA needs {MIN_BATCH} per minibatch.",
-                  file=sys.stderr)
-        return no_image()
+        return _too_few_readable(len(files), len(skipped), MIN_BATCH)
     result = result_of(accumulator, described, point=args.point, pooling=args.pooling, kernel=args.kernel,
                        threshold=args.rbf_threshold, batch_size=args.batch_size, seed=SEED,
                        skipped=list(skipped.items()))
-    buffer = io.BytesIO()
-    result.table().to_parquet(buffer, index=False)
     settings = {"command": "similarity", "versions": versions(),
                 "inputs": list(args.inputs), "models": models, "checkpoints": [s.checkpoint for s in specs],
                 "img_size": args.img_size, "device": args.device, "dtype": args.dtype,
                 "engine": args.engine, "workers": engine.workers, "address": args.address,
                 "layers_a": list(result.layers_a), "layers_b": list(result.layers_b),
                 "columns": COLUMN_DOCS, "minibatches_planned": sizes,
-                "skipped": [{"name": n, "reason": r} for n, r in skipped.items()]} | {
-        k: v for k, v in result.settings.items() if k != "skipped"} | {"run": key}
-    with signals_held():  # the two files belong together: both renamed, or neither
-        atomic_write_bytes(args.out / CKA_NAME, buffer.getvalue())
-        atomic_write_bytes(args.out / SETTINGS_NAME, (json.dumps(settings, indent=2) + "\n").encode())
+                "skipped": [{"name": n, "reason": r} for n, r in skipped.items()]}
+    _write_results(args.out, result, settings, key)
     sums.clear()
     shape = result.cka.shape
     print(f"{shape[0]} x {shape[1]} layers over {result.images} image(s) in {result.settings['minibatches']} "
           f"minibatch(es): {args.out / CKA_NAME}")
     return 0
+
+
+def _models(args: argparse.Namespace, min_batch: int) -> tuple[list[str], list[str]]:
+    """The --model names (default the bundled model) and one --checkpoint each ('-': none), checked: one or two
+    models, as many checkpoints, and a --batch-size of ``min_batch`` or more."""
+    models = args.model or ["bundled"]
+    if len(models) > 2:
+        raise VitvizError(f"{len(models)} --model: similarity compares one model with itself or two models.")
+    checkpoints = args.checkpoint or ["-"] * len(models)
+    if len(checkpoints) != len(models):
+        raise VitvizError(f"{len(checkpoints)} --checkpoint for {len(models)} --model: give one per --model, in the "
+                          "same order ('-' for a model without).")
+    if args.batch_size < min_batch:
+        raise VitvizError(f"--batch-size {args.batch_size}: minibatch CKA needs {min_batch} or more images per "
+                          "minibatch.")
+    return models, checkpoints
+
+
+def _run_key(args: argparse.Namespace, models: list[str], specs: list, files: list, sizes: list[int], work) -> str:
+    """What makes two runs the same (their images, models, minibatches and settings), as settings.json's ``run`` and
+    the key of the durable sums: a run whose key matches goes on from them or finds its result already there."""
+    return json.dumps({"models": models, "checkpoints": [s.checkpoint for s in specs], "img_size": args.img_size,
+                       "dtype": args.dtype, "point": args.point, "files": [str(f.path) for f in files],
+                       "minibatches": sizes, "work": [work.pooling, work.kernel, work.threshold, work.replicates,
+                                                      work.seed]})
+
+
+def _too_few_readable(files: int, skipped: int, min_batch: int) -> int:
+    """The error when no minibatch could be measured (too few readable images in all, or in every minibatch)."""
+    if files - skipped < min_batch:
+        print(f"error: fewer than {min_batch} of the {files} images could be read: CKA needs {min_batch}.",
+              file=sys.stderr)
+    else:
+        print(f"error: no minibatch held {min_batch} readable images: CKA needs {min_batch} per minibatch.",
+              file=sys.stderr)
+    return no_image()
+
+
+def _write_results(out: Path, result, settings: dict, key: str) -> None:
+    """``out/cka.parquet`` and ``out/settings.json`` (``settings`` then the result's own, less its skipped list,
+    then the run's ``key``), each whole, and both renamed or neither."""
+    buffer = io.BytesIO()
+    result.table().to_parquet(buffer, index=False)
+    settings = settings | {k: v for k, v in result.settings.items() if k != "skipped"} | {"run": key}
+    with signals_held():
+        atomic_write_bytes(out / CKA_NAME, buffer.getvalue())
+        atomic_write_bytes(out / SETTINGS_NAME, (json.dumps(settings, indent=2) + "\n").encode())

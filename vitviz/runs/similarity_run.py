@@ -251,6 +251,19 @@ class Similarity:
                              "high": self.high[a, b]})
 
 
+def _check_options(pooling: str, kernel: str, batch_size: int, images: int) -> None:
+    """A sentence for a pooling or kernel :func:`similarity` does not know, or too few images per minibatch or all."""
+    if pooling not in POOLINGS:
+        raise VitvizError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}.")
+    if kernel not in KERNELS:
+        raise VitvizError(f"kernel {kernel!r} is not one of {', '.join(KERNELS)}.")
+    if batch_size < MIN_BATCH:
+        raise VitvizError(f"batch size {batch_size}: minibatch CKA needs {MIN_BATCH} or more images per minibatch.")
+    if images < MIN_BATCH:
+        raise VitvizError(f"{images} image(s): CKA needs {MIN_BATCH} or more (the unbiased HSIC compares "
+                          "pairs of pairs of images).")
+
+
 def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pooling: str = "tokens",
                batch_size: int = 32, kernel: str = "linear", threshold: float = 1.0, bootstrap: int = 200,
                seed: int = 0, progress: Callable[[int, int], None] | None = None) -> Similarity:
@@ -278,16 +291,8 @@ def similarity(lens_a, lens_b, images: Sequence, point: str = "resid_post", pool
     Raises:
         VitvizError: fewer than 4 images, an unknown pooling, kernel or point, CLS pooling of a model without one.
     """
-    if pooling not in POOLINGS:
-        raise VitvizError(f"pooling {pooling!r} is not one of {', '.join(POOLINGS)}.")
-    if kernel not in KERNELS:
-        raise VitvizError(f"kernel {kernel!r} is not one of {', '.join(KERNELS)}.")
-    if batch_size < MIN_BATCH:
-        raise VitvizError(f"batch size {batch_size}: minibatch CKA needs {MIN_BATCH} or more images per minibatch.")
     images = list(images)
-    if len(images) < MIN_BATCH:
-        raise VitvizError(f"{len(images)} image(s): CKA needs {MIN_BATCH} or more (the unbiased HSIC compares "
-                          "pairs of pairs of images).")
+    _check_options(pooling, kernel, batch_size, len(images))
     side_a = features_of(lens_a, point)
     same = lens_b is lens_a
     side_b = side_a if same else features_of(lens_b, point)
