@@ -6,11 +6,15 @@ Starts the app (``streamlit run app.py``, offline, bundled model), opens each pa
 address with the sample photos and writes ``<out>/<address>.png`` (the viewport, as a user sees it first) and
 ``<out>/sidebar.png``. On the Features page it first trains an SAE in the browser (Train, the defaults, until
 converged: a few minutes on a CPU) and shows its top latents. Needs Debian's Chromium (``apt-get install chromium``)
-and Playwright.
+and Playwright. Each page's shot is recorded in ``<out>/taken.json`` with the SHA-256 of the page's file it was
+taken of (tests/test_docs.py fails when a page's file no longer matches its shot: a retake can give the same PNG
+bytes, so the record, not the PNG's commit date, says it was retaken).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -26,6 +30,21 @@ from ui.navigation import PAGES  # noqa: E402
 def address(file: str) -> str:
     """The page's URL path as Streamlit derives it from the file name ("pages/3_rollout.py" -> "rollout")."""
     return re.sub(r"^\d+_", "", Path(file).stem)
+
+
+def page_hash(file: str) -> str:
+    """SHA-256 of a page's file, as ``taken.json`` records it."""
+    return hashlib.sha256((ROOT / file).read_bytes()).hexdigest()
+
+
+def record_taken(out: Path, shots: dict[str, str]) -> None:
+    """Merge ``{address: page_hash}`` into ``out/taken.json``, written whole."""
+    path = out / "taken.json"
+    taken = json.loads(path.read_text()) if path.is_file() else {}
+    taken.update(shots)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(sorted(taken.items())), indent=1) + "\n")
+    tmp.replace(path)
 
 
 def train_sae(page) -> None:
@@ -46,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_argument("--pages", help="comma-separated addresses (default: every page)")
     cli.add_argument("--out", type=Path, default=ROOT / "docs" / "img" / "app")
     args = cli.parse_args(argv)
-    wanted = [address(p.file) for p in PAGES]
+    files = {address(p.file): p.file for p in PAGES}
+    wanted = list(files)
     if args.pages:
         wanted = [a for a in wanted if a in args.pages.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -65,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             if name == "features":
                 train_sae(page)
             page.screenshot(path=args.out / f"{name}.png")
+            record_taken(args.out, {name: page_hash(files[name])})
             print(f"wrote {args.out / name}.png")
         browser.close()
     return 0

@@ -74,6 +74,52 @@ class Server:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:]
 
+    def app_tracebacks(self) -> list[str]:
+        """The whole log's tracebacks, less the web server's own reports of a browser that left mid-handshake.
+
+        Streamlit's Starlette server logs a traceback when a client closes its websocket while the server is
+        still opening or closing it (a page switched or reloaded in that instant); it ends in Starlette's
+        ``WebSocketDisconnected`` and passes through no file of this project. Every other traceback is kept."""
+        return [block for block in tracebacks(self.log.read_text(errors="replace"))
+                if not _client_left(block)]
+
+
+PROJECT_FRAMES = re.compile(r'File "[^"]*/(?:app\.py|ui/|pages/|vitviz/)')
+
+
+def tracebacks(log: str) -> list[str]:
+    """Each traceback report of a log, its chained causes included, from its first "Traceback" line to its final
+    exception line."""
+    lines, reports, i = log.splitlines(), [], 0
+    while i < len(lines):
+        if not lines[i].startswith("Traceback (most recent call last)"):
+            i += 1
+            continue
+        start = i
+        while True:
+            i += 1
+            while i < len(lines) and (lines[i].startswith((" ", "\t")) or not lines[i].strip()):
+                i += 1  # the frames, down to the exception line at column 0
+            end, j = i, i + 1
+            while j < len(lines) and not lines[j].strip():
+                j += 1
+            if j < len(lines) and lines[j].startswith(("During handling", "The above exception")):
+                j += 1
+                while j < len(lines) and not lines[j].strip():
+                    j += 1
+                if j < len(lines) and lines[j].startswith("Traceback"):
+                    i = j
+                    continue
+            break
+        reports.append("\n".join(lines[start:end + 1]))
+        i = end + 1
+    return reports
+
+
+def _client_left(block: str) -> bool:
+    last = [l for l in block.splitlines() if l.strip()][-1]
+    return last.startswith("starlette.websockets.WebSocketDisconnected") and not PROJECT_FRAMES.search(block)
+
 
 @contextmanager
 def app_server(log: Path, env: dict[str, str] | None = None, start_timeout: float = 300, direct: bool = False):

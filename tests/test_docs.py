@@ -4,6 +4,7 @@ itself: `scripts/docs.sh` builds it with --strict (any warning, a broken link or
 page shows is there and loads in Chromium, no page logs an error, the CLI and API references are complete, and every
 app page has its screenshot."""
 import html.parser
+import json
 import os
 import re
 import subprocess
@@ -159,36 +160,22 @@ def test_the_registers_tutorial_prints_what_its_page_shows_and_writes_its_figure
                     tmp_path)
 
 
-def _changed(path: Path) -> float:
-    """When git says ``path`` last changed on this branch: the date (seconds since 1970) of the last commit along the
-    first parents that changed it (for a change made on another branch, the merge that brought it), or infinity while
-    the working tree holds an uncommitted change. File mtimes say nothing: a clone gives every file the clone's time."""
-    rel = path.relative_to(ROOT).as_posix()
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args, "--", rel], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-
-    if git("status", "--porcelain").strip():
-        return float("inf")
-    stamp = git("log", "-1", "--first-parent", "--format=%ct").strip()
-    return float(stamp) if stamp else float("inf")
-
-
-def test_every_app_screenshot_is_newer_than_its_page():
-    """docs/img/app/<address>.png was committed after the last commit of the page's file: a page changed since its
-    screenshot fails here, naming the command that retakes it. (A shallow clone dates every file alike: it passes.)"""
+def test_every_app_screenshot_was_taken_of_its_page_as_it_is():
+    """docs/img/app/<address>.png exists and docs/img/app/taken.json records that it was taken of the page's file as
+    it is now (its SHA-256, written by scripts/docs_screenshots.py): a page changed since its screenshot fails here,
+    naming the command that retakes it. (A record, not the PNG's commit date: a retake can give the same bytes.)"""
     from ui.navigation import PAGES
 
-    if subprocess.run(["git", "rev-parse", "--git-dir"], cwd=ROOT, capture_output=True).returncode:
-        pytest.skip("not a git checkout: no dates to compare")
-    stale = []
-    for p in PAGES:
-        address = re.sub(r"^\d+_", "", Path(p.file).stem)
-        shot = ROOT / "docs" / "img" / "app" / f"{address}.png"
-        if not shot.is_file() or _changed(shot) < _changed(ROOT / p.file):
-            stale.append(address)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from docs_screenshots import address, page_hash
+
+    taken = json.loads((ROOT / "docs" / "img" / "app" / "taken.json").read_text())
+    stale = [address(p.file) for p in PAGES
+             if not (ROOT / "docs" / "img" / "app" / f"{address(p.file)}.png").is_file()
+             or taken.get(address(p.file)) != page_hash(p.file)]
     assert not stale, (f"app pages changed since their screenshot: {stale}; retake them with "
-                       f".venv/bin/python scripts/docs_screenshots.py --pages {','.join(stale)} and commit the PNGs")
+                       f".venv/bin/python scripts/docs_screenshots.py --pages {','.join(stale)}, look at them and "
+                       f"commit the PNGs and docs/img/app/taken.json")
 
 
 class _Refs(html.parser.HTMLParser):
