@@ -22,6 +22,7 @@ import torch
 
 from ..adapters import Hooks
 from ..errors import GIVE_A_HEAD
+from .direct import check_trace
 from .frozen import ReadoutNotApplicable
 
 
@@ -127,8 +128,6 @@ def logit_lens(lens, x, per_patch: bool = False, tuned: "TunedLens | None" = Non
     Raises:
         ReadoutNotApplicable: a model without a head or with window attention (the sentence says what to do).
     """
-    from .direct import check_trace
-
     why = why_not(lens)
     if why:
         raise ReadoutNotApplicable(why)
