@@ -39,6 +39,10 @@ r, layout = ctx.result, ctx.result.layout
 L, H = r.attention.shape[:2]
 if opened := st.session_state.pop("opened_from_distance", None):
     set_view(layer=opened[0], chead=opened[1])  # the browser-drawn grid reads its layer and Compare head from the URL
+    # The server-drawn grid's widgets are set here, in the run that draws them, not on the distance page before
+    # switch_page: a value set in a run that switch_page cut short reached the server's widget but not always the
+    # browser's (the Layer slider showed 12 over a layer-4 grid; streamlit/streamlit#7338).
+    st.session_state["heads_layer"], st.session_state["compare_head"] = opened
     st.success(f"Opened from the distance plot: layer {opened[0]}, head {opened[1]} (outlined in the grid and "
                "picked below under Compare layers).")
 
@@ -291,7 +295,8 @@ def _server_grid() -> None:
     """The server-drawn grid and Compare layers."""
     controls, grid_col = st.columns([1, 3.3])
     with controls:
-        layer = st.slider("Layer", 1, L, L, key="heads_layer") - 1
+        st.session_state.setdefault("heads_layer", L)  # the default as state: a head opened from the distance plot sets it
+        layer = st.slider("Layer", 1, L, key="heads_layer") - 1
         queries = (["CLS"] if layout.has_class_token else []) + ["mean over patches", "clicked patch"]
         query_label = st.radio("Query", queries, key="query", horizontal=True)
         direction = st.radio("Direction", ["query → keys", "keys → query"], key="direction", horizontal=True,

@@ -48,8 +48,6 @@ if view == "depth plot":
     picked = point_customdata(points[0]) if points else []
     if len(picked) >= 2:
         layer, head = int(picked[0]), int(picked[1])
-        st.session_state["heads_layer"] = layer  # the server-drawn grid's widgets
-        st.session_state["compare_head"] = head
         set_view(layer=layer, chead=head)  # the browser-drawn grid reads its view from the URL
         st.session_state["opened_from_distance"] = (layer, head)
         st.switch_page("pages/2_heads.py")

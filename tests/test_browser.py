@@ -12,6 +12,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
 
@@ -139,7 +140,16 @@ def _wait_idle(page, timeout=180_000, quiet=1500):
 
 
 def _goto(page, name: str):
-    page.get_by_role("link", name=name, exact=True).click()
+    """Open a page by its sidebar link and wait for its run to finish.
+
+    Waiting for idle alone raced on a loaded machine: the old page stays idle until the server answers the
+    click, so the wait could end on the old page (CI once read "Compare models" as the heads page's header).
+    Streamlit sets the page's address when the server starts its run, so the address is waited for first.
+    """
+    link = page.get_by_role("link", name=name, exact=True)
+    path = urlparse(link.get_attribute("href")).path
+    link.click()
+    page.wait_for_url(lambda url: urlparse(url).path == path)
     _wait_idle(page)
 
 

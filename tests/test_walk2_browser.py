@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from loadtest import app_server
-from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle, require_chromium
+from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _goto, _wait_idle, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,8 +132,7 @@ def test_the_first_visit_box_stays_closed_across_page_switches_and_f5(server, br
     _wait_idle(page)
     assert page.get_by_text(INTRO).count() == 0, "back after F5 on the first page"
     for name in ("Attention heads", "Attention rollout", "Attention distance", "Faithfulness", "Overview"):
-        page.get_by_role("link", name=name, exact=True).click()  # the sidebar's page links
-        _wait_idle(page)
+        _goto(page, name)  # the sidebar's page links
         assert page.get_by_text(INTRO).count() == 0, f"back on {name}"
         assert "intro=0" in page.url, (name, page.url)
         page.reload()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from loadtest import app_server
-from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle, require_chromium
+from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _goto, _wait_idle, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,8 +32,7 @@ def page():
 
 
 def _open(page, name: str):
-    page.get_by_role("link", name=name, exact=True).click()
-    _wait_idle(page)
+    _goto(page, name)
 
 
 def test_the_overview_grid_shows_no_legend(page):
