@@ -98,6 +98,16 @@ def tiny_model(family: str, seed: int = 0) -> torch.nn.Module:
 
 
 @pytest.fixture(scope="session")
+def app_servers():
+    """App servers shared by this process's browser test files, one per drawing mode (tests/loadtest.py)."""
+    from loadtest import SharedServers
+
+    servers = SharedServers()
+    yield servers
+    servers.close()
+
+
+@pytest.fixture(scope="session")
 def bundled():
     from vitviz.sources.models import ModelSpec, load_model
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,6 +161,33 @@ def app_server(log: Path, env: dict[str, str] | None = None, start_timeout: floa
                 pass
             proc.wait(timeout=20)
         out.close()
+
+
+class SharedServers:
+    """App servers (``streamlit run app.py``) shared by the browser test files of one test process, one per drawing
+    mode (``VITVIZ_DRAW``), each started on first use and stopped when the test session ends (the ``app_servers``
+    fixture of tests/conftest.py).
+
+    A server start costs tens of CPU seconds (the imports, the model's load, the first page's forward); the files
+    that need no fresh server share one. The sessions of one server are independent (each browser context is its
+    own Streamlit session), and a test process runs one test at a time, so no two files use a server at once.
+    The tests that need a cold server (the first visit's deep link, the load test) start their own."""
+
+    def __init__(self):
+        self._stack = ExitStack()
+        self._servers: dict[str, Server] = {}
+
+    def url(self, draw: str) -> str:
+        """The address of the shared server drawing maps ``draw`` ("browser" or "server"), started if need be."""
+        if draw not in self._servers:
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            self._servers[draw] = self._stack.enter_context(app_server(
+                ROOT / "test-artifacts" / f"shared_server_{draw}_{worker}.log", direct=True,
+                env={"VITVIZ_DRAW": draw, "PYTHONPATH": str(ROOT)}))
+        return self._servers[draw].url
+
+    def close(self) -> None:
+        self._stack.close()
 
 
 def session_image(seed: int) -> bytes:

@@ -153,6 +153,14 @@ def _goto(page, name: str):
     _wait_idle(page)
 
 
+def _show(page, name: str):
+    """Open a page by its sidebar link unless the browser shows it already (a page run costs seconds of both
+    cores; what the heads tests read does not depend on which of them ran before)."""
+    path = urlparse(page.get_by_role("link", name=name, exact=True).get_attribute("href")).path
+    if urlparse(page.url).path != path:
+        _goto(page, name)
+
+
 # How much taller than the viewport the page is: Streamlit scrolls its main section, not the document,
 # so Playwright's full_page screenshot alone would show the viewport only.
 OVERFLOW_JS = """() => Math.max(0, ...[...document.querySelectorAll('*')].map(e => {
@@ -232,7 +240,7 @@ def test_the_sidebar_shows_every_page_under_its_section_without_view_more(page):
 
 
 def test_upload_becomes_the_current_image(page):
-    _goto(page, "Attention heads")
+    _show(page, "Attention heads")
     # Needs the sidebar's "newest upload becomes current" (commit 3197da6).
     header = page.locator("h2").first.inner_text()
     assert "coffee.jpg" in header, f"heads page header after uploading coffee.jpg: {header!r}"
@@ -241,7 +249,7 @@ def test_upload_becomes_the_current_image(page):
 def test_patch_picker_last_column_visible_and_clickable(page):
     from playwright.sync_api import expect
 
-    _goto(page, "Attention heads")
+    _show(page, "Attention heads")
     iframe = page.locator(PICKER).first
     img = page.frame_locator(PICKER).first.locator("img")
     img.wait_for(state="visible")
@@ -277,7 +285,7 @@ def test_patch_picker_last_column_visible_and_clickable(page):
 def test_colour_bar_reaches_the_browser_unaltered(page):
     from vitviz.figures.colour import reference_stops
 
-    _goto(page, "Attention heads")
+    _show(page, "Attention heads")
     plot = page.locator(".js-plotly-plot").first
     plot.locator("linearGradient stop").first.wait_for(state="attached")
     gradients = [g for g in plot.evaluate(GRADIENT_JS) if g]

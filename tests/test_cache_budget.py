@@ -1,9 +1,10 @@
-"""Issue 9's byte budget under AppTest: the bundled model at 518 px, 8 uploaded images viewed one after another.
+"""Issue 9's byte budget under AppTest: the bundled model at 518 px, 6 uploaded images viewed one after another.
 
 At 518 px one image's attention is 12 x 6 x 1370 x 1370 float32 = 516 MiB, so ``VITVIZ_CACHE_MB=1500``
-holds the models and two images' results; a cache bounded by count (Streamlit's) would hold all eight
-(4 GiB). The app runs in a fresh interpreter so its peak resident memory (VmHWM, reset after the
-model is loaded) is the app's own.
+holds the models and two images' results; a cache bounded by count (Streamlit's) would hold all six
+(3.0 GiB of attention alone, over the peak bound of 1500 + 2 x 516 + 400 = 2932 MiB; five would fit under it,
+so six is the fewest images whose memory check tells the two apart). The app runs in a fresh interpreter so its
+peak resident memory (VmHWM, reset after the model is loaded) is the app's own.
 
 392 px with a 600 MB budget (169 MiB per image, half the CPU) was tried on 2026-11-25 and failed in CI: RSS
 after each image 239, 408, 559, 559, 789, 959, 973, 832 MiB, peak 1353 > 1339 MiB, where a run here held at
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 BUDGET_MB = 1500
 SIZE = 518
-N_IMAGES = 8
+N_IMAGES = 6  # the fewest that a cache bounded by count cannot hold under the peak bound (docstring)
 ATTENTION_MIB = 12 * 6 * ((SIZE // 14) ** 2 + 1) ** 2 * 4 / MiB  # 516 MiB, by hand
 # What the process may hold beyond the cache: one image being analysed (at most twice its attention,
 # issue 9) and the framework's own working memory (Streamlit's script run, figures, allocator slack).
@@ -64,7 +65,7 @@ print(json.dumps({{"base": base, "peak": status("VmHWM") - base, "steps": order,
 
 
 @pytest.mark.slow
-def test_eight_images_at_518_px_stay_within_the_byte_budget(tmp_path):
+def test_six_images_at_518_px_stay_within_the_byte_budget(tmp_path):
     images = [(f"budget_{i}.png", session_image(i)) for i in range(N_IMAGES)]
     for name, data in images:
         (tmp_path / name).write_bytes(data)
@@ -84,7 +85,7 @@ def test_eight_images_at_518_px_stay_within_the_byte_budget(tmp_path):
     assert [s["current"] for s in steps] == [name for name, _ in images]
     for step, digest in zip(steps, digests):
         assert step["images_cached"][-1] == digest, step
-    # The LRU evicted the oldest: after the 8th image the first one's result is gone, the newest is kept,
+    # The LRU evicted the oldest: after the last image the first one's result is gone, the newest is kept,
     # and what stays (two images at 516 MiB each, with the models) fits the budget.
     final = steps[-1]["images_cached"]
     assert digests[0] not in final and digests[-1] in final, final
@@ -93,7 +94,7 @@ def test_eight_images_at_518_px_stay_within_the_byte_budget(tmp_path):
     assert result["evictions"] >= N_IMAGES - len(final)
     assert result["used"] <= BUDGET_MB
     bound = BUDGET_MB + 2 * ATTENTION_MIB + FRAMEWORK_MIB
-    print(f"\npeak extra memory over 8 images at {SIZE} px: {result['peak']:.0f} MiB (bound {bound:.0f} MiB: "
+    print(f"\npeak extra memory over {N_IMAGES} images at {SIZE} px: {result['peak']:.0f} MiB (bound {bound:.0f} MiB: "
           f"budget {BUDGET_MB} + 2 x {ATTENTION_MIB:.0f} MiB attention + {FRAMEWORK_MIB} framework); "
           f"RSS after each image: {[round(s['rss']) for s in steps]} MiB; kept {len(final)} images")
     assert result["peak"] <= bound

@@ -10,15 +10,13 @@ and the tests that relied on the previous one's layer failed).
 import base64
 import functools
 import hashlib
-import os
 import re
 
 import numpy as np
 import pytest
 
 from conftest import ASSETS
-from loadtest import app_server
-from test_browser import CHROMIUM, CHROMIUM_ARGS, IDLE_JS, ROOT, VIEWPORT
+from test_browser import CHROMIUM, CHROMIUM_ARGS, IDLE_JS, ROOT, VIEWPORT, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 SHOTS = ROOT / "test-artifacts" / "explorer"
@@ -41,12 +39,9 @@ VIEW_JS = f"""() => {{ const r = {ROOT_JS}; return r ? {{view: JSON.parse(r.data
 
 
 @pytest.fixture(scope="module")
-def server():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    with app_server(ROOT / "test-artifacts" / "explorer_server.log", env={"VITVIZ_DRAW": "browser", "PYTHONPATH": str(ROOT)},
-                    direct=True) as running:
-        yield running.url
+def server(app_servers):
+    require_chromium()
+    return app_servers.url("browser")
 
 
 @pytest.fixture(scope="module")

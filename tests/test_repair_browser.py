@@ -1,13 +1,11 @@
 """The heads page's repair before / after in a real browser, in both drawing modes: moving the grid's layer (in the
 browser-drawn explorer, or the server's slider) redraws the before / after of that layer. The grid is a fragment,
 and the repair view once sat outside it: it kept showing the layer of the page's first run."""
-import os
 from pathlib import Path
 
 import pytest
 
-from loadtest import app_server
-from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle
+from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,18 +18,17 @@ def _repair_titles(page) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["browser", "server"])
-def test_heads_repair_follows_the_layer_shown(mode):
+def test_heads_repair_follows_the_layer_shown(mode, app_servers):
     from playwright.sync_api import sync_playwright
 
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    require_chromium()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with app_server(ROOT / "test-artifacts" / f"repair_server_{mode}.log", direct=True,
-                    env={"VITVIZ_DRAW": mode, "PYTHONPATH": str(ROOT)}) as running, sync_playwright() as p:
+    url = app_servers.url(mode)
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport=VIEWPORT)
         page.set_default_timeout(300_000)
-        page.goto(f"{running.url}/heads?intro=0&repair=sinks", timeout=300_000)
+        page.goto(f"{url}/heads?intro=0&repair=sinks", timeout=300_000)
         _wait_idle(page, timeout=600_000)
         assert _repair_titles(page) == ["layer 12, mean over heads: before", "layer 12, mean over heads: after",
                                         "layer 12, head 1: before", "layer 12, head 1: after"]

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import app_server
 from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _goto, _wait_idle, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -23,11 +22,10 @@ CYAN_PIXELS_JS = """(canvases) => canvases.reduce((n, c) => {
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(app_servers):
     require_chromium()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with app_server(ROOT / "test-artifacts" / "walk2_server.log", direct=True, env={"VITVIZ_DRAW": "browser"}) as running:
-        yield running.url
+    return app_servers.url("browser")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import app_server
 from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _wait_idle, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -24,11 +23,10 @@ ROLLOUT_ROW = ["Data (npz)", "Settings (json)", "Image (png)", "Image (svg)", "I
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(app_servers):
     require_chromium()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with app_server(ROOT / "test-artifacts" / "walk3_server.log", direct=True) as running:
-        yield running.url
+    return app_servers.url("server")
 
 
 def test_rollout_download_labels_are_whole_in_one_row_with_the_sidebar_and_the_display_box_open(server):

@@ -6,7 +6,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from loadtest import app_server
 from test_browser import CHROMIUM, CHROMIUM_ARGS, VIEWPORT, _goto, _wait_idle, require_chromium
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -15,17 +14,17 @@ SHOTS = ROOT / "test-artifacts" / "walk_items"
 
 
 @pytest.fixture(scope="module")
-def page():
+def page(app_servers):
     from playwright.sync_api import sync_playwright
 
     require_chromium()
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with app_server(ROOT / "test-artifacts" / "walk_items_server.log", direct=True,
-                    env={"VITVIZ_DRAW": "browser"}) as running, sync_playwright() as p:
+    url = app_servers.url("browser")
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         pg = browser.new_page(viewport=VIEWPORT, accept_downloads=True)
         pg.set_default_timeout(120_000)
-        pg.goto(f"{running.url}/?intro=0", timeout=180_000)
+        pg.goto(f"{url}/?intro=0", timeout=180_000)
         _wait_idle(pg)
         yield pg
         browser.close()
