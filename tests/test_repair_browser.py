@@ -29,6 +29,8 @@ def test_heads_repair_follows_the_layer_shown(mode, app_servers):
         page = browser.new_page(viewport=VIEWPORT)
         page.set_default_timeout(300_000)
         page.goto(f"{url}/heads?intro=0&repair=sinks", timeout=300_000)
+        # the repair view drawn first (idle alone can end before a loaded server's first run has begun)
+        page.wait_for_function(f"() => ({TITLES_JS})().some(t => t.endsWith(': after'))", timeout=600_000)
         _wait_idle(page, timeout=600_000)
         assert _repair_titles(page) == ["layer 12, mean over heads: before", "layer 12, mean over heads: after",
                                         "layer 12, head 1: before", "layer 12, head 1: after"]
