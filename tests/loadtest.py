@@ -168,8 +168,8 @@ class SharedServers:
     mode (``VITVIZ_DRAW``), each started on first use and stopped when the test session ends (the ``app_servers``
     fixture of tests/conftest.py).
 
-    A server start costs tens of CPU seconds (the imports, the model's load, the first page's forward); the files
-    that need no fresh server share one. The sessions of one server are independent (each browser context is its
+    A server start costs its imports (~10 CPU s of torch and timm), the model's load and the first page's forward;
+    the files that need no fresh server share one. The sessions of one server are independent (each browser context is its
     own Streamlit session), and a test process runs one test at a time, so no two files use a server at once.
     The tests that need a cold server (the first visit's deep link, the load test) start their own."""
 

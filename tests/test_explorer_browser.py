@@ -1,6 +1,7 @@
 """The heads explorer in a real browser (Debian Chromium through Playwright), drawn client-side.
 
-One app server with ``VITVIZ_DRAW=browser`` and one page whose websocket to the server goes through
+One app server with ``VITVIZ_DRAW=browser`` (shared with the other browser-drawn files, conftest's ``app_servers``)
+and one page whose websocket to the server goes through
 a Playwright route, so a test can hold back every message the browser sends: the component's pixels against
 the PNG export's renderer, a layer move repainting while nothing reaches the server, a reload (F5) bringing
 back page and layer, a view opened from a link. The tests share that page, so each first opens the link of
