@@ -2,6 +2,8 @@
 (with the Display box open too), the switch for the cyan outlines (read from the tiles' pixels, kept after F5), the
 padding patches hatched and counted, and the first-visit box staying closed across page switches and F5.
 Screenshots in test-artifacts/walk2/."""
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +53,14 @@ def _explorer(page):
     _wait_idle(page)
 
 
+def _until(page, condition, what: str, timeout_s: float = 60) -> None:
+    """Poll ``condition`` (a repaint in the browser) until it holds; fail with ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        page.wait_for_timeout(200)
+
+
 def _tile_widths(page) -> list[float]:
     tiles = page.locator("canvas.vv-tile")
     return [tiles.nth(i).bounding_box()["width"] for i in range(tiles.count())]
@@ -78,12 +88,11 @@ def test_the_cyan_outlines_switch_off_and_stay_off_after_f5(server, browser):
     assert cyan() > 0  # the default: clipped patches outlined (the bundled model's layer 12 clips 18 on astronaut)
     page.locator("details.vv-display summary").click()
     page.locator('input[data-key="clip"]').uncheck()
-    page.wait_for_timeout(300)
-    assert cyan() == 0
+    _until(page, lambda: cyan() == 0, "cyan outlines still drawn after the switch was turned off")
     caption = page.locator(".vv-caption").first.inner_text()
     assert "above the top drawn in the top colour, not outlined (Display: outlines off)" in caption
-    page.wait_for_timeout(600)  # the view reaches the URL (and the server) after a short debounce
-    assert "clip=0" in page.url
+    # the view reaches the URL (and the server) after a short debounce: waited for, a loaded machine takes longer
+    page.wait_for_url(re.compile(r".*[?&]clip=0(&|$).*"), timeout=60_000)
     page.reload()
     _wait_idle(page)
     _explorer(page)
@@ -112,8 +121,8 @@ def test_padding_patches_are_hatched_and_set_no_limit_on_the_heads_page(server, 
     assert f"{expected} padding patches (hatched, no photo in them) set no limit" in caption
     page.screenshot(path=SHOTS / "heads_padding.png")
     page.locator('input[data-key="pad"]').uncheck()
-    page.wait_for_timeout(300)
-    assert "padding patches" not in page.locator(".vv-caption").first.inner_text()
+    _until(page, lambda: "padding patches" not in page.locator(".vv-caption").first.inner_text(),
+           "the caption still counts the padding patches after their switch was turned off")
     page.close()
 
 
