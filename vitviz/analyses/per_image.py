@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+import torch
 from PIL import Image
 
 from .distance import mean_attention_distance
@@ -20,10 +21,10 @@ from .maps import cls_focus, head_entropy
 from .tokens import AttentionSinks, artifact_tokens, attention_sinks
 from ..layout import TokenLayout
 from ..tensors import to_host
-from ..trace import Trace, trace_for_analysis
+from ..trace import Trace, analysis_points
 from ..types import ModelInput
 
-__all__ = ["Analysed", "ImageAnalyses", "analyse", "analyse_images"]
+__all__ = ["Analysed", "ImageAnalyses", "analyse", "analyse_images", "analysis_trace"]
 
 
 @dataclass
@@ -47,7 +48,7 @@ class Analysed(_OfTrace):
     """A batch's trace and, per image of the batch, what its analyses found.
 
     Attributes:
-        trace: the batch's :func:`vitviz.trace.trace_for_analysis` trace, where the model ran.
+        trace: the batch's :func:`analysis_trace`, where the model ran.
         artifacts: global attention: per image the high-norm token indices of the last layer (>10x the median);
             empty for window attention.
         sinks: global attention: per image the tokens receiving a disproportionate share of attention, per layer;
@@ -151,12 +152,35 @@ def analyse(trace: Trace) -> Analysed:
                     distance=mean_attention_distance(attention, layout))
 
 
+def analysis_trace(lens, x: torch.Tensor | ModelInput, edit=None, layout: TokenLayout | None = None) -> Trace:
+    """One forward of ``x`` through ``lens`` (:meth:`vitviz.Lens.trace`) keeping what :func:`analyse` reads
+    (:func:`vitviz.trace.analysis_points`).
+
+    Args:
+        lens: a :class:`vitviz.Lens`.
+        x: (B, 3, H, W) normalised model input, or the :class:`ModelInput` of :meth:`vitviz.Lens.preprocess`.
+        edit: the adapters' ``edit=`` run in the same forward (a repair, :mod:`vitviz.analyses.registers`).
+        layout: the token layout the edited forward runs (an extra token: one more prefix token); default the input's.
+
+    Returns:
+        Trace on the model's device. Global attention: ``attn`` of every layer in one (B, L, H, N, N) float32 stack,
+        the token norms ``resid_post.norm`` (B, N) per layer, ``final_norm`` (B, N, D) and ``logits`` (B, C) for a
+        model with a head. Window attention (Swin): ``attn`` per block (B, nW, H, T, T), ``final_norm``
+        (B, gh, gw, D), ``logits``, and ``trace.geometry``.
+    """
+    return lens.trace(x, keep=analysis_points(lens.model, lens.adapter), edit=edit, layout=layout)
+
+
 def analyse_images(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | None = None) -> Analysed:
     """``images`` prepared with the model's own rules (:func:`vitviz.sources.preprocess.preprocess`), traced once
-    (:func:`vitviz.trace.trace_for_analysis`, one batch) and analysed (:func:`analyse`).
+    (:func:`analysis_trace`, one batch) and analysed (:func:`analyse`).
 
-    ``edit``, ``layout``: a repair run in the same forward (global attention only) and the token layout it makes
-    (:mod:`vitviz.analyses.registers`); default the model as it is."""
+    Args:
+        loaded: a :class:`vitviz.sources.models.LoadedModel`.
+        edit, layout: a repair run in the same forward (global attention only) and the token layout it makes
+            (:mod:`vitviz.analyses.registers`); default the model as it is.
+    """
+    from ..lens import Lens
     from ..sources.preprocess import preprocess
 
-    return analyse(trace_for_analysis(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout))
+    return analyse(analysis_trace(Lens(loaded), preprocess(images, loaded.data_config), edit=edit, layout=layout))

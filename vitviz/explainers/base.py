@@ -310,12 +310,11 @@ def attention_of(lens, x: torch.Tensor, trace=None) -> np.ndarray:
 def bound_target(lens, x: torch.Tensor, target: Target | None):
     """``target`` (default: top-1 logit, or the pooled vector's projection) bound on the unperturbed batch ``x``,
     with its value (B,) float64 — from the adapters' fused forward (``fast``), as perturbed copies are scored."""
-    from ..trace import trace_model
     from .targets import default_target
 
     target = target or default_target(lens.model)
     with torch.no_grad():  # not inference mode: gradient methods use the bound reference in their graph
-        points = trace_model(lens.model, x, keep=(target.point,), fast=True, grad=None)
+        points = lens.trace(x, keep=(target.point,), fast=True, grad=None)
         bound = target.bind(points)
         return bound, bound(points).double().cpu().numpy()
 
