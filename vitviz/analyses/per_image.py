@@ -24,7 +24,8 @@ from ..tensors import to_host
 from ..trace import Trace, analysis_points
 from ..types import ModelInput
 
-__all__ = ["Analysed", "ImageAnalyses", "analyse", "analyse_images", "analysis_trace"]
+__all__ = ["Analysed", "GlobalFindings", "ImageAnalyses", "WindowFindings", "analyse", "analyse_images",
+           "analysis_trace"]
 
 
 @dataclass
@@ -69,29 +70,77 @@ class Analysed(_OfTrace):
         """Image ``i`` alone, on the host: the trace sliced (:meth:`vitviz.trace.Trace.image`) and its findings."""
         one = self.trace.image(i).to("cpu")
         if self.trace.geometry is not None:
-            return ImageAnalyses(one, window_distance=[d[i] for d in self.window_distance],
-                                 uniform_distance=self.uniform_distance)
-        return ImageAnalyses(one, artifacts=self.artifacts[i], sinks=self.sinks[i], distance=self.distance[i])
+            return ImageAnalyses(one, WindowFindings([d[i] for d in self.window_distance], self.uniform_distance))
+        return ImageAnalyses(one, GlobalFindings(self.artifacts[i], self.sinks[i], self.distance[i]))
+
+
+@dataclass(frozen=True)
+class GlobalFindings:
+    """What global attention (every token attends to every token) shows of one image.
+
+    Attributes:
+        artifacts: the high-norm token indices of the last layer (>10x the median norm).
+        sinks: the tokens receiving a disproportionate share of attention, per layer.
+        distance: (L, H) mean attention distance in pixels.
+    """
+
+    artifacts: np.ndarray
+    sinks: AttentionSinks
+    distance: np.ndarray
+
+
+@dataclass(frozen=True)
+class WindowFindings:
+    """What window attention (Swin: attention inside local windows) shows of one image.
+
+    Attributes:
+        window_distance: per block (H,) mean attention distance within windows in pixels.
+        uniform_distance: (blocks,) the distance of uniform attention over each query's window, in pixels.
+    """
+
+    window_distance: list[np.ndarray]
+    uniform_distance: np.ndarray
 
 
 @dataclass
 class ImageAnalyses(_OfTrace):
     """One image's trace (on the host, no batch axis) and what its analyses found: what the app's pages draw from.
 
+    Which findings there are depends on the attention's scope, and :attr:`findings`' type says it. The attributes
+    named after each finding read it from there, None (empty for ``window_distance``) where the scope has no such
+    finding.
+
     Attributes:
         trace: one image's trace (:meth:`vitviz.trace.Trace.image`).
-        artifacts: global attention: the high-norm token indices of the last layer; None for window attention.
-        sinks: global attention: the attention sinks per layer; None for window attention.
-        distance: global attention: (L, H) mean attention distance in pixels; None for window attention.
-        window_distance: window attention: per block (H,) mean distance within windows; empty for global.
-        uniform_distance: window attention: (blocks,) uniform attention's distance; None for global.
+        findings: :class:`GlobalFindings` (global attention) or :class:`WindowFindings` (window attention).
     """
 
-    artifacts: np.ndarray | None = None
-    sinks: AttentionSinks | None = None
-    distance: np.ndarray | None = None
-    window_distance: list[np.ndarray] = field(default_factory=list)
-    uniform_distance: np.ndarray | None = None
+    findings: GlobalFindings | WindowFindings
+
+    @property
+    def artifacts(self) -> np.ndarray | None:
+        """Global attention: :attr:`GlobalFindings.artifacts`; None for window attention."""
+        return getattr(self.findings, "artifacts", None)
+
+    @property
+    def sinks(self) -> AttentionSinks | None:
+        """Global attention: :attr:`GlobalFindings.sinks`; None for window attention."""
+        return getattr(self.findings, "sinks", None)
+
+    @property
+    def distance(self) -> np.ndarray | None:
+        """Global attention: (L, H) :attr:`GlobalFindings.distance`; None for window attention."""
+        return getattr(self.findings, "distance", None)
+
+    @property
+    def window_distance(self) -> list[np.ndarray]:
+        """Window attention: :attr:`WindowFindings.window_distance`; empty for global attention."""
+        return getattr(self.findings, "window_distance", [])
+
+    @property
+    def uniform_distance(self) -> np.ndarray | None:
+        """Window attention: :attr:`WindowFindings.uniform_distance`; None for global attention."""
+        return getattr(self.findings, "uniform_distance", None)
 
     @property
     def model_input(self) -> Image.Image:
