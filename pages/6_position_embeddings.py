@@ -4,44 +4,12 @@ import streamlit as st
 from ui.cache import cached_position_similarity
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
-from ui.numbers import whole
+from ui.posembed import MAX_GRID, SELECTED, grid_source, select_from_click, select_from_sliders
 from ui.state import setup
 from ui.navigation import heading
 from vitviz.errors import ViewNotApplicable, VitvizError
 from vitviz.figures.core import similarity_grid, similarity_map
-from vitviz.analyses.posembed import position_at, position_fraction
-
-MAX_GRID = 40  # a 40x40 grid is 1600 tiles of 1600 cells; beyond that nothing is legible
-SELECTED = "pos_selected"  # the chosen position as fractions of the grid height/width: survives a grid change
-
-
-def _shape() -> tuple[int, int]:
-    return tuple(st.session_state["pos_shape"])
-
-
-def _select_from_sliders() -> None:
-    position = (st.session_state["pos_row"] - 1, st.session_state["pos_col"] - 1)
-    st.session_state[SELECTED] = position_fraction(position, _shape())
-
-
-def _select_from_click() -> None:
-    """A click on a tile of the grid: its marker's customdata is [row, col, ...] 0-based."""
-    event = st.session_state.get("pos_grid_fig") or {}
-    points = (event.get("selection") or {}).get("points") or []
-    if not points:
-        return
-    point = points[0]
-    data = point.get("customdata")
-    if isinstance(data, dict):  # some traces send customdata as {"0": row, "1": col, ...}
-        data = [data.get(0, data.get("0")), data.get(1, data.get("1"))]
-    position = tuple(whole(v) for v in data[:2]) if isinstance(data, (list, tuple)) else ()
-    if len(position) != 2 or None in position:
-        index = point.get("point_index", point.get("point_number"))
-        if index is None:
-            return
-        position = divmod(int(index), _shape()[1])
-    st.session_state[SELECTED] = position_fraction(position, _shape())
-
+from vitviz.analyses.posembed import position_at
 
 ctx = setup()
 if ctx is None:
@@ -75,26 +43,14 @@ st.session_state["pos_row"], st.session_state["pos_col"] = row + 1, col + 1
 with left:
     show_chart(similarity_grid(similarity, (row, col), height=690), "pos_grid_fig",
                file_stem("posembed_similarity", f"{shape[0]}x{shape[1]}"),
-               on_select=_select_from_click, selection_mode="points")
+               on_select=select_from_click, selection_mode="points")
 with right:
-    st.slider("Row (1-based)", 1, shape[0], key="pos_row", on_change=_select_from_sliders)
-    st.slider("Column (1-based)", 1, shape[1], key="pos_col", on_change=_select_from_sliders)
+    st.slider("Row (1-based)", 1, shape[0], key="pos_row", on_change=select_from_sliders)
+    st.slider("Column (1-based)", 1, shape[1], key="pos_col", on_change=select_from_sliders)
     show_chart(similarity_map(similarity[row, col], (row, col), height=360), "pos_one",
                file_stem("posembed_similarity", f"{shape[0]}x{shape[1]}", f"row{row + 1}_col{col + 1}"))
 
-ph, pw = layout.patch_size
-if shape == layout.grid_size:
-    how = f"the {gh}×{gw} grid this model runs with at {gh * ph}×{gw * pw} px"
-elif native is not None and shape == native.grid_size:
-    how = (f"the stored {shape[0]}×{shape[1]} weights themselves, which this model uses unchanged at "
-           f"{shape[0] * ph}×{shape[1] * pw} px")
-elif native is not None:
-    how = (f"resampled from the stored {native.grid_size[0]}×{native.grid_size[1]} weights ({native.interpolation}, "
-           f"antialias {'on' if native.antialias else 'off'}), exactly as loading this model at "
-           f"{shape[0] * ph}×{shape[1] * pw} px fits them")
-else:
-    how = (f"resampled from the {gh}×{gw} grid this model runs with (bicubic, antialias on): this checkpoint's "
-           "stored grid is unknown")
+how = grid_source(layout, native, shape)
 with left:
     st.caption(f"Tile (row r, col c) shows the cosine similarity of that position's embedding with every position; "
                f"one fixed −1..1 scale; rows and columns counted from 1. Click a tile to enlarge it. Grid: {how}.")

@@ -418,3 +418,35 @@ def split_random_seeds(result: Faithfulness) -> tuple[list[int], ChanceBand | No
         return others, None
     return others, ChanceBand(result.deletion_auc[seeds], result.insertion_auc[seeds])
 
+
+
+@dataclass
+class FoldedSeeds:
+    """A run's curves with its ``random_seed_*`` rows folded into one ``"random"`` row, as a reader compares them.
+
+    Attributes:
+        result: the non-random methods in their order, then ``"random"`` (when there were seeds): its deletion and
+            insertion curves the mean over the seeds, its map the first seed's.
+        lerf: (M, S) the LeRF curves of ``result.methods``, folded alike.
+        band: the seeds' chance band (None without seeds).
+    """
+
+    result: Faithfulness
+    lerf: np.ndarray
+    band: ChanceBand | None
+
+
+def fold_random_seeds(full: Faithfulness, lerf: np.ndarray) -> FoldedSeeds:
+    """Fold ``full``'s ``random_seed_*`` methods (and the matching rows of ``lerf``, (M, S) LeRF curves) into one
+    ``"random"`` row: the mean curve over the seeds, the first seed's map; the seeds' spread becomes the band."""
+    others, band = split_random_seeds(full)
+    seeds = [m for m in range(len(full.methods)) if m not in others]
+    rows = [*others, *seeds[:1]]
+
+    def folded(curves: np.ndarray) -> np.ndarray:
+        return np.concatenate([curves[others], curves[seeds].mean(0, keepdims=True)]) if seeds else curves[others]
+
+    result = Faithfulness(methods=[full.methods[m] if m in others else "random" for m in rows], maps=full.maps[rows],
+                          fractions=full.fractions, counts=full.counts, score=full.score, target=full.target,
+                          deletion=folded(full.deletion), insertion=folded(full.insertion))
+    return FoldedSeeds(result, folded(lerf), band)
