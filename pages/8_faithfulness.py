@@ -6,28 +6,27 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from ui.cache import cached_gradient_rollout, cached_rollout, model_run, operator_settings, store
+from ui.cache import operator_settings, store
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
-from ui.progress import cached, with_progress
+from ui.image_faithfulness import FaithfulnessSettings, faithfulness_key, image_faithfulness, method_options
+from ui.progress import cached
 from ui.state import setup, view_applies
 from ui.uploads import upload_too_large
 from ui.navigation import concepts_link, heading
-from vitviz.runs.analysis import AnalysisSettings
-from vitviz.explainers.targets import default_target
-from vitviz.explainers import explain, names as explainer_names, registered
-from vitviz.perturbation.curves import (ORDERINGS, RANDOM_SEEDS, Faithfulness, attention_maps, default_fractions,
-                                 ordered, qualify_best, random_seed_maps, split_random_seeds, step_counts, to_rgb)
+from vitviz.explainers import registered
+from vitviz.perturbation.curves import (ORDERINGS, RANDOM_SEEDS, Faithfulness, qualify_best, split_random_seeds,
+                                        to_rgb)
 from vitviz.perturbation.curves import auc as auc_of
-from vitviz.perturbation.protocols import (PROTOCOLS, REPLACEMENT_TEXT, REPLACEMENTS, protocol_curves, protocol_inputs,
-                                           protocol_order, protocol_text, replacement_of)
+from vitviz.perturbation.protocols import (REPLACEMENT_TEXT, REPLACEMENTS, protocol_inputs, protocol_order,
+                                           protocol_text, replacement_of)
 from vitviz.runs.faithfulness_run import DEFAULT_METHODS
 from vitviz.errors import VitvizError
 from vitviz.figures.faithfulness_figures import curves_figure, dataset_figure, method_curve_figure, method_label, method_unit
 from vitviz.perturbation.protocols import LABELS as PROTOCOL_LABELS
 from vitviz.perturbation.stats import RESAMPLES, SEED, Interval, auc_path, read_auc_table, sentence, summarise
-from vitviz.analyses.flow import FLOW_DEFINITION, attention_flow
+from vitviz.analyses.flow import FLOW_DEFINITION
 from vitviz.sources.preprocess import preprocess
 from vitviz.analyses.rollout import FUSIONS
 from vitviz.analyses.tokens import top_classes
@@ -175,12 +174,7 @@ if loaded.has_head:
     label = c2.selectbox("Target class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="faith_target")
     target = int(label.split(":")[0])
 steps = int(c2.number_input("Steps", 2, 41, 11, key="faith_steps", help="fractions 0, 1/(S-1), ..., 1"))
-# The registry's methods that explain a target and apply to this model (relevance, occlusion); gradient rollout is
-# listed with the attention methods.
-attributions = [m for m in explainer_names(ctx.lens, kinds=("relevance", "perturbation")) if m != "gradient_rollout"]
-options = (["last_layer_mean"] + [f"last_layer_head_{h + 1}" for h in range(H)] + ["rollout"]
-           + (["gradient_rollout"] if loaded.has_head else []) + ["attention_flow"] + attributions + ["random"])
-# The methods worth computing first: relevance (AttnLRP), attention (rollout) and chance (random).
+options = method_options(ctx)
 first = list(DEFAULT_METHODS)
 methods = c1.multiselect("Methods (default: the ones worth computing first — AttnLRP, rollout, random)", options, default=[m for m in first if m in options], format_func=method_label,
                          key="faith_methods")
@@ -188,11 +182,10 @@ if not methods:
     st.info("Choose at least one method.")
     st.stop()
 
-flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, flow_start - 1, flow_end)
-key = ("faithfulness", ctx.spec, ctx.image.sha256, tuple(methods), steps, target, fusion, discard, start - 1, end,
-       flow_start - 1, flow_end, seed, ordering, replacement)
-maps_run = len(methods) + (RANDOM_SEEDS - 1 if "random" in methods else 0)
-forwards = maps_run * len(PROTOCOLS) * (steps - 2) + 2
+settings = FaithfulnessSettings(methods=tuple(methods), steps=steps, target=target, fusion=fusion, discard=discard,
+                                start=start - 1, end=end, flow_start=flow_start - 1, flow_end=flow_end, seed=seed,
+                                ordering=ordering, replacement=replacement)
+key, forwards = faithfulness_key(ctx, settings), settings.forwards()
 run_slot = st.empty()  # the button goes away once the result is there
 if cached(key) is None and not run_slot.button(f"Run the perturbation test ({len(methods)} methods, {forwards} forward "
                                          "passes)", type="primary", key="faith_run"):
@@ -200,44 +193,7 @@ if cached(key) is None and not run_slot.button(f"Run the perturbation test ({len
             "Results are kept for this image and these settings.")
     st.stop()
 
-
-def flow_map():
-    return with_progress(flow_key, f"Attention flow, layers {flow_start}–{flow_end}: patch",
-                         lambda progress: attention_flow(r.attention, layout, fusion=fusion, discard=discard,
-                                                         start=flow_start - 1, end=flow_end, progress=progress))
-
-
-def run(progress):
-    model_input = preprocess([ctx.image.image], loaded.data_config).tensor[0]
-    roll = cached_rollout(ctx.spec, ctx.image.sha256, r, AnalysisSettings(fusion=fusion, discard=discard,
-                                                                          start_layer=start - 1, end_layer=end))
-    grad = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, target)[0] \
-        if "gradient_rollout" in methods else None
-    flow = flow_map().map if "attention_flow" in methods else None
-    maps = attention_maps(r.attention, layout, rollout_map=roll.map, gradient_map=grad, flow_map=flow, seed=seed)
-    model = ctx.lens.model
-    chosen = {}
-    with model_run():
-        for m in methods:
-            if m == "random":
-                chosen |= random_seed_maps(layout.grid_size, seed)
-            elif m in attributions:
-                found = explain(ctx.lens, model_input[None], m, default_target(model, target))
-                chosen[m] = ordered(found.patches[0], ordering) if found.signed else found.patches[0]
-            else:
-                chosen[m] = maps[m]
-        curves = protocol_curves(model, model_input, chosen, layout, protocols=PROTOCOLS, replacement=replacement,
-                                 fractions=default_fractions(steps), target=target, progress=progress)
-    # MoRF is the deletion curve; LeRF goes beside it for the LXT summary (AUC LeRF - MoRF).
-    return Faithfulness(methods=curves.methods, maps=np.stack([np.asarray(chosen[n], dtype=np.float64)
-                                                               for n in curves.methods]),
-                        fractions=curves.fractions["morf"], counts=step_counts(curves.fractions["morf"],
-                                                                               layout.num_patches),
-                        deletion=curves.curves["morf"], insertion=curves.curves["insertion"],
-                        score=curves.score["morf"], target=curves.target), curves.curves["lerf"]
-
-
-full, lerf_full = with_progress(key, "Perturbation test: method", run)
+full, lerf_full = image_faithfulness(ctx, settings)
 run_slot.empty()
 # The random floor: its seeds' curves and AUCs become one "random" row (mean over seeds; the map shown is the
 # first seed's), and the seeds' spread decides what can be told from chance.
