@@ -32,6 +32,7 @@ from vitviz.perturbation.protocols import REPLACEMENT_TEXT
 from .cache import _model_run, cached_model, store
 from .image_faithfulness import FaithfulnessSettings, faithfulness_key, image_faithfulness
 from .progress import cached
+from .words import counted
 from .charts import file_stem, show_chart
 from .display import display_in_use
 from .downloads import download_row
@@ -118,7 +119,7 @@ def _register(ctx) -> TestTimeRegister | None:
         return None
     init = st.radio("The extra token starts as", ["zero", "mean"], horizontal=True, key=INIT_KEY,
                     help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
-    st.caption(f"Test-time register: {len(held[0])} neurons from {held[1]}.")
+    st.caption(f"Test-time register: {counted(len(held[0]), 'neuron')} from {held[1]}.")
     return TestTimeRegister(held[0], init)
 
 
