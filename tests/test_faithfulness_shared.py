@@ -75,7 +75,7 @@ def test_registers_before_rows_are_the_faithfulness_pages_rows_and_only_the_afte
     at.button(key="faith_run").click().run()
     assert not at.exception, [e.message for e in at.exception]
     assert calls == [("morf", "lerf", "insertion")]
-    page = at.dataframe(key="faith_table").value.set_index("method")
+    page = next(d.value for d in at.dataframe if "deletion AUC ↓" in d.value).set_index("method")
 
     at.switch_page("pages/11_registers.py").run()
     assert not at.exception, [e.message for e in at.exception]
