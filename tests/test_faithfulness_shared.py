@@ -1,6 +1,8 @@
 """One perturbation test for one image: the Registers' "faithfulness before and after" reuses the Faithfulness page's
 own numbers (the same code path and cache entry), and the two scoring functions of vitviz.perturbation compute the
 same curves for the same settings."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,7 @@ from vitviz.layout import TokenLayout
 from vitviz.perturbation.curves import perturbation_curves, random_seed_maps
 from vitviz.perturbation.protocols import protocol_curves
 
-APP = "app.py"
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
 
 
 @pytest.mark.parametrize("family", ["vit_augreg", "dinov2"])

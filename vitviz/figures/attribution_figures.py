@@ -12,7 +12,7 @@ from PIL import Image
 from ..explainers import registered
 from ..explainers.base import Map
 from .colour import DIVERGING, ROBUST_PERCENTILE, lookup_table, reference_stops
-from .core import image_data_uri
+from .core import counted, image_data_uri
 
 SEQUENTIAL_MAP = "Inferno"
 
@@ -94,7 +94,7 @@ def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: 
     padded = ""
     if len(padding):
         pixel_maps = [_label(r.method) for r in results if pixels and r.pixels is not None]
-        padded = (f"{len(padding)} padding patches (no photo in them) hatched, set no limit"
+        padded = (f"{counted(len(padding), 'padding patch', 'padding patches')} (no photo in them) hatched, set no limit"
                   + (f" (not in the pixel maps of {', '.join(pixel_maps)})" if pixel_maps else ""))
     for axis in range(1, rows * cols + 1):
         suffix = axis if axis > 1 else ""
@@ -129,7 +129,7 @@ def _add_map(fig, image: Image.Image, r: Map, index: int, pixels: bool, row: int
     drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed,
                         padding=None if at_pixels else padding, outline_clipped=not at_pixels)
     scale, clipped = drawn.scales[0], len(drawn.clipped[0])
-    note = (f"{_label(r.method)}: {clipped} {'pixels' if at_pixels else 'patches'} "
+    note = (f"{_label(r.method)}: {counted(clipped, 'pixel' if at_pixels else 'patch')} "
             f"{'beyond ±' if signed else 'above '}{scale.hi:.3g} drawn at the end colour") if clipped else ""
     axis = (row - 1) * cols + col
     right = fig.layout[f"xaxis{axis if axis > 1 else ''}"].domain[1]
