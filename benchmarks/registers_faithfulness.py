@@ -1,7 +1,8 @@
 """Registers (issue 19): does sink masking cost the bundled model's maps their faithfulness?
 
-For each of the four sample photos: deletion and insertion AUC (vitviz.perturbation.curves: 0-100 % of patches in steps of
-10 %, blurred... as the Faithfulness page's protocol) of rollout (readout, all layers, mean over heads) and AttnLRP
+For each of the four sample photos: deletion and insertion AUC (the Faithfulness page's test with its defaults,
+vitviz.perturbation.protocols.protocol_curves: MoRF as deletion, insertion, removed patches the mean colour, 0-100 % of
+the patches in steps of 10 %) of rollout (readout, all layers, mean over heads) and AttnLRP
 (projection of the pooled vector on its own direction: the bundled model has no head) before and after sink masking
 (each layer's patch sinks dropped as keys, rows renormalised, the forward run on; the after curves are scored with
 the masking in every forward), each beside the random band (10 seeded maps, mean ± s.d.).

@@ -63,9 +63,9 @@ except VitvizError as exc:  # a family whose forward the rules cannot reach yet
 target_text = target_title(results[0].target)
 stem = file_stem("attribution", ctx.image.name, "_".join(methods))
 display = display_controls()
-show_chart(maps_figure(r.model_input, results, pixels=pixels, target_text=target_title(results[0].target),
-                       plot_height=TILE_PX + 40, padding=display.padding,
-                       **overlay_choices(display)), "attr_maps", stem)
+maps_fig = maps_figure(r.model_input, results, pixels=pixels, target_text=target_text, plot_height=TILE_PX + 40,
+                       padding=display.padding, **overlay_choices(display))
+show_chart(maps_fig, "attr_maps", stem, width=maps_fig.layout.width)  # each colour bar beside its map
 st.caption(scale_caption(target_text, methods))
 with st.expander("Figure for a paper (these methods side by side, PNG / SVG / PDF)"):
     choices = overlay_choices(display) | ({"style": "transparent where low"} if display.style == "DINO mask" else {})

@@ -11,8 +11,11 @@ from ui.repair import NORMS_AXES, faithfulness_view, offer_register, show_table
 from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
 from ui.state import setup, view_applies
 from ui.navigation import heading
+from ui.words import counted, part_of
 from vitviz.analyses.registers import OUTLIER_FACTOR, SEARCH_RULE, Repair, TestTimeRegister, outlier_rule
 from vitviz.figures.registers_figures import maps_figure, norm_by_layer, output_change_table
+
+
 
 ctx = setup()
 if ctx is None:
@@ -37,7 +40,7 @@ out = search.outliers
 current = [im.sha256 for im in ctx.images].index(ctx.image.sha256)
 n_images = len(ctx.images)
 
-st.subheader(f"Token norms by layer · {n_images} image{'s' if n_images != 1 else ''} in the set")
+st.subheader(f"Token norms by layer · {counted(n_images, 'image')} in the set")
 ratio = out.ratio.max(axis=0)
 with guarded("the token norms by layer"):
     stem = file_stem("norms_by_layer", f"{n_images}images")
@@ -51,7 +54,7 @@ with guarded("the token norms by layer"):
 
 if not out.any:
     st.info(f"**No outliers: nothing to repair.** No patch token's norm exceeds {factor:g}× the median in any layer "
-            f"of the {n_images} image{'s' if n_images != 1 else ''} (the largest is {ratio.max():.2f}× the median). "
+            f"of the {counted(n_images, 'image')} (the largest is {ratio.max():.2f}× the median). "
             "What distorts this model's maps is attention sinks: sink masking below drops them as keys.")
 else:
     emergence = out.emergence_layer
@@ -65,7 +68,7 @@ else:
                                padding=padding)
     show_chart(fig, "registers_outliers", file_stem("outliers", ctx.image.name))
     st.caption(f"{caption} Outliers emerge in layer {emergence + 1} "
-               f"({int(out.images_per_layer[emergence])} of {n_images} images have one there).")
+               f"({part_of(int(out.images_per_layer[emergence]), n_images, 'image')} one there).")
 
     st.subheader("Register neurons")
     if not search.neurons:
@@ -79,7 +82,7 @@ else:
         st.info(repaired)
     else:
         st.caption(f"Search: {SEARCH_RULE}. Positions: the outliers of layer {detect + 1}; "
-                   f"{search.images_with_outliers} of {n_images} images have some.")
+                   f"{part_of(search.images_with_outliers, n_images, 'image')} some.")
         k_show = min(8, len(search.neurons))
         top = search.neurons[:k_show]
         st.dataframe([{"rank": i + 1, "layer": n.layer + 1, "unit": n.index, "score (mean |activation|)": round(n.score, 3)}
@@ -104,7 +107,7 @@ else:
         repaired = cached_register(ctx.spec, ctx.image.sha256, ctx.image.image,
                                    tuple((n.layer, n.index) for n in search.neurons[:k]), init)
         offer_register(ctx.spec, [(n.layer, n.index) for n in search.neurons[:k]],
-                       f"the Registers page's search ({n_images} images, best {k})")
+                       f"the Registers page's search ({counted(n_images, 'image')}, best {k})")
         if isinstance(repaired, str):
             st.info(repaired)
         else:

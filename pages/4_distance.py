@@ -9,6 +9,7 @@ from ui.persist import set_view
 from ui import windows
 from ui.state import setup
 from ui.navigation import concepts_link, heading
+from ui.words import counted
 from vitviz.analyses.distance import CONVENTION, DistanceResult, conv_receptive_field, uniform_attention_distance
 from vitviz.figures.core import distance_scatter, layer_head_heatmap
 
@@ -21,21 +22,21 @@ if ctx.lens.scope == "window":  # Swin: distance within windows, block by block
     st.stop()
 r = ctx.result
 L, H = r.distance.shape
-scope = st.radio("Images", [f"current image ({ctx.image.name})", f"all {len(ctx.images)} images in the set"],
-                 horizontal=True, key="distance_scope")
-if scope.startswith("all"):
+scope = st.radio("Images", [f"current image ({ctx.image.name})",
+                           f"the whole set ({counted(len(ctx.images), 'image')})"], horizontal=True, key="distance_scope")
+if scope.startswith("the whole set"):
     bar = st.progress(0.0, text="Running the model on the image set ...")
     per_image = []
     for i, im in enumerate(ctx.images):
         per_image.append(cached_image_result(ctx.spec, im.sha256, im.image).distance)
-        bar.progress((i + 1) / len(ctx.images), text=f"{i + 1} of {len(ctx.images)} images")
+        bar.progress((i + 1) / len(ctx.images), text=f"{i + 1} of {counted(len(ctx.images), 'image')}")
     bar.empty()
     summary = DistanceResult.from_per_image(per_image)
     distance, spread = summary.mean, summary.spread if len(per_image) > 1 else None
 else:
     distance, spread = r.distance, None
 uniform = uniform_attention_distance(r.layout)
-names = [im.name for im in ctx.images] if scope.startswith("all") else [ctx.image.name]
+names = [im.name for im in ctx.images] if scope.startswith("the whole set") else [ctx.image.name]
 stem = file_stem("mean_distance", names[0] if len(names) == 1 else f"{len(names)}images")
 
 view = st.radio("View", ["depth plot", "layer × head heatmap"], horizontal=True, key="distance_view")
@@ -60,13 +61,13 @@ if view == "depth plot":
                f"head attending uniformly to every patch of this {r.layout.grid_size[0]}x{r.layout.grid_size[1]} grid "
                f"({uniform:.1f} px). Grey dashes: receptive field of a stack of 3x3 stride-1 convolutions of the same "
                "depth, for comparison. "
-               + (f"Error bars: ± one standard deviation over the {len(names)} images." if spread is not None else
-                  "Pick all images in the set for the spread over images."))
+               + (f"Error bars: ± one standard deviation over the {counted(len(names), 'image')}." if spread is not None
+                  else "Pick the whole set for the spread over its images."))
 else:
     st.caption(f"Each cell: one head's mean attention distance in pixels ({CONVENTION} "
                f"{concepts_link('distance-conventions')}), layers down and heads "
                f"across, both counted from 1; uniform attention on this grid would give {uniform:.1f} px"
-               + (f"; the mean over the {len(names)} images." if len(names) > 1 else "."))
+               + (f"; the mean over the {counted(len(names), 'image')}." if len(names) > 1 else "."))
 download_row(stem, {"mean_distance": distance} | ({"mean_distance_std": spread} if spread is not None else {}),
              {"images": names, "model": ctx.loaded.card()["spec"], "convention": CONVENTION,
               "uniform_attention_px": uniform, "axes": "mean_distance[layer - 1, head - 1] (0-based arrays)"})

@@ -66,11 +66,14 @@ def test_a_map_beside_another_figure_drops_the_input_and_wraps_its_title():
     assert all(len(p) <= 56 for p in plain)
     text = " ".join(plain)
     assert "Attribution of the projection of forward_head(pre_logits=True) on its unperturbed direction" in text
-    assert "red raises the target" in text and "1 patches beyond ±3.94 drawn at the end colour" in text
-    # The Attribution page's figure is unchanged: the input first, the title on one line
+    assert "red raises the target" in text and "1 patch beyond ±3.94 drawn at the end colour" in text
+    # The Attribution page's figure: the input first, the title wrapped to the figure's own width (as wide as its
+    # tiles and their colour bars: a one-line title ran past it)
     full = maps_figure(Image.new("RGB", (32, 32)), [res], pixels=False, target_text=res.target.text())
     assert [t.type for t in full.data] == ["image", "image", "heatmap"]
-    assert full.layout.title.text.split("<br>")[0] == "Attribution of the " + res.target.text()
+    lines = [line for line in full.layout.title.text.split("<br>") if not line.startswith("<sup>")]
+    assert " ".join(lines) == "Attribution of the " + res.target.text()
+    assert all(len(line) * 9 <= full.layout.width for line in lines)
 
 
 @pytest.mark.slow

@@ -11,30 +11,29 @@ import pandas as pd
 import streamlit as st
 import torch
 
-from ui.cache import cached_gradient_rollout, cached_rollout, model_run, operator_settings, store
+from ui.cache import operator_settings, store
 from ui.charts import file_stem, show_chart
 from ui.display import display_controls, map_figure, panel_download
 from ui.downloads import download_row
+from ui.image_faithfulness import (FaithfulnessSettings, attribution_options, faithfulness_key, image_faithfulness,
+                                   method_options)
 from ui.navigation import concepts_link
-from ui.progress import cached, with_progress
+from ui.progress import cached
 from ui.uploads import upload_too_large
-from vitviz.analyses.flow import FLOW_DEFINITION, attention_flow
+from vitviz.analyses.flow import FLOW_DEFINITION
 from vitviz.analyses.rollout import FUSIONS
 from vitviz.analyses.tokens import top_classes
 from vitviz.errors import VitvizError
-from vitviz.explainers import explain, names as explainer_names, registered
-from vitviz.explainers.targets import default_target
+from vitviz.explainers import registered
 from vitviz.figures.faithfulness_figures import (curves_figure, dataset_figure, method_curve_figure, method_label,
                                                  method_unit)
-from vitviz.perturbation.curves import (ORDERINGS, RANDOM_SEEDS, Faithfulness, FoldedSeeds, attention_maps,
-                                        default_fractions, fold_random_seeds, ordered, qualify_best, random_seed_maps,
-                                        step_counts, to_rgb)
+from vitviz.perturbation.curves import (ORDERINGS, RANDOM_SEEDS, Faithfulness, FoldedSeeds, fold_random_seeds,
+                                        qualify_best, to_rgb)
 from vitviz.perturbation.curves import auc as auc_of
-from vitviz.perturbation.protocols import (PROTOCOLS, REPLACEMENT_TEXT, REPLACEMENTS, protocol_curves, protocol_inputs,
-                                           protocol_order, protocol_text, replacement_of)
+from vitviz.perturbation.protocols import (REPLACEMENT_TEXT, REPLACEMENTS, protocol_inputs, protocol_order,
+                                           protocol_text, replacement_of)
 from vitviz.perturbation.protocols import LABELS as PROTOCOL_LABELS
 from vitviz.perturbation.stats import RESAMPLES, SEED, Interval, auc_path, read_auc_table, sentence, summarise
-from vitviz.runs.analysis import AnalysisSettings
 from vitviz.runs.faithfulness_run import DEFAULT_METHODS
 from vitviz.sources.preprocess import preprocess
 
@@ -152,14 +151,17 @@ class FaithChoice:
     target: int | None
     steps: int
 
-    def flow_key(self, ctx) -> tuple:
-        return ("flow", ctx.spec, ctx.image.sha256, self.fusion, self.discard, self.flow_start - 1, self.flow_end)
+    def settings(self) -> FaithfulnessSettings:
+        """The choice as :class:`ui.image_faithfulness.FaithfulnessSettings` (0-based, end-exclusive layers): what
+        the Registers' "before" asks for too, so both pages share one computation and one cache entry."""
+        return FaithfulnessSettings(methods=tuple(self.methods), steps=self.steps, target=self.target,
+                                    fusion=self.fusion, discard=self.discard, start=self.start - 1, end=self.end,
+                                    flow_start=self.flow_start - 1, flow_end=self.flow_end, seed=self.seed,
+                                    ordering=self.ordering, replacement=self.replacement)
 
     def key(self, ctx) -> tuple:
         """The run's key in the session-shared store: a rerun with the same choice computes nothing."""
-        return ("faithfulness", ctx.spec, ctx.image.sha256, tuple(self.methods), self.steps, self.target, self.fusion,
-                self.discard, self.start - 1, self.end, self.flow_start - 1, self.flow_end, self.seed, self.ordering,
-                self.replacement)
+        return faithfulness_key(ctx, self.settings())
 
 
 def _score_text(ctx) -> str:
@@ -203,13 +205,7 @@ def choose(ctx) -> FaithChoice | None:
         label = c2.selectbox("Target class", [f"{i}: {name} ({p:.1%})" for i, name, p in top], key="faith_target")
         target = int(label.split(":")[0])
     steps = int(c2.number_input("Steps", 2, 41, 11, key="faith_steps", help="fractions 0, 1/(S-1), ..., 1"))
-    # The registry's methods that explain a target and apply to this model (relevance, occlusion); gradient rollout
-    # is listed with the attention methods.
-    attributions = [m for m in explainer_names(ctx.lens, kinds=("relevance", "perturbation"))
-                    if m != "gradient_rollout"]
-    options = (["last_layer_mean"] + [f"last_layer_head_{h + 1}" for h in range(H)] + ["rollout"]
-               + (["gradient_rollout"] if ctx.loaded.has_head else []) + ["attention_flow"] + attributions
-               + ["random"])
+    attributions, options = attribution_options(ctx.lens), method_options(ctx)
     # The methods worth computing first: relevance (AttnLRP), attention (rollout) and chance (random).
     methods = c1.multiselect("Methods (default: the ones worth computing first — AttnLRP, rollout, random)", options,
                              default=[m for m in DEFAULT_METHODS if m in options], format_func=method_label,
@@ -221,54 +217,17 @@ def choose(ctx) -> FaithChoice | None:
                        ordering, target, steps)
 
 
-def _curves(ctx, s: FaithChoice, progress) -> tuple[Faithfulness, np.ndarray]:
-    """Every chosen method's map, and its deletion (MoRF), insertion and LeRF curves: (Faithfulness, (M, S) LeRF)."""
-    r, layout, loaded = ctx.result, ctx.result.layout, ctx.loaded
-    model_input = preprocess([ctx.image.image], loaded.data_config).tensor[0]
-    roll = cached_rollout(ctx.spec, ctx.image.sha256, r, AnalysisSettings(fusion=s.fusion, discard=s.discard,
-                                                                          start_layer=s.start - 1, end_layer=s.end))
-    grad = cached_gradient_rollout(ctx.spec, ctx.image.sha256, ctx.image.image, s.target)[0] \
-        if "gradient_rollout" in s.methods else None
-    flow = with_progress(s.flow_key(ctx), f"Attention flow, layers {s.flow_start}–{s.flow_end}: patch",
-                         lambda progress: attention_flow(r.attention, layout, fusion=s.fusion, discard=s.discard,
-                                                         start=s.flow_start - 1, end=s.flow_end, progress=progress)
-                         ).map if "attention_flow" in s.methods else None
-    maps = attention_maps(r.attention, layout, rollout_map=roll.map, gradient_map=grad, flow_map=flow, seed=s.seed)
-    model = ctx.lens.model
-    chosen = {}
-    with model_run():
-        for m in s.methods:
-            if m == "random":
-                chosen |= random_seed_maps(layout.grid_size, s.seed)
-            elif m in s.attributions:
-                found = explain(ctx.lens, model_input[None], m, default_target(model, s.target))
-                chosen[m] = ordered(found.patches[0], s.ordering) if found.signed else found.patches[0]
-            else:
-                chosen[m] = maps[m]
-        curves = protocol_curves(model, model_input, chosen, layout, protocols=PROTOCOLS, replacement=s.replacement,
-                                 fractions=default_fractions(s.steps), target=s.target, progress=progress)
-    # MoRF is the deletion curve; LeRF goes beside it for the LXT summary (AUC LeRF - MoRF).
-    return Faithfulness(methods=curves.methods, maps=np.stack([np.asarray(chosen[n], dtype=np.float64)
-                                                               for n in curves.methods]),
-                        fractions=curves.fractions["morf"], counts=step_counts(curves.fractions["morf"],
-                                                                               layout.num_patches),
-                        deletion=curves.curves["morf"], insertion=curves.curves["insertion"],
-                        score=curves.score["morf"], target=curves.target), curves.curves["lerf"]
-
-
 def perturbation_run(ctx, s: FaithChoice) -> FoldedSeeds | None:
     """The perturbation test of ``s``, computed when the button is pressed and kept for this image and these
     settings, with the random seeds folded into one row; None (and a line saying why) until the button is pressed."""
-    key = s.key(ctx)
-    maps_run = len(s.methods) + (RANDOM_SEEDS - 1 if "random" in s.methods else 0)
-    forwards = maps_run * len(PROTOCOLS) * (s.steps - 2) + 2
+    key, forwards = s.key(ctx), s.settings().forwards()
     run_slot = st.empty()  # the button goes away once the result is there
     if cached(key) is None and not run_slot.button(f"Run the perturbation test ({len(s.methods)} methods, {forwards} "
                                                    "forward passes)", type="primary", key="faith_run"):
         st.info("Each method's curves need its perturbed inputs run through the model; press the button to start. "
                 "Results are kept for this image and these settings.")
         return None
-    full, lerf_full = with_progress(key, "Perturbation test: method", lambda progress: _curves(ctx, s, progress))
+    full, lerf_full = image_faithfulness(ctx, s.settings())
     run_slot.empty()
     # The random floor: its seeds' curves and AUCs become one "random" row (mean over seeds; the map shown is the
     # first seed's), and the seeds' spread decides what can be told from chance.

@@ -24,6 +24,7 @@ from vitviz.sources.names import HF_PREFIX, TORCHVISION_PREFIX, parse_model_name
 from . import keys
 from .cache import cached_lens, model_is_cached, operator_settings
 from .uploads import upload_too_large
+from .words import counted
 from .widgets import kept_args
 
 TIMM_BY_NAME = "timm model by name"
@@ -203,7 +204,7 @@ def _allowed(options: list[str], query: str) -> list[str]:
     if query.strip() and not options:
         st.sidebar.warning(f"No timm model with pretrained weights has {query.strip()!r} in its name.")
     elif options and not allowed:
-        st.sidebar.warning(f"{query.strip()!r} matches {len(options)} timm models, none of them on this server's "
+        st.sidebar.warning(f"{query.strip()!r} matches {counted(len(options), 'timm model')}, none of them on this server's "
                            f"allow-list (VITVIZ_MODELS: {', '.join(limits.models)}); nothing was loaded.")
     return allowed
 

@@ -12,12 +12,13 @@ from vitviz.analyses.per_image import ImageAnalyses
 from vitviz.runs.registers_run import search_images
 
 from .cache import _model_run, cached_model, store
+from .words import counted
 
 
 def cached_search(spec: ModelSpec, shas: tuple[str, ...], _images: list, factor: float) -> Search:
     """Norms, outliers and register neurons of the image set (one forward per 8 images)."""
     return store().get_or_compute(("registers_search", spec, shas, factor), _model_run(
-        f"Searching {len(_images)} images for outliers and register neurons ...",
+        f"Searching {counted(len(_images), 'image')} for outliers and register neurons ...",
         lambda: search_images(cached_model(spec), _images, factor=factor)))
 
 

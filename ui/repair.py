@@ -26,7 +26,13 @@ from vitviz.figures.core import panel_width
 from vitviz.figures.registers_figures import (TABLE_FORMATS, maps_figure, norm_ratio_figure, output_change_table,
                                               repair_faithfulness_table)
 
+from vitviz.figures.faithfulness_figures import method_label
+from vitviz.perturbation.protocols import REPLACEMENT_TEXT
+
 from .cache import _model_run, cached_model, store
+from .image_faithfulness import FaithfulnessSettings, faithfulness_key, image_faithfulness
+from .progress import cached
+from .words import counted
 from .charts import file_stem, show_chart
 from .display import display_in_use
 from .downloads import download_row
@@ -113,7 +119,7 @@ def _register(ctx) -> TestTimeRegister | None:
         return None
     init = st.radio("The extra token starts as", ["zero", "mean"], horizontal=True, key=INIT_KEY,
                     help="zero: as Jiang et al.'s code; mean: the mean of the patch tokens entering block 1")
-    st.caption(f"Test-time register: {len(held[0])} neurons from {held[1]}.")
+    st.caption(f"Test-time register: {counted(len(held[0]), 'neuron')} from {held[1]}.")
     return TestTimeRegister(held[0], init)
 
 
@@ -203,20 +209,41 @@ def show_table(table: pd.DataFrame, **kwargs) -> None:
 
 
 def faithfulness_view(ctx, repair: Repair, key: str) -> None:
-    """Deletion / insertion AUC of rollout and AttnLRP (where the family allows) before and after ``repair``, each
-    beside its random band, computed on demand (:func:`vitviz.runs.registers_run.repair_faithfulness`)."""
-    store_key = ("repair_faithfulness", ctx.spec, ctx.image.sha256, repair)
+    """Deletion / insertion AUC of the Faithfulness page's default methods (AttnLRP where the family allows, rollout)
+    before and after ``repair``, each beside its random band, computed on demand
+    (:func:`vitviz.runs.registers_run.repair_faithfulness`). "Before" is the Faithfulness page's own test with its
+    default settings (:func:`ui.image_faithfulness.image_faithfulness`, the same cache entry): after that page, only
+    the "after" runs."""
+    settings = FaithfulnessSettings.defaults(ctx)
+    before_key = faithfulness_key(ctx, settings)
+    store_key = ("repair_faithfulness", ctx.spec, ctx.image.sha256, repair, before_key)
     slot = st.empty()
-    if store_key not in store() and not slot.button(f"Faithfulness before and after {repair.name} (rollout, AttnLRP; "
-                                                    "about 400 forwards)", key=f"{key}_faithfulness_run"):
+    ran = cached(before_key) is not None
+    forwards = settings.forwards() * (0 if ran else 1) + _after_forwards(settings)
+    if store_key not in store() and not slot.button(
+            f"Faithfulness before and after {repair.name} ({', '.join(method_label(m) for m in settings.methods)}; "
+            f"about {forwards} forwards" + ("; the Faithfulness page's 'before' is reused)" if ran else ")"),
+            key=f"{key}_faithfulness_run"):
         return
     slot.empty()
+
+    # Each of these holds a run slot of its own while it computes (and is cached): not inside the slot below.
+    before, _ = image_faithfulness(ctx, settings)
+    after, _ = _repaired(ctx, repair)
     result = store().get_or_compute(store_key, _model_run(
-        f"Deletion and insertion before and after {repair.name} ...",
-        lambda: repair_faithfulness(cached_model(ctx.spec), ctx.image.image, repair, sinks=[ctx.result.sinks])))
+        f"Deletion and insertion after {repair.name} ...",
+        lambda: repair_faithfulness(cached_model(ctx.spec), ctx.image.image, repair, sinks=[ctx.result.sinks],
+                                    target=settings.target, before=before, after=after)))
     st.markdown(f"**Faithfulness before and after {repair.name}** (this image)")
     show_table(repair_faithfulness_table(result.table()))
-    st.caption(f"Score: {result.before.score}. Deletion: patches removed most relevant first (lower is better); "
-               "insertion: added to a blank input (higher is better); AUC over 0–100 % of the patches in steps of 10 %. "
-               "The 'after' maps are scored with the repair run in every forward (sink masking drops the sinks found on "
-               "the unperturbed image). A verdict is 'better'/'worse' only outside the random maps' mean ± 2 s.d.")
+    st.caption(f"Score: {result.before.score}. The Faithfulness page's test with its default settings: deletion "
+               f"removes patches most relevant first (lower is better), insertion adds them to a blank input (higher is "
+               f"better), removed patches become {REPLACEMENT_TEXT[settings.replacement]}, AUC over 0–100 % of the "
+               "patches in steps of 10 %; the 'before' rows are that page's numbers. The 'after' maps are scored with "
+               "the repair run in every forward (sink masking drops the sinks found on the unperturbed image). A "
+               "verdict is 'better'/'worse' only outside the random maps' mean ± 2 s.d.")
+
+
+def _after_forwards(settings: FaithfulnessSettings) -> int:
+    """Forwards of the "after" side: deletion and insertion (no LeRF) of every map at each inner step, and the ends."""
+    return (settings.forwards() - 2) * 2 // 3 + 2

@@ -26,6 +26,7 @@ from .display import display_controls, map_figure, panel_download
 from .downloads import download_row
 from .guard import guarded
 from .state import Context
+from .words import counted
 
 CLICK_SCALE = 2
 DINO_KEEP = 0.6
@@ -142,20 +143,21 @@ def distance_view(ctx: Context) -> None:
     """Mean attention distance within windows per block and head, one image or the whole set."""
     r = ctx.result
     st.subheader("Within windows, block by block")
-    scope = st.radio("Images", [f"current image ({ctx.image.name})", f"all {len(ctx.images)} images in the set"],
-                     horizontal=True, key="distance_scope")
+    scope = st.radio("Images", [f"current image ({ctx.image.name})",
+                               f"the whole set ({counted(len(ctx.images), 'image')})"], horizontal=True,
+                     key="distance_scope")
     results = [r]
-    if scope.startswith("all"):
+    if scope.startswith("the whole set"):
         bar = st.progress(0.0, text="Running the model on the image set ...")
         results = []
         for i, im in enumerate(ctx.images):
             results.append(cached_image_result(ctx.spec, im.sha256, im.image))
-            bar.progress((i + 1) / len(ctx.images), text=f"{i + 1} of {len(ctx.images)} images")
+            bar.progress((i + 1) / len(ctx.images), text=f"{i + 1} of {counted(len(ctx.images), 'image')}")
         bar.empty()
     per_block = [np.stack([res.window_distance[b] for res in results]) for b in range(len(r.geometry))]  # (images, H_b)
     distance = [v.mean(axis=0) for v in per_block]
     spread = [v.std(axis=0) for v in per_block] if len(results) > 1 else None
-    names = [im.name for im in ctx.images] if scope.startswith("all") else [ctx.image.name]
+    names = [im.name for im in ctx.images] if scope.startswith("the whole set") else [ctx.image.name]
     stem = file_stem("window_distance", names[0] if len(names) == 1 else f"{len(names)}images")
     event = show_chart(window_distance_figure(distance, r.geometry, r.uniform_distance, spread, len(names)),
                        "window_distance_plot", stem, on_select="rerun", selection_mode="points")
@@ -167,8 +169,8 @@ def distance_view(ctx: Context) -> None:
     st.caption(f"Convention: {DISTANCE_CONVENTION}. Dotted steps: a head attending uniformly to every key its query "
                "can reach in that block. Dashed lines: patch merging between stages (the token stride doubles, so "
                "the same window reaches twice as far). "
-               + (f"Error bars: ± one standard deviation over the {len(names)} images." if spread is not None else
-                  "Pick all images in the set for the spread over images."))
+               + (f"Error bars: ± one standard deviation over the {counted(len(names), 'image')}." if spread is not None
+                  else "Pick the whole set for the spread over its images."))
     download_row(stem, {"mean_distance": heads_padded(distance), "uniform_window_distance": r.uniform_distance}
                  | ({"mean_distance_std": heads_padded(spread)} if spread is not None else {}),
                  {"images": names, "model": ctx.loaded.card()["spec"], "convention": DISTANCE_CONVENTION,

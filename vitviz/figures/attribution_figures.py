@@ -12,7 +12,7 @@ from PIL import Image
 from ..explainers import registered
 from ..explainers.base import Map
 from .colour import DIVERGING, ROBUST_PERCENTILE, lookup_table, reference_stops
-from .core import image_data_uri
+from .core import counted, image_data_uri
 
 SEQUENTIAL_MAP = "Inferno"
 
@@ -38,6 +38,11 @@ def robust_limit(values: np.ndarray) -> float:
     return limit if limit > 0 else float(np.abs(values).max()) or 1.0
 
 
+BAR_GAP_PX = 90  # right of each map: its colour bar (10 px), tick labels and the bar's title
+MARGIN_L, MARGIN_B = 10, 10
+TITLE_CHAR_PX = 9  # about the width of a title character: where a title as wide as the figure wraps
+
+
 def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: bool = True,
                 target_text: str = "", with_input: bool = True, wrap: int | None = None,
                 plot_height: int = 265, *, cmap: str = SEQUENTIAL_MAP, style: str = "transparent where low",
@@ -52,7 +57,8 @@ def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: 
 
     Args:
         with_input: False leaves the model input out (a map drawn beside another figure of the same image).
-        wrap: break the title's lines at this many characters (a figure narrower than the page).
+        wrap: break the title's lines at this many characters; default: the figure's width (``layout.width``, px:
+            the tiles, and beside each its colour bar, :data:`BAR_GAP_PX`; show it at that width).
         plot_height: pixels of each row of maps, below the title.
         columns: at most this many panels per row (the heads tiles' size at 1440 px with 3); the rows are filled
             evenly (4 panels: 2 x 2).
@@ -66,11 +72,17 @@ def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: 
     cols = -(-n // rows)  # the rows as even as they go: 4 panels are 2 x 2, not 3 + 1 beside two empty slots
     titles = (["model input"] if with_input else []) + [
         _label(r.method) + (" (pixels)" if pixels and r.pixels is not None else "") for r in results]
-    # Each colour bar's title runs up beside its bar (side "right"): above the bar, "0–1 (min-max)" ran into the next
-    # map; the gap between maps holds the bar, its ticks and that one line.
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.09,
-                        vertical_spacing=0.12 / rows)
     W, H = image.size
+    # The figure is as wide as its tiles and the gaps that hold the colour bars: in a wider figure each tile sat
+    # centred in its column and its bar at the column's edge, ~100 px away at 1440 px. Each colour bar's title runs up
+    # beside its bar (side "right"): above the bar, "0–1 (min-max)" ran into the next map.
+    vertical = 0.12 / rows
+    tile_h = (plot_height * rows - MARGIN_B) * (1 - vertical * (rows - 1)) / rows
+    plot_w = cols * tile_h * W / H + (cols - 1) * BAR_GAP_PX
+    width = int(np.ceil(plot_w)) + MARGIN_L + BAR_GAP_PX
+    wrap = wrap or max(40, width // TITLE_CHAR_PX)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=BAR_GAP_PX / plot_w,
+                        vertical_spacing=vertical)
     if with_input:
         fig.add_trace(go.Image(source=image_data_uri(image), hoverinfo="skip"), row=1, col=1)
     notes = []
@@ -82,7 +94,7 @@ def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: 
     padded = ""
     if len(padding):
         pixel_maps = [_label(r.method) for r in results if pixels and r.pixels is not None]
-        padded = (f"{len(padding)} padding patches (no photo in them) hatched, set no limit"
+        padded = (f"{counted(len(padding), 'padding patch', 'padding patches')} (no photo in them) hatched, set no limit"
                   + (f" (not in the pixel maps of {', '.join(pixel_maps)})" if pixel_maps else ""))
     for axis in range(1, rows * cols + 1):
         suffix = axis if axis > 1 else ""
@@ -97,7 +109,8 @@ def maps_figure(image: Image.Image, results: list[Map], index: int = 0, pixels: 
     # the maps' own titles).
     top = max(135, 64 + 22 * len(lines))
     fig.update_layout(title=dict(text="<br>".join(lines), y=1, yref="container", yanchor="top", pad=dict(t=24)),
-                      height=plot_height * rows + top, margin=dict(l=10, r=50, t=top, b=10), template="plotly_white")
+                      height=plot_height * rows + top, width=width,
+                      margin=dict(l=MARGIN_L, r=BAR_GAP_PX, t=top, b=MARGIN_B), template="plotly_white")
     return fig
 
 
@@ -116,7 +129,7 @@ def _add_map(fig, image: Image.Image, r: Map, index: int, pixels: bool, row: int
     drawn = render_maps(image, grid[None], cmap=cmap, style=style, opacity=opacity, smooth=smooth, signed=signed,
                         padding=None if at_pixels else padding, outline_clipped=not at_pixels)
     scale, clipped = drawn.scales[0], len(drawn.clipped[0])
-    note = (f"{_label(r.method)}: {clipped} {'pixels' if at_pixels else 'patches'} "
+    note = (f"{_label(r.method)}: {counted(clipped, 'pixel' if at_pixels else 'patch')} "
             f"{'beyond ±' if signed else 'above '}{scale.hi:.3g} drawn at the end colour") if clipped else ""
     axis = (row - 1) * cols + col
     right = fig.layout[f"xaxis{axis if axis > 1 else ''}"].domain[1]

@@ -13,7 +13,7 @@ from plotly.colors import hex_to_rgb
 from ..analyses.anatomy import AttentionAnatomy
 from ..analyses.clusters import cluster_overlay
 from .colour import ColourScale
-from .core import image_data_uri, map_panel
+from .core import counted, image_data_uri, map_panel
 from ..layout import TokenLayout
 from .overlay import render_overlay
 
@@ -52,7 +52,7 @@ def cluster_figure(image: Image.Image, labels: np.ndarray, layout: TokenLayout, 
                       "<br>cluster %{z}<extra></extra>"))
     sizes = np.bincount(labels.ravel(), minlength=k)
     for c in range(k):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"{c + 1}: {sizes[c]} patches "
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=f"{c + 1}: {counted(int(sizes[c]), 'patch')} "
                                  f"({sizes[c] / labels.size:.0%})",
                                  marker=dict(symbol="square", size=14, color="rgb(%d, %d, %d)" % colours[c])))
     fig.update_xaxes(visible=False, range=[0, image.width])

@@ -7,7 +7,7 @@ from plotly.subplots import make_subplots
 
 from ..explainers import registered
 from ..perturbation.curves import MODES
-from .core import qualitative_colours
+from .core import counted, qualitative_colours
 
 FLOOR = "random"
 
@@ -113,7 +113,7 @@ def dataset_figure(block: dict, protocol_label: str, *, height: int | None = Non
                          thickness=2, width=6, color=colours[r["method"]]),
             showlegend=False,
             hovertemplate=f"{name}<br>mean AUC %{{x:.3f}}<br>95 % interval {r['low']:.3f} to {r['high']:.3f}"
-                          f"<br>{r['images']} images<extra></extra>"))
+                          f"<br>{counted(r['images'], 'image')}<extra></extra>"))
     fig.update_xaxes(title_text=f"mean AUC over images ({block['better']} is more faithful)", zeroline=False)
     fig.update_yaxes(autorange="reversed", title_text=None)
     fig.update_layout(height=height or 110 + 42 * len(rows), template="plotly_white",

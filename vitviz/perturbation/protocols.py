@@ -46,8 +46,8 @@ import numpy as np
 import torch
 
 from ..errors import OptionError, ViewNotApplicable
-from .curves import (PROTOCOL_AUC, PROTOCOL_ORDER, Score, auc, default_fractions, default_score, model_logits,
-                           patch_masks, patch_order, pixel_masks, score_inputs, step_counts, _to_model)
+from .curves import (PROTOCOL_AUC, PROTOCOL_ORDER, Faithfulness, Score, auc, default_fractions, default_score,
+                     model_logits, patch_masks, patch_order, pixel_masks, score_inputs, step_counts, _to_model)
 from ..trace import trace_model
 from ..layout import TokenLayout
 
@@ -169,6 +169,17 @@ class ProtocolCurves:
         """Every protocol's AUC, with the summary when MoRF and LeRF both ran: name -> (M,)."""
         names = list(self.protocols) + ([SUMMARY] if {"morf", "lerf"} <= set(self.protocols) else [])
         return {p: self.auc(p) for p in names}
+
+    def faithfulness(self, maps: dict[str, np.ndarray], num_patches: int) -> Faithfulness:
+        """MoRF as the deletion curve and insertion as the insertion curve (both must have run), with the ``maps``
+        they ranked ((gh, gw) each, by method name): the :class:`vitviz.perturbation.curves.Faithfulness` the tables
+        and figures read."""
+        fractions = self.fractions["morf"]
+        return Faithfulness(methods=list(self.methods),
+                            maps=np.stack([np.asarray(maps[n], dtype=np.float64) for n in self.methods]),
+                            fractions=fractions, counts=step_counts(fractions, num_patches),
+                            deletion=self.curves["morf"], insertion=self.curves["insertion"], score=self.score["morf"],
+                            target=self.target)
 
 
 def protocol_curves(model, image: torch.Tensor, maps: dict[str, np.ndarray], layout: TokenLayout, *,

@@ -13,11 +13,13 @@ import numpy as np
 import pandas as pd
 
 from ..errors import VitvizError
-from ..perturbation.curves import (RANDOM_SEEDS, ChanceBand, Faithfulness, perturbation_curves, random_seed_maps,
-                           split_random_seeds)
+from ..adapters import editing
+from ..explainers import get_method
+from ..perturbation.curves import (RANDOM_SEEDS, SEED_PREFIX, ChanceBand, Faithfulness, default_fractions, random_map,
+                                   random_seed_maps, split_random_seeds)
+from ..perturbation.protocols import protocol_curves
 from ..analyses.registers import (OUTLIER_FACTOR, Outliers, Search, TestTimeRegister, check_register, register_from_json,
                         search_register_neurons, why_no_register)
-from ..tensors import to_host
 
 REGISTERS_NAME = "registers.json"
 NORMS_NAME = "norms.parquet"
@@ -150,52 +152,84 @@ class RepairFaithfulness:
         return rows
 
 
-def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("rollout", "attnlrp"),
-                        sinks=None, target: int | None = None, seeds: int = RANDOM_SEEDS) -> RepairFaithfulness:
+def repair_faithfulness(loaded, image, repair, methods: tuple[str, ...] = ("attnlrp", "rollout"),
+                        sinks=None, target: int | None = None, seeds: int = RANDOM_SEEDS, *,
+                        before: Faithfulness | None = None, after=None) -> RepairFaithfulness:
     """Rollout (of the readout, all layers, mean over heads) and, where the family allows, AttnLRP of one image
-    (PIL) before and after ``repair`` (:class:`vitviz.analyses.registers.Repair`), scored by deletion and insertion with the
-    random band (:mod:`vitviz.perturbation.curves`): does the repair cost faithfulness?
+    (PIL) before and after ``repair`` (:class:`vitviz.analyses.registers.Repair`), each beside the random band: does
+    the repair cost faithfulness?
 
-    The target is the same on both sides: the unrepaired top-1 class with a head (or ``target``), else each side's
-    pre-logits cosine with its own unperturbed vector."""
-    from ..adapters import editing
-    from ..explainers.targets import default_target
-    from ..explainers import explain, get_method
+    Scored as the Faithfulness page scores its defaults (:func:`vitviz.perturbation.protocols.protocol_curves`:
+    MoRF is the deletion curve, insertion the insertion curve; removed patches become the mean colour; 11 steps;
+    signed maps in their signed order; random seeds 0 .. ``seeds`` - 1), so "before" is that page's row.
+
+    Args:
+        target: the class scored and explained on both sides (default the unrepaired top-1 with a head); a headless
+            model scores each side's pre-logits cosine with its own unperturbed vector.
+        before: the unrepaired curves when already computed with these settings (the Faithfulness page's, its
+            ``random_seed_*`` rows included): kept as they are, and the "after" maps are those of its methods.
+        after: the repaired image's :class:`vitviz.analyses.per_image.ImageAnalyses` when already computed.
+    """
     from ..lens import Lens
     from ..sources.preprocess import preprocess
     from ..analyses.per_image import analyse_images
-    from ..analyses.rollout import rollout
 
     model, layout = loaded.model, loaded.layout
-    before = analyse_images(loaded, [image])
-    sinks = before.sinks if sinks is None else sinks
-    after = analyse_repaired(loaded, [image], repair, sinks)
     x = preprocess([image], loaded.data_config).tensor
     param = next(model.parameters())
     x = x.to(param.device, param.dtype)
-    edit = repair.edit(model, layout, sinks, param.device)
-    if target is None and before.trace.logits is not None:
-        target = int(before.trace.logits[0].argmax())
     lens = Lens(loaded)
-    use = [m for m in methods if m == "rollout" or (get_method(m).why_not(lens) is None and not (
-        repair.kind == "register" and m in ("legrad", "gradcam")))]
-
-    def maps(fwd, side_edit) -> dict[str, np.ndarray]:
-        out = {}
-        for m in use:
-            if m == "rollout":
-                out[m] = rollout(to_host(fwd.trace.stack("attn")[0]), fwd.trace.layout).map
-            else:
-                with editing(side_edit):
-                    out[m] = explain(lens, x, m, default_target(model, target)).patches[0]
-        return out
-
-    rand = random_seed_maps(layout.grid_size, seeds=seeds)
-    f0 = perturbation_curves(model, x[0], maps(before, None) | rand, layout, target=target)
-    after_maps = maps(after, edit)
+    plain = None
+    if before is None or (sinks is None and repair.kind == "sinks") or (target is None and before.target is None
+                                                                          and loaded.has_head):
+        plain = analyse_images(loaded, [image])
+    sinks = plain.sinks if sinks is None and plain is not None else sinks
+    if target is None and before is not None:
+        target = before.target
+    if target is None and plain is not None and plain.trace.logits is not None:
+        target = int(plain.trace.logits[0].argmax())
+    if before is not None:
+        methods = tuple(before.methods[m] for m in split_random_seeds(before)[0])
+        rand = {n: random_map(layout.grid_size, int(n[len(SEED_PREFIX):])) for n in before.methods
+                if n.startswith(SEED_PREFIX)}
+    else:
+        methods = tuple(m for m in methods if m == "rollout" or get_method(m).why_not(lens) is None)
+        rand = random_seed_maps(layout.grid_size, seeds=seeds)
+    if repair.kind == "register":  # LeGrad and Grad-CAM read the patch tokens by position: not the extra token yet
+        methods = tuple(m for m in methods if m not in ("legrad", "gradcam"))
+    if before is None:
+        before = _curves(model, x[0], _maps(lens, x, plain.image(0), methods, target, None) | rand, layout, target)
+    if after is None:
+        after = analyse_repaired(loaded, [image], repair, sinks).image(0)
+    edit = repair.edit(model, layout, sinks, param.device)
+    after_maps = _maps(lens, x, after, methods, target, edit) | rand
     with editing(edit):
-        f1 = perturbation_curves(model, x[0], after_maps | rand, layout, target=target)
-    return RepairFaithfulness(f0, f1, split_random_seeds(f0)[1], split_random_seeds(f1)[1])
+        f1 = _curves(model, x[0], after_maps, layout, target)
+    return RepairFaithfulness(before, f1, split_random_seeds(before)[1], split_random_seeds(f1)[1])
+
+
+def _maps(lens, x, analysed, methods, target, edit) -> dict[str, np.ndarray]:
+    """One side's maps: rollout of ``analysed``'s attention (all layers, mean fusion), attributions with ``edit`` run
+    in the forward (signed maps in their signed order, as the Faithfulness page's default)."""
+    from ..explainers import explain
+    from ..explainers.targets import default_target
+    from ..analyses.rollout import rollout
+
+    out = {}
+    for m in methods:
+        if m == "rollout":
+            out[m] = rollout(analysed.attention, analysed.layout).map
+        else:
+            with editing(edit):
+                out[m] = explain(lens, x, m, default_target(lens.model, target)).patches[0]
+    return out
+
+
+def _curves(model, image, maps, layout, target) -> Faithfulness:
+    """MoRF and insertion curves of ``maps`` on one input (3, H, W), as the Faithfulness page computes them."""
+    curves = protocol_curves(model, image, maps, layout, protocols=("morf", "insertion"), replacement="mean",
+                             fractions=default_fractions(11), target=target)
+    return curves.faithfulness(maps, layout.num_patches)
 
 
 def analyse_repaired(loaded, images: list, repair, sinks: list | None = None):
