@@ -26,7 +26,8 @@ from typing import Callable, Iterable, Iterator, Mapping
 import numpy as np
 import torch
 
-from .adapters import BLOCK_POINTS, MODEL_POINTS, Rules, adapter_for, compose_edits, point_name, run
+from .adapters import BLOCK_POINTS, MODEL_POINTS, Observer, Rules, adapter_for, point_name, run
+from .adapters.buffers import stack_buffer
 from .adapters.windows import WindowGeometry
 from .errors import VitvizError
 from .io.atomic import atomic_write_bytes
@@ -227,6 +228,10 @@ def _is_layer_of(value: torch.Tensor, stacked: torch.Tensor, batched: bool) -> b
         value.shape == (stacked.shape[:1] + stacked.shape[2:] if batched else stacked.shape[1:]))
 
 
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride() and a.dtype == b.dtype
+
+
 def layer_index(layer: int, num_layers: int, kind: str = "") -> int:
     """A 0-based layer index (negative counts from the end) checked against ``num_layers``."""
     if not -num_layers <= int(layer) < num_layers:
@@ -244,9 +249,10 @@ def check_kind(kind: str) -> None:
                           f"{', '.join(BLOCK_POINTS)} (any of them with {NORM!r} keeps only its norm).")
 
 
-class _Layers:
-    """An ``edit=`` that keeps one kind at every layer as the forward reaches it: in one (B, L, ...) tensor when
-    ``stack`` (no list of copies stacked at the end), else one value per layer; ``norm``: only the L2 norm."""
+class _Layers(Observer):
+    """Keeps one kind at every layer as the forward reaches it: in one (B, L, ...) tensor when ``stack`` (no list of
+    copies stacked at the end; a forward may compute a layer straight into its slot), else one value per layer;
+    ``norm``: only the L2 norm."""
 
     def __init__(self, kind: str, num_layers: int, stack: bool, norm: bool):
         self.kind, self.num_layers, self.stack, self.norm = kind, num_layers, stack, norm
@@ -254,16 +260,25 @@ class _Layers:
         self.values: dict[str, torch.Tensor] = {}
         self.filled: set[int] = set()
 
-    def __call__(self, value: torch.Tensor, point) -> torch.Tensor:
+    def slot(self, point, shape, dtype, device) -> torch.Tensor | None:
+        if not self.stack or self.norm:
+            return None
+        if self.buffer is None:
+            self.buffer = stack_buffer((shape[0], self.num_layers, *shape[1:]), dtype, device)
+        slot = self.buffer[:, point.layer]
+        return slot if slot.shape == shape and slot.dtype == dtype else None
+
+    def __call__(self, value: torch.Tensor, point) -> None:
         kept = value.float().norm(dim=-1) if self.norm else value
         if self.stack and self.buffer is None:
-            self.buffer = kept.new_empty((kept.shape[0], self.num_layers, *kept.shape[1:]))
+            self.buffer = stack_buffer((kept.shape[0], self.num_layers, *kept.shape[1:]), kept.dtype, kept.device)
         if self.stack and kept.shape == self.buffer[:, 0].shape:
-            self.buffer[:, point.layer] = kept
+            slot = self.buffer[:, point.layer]
+            if not _same_memory(kept, slot):  # else the forward computed it there
+                slot.copy_(kept)
             self.filled.add(point.layer)
         else:
             self.values[point_name(self.kind, point.layer)] = kept
-        return value
 
     def points(self) -> dict[str, torch.Tensor]:
         return {point_name(self.kind, i): self.buffer[:, i] for i in sorted(self.filled)} | self.values
@@ -310,11 +325,11 @@ def trace_model(model: torch.nn.Module, x: torch.Tensor | ModelInput, keep: Iter
                                        norm=name.endswith(NORM))
         else:
             plain.append(name)
-    observe = [{name[:-len(NORM)] if name.endswith(NORM) else name: c} for name, c in collectors.items()]
+    observe = [(name[:-len(NORM)] if name.endswith(NORM) else name, c) for name, c in collectors.items()]
     context = contextlib.nullcontext() if grad is None else torch.enable_grad() if grad else torch.inference_mode()
     with context:
-        kept = run(model, tensor, keep=plain, edit=compose_edits(edit, *observe) if observe else edit,
-                   stop_after=stop_after, fast=fast, **({} if rules is None else {"rules": rules}))
+        kept = run(model, tensor, keep=plain, edit=edit, stop_after=stop_after, fast=fast, observe=observe,
+                   **({} if rules is None else {"rules": rules}))
     for c in collectors.values():
         kept |= c.points()
     stacked = {c.kind: c.stacked() for c in collectors.values() if c.stacked() is not None}

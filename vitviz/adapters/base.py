@@ -144,6 +144,19 @@ class Rules:
 PLAIN = Rules()
 
 
+class Observer:
+    """Reads a point's value as the forward reaches it (after its edit), without changing it: what a trace uses to
+    keep a kind at every layer. ``slot`` may offer the memory the value is to be computed into."""
+
+    def __call__(self, value: torch.Tensor, point: Point) -> None:
+        raise NotImplementedError
+
+    def slot(self, point: Point, shape: tuple[int, ...], dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor | None:
+        """A tensor of ``shape`` and ``dtype`` on ``device`` to compute the point's value into, or None."""
+        return None
+
+
 class _Stop(Exception):
     pass
 
@@ -158,12 +171,18 @@ class Hooks:
         rules: how norms, activations, attention products and the softmax are computed.
         fast: allow the library's fused forward where nothing inside the blocks is read or changed (the same
             function, equal to rounding but not bit for bit: for scoring many perturbed inputs).
+        observe: (name or pattern, :class:`Observer`) pairs, or a mapping of them: each observer is shown the
+            values of its points after their edit (it reads, never changes) and may offer the memory a point is to
+            be computed into (:meth:`destination`).
     """
 
     def __init__(self, keep: Iterable[str] | Callable[[str], bool] = (),
                  edit: Mapping[str, Callable] | None = None, stop_after: str | None = None, rules: Rules = PLAIN,
-                 fast: bool = False):
+                 fast: bool = False,
+                 observe: Mapping[str, "Observer"] | Iterable[tuple[str, "Observer"]] | None = None):
         self.fast = fast
+        self._observe = list(observe.items() if isinstance(observe, Mapping) else observe or ())
+        self._observing: dict[str, list[Observer]] = {}
         if callable(keep):
             self._keep = keep
         else:
@@ -183,9 +202,29 @@ class Hooks:
         """Whether the value at ``name`` is read or changed: forwards skip work nobody asked for
         (e.g. ``pooled`` and ``logits`` of a model whose caller keeps only attention)."""
         if name not in self._wanted:
-            self._wanted[name] = (self._keep(name) or name in self._edit_exact
-                                  or any(fnmatch.fnmatchcase(name, p) for p, _ in self._edit_patterns))
+            self._wanted[name] = self._keep(name) or self.edits(name) or bool(self._observers(name))
         return self._wanted[name]
+
+    def edits(self, name: str) -> bool:
+        """Whether an edit may change the value at ``name`` (observers and keeping do not)."""
+        return name in self._edit_exact or any(fnmatch.fnmatchcase(name, p) for p, _ in self._edit_patterns)
+
+    def _observers(self, name: str) -> list["Observer"]:
+        if name not in self._observing:
+            self._observing[name] = [o for p, o in self._observe if p == name or fnmatch.fnmatchcase(name, p)]
+        return self._observing[name]
+
+    def destination(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor | None:
+        """Memory an observer of ``name`` offers for the value to be computed into (a layer's slot of a stack it
+        keeps), or None. A forward that writes the value there saves the observer a copy; it still calls the
+        point."""
+        for observer in self._observers(name):
+            slot = getattr(observer, "slot", None)
+            out = slot(parse_point(name), shape, dtype, device) if slot is not None else None
+            if out is not None:
+                return out
+        return None
 
     def plain_blocks(self, depth: int) -> bool:
         """Whether the run allows the fast path, no point before ``final_norm`` is read or changed and the
@@ -201,6 +240,9 @@ class Hooks:
             value = fn(value, parse_point(name))
         if self._keep(name):
             self.kept[name] = value
+        if self._observe:
+            for observer in self._observers(name):
+                observer(value, parse_point(name))
         if name == self.stop_after:
             raise _Stop
         return value
@@ -382,13 +424,13 @@ def editing(edit: Mapping[str, Callable] | None):
 
 
 def run(adapter: Adapter, model: torch.nn.Module, x: torch.Tensor, keep=(), edit=None, stop_after=None,
-        rules: Rules = PLAIN, fast: bool = False) -> dict[str, torch.Tensor]:
+        rules: Rules = PLAIN, fast: bool = False, observe=None) -> dict[str, torch.Tensor]:
     """Run ``adapter``'s forward of ``model`` on ``x`` (B, 3, H, W): the kept points by name (the edit of an
-    enclosing :func:`editing` applied first)."""
+    enclosing :func:`editing` applied first; ``observe``: :class:`Hooks`)."""
     context = _CONTEXT_EDIT.get()
     if context:
         edit = compose_edits(context, edit)
-    hooks = Hooks(keep, edit, stop_after, rules, fast)
+    hooks = Hooks(keep, edit, stop_after, rules, fast, observe)
     try:
         adapter.forward(model, x, hooks)
     except _Stop:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Hooks, point_name
+from .base import Hooks, Rules, point_name
 
 
 def attention(hooks: Hooks, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
@@ -19,6 +19,8 @@ def attention(hooks: Hooks, layer: int, q: torch.Tensor, k: torch.Tensor, v: tor
     """
     B, H, N, _ = q.shape
     q, k, v = hooks(point_name("q", layer), q), hooks(point_name("k", layer), k), hooks(point_name("v", layer), v)
+    if _by_image(hooks, layer, q, k, v):
+        return _attention_by_image(hooks, layer, q, k, v, scale, bias, scale_after)
     qs, kt = hooks.rules.bilinear(q if scale_after else q * scale, k.transpose(-2, -1))
     scores = qs @ kt * scale if scale_after else qs @ kt
     if bias is not None:
@@ -27,6 +29,52 @@ def attention(hooks: Hooks, layer: int, q: torch.Tensor, k: torch.Tensor, v: tor
     probs = hooks(point_name("attn", layer), hooks.rules.softmax(scores))
     a, vv = hooks.rules.bilinear(probs.to(v.dtype), v)
     z = hooks(point_name("z", layer), a @ vv)
+    return z.transpose(1, 2).reshape(B, N, -1)
+
+
+def _by_image(hooks: Hooks, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether :func:`attention` may run image by image: on the CPU, without a graph, with the model's own rules, in
+    float32 or float64, and nobody reading or changing the scores (they never exist as one (B, H, N, N) tensor)."""
+    return (q.device.type == "cpu" and type(hooks.rules) is Rules and q.dtype in (torch.float32, torch.float64)
+            and q.dtype == k.dtype == v.dtype
+            and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
+            and not hooks.wants(point_name("scores", layer)))
+
+
+def _attention_by_image(hooks: Hooks, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                        bias: torch.Tensor | None, scale_after: bool) -> torch.Tensor:
+    """:func:`attention` one image at a time, the same products and softmax (the same bits): one image's (H, N, N)
+    scores live in a buffer reused for every image, so the batch's scores and probabilities are never allocated
+    (on the CPU, fresh memory costs a page fault per 4 KiB; the fused forward never forms them). The probabilities
+    are written once, where an observer keeps them (a trace's stack) or into one (B, H, N, N) tensor when the point
+    is read; while one image's are still in the cache they are multiplied by v, unless an edit may change them."""
+    B, H, N, d = q.shape
+    name = point_name("attn", layer)
+    qs, kt = q if scale_after else q * scale, k.transpose(-2, -1)
+    scores = q.new_empty((H, N, N))
+    if hooks.wants(name):
+        probs = hooks.destination(name, (B, H, N, N), q.dtype, q.device)
+        probs = q.new_empty((B, H, N, N)) if probs is None else probs
+    else:
+        probs = None
+    edited = hooks.edits(name)
+    bias = None if bias is None else torch.broadcast_to(bias, (B, H, N, N))
+    z = v.new_empty((B, H, N, v.shape[-1]))
+    for b in range(B):
+        torch.matmul(qs[b], kt[b], out=scores)
+        if scale_after:
+            scores.mul_(scale)
+        if bias is not None:
+            scores.add_(bias[b])
+        p = torch.softmax(scores, dim=-1, out=scores if probs is None else probs[b])
+        if not edited:
+            torch.matmul(p, v[b], out=z[b])
+    if probs is not None:
+        probs = hooks(name, probs)
+    if edited:
+        for b in range(B):
+            torch.matmul(probs[b], v[b], out=z[b])
+    z = hooks(point_name("z", layer), z)
     return z.transpose(1, 2).reshape(B, N, -1)
 
 

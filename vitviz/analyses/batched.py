@@ -165,12 +165,14 @@ def batch_rollout(fused: torch.Tensor, layout: TokenLayout, *, discard: float = 
     excluding = bool(exclude_tokens) and any(exclude_tokens)
     chains = e.new_empty((B, 0, N))
     # A' = D^-1 (0.5 F K + 0.5 I), K the kept columns, D its row sums: c A' = 0.5 ((c D^-1) F) K + 0.5 c D^-1, so the
-    # step is never formed: one float64 copy of F, its row sums over the kept columns, and the product.
+    # step is never formed: one float64 copy of F, its row sums over the kept columns, and the product. The copy
+    # reuses one buffer for every layer (fresh memory on the CPU costs a page fault per 4 KiB).
+    f64 = torch.empty((B, N, N), dtype=torch.float64, device=device)
     for layer in range(end - 1, start - 1, -1):
         f = fused[:, layer]
         if discard:
             f = _discard_lowest(f, discard, keep)
-        f = f.double()
+        f = f64.copy_(f)
         rows = (f @ kept if excluding else f.sum(dim=-1, keepdim=True)).mul_(0.5).add_(0.5)  # (B, N, 1)
         scaled = torch.cat([chains, e], dim=1) / rows.transpose(1, 2)
         product = scaled @ f
