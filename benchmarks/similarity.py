@@ -152,7 +152,7 @@ def command(n: int, repeats: int) -> None:
 
 def parts(repeats: int) -> None:
     from vitviz.analyses.similarity import MinibatchCKA, gram
-    from vitviz.runs.similarity_run import LensFeatures
+    from vitviz.runs.layer_features import LensFeatures
 
     lens = vitviz.open("bundled", device="cpu")
     side = LensFeatures(lens)

@@ -18,7 +18,7 @@ from vitviz.analyses.similarity import MinibatchCKA, gram, linear_cka, self_hsic
 from vitviz.cli import main
 from vitviz.errors import VitvizError
 from vitviz.lens import Lens
-from vitviz.runs.similarity_run import CNNFeatures, LensFeatures
+from vitviz.runs.layer_features import CNNFeatures, LensFeatures
 from vitviz.sources.models import ModelSpec, _finish
 
 F64 = float(np.finfo(np.float64).eps)

@@ -16,7 +16,7 @@ import pytest
 from test_streaming_rollout import HANG_S, MODEL, ROOT, make_images, tiny_checkpoint  # noqa: F401
 from vitviz.cli import main
 from vitviz.analyses.similarity import MinibatchCKA
-from vitviz.runs.similarity_run import CKASums
+from vitviz.runs.similarity_work import CKASums
 
 ENV = os.environ | {"HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
 PARTS = ".vitviz-similarity-parts"

@@ -17,8 +17,8 @@ from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import cluster_figure
 from vitviz.figures.similarity_figures import cka_diagonal, cka_heatmap
 from vitviz.lens import Lens
-from vitviz.runs.similarity_run import (MIN_BATCH, POOLINGS, TOKEN_POINTS, CNNFeatures, LensFeatures, is_cnn_name,
-                                        layer_tokens, similarity)
+from vitviz.runs.layer_features import POOLINGS, TOKEN_POINTS, CNNFeatures, LensFeatures, is_cnn_name, layer_tokens
+from vitviz.runs.similarity_run import MIN_BATCH, similarity
 from vitviz.sources.names import canonical_model_name
 
 BATCH_SIZE = 32

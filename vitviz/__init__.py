@@ -40,8 +40,8 @@ _PUBLIC = {
     "readout": "residual", "Readout": "residual", "logit_lens": "residual", "LogitLens": "residual",
     "TunedLens": "residual", "ReadoutNotApplicable": "residual", "head_effects": "residual",
     "TextTarget": "explainers.text", "textspan": "residual.textspan",
-    "similarity": "runs.similarity_run", "Similarity": "runs.similarity_run", "CNNFeatures": "runs.similarity_run",
-    "LensFeatures": "runs.similarity_run",
+    "similarity": "runs.similarity_run", "Similarity": "runs.similarity_run", "CNNFeatures": "runs.layer_features",
+    "LensFeatures": "runs.layer_features",
 }
 
 __all__ = sorted(_PUBLIC) + ["__version__"]

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .adapters import BLOCK_POINTS, MODEL_POINTS, Adapter, Rules, point_name
+from .adapters import BLOCK_POINTS, MODEL_POINTS, Adapter, Rules, adapter_for, point_name
 from .errors import ImageError, VitvizError
 from .io.images import LoadedImage, load_image
 from .sources.preprocess import preprocess
@@ -51,6 +51,19 @@ class Lens:
     """
 
     loaded: LoadedModel
+
+    @classmethod
+    def around(cls, model: torch.nn.Module) -> "Lens":
+        """A Lens over a model built elsewhere (a module some adapter reads, in eval mode), for the library's functions
+        that are given the model itself: its forward is :meth:`trace` like any Lens's.
+
+        It has no spec of its own (``spec.name`` is the model's class name) and no preprocessing: give :meth:`trace`
+        normalised tensors or a :class:`ModelInput`; :func:`vitviz.open` makes a Lens that reads image files.
+        """
+        adapter, param = adapter_for(model), next(model.parameters())
+        return cls(LoadedModel(model=model, spec=ModelSpec(name=type(model).__name__), layout=adapter.layout(model),
+                               data_config={}, weights_source="given in memory", label=adapter.label(model),
+                               device=param.device, dtype=param.dtype))
 
     # --- what it is ------------------------------------------------------------------------------
     @property
@@ -187,7 +200,8 @@ class Lens:
 
     # --- a forward -----------------------------------------------------------------------------
     def trace(self, x, keep: str | Iterable = ("attn",), edit: Mapping[str, Callable] | None = None,
-              stop_after: str | None = None, grad: bool = False, rules: Rules | None = None) -> "Trace":
+              stop_after: str | None = None, grad: bool | None = False, rules: Rules | None = None,
+              layout: TokenLayout | None = None, fast: bool = False) -> "Trace":
         """Run the model once and keep the named points.
 
         Args:
@@ -202,9 +216,15 @@ class Lens:
                 repairs); the model is never mutated.
             stop_after: end the forward after this point (a kind with its layer, e.g. ``("resid_post", 5)``, or a
                 name): later points are not computed.
-            grad: keep the autograd graph (the values stay attached; default: no graph, inference mode).
+            grad: keep the autograd graph (the values stay attached; default: no graph, inference mode); None: run in
+                the caller's autograd context as it is (an explainer's ``no_grad`` reference, its ``enable_grad``
+                backward).
             rules: how norms, activations and attention products are computed (relevance propagation); default the
                 model's own.
+            layout: the token layout the forward runs when an ``edit=`` adds a token (a test-time register: one more
+                prefix token); default the input's own (:meth:`layout_for`).
+            fast: allow the family's fused forward where nothing inside the blocks is kept or edited (scoring
+                perturbed copies: :class:`vitviz.adapters.base.Hooks`).
 
         Returns:
             Trace of the kept points, on the model's device.
@@ -215,7 +235,7 @@ class Lens:
         inputs = self.as_input(x)
         stop = None if stop_after is None else self._names([stop_after])[0]
         trace = trace_model(self.model, inputs, keep=self._names(keep), edit=edit, stop_after=stop, grad=grad,
-                            rules=rules, layout=self.layout_for(inputs), adapter=self.adapter)
+                            rules=rules, layout=layout or self.layout_for(inputs), adapter=self.adapter, fast=fast)
         trace.lens = self
         return trace
 

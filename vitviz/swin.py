@@ -7,7 +7,7 @@ halves the grid, so a token of stage s stands for ``patch_size * 2**s`` pixels o
 CLS token and no (N, N) attention over the whole image: the ViT views built on that do not apply, and
 this module gives their window analogues. The forward itself is the family's adapter's
 (:mod:`vitviz.adapters.timm_swin`, ``hf_swin``, ``hf_swinv2``), run with the named points of
-:mod:`vitviz.adapters.base` and read as a :class:`vitviz.trace.Trace` (:func:`vitviz.trace.trace_for_analysis`: ``attn``
+:mod:`vitviz.adapters.base` and read as a :class:`vitviz.trace.Trace` (:func:`vitviz.analyses.per_image.analysis_trace`: ``attn``
 per block, (B, nW, H, T, T), and ``trace.geometry``); the windows' geometry is
 :class:`vitviz.adapters.windows.WindowGeometry`.
 """

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from ..adapters import adapter_for, point_name
-from ..trace import trace_model
 from ..errors import OptionError
+from ..lens import Lens
 from ..types import to_model_input
 
 
@@ -34,7 +34,7 @@ def block_output(model, images: torch.Tensor, layer: int) -> torch.Tensor:
     """
     _check_layer(model, layer)
     name = point_name("resid_post", layer)
-    return trace_model(model, to_model_input(model, images), keep=(name,), stop_after=name, grad=None)[name]
+    return Lens.around(model).trace(to_model_input(model, images), keep=(name,), stop_after=name, grad=None)[name]
 
 
 @torch.inference_mode()
@@ -42,7 +42,7 @@ def block_input(model, images: torch.Tensor, layer: int) -> torch.Tensor:
     """The tokens entering block ``layer`` (0-based): (B, 3, H, W) -> (B, N, D)."""
     _check_layer(model, layer)
     name = point_name("resid_pre", layer)
-    return trace_model(model, to_model_input(model, images), keep=(name,), stop_after=name, grad=None)[name]
+    return Lens.around(model).trace(to_model_input(model, images), keep=(name,), stop_after=name, grad=None)[name]
 
 
 @dataclass

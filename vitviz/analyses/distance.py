@@ -101,11 +101,11 @@ def stream_mean_attention_distance(model, batches: Iterable[torch.Tensor], layou
         layout: the token layout for that input size.
         progress: called with the number of images done after each batch.
     """
-    from ..trace import trace_model
+    from ..lens import Lens
     from ..types import to_model_input
 
     d = torch.as_tensor(patch_distances(layout))
-    per_image, done = [], 0
+    per_image, done, lens = [], 0, Lens.around(model)
     for x in batches:
         x = to_model_input(model, x)
         layers = []
@@ -114,7 +114,7 @@ def stream_mean_attention_distance(model, batches: Iterable[torch.Tensor], layou
             layers.append(layer_attention_distance(probs, layout, d))
             return probs
 
-        trace_model(model, x, edit={"blocks.*.attn": reduce})
+        lens.trace(x, keep=[], edit={"blocks.*.attn": reduce})
         per_image.append(np.stack(layers, axis=1))
         done += x.shape[0]
         if progress:

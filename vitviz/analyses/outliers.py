@@ -17,11 +17,11 @@ from typing import Iterable
 import numpy as np
 import torch
 
-from ..adapters import adapter_for, compose_edits, point_name
+from ..adapters import compose_edits, point_name
 from ..errors import OptionError, ViewNotApplicable
 from ..layout import TokenLayout
+from ..lens import Lens
 from ..tensors import to_host
-from ..trace import trace_model
 from .tokens import ARTIFACT_FACTOR
 
 OUTLIER_FACTOR = ARTIFACT_FACTOR
@@ -50,8 +50,9 @@ def token_norms(model, x: torch.Tensor, edit=None) -> torch.Tensor:
         norms[point.layer] = value.float().norm(dim=-1)
         return value
 
-    trace_model(model, x, edit=compose_edits(edit, {"blocks.*.resid_post": keep}),
-                stop_after=point_name("resid_post", adapter_for(model).num_layers(model) - 1), grad=None)
+    lens = Lens.around(model)
+    lens.trace(x, keep=[], edit=compose_edits(edit, {"blocks.*.resid_post": keep}),
+               stop_after=point_name("resid_post", lens.num_layers - 1), grad=None)
     return torch.stack([norms[i] for i in range(len(norms))], dim=1)
 
 
@@ -186,7 +187,7 @@ class Search:
 def _check_hidden_point(model, x: torch.Tensor) -> None:
     """A sentence when the family's MLP has no ``mlp_hidden`` point (its class is not spelled out)."""
     name = point_name("mlp_hidden", 0)
-    if name not in trace_model(model, x[:1], keep=(name,), stop_after=point_name("resid_post", 0), grad=None):
+    if name not in Lens.around(model).trace(x[:1], keep=(name,), stop_after=point_name("resid_post", 0), grad=None):
         raise ViewNotApplicable(f"{type(model).__name__}'s MLP is run as its own module here: its hidden units "
                                 "cannot be read, so there are no register neurons to search.")
 
@@ -208,7 +209,8 @@ def search_register_neurons(model, batches: Iterable[torch.Tensor], layout: Toke
         detect_layer: the layer (0-based; -1 the last, Jiang et al.'s default) whose outliers are the positions.
         top: keep the best ``top`` units (None: every unit of the searched layers).
     """
-    depth = adapter_for(model).num_layers(model)
+    lens = Lens.around(model)
+    depth = lens.num_layers
     detect = detect_layer % depth
     all_norms, all_scores = [], []
     for x in batches:
@@ -226,8 +228,8 @@ def search_register_neurons(model, batches: Iterable[torch.Tensor], layout: Toke
             return value
 
         with torch.inference_mode():
-            trace_model(model, x, edit={"blocks.*.mlp_hidden": keep_hidden, "blocks.*.resid_post": keep_norm},
-                        stop_after=point_name("resid_post", depth - 1), grad=None)
+            lens.trace(x, keep=[], edit={"blocks.*.mlp_hidden": keep_hidden, "blocks.*.resid_post": keep_norm},
+                       stop_after=point_name("resid_post", depth - 1), grad=None)
             n = torch.stack([norms[i] for i in range(depth)], dim=1)  # (b, L, N)
             patch = n[:, detect, layout.patch_slice]
             mask = patch > factor * patch.quantile(0.5, dim=-1, keepdim=True)  # (b, P), numpy's median

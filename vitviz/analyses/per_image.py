@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
+import torch
 from PIL import Image
 
 from .distance import mean_attention_distance
@@ -20,10 +21,11 @@ from .maps import cls_focus, head_entropy
 from .tokens import AttentionSinks, artifact_tokens, attention_sinks
 from ..layout import TokenLayout
 from ..tensors import to_host
-from ..trace import Trace, trace_for_analysis
+from ..trace import Trace, analysis_points
 from ..types import ModelInput
 
-__all__ = ["Analysed", "ImageAnalyses", "analyse", "analyse_images"]
+__all__ = ["Analysed", "GlobalFindings", "ImageAnalyses", "WindowFindings", "analyse", "analyse_images",
+           "analysis_trace"]
 
 
 @dataclass
@@ -47,7 +49,7 @@ class Analysed(_OfTrace):
     """A batch's trace and, per image of the batch, what its analyses found.
 
     Attributes:
-        trace: the batch's :func:`vitviz.trace.trace_for_analysis` trace, where the model ran.
+        trace: the batch's :func:`analysis_trace`, where the model ran.
         artifacts: global attention: per image the high-norm token indices of the last layer (>10x the median);
             empty for window attention.
         sinks: global attention: per image the tokens receiving a disproportionate share of attention, per layer;
@@ -68,29 +70,77 @@ class Analysed(_OfTrace):
         """Image ``i`` alone, on the host: the trace sliced (:meth:`vitviz.trace.Trace.image`) and its findings."""
         one = self.trace.image(i).to("cpu")
         if self.trace.geometry is not None:
-            return ImageAnalyses(one, window_distance=[d[i] for d in self.window_distance],
-                                 uniform_distance=self.uniform_distance)
-        return ImageAnalyses(one, artifacts=self.artifacts[i], sinks=self.sinks[i], distance=self.distance[i])
+            return ImageAnalyses(one, WindowFindings([d[i] for d in self.window_distance], self.uniform_distance))
+        return ImageAnalyses(one, GlobalFindings(self.artifacts[i], self.sinks[i], self.distance[i]))
+
+
+@dataclass(frozen=True)
+class GlobalFindings:
+    """What global attention (every token attends to every token) shows of one image.
+
+    Attributes:
+        artifacts: the high-norm token indices of the last layer (>10x the median norm).
+        sinks: the tokens receiving a disproportionate share of attention, per layer.
+        distance: (L, H) mean attention distance in pixels.
+    """
+
+    artifacts: np.ndarray
+    sinks: AttentionSinks
+    distance: np.ndarray
+
+
+@dataclass(frozen=True)
+class WindowFindings:
+    """What window attention (Swin: attention inside local windows) shows of one image.
+
+    Attributes:
+        window_distance: per block (H,) mean attention distance within windows in pixels.
+        uniform_distance: (blocks,) the distance of uniform attention over each query's window, in pixels.
+    """
+
+    window_distance: list[np.ndarray]
+    uniform_distance: np.ndarray
 
 
 @dataclass
 class ImageAnalyses(_OfTrace):
     """One image's trace (on the host, no batch axis) and what its analyses found: what the app's pages draw from.
 
+    Which findings there are depends on the attention's scope, and :attr:`findings`' type says it. The attributes
+    named after each finding read it from there, None (empty for ``window_distance``) where the scope has no such
+    finding.
+
     Attributes:
         trace: one image's trace (:meth:`vitviz.trace.Trace.image`).
-        artifacts: global attention: the high-norm token indices of the last layer; None for window attention.
-        sinks: global attention: the attention sinks per layer; None for window attention.
-        distance: global attention: (L, H) mean attention distance in pixels; None for window attention.
-        window_distance: window attention: per block (H,) mean distance within windows; empty for global.
-        uniform_distance: window attention: (blocks,) uniform attention's distance; None for global.
+        findings: :class:`GlobalFindings` (global attention) or :class:`WindowFindings` (window attention).
     """
 
-    artifacts: np.ndarray | None = None
-    sinks: AttentionSinks | None = None
-    distance: np.ndarray | None = None
-    window_distance: list[np.ndarray] = field(default_factory=list)
-    uniform_distance: np.ndarray | None = None
+    findings: GlobalFindings | WindowFindings
+
+    @property
+    def artifacts(self) -> np.ndarray | None:
+        """Global attention: :attr:`GlobalFindings.artifacts`; None for window attention."""
+        return getattr(self.findings, "artifacts", None)
+
+    @property
+    def sinks(self) -> AttentionSinks | None:
+        """Global attention: :attr:`GlobalFindings.sinks`; None for window attention."""
+        return getattr(self.findings, "sinks", None)
+
+    @property
+    def distance(self) -> np.ndarray | None:
+        """Global attention: (L, H) :attr:`GlobalFindings.distance`; None for window attention."""
+        return getattr(self.findings, "distance", None)
+
+    @property
+    def window_distance(self) -> list[np.ndarray]:
+        """Window attention: :attr:`WindowFindings.window_distance`; empty for global attention."""
+        return getattr(self.findings, "window_distance", [])
+
+    @property
+    def uniform_distance(self) -> np.ndarray | None:
+        """Window attention: :attr:`WindowFindings.uniform_distance`; None for global attention."""
+        return getattr(self.findings, "uniform_distance", None)
 
     @property
     def model_input(self) -> Image.Image:
@@ -151,12 +201,35 @@ def analyse(trace: Trace) -> Analysed:
                     distance=mean_attention_distance(attention, layout))
 
 
+def analysis_trace(lens, x: torch.Tensor | ModelInput, edit=None, layout: TokenLayout | None = None) -> Trace:
+    """One forward of ``x`` through ``lens`` (:meth:`vitviz.Lens.trace`) keeping what :func:`analyse` reads
+    (:func:`vitviz.trace.analysis_points`).
+
+    Args:
+        lens: a :class:`vitviz.Lens`.
+        x: (B, 3, H, W) normalised model input, or the :class:`ModelInput` of :meth:`vitviz.Lens.preprocess`.
+        edit: the adapters' ``edit=`` run in the same forward (a repair, :mod:`vitviz.analyses.registers`).
+        layout: the token layout the edited forward runs (an extra token: one more prefix token); default the input's.
+
+    Returns:
+        Trace on the model's device. Global attention: ``attn`` of every layer in one (B, L, H, N, N) float32 stack,
+        the token norms ``resid_post.norm`` (B, N) per layer, ``final_norm`` (B, N, D) and ``logits`` (B, C) for a
+        model with a head. Window attention (Swin): ``attn`` per block (B, nW, H, T, T), ``final_norm``
+        (B, gh, gw, D), ``logits``, and ``trace.geometry``.
+    """
+    return lens.trace(x, keep=analysis_points(lens.model, lens.adapter), edit=edit, layout=layout)
+
+
 def analyse_images(loaded, images: list[Image.Image], edit=None, layout: TokenLayout | None = None) -> Analysed:
     """``images`` prepared with the model's own rules (:func:`vitviz.sources.preprocess.preprocess`), traced once
-    (:func:`vitviz.trace.trace_for_analysis`, one batch) and analysed (:func:`analyse`).
+    (:func:`analysis_trace`, one batch) and analysed (:func:`analyse`).
 
-    ``edit``, ``layout``: a repair run in the same forward (global attention only) and the token layout it makes
-    (:mod:`vitviz.analyses.registers`); default the model as it is."""
+    Args:
+        loaded: a :class:`vitviz.sources.models.LoadedModel`.
+        edit, layout: a repair run in the same forward (global attention only) and the token layout it makes
+            (:mod:`vitviz.analyses.registers`); default the model as it is.
+    """
+    from ..lens import Lens
     from ..sources.preprocess import preprocess
 
-    return analyse(trace_for_analysis(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout))
+    return analyse(analysis_trace(Lens(loaded), preprocess(images, loaded.data_config), edit=edit, layout=layout))

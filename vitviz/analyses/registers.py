@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from ..adapters import adapter_for, compose_edits, point_name  # noqa: F401  (compose_edits: re-exported)
-from ..trace import trace_model
 from ..errors import FileContentError, OptionError
 from ..layout import TokenLayout
+from ..lens import Lens
 from ..tensors import to_host
 from .outliers import (EMERGENCE_SHARE, OUTLIER_FACTOR, SEARCH_RULE, Outliers, RegisterNeuron, Search,  # noqa: F401
                        find_outliers, outlier_rule, search_register_neurons, token_norms)
@@ -125,7 +125,7 @@ def check_register(model, register: TestTimeRegister, layout: TokenLayout) -> No
     (gh, gw), (ph, pw) = layout.grid_size, layout.patch_size
     with torch.inference_mode():
         blank = torch.zeros(1, 3, gh * ph, gw * pw, device=param.device, dtype=param.dtype)
-        out = trace_model(model, blank, keep=names, stop_after=names[-1], grad=None)
+        out = Lens.around(model).trace(blank, keep=names, stop_after=names[-1], grad=None)
     for layer, index in register.neurons:
         name = point_name("mlp_hidden", layer)
         if name not in out:
@@ -290,9 +290,9 @@ def output_change(before: dict, after: dict) -> OutputChange:
 @torch.inference_mode()
 def compare_outputs(model, x: torch.Tensor, edit: dict) -> OutputChange:
     """One forward as the model is and one with ``edit``: their :class:`OutputChange`."""
-    keep = ("pooled", "logits") if adapter_for(model).num_classes(model) > 0 else ("pooled",)
-    return output_change(trace_model(model, x, keep=keep, grad=None),
-                         trace_model(model, x, keep=keep, edit=edit, grad=None))
+    lens = Lens.around(model)
+    keep = ("pooled", "logits") if lens.has_head else ("pooled",)
+    return output_change(lens.trace(x, keep=keep, grad=None), lens.trace(x, keep=keep, edit=edit, grad=None))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,11 +335,11 @@ def _readout_maps(attention: np.ndarray, layout: TokenLayout) -> tuple[np.ndarra
 def repair_maps(model, x: torch.Tensor, layout: TokenLayout, edit: dict, after_layout: TokenLayout | None = None) -> RepairMaps:
     """Capture one image (x: (1, 3, H, W)) as the model is and with ``edit`` (a repair whose runs have
     ``after_layout``, default ``layout``): last-layer heads, rollout, norms and the output change."""
-    from ..trace import trace_for_analysis
+    from .per_image import analysis_trace
 
-    after_layout = after_layout or layout
-    before = trace_for_analysis(model, x, layout=layout)
-    after = trace_for_analysis(model, x, edit=edit, layout=after_layout)
+    lens, after_layout = Lens.around(model), after_layout or layout
+    before = analysis_trace(lens, x, layout=layout)
+    after = analysis_trace(lens, x, edit=edit, layout=after_layout)
     a0, a1 = to_host(before.stack("attn")[0]), to_host(after.stack("attn")[0])
     h0, r0 = _readout_maps(a0, layout)
     h1, r1 = _readout_maps(a1, after_layout)
@@ -355,6 +355,6 @@ def neuron_maps(model, x: torch.Tensor, layout: TokenLayout, neurons: list[Regis
     if not neurons:
         return np.zeros((0, *layout.grid_size))
     names = [point_name("mlp_hidden", layer) for layer in sorted({n.layer for n in neurons})]
-    out = trace_model(model, x, keep=names, stop_after=names[-1], grad=None)
+    out = Lens.around(model).trace(x, keep=names, stop_after=names[-1], grad=None)
     return np.stack([layout.to_grid(to_host(out[point_name("mlp_hidden", n.layer)][0, layout.patch_slice, n.index]))
                      for n in neurons])

@@ -308,9 +308,9 @@ def class_gradient_rollout(model, images, layout: TokenLayout, target: int | Non
 def _attention_and_logits(model, x: torch.Tensor, edit=None) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The attention of every layer [(B, H, N, N)] and the logits (B, C) of one forward, in one graph (gradients of
     the logits reach each layer's attention); ``edit``: the adapters' ``edit=`` (a repair)."""
-    from ..trace import trace_model
+    from ..lens import Lens
 
-    trace = trace_model(model, x, ("blocks.*.attn", "logits"), edit=edit, grad=True)
+    trace = Lens.around(model).trace(x, ("blocks.*.attn", "logits"), edit=edit, grad=True)
     return trace.each("attn"), trace.logits
 
 

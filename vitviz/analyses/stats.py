@@ -36,9 +36,10 @@ import pandas as pd
 import torch
 from PIL import Image
 
-from ..trace import trace_for_analysis
+from ..lens import Lens
 from ..trace import Trace
 from .batched import Reductions, batch_sinks, reduce_attention
+from .per_image import analysis_trace
 from ..sources.preprocess import preprocess
 from ..layout import TokenLayout
 from ..tensors import to_host
@@ -119,7 +120,7 @@ def batch_tables(loaded, inputs: torch.Tensor, names: list[str], model: str) -> 
         names: the b image names.
         model: the model string written in the ``model`` column.
     """
-    return capture_tables(trace_for_analysis(loaded.model, inputs), names, model)
+    return capture_tables(analysis_trace(Lens(loaded), inputs), names, model)
 
 
 def capture_tables(out: Trace, names: list[str], model: str) -> StatsTables:

@@ -131,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.out)  # before any model work: a wrong --out costs nothing
     report_formats = _report_formats(args)
 
-    from ..runs.analysis import AnalysisSettings
     from ..settings import Settings
     from ..sources.budget import admit, admit_fitted
     from ..sources.models import load_model
@@ -154,38 +153,25 @@ def run(args: argparse.Namespace) -> int:
     admit_fitted(loaded, limits, batch=batch)  # a checkpoint's own resolution and tokens, known once it is read
     batches = itertools.chain([first], batches)
     progress = Progress(len(args.images))
-    if loaded.attention_scope == "window":
-        from ..runs.analyze import write_window_analysis
+    window = loaded.attention_scope == "window"
+    if window:
+        from ..runs.analyze import write_window_analysis as write
 
-        settings = _window_settings(args, loaded, attribution)
-        try:
-            written = write_window_analysis(args.out, loaded, batches, settings, keep_attention=not args.no_attention,
-                                            skipped=_Skipped(problems), progress=progress.update)
-        finally:
-            progress.close()
-        print(f"analysed {len(written.images)} image(s) with {loaded.label} on {loaded.device} (window attention); "
-              f"wrote {args.out}/analysis.npz")
-        return 0
-    from ..runs.analyze import write_analysis
+        settings, extra = _window_settings(args, loaded, attribution), {}
+    else:
+        from ..runs.analyze import write_analysis as write
 
-    edit, layout, register_info = _register(args, loaded)
-    settings = AnalysisSettings(fusion=args.fusion, discard=args.discard, start_layer=args.start_layer - 1,
-                                end_layer=args.end_layer, exclude_artifacts=args.exclude_artifacts,
-                                exclude_sinks=args.exclude_sinks, faithfulness=args.faithfulness,
-                                faithfulness_steps=args.faithfulness_steps, flow=args.flow,
-                                target_class=args.target_class, batch_size=args.batch_size,
-                                clusters=args.clusters,
-                                cluster_layer=None if args.cluster_layer is None else args.cluster_layer - 1,
-                                attribution=attribution)
+        edit, layout, register_info = _register(args, loaded)
+        settings = _settings(args, attribution)
+        extra = {"report": args.report, "report_formats": report_formats, "edit": edit, "layout": layout,
+                 "register_info": register_info}
     try:
-        written = write_analysis(args.out, loaded, batches, settings, keep_attention=not args.no_attention,
-                                 report=args.report, report_formats=report_formats, edit=edit, layout=layout,
-                                 register_info=register_info,
-                                 skipped=_Skipped(problems), progress=progress.update)
+        written = write(args.out, loaded, batches, settings, keep_attention=not args.no_attention,
+                        skipped=_Skipped(problems), progress=progress.update, **extra)
     finally:
         progress.close()
-    print(f"analysed {len(written.images)} image(s) with {loaded.label} on {loaded.device}; "
-          f"wrote {args.out}/analysis.npz")
+    print(f"analysed {len(written.images)} image(s) with {loaded.label} on {loaded.device}"
+          f"{' (window attention)' if window else ''}; wrote {args.out}/analysis.npz")
     return 0
 
 
@@ -215,6 +201,19 @@ def _register(args: argparse.Namespace, loaded):
     info = register.to_dict() | {"file": str(args.registers), "threshold": data.get("threshold"),
                                  "emergence_layer": data.get("emergence_layer")}
     return register.edit(loaded.layout), register.layout(loaded.layout), info
+
+
+def _settings(args: argparse.Namespace, attribution: tuple[str, ...]):
+    """The analyses' settings from the command's options (global attention)."""
+    from ..runs.analysis import AnalysisSettings
+
+    return AnalysisSettings(fusion=args.fusion, discard=args.discard, start_layer=args.start_layer - 1,
+                            end_layer=args.end_layer, exclude_artifacts=args.exclude_artifacts,
+                            exclude_sinks=args.exclude_sinks, faithfulness=args.faithfulness,
+                            faithfulness_steps=args.faithfulness_steps, flow=args.flow,
+                            target_class=args.target_class, batch_size=args.batch_size, clusters=args.clusters,
+                            cluster_layer=None if args.cluster_layer is None else args.cluster_layer - 1,
+                            attribution=attribution)
 
 
 def _window_settings(args: argparse.Namespace, loaded, attribution: tuple[str, ...]):

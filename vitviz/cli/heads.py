@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 from ..errors import VitvizError
-from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, check_batch_size,
-                      decode, engine_of, expand, open_lens, skipped_records, versions)
+from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, batch_inputs,
+                      decode, expand, open_lens, skipped_records, versions)
 
 QK_POINTS, QK_CORRELATIONS, EFFECTS, SETTINGS = "qk.parquet", "correlations.json", "effects.parquet", "settings.json"
 
@@ -78,13 +78,9 @@ def _write(out: Path, table, name: str, settings: dict, extra: dict[str, bytes] 
 
 def run_qk(args: argparse.Namespace) -> int:
     from ..heads import qk
-    from ..io.output import check_writable
     from ..runs.engines import run_batches
 
-    check_batch_size(args)
-    engine = engine_of(args)
-    check_writable(args.out)
-    files, problems = expand(args)
+    engine, files, problems = batch_inputs(args)
     if not files:
         raise VitvizError("no image could be read from the inputs given.")
     lens = open_lens(args)

@@ -223,6 +223,21 @@ def expand(args: argparse.Namespace) -> tuple[list, list]:
     return files, problems
 
 
+def batch_inputs(args: argparse.Namespace) -> tuple[object, list, list]:
+    """What a command that runs batches on the engine checks before it loads a model, in the order a user's mistakes
+    are reported (--batch-size, the engine's options, --out writable), then INPUT... expanded (:func:`expand`).
+
+    Returns:
+        (the checked :class:`vitviz.runs.engines.Engine`, the image files, the inputs skipped).
+    """
+    from ..io.output import check_writable
+
+    check_batch_size(args)
+    engine = engine_of(args)
+    check_writable(args.out)
+    return (engine, *expand(args))
+
+
 def no_image() -> int:
     print("error: no image could be analysed.", file=sys.stderr)
     return EXIT_NO_IMAGE

@@ -8,8 +8,8 @@ import json
 import sys
 
 from ..errors import ImageError, VitvizError
-from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, check_batch_size,
-                      decode, engine_of, expand, no_image, open_lens, skipped_records, versions)
+from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, batch_inputs, decode,
+                      no_image, open_lens, skipped_records, versions)
 
 READOUT, LOGIT_LENS, HEAD_MAPS, TUNED, SETTINGS = ("readout.parquet", "logit_lens.parquet", "head_patches.npz",
                                                    "tuned_lens.parquet", "settings.json")
@@ -115,14 +115,10 @@ def run(args: argparse.Namespace) -> int:
 
     from .. import residual
     from ..io.atomic import atomic_write_bytes
-    from ..io.output import check_writable
     from ..runs.engines import run_batches
     from ..runs.readout_run import ReadoutWork
 
-    check_batch_size(args)
-    engine = engine_of(args)
-    check_writable(args.out)
-    files, problems = expand(args)
+    engine, files, problems = batch_inputs(args)
     if not files:
         return no_image()
     lens = open_lens(args)

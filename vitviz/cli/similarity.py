@@ -65,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     """CKA over the images on the engine; each finished minibatch is durable, the two result files written whole."""
     from ..analyses.similarity import MinibatchCKA
     from ..runs.engines import run_batches
-    from ..runs.similarity_run import MIN_BATCH, CKASums, CKAWork, SidesSpec, minibatch_sizes, result_of
+    from ..runs.similarity_run import MIN_BATCH, minibatch_sizes, result_of
+    from ..runs.similarity_work import CKASums, CKAWork, SidesSpec
 
     models, checkpoints = _models(args, MIN_BATCH)
     engine = engine_of(args)

@@ -8,6 +8,7 @@ parameterised tests then run it (``tests/test_explainers.py``).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 
@@ -23,7 +24,6 @@ from ..layout import TokenLayout
 METHOD_MODULES = ("attnlrp", "cp_lrp", "gradient", "integrated_gradients", "legrad", "gradcam", "occlusion",
                   "rollout", "attention_flow", "gradient_rollout", "last_layer_mean", "random_map")
 _METHODS: dict[str, "MapMethod"] = {}
-_loaded = False
 
 # What a method can need, in words a user reads (the sentence refusing it names the missing one).
 NEEDS = {
@@ -146,12 +146,11 @@ def register_method(cls: type[MapMethod]) -> type[MapMethod]:
     return cls
 
 
+@functools.cache
 def _load_all() -> None:
-    global _loaded
-    if not _loaded:
-        for module in METHOD_MODULES:
-            importlib.import_module(f"{__package__}.{module}")
-        _loaded = True
+    """Import every method module once: each registers its method as it is imported."""
+    for module in METHOD_MODULES:
+        importlib.import_module(f"{__package__}.{module}")
 
 
 def registered() -> dict[str, MapMethod]:
@@ -310,12 +309,11 @@ def attention_of(lens, x: torch.Tensor, trace=None) -> np.ndarray:
 def bound_target(lens, x: torch.Tensor, target: Target | None):
     """``target`` (default: top-1 logit, or the pooled vector's projection) bound on the unperturbed batch ``x``,
     with its value (B,) float64 — from the adapters' fused forward (``fast``), as perturbed copies are scored."""
-    from ..trace import trace_model
     from .targets import default_target
 
     target = target or default_target(lens.model)
     with torch.no_grad():  # not inference mode: gradient methods use the bound reference in their graph
-        points = trace_model(lens.model, x, keep=(target.point,), fast=True, grad=None)
+        points = lens.trace(x, keep=(target.point,), fast=True, grad=None)
         bound = target.bind(points)
         return bound, bound(points).double().cpu().numpy()
 

@@ -12,7 +12,7 @@ from .base import (AttributionMethod, Map, block_of, check_attribution, register
 from .targets import Target, default_target
 from ..adapters import adapter_for, point_name
 from ..errors import MethodError
-from ..trace import trace_model
+from ..lens import Lens
 
 
 @register_method
@@ -56,7 +56,7 @@ def gradcam(model, x: torch.Tensor, target: Target | None = None, layer: int = -
     layout = adapter.layout(model, tuple(x.shape[-2:]))
     name = point_name("ln1", layer)
     with torch.enable_grad():
-        points = trace_model(model, x, keep=(name, target.point), grad=None)
+        points = Lens.around(model).trace(x, keep=(name, target.point), grad=None)
         if name not in points:
             raise MethodError(f"Grad-CAM reads a block's ln1 activations, which {adapter.label(model)} models do not "
                               "show yet.")

@@ -8,7 +8,6 @@ quadrature error, which :attr:`Map.settings` reports (``convergence_delta``).
 import numpy as np
 import torch
 
-from ..trace import trace_model
 from .base import Map, MapMethod, bound_target, patch_sums, register_method, repeat_target, why_not_attribution
 
 
@@ -34,7 +33,7 @@ class IntegratedGradients(MapMethod):
         pixels, deltas = [], []
         for i in range(len(x)):
             def score(z, i=i):
-                return repeat_target(bound, i, len(z))(trace_model(lens.model, z, keep=(bound.point,), grad=None))
+                return repeat_target(bound, i, len(z))(lens.trace(z, keep=(bound.point,), grad=None))
 
             with torch.enable_grad():
                 attr, delta = CaptumIG(score).attribute(x[i:i + 1], baselines=torch.zeros_like(x[i:i + 1]),

@@ -17,7 +17,7 @@ from .targets import Target, default_target
 from ..adapters import Hooks, adapter_for, point_name
 from ..errors import MethodError
 from ..layout import TokenLayout
-from ..trace import trace_model
+from ..lens import Lens
 
 
 @register_method
@@ -66,7 +66,7 @@ def legrad(model, x: torch.Tensor, target: Target | None = None, layers: range |
         return _legrad_windows(model, x, target, layers, layout)
     keep = [point_name(k, i) for i in layers for k in ("attn", "resid_post")] + [target.point]
     with torch.enable_grad():
-        points = trace_model(model, x, keep=keep, grad=None)
+        points = Lens.around(model).trace(x, keep=keep, grad=None)
         bound = target.bind(points)
         total = 0
         for i in layers:
@@ -112,7 +112,7 @@ def _legrad_windows(model, x: torch.Tensor, target: Target, layers, layout: Toke
     geometry = adapter.geometry(model, tuple(x.shape[-2:]))
     names = [point_name("attn", i) for i in layers]
     with torch.enable_grad():
-        points = trace_model(model, x, keep=names + [target.point], grad=None)
+        points = Lens.around(model).trace(x, keep=names + [target.point], grad=None)
         bound = target.bind(points)
         score = bound(points)
         grads = torch.autograd.grad(score.sum(), [points[n] for n in names])

@@ -8,7 +8,6 @@ default 1-patch window and stride 1 that is exactly its own drop (one forward pe
 import numpy as np
 import torch
 
-from ..trace import trace_model
 from ..perturbation.curves import pixel_masks
 from ..perturbation.protocols import REPLACEMENTS, replacement_of
 from .base import Map, MapMethod, MethodError, bound_target, register_method, repeat_target
@@ -49,7 +48,7 @@ class Occlusion(MapMethod):
                 for s in range(0, len(tops), batch_size):
                     inputs = torch.where(masks[s:s + batch_size], base[None], x[i][None])
                     scorer = repeat_target(bound, i, len(inputs))
-                    score = scorer(trace_model(lens.model, inputs, keep=(bound.point,), fast=True, grad=None))
+                    score = scorer(lens.trace(inputs, keep=(bound.point,), fast=True, grad=None))
                     drops.append(values[i] - score.double().cpu().numpy())
                 drops = np.concatenate(drops)
                 maps[i] = (drops[:, None, None] * grids).sum(0) / cover

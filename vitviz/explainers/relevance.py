@@ -14,7 +14,7 @@ from .base import Map, check_attribution, get_method, patch_sums, to_model
 from .targets import Target, default_target
 from ..adapters import adapter_for
 from ..errors import MethodError
-from ..trace import trace_model
+from ..lens import Lens
 
 
 def relevance(model, x: torch.Tensor, method: str = "attnlrp", target: Target | None = None) -> Map:
@@ -34,7 +34,7 @@ def relevance(model, x: torch.Tensor, method: str = "attnlrp", target: Target | 
     adapter = adapter_for(model)
     x = to_model(model, x).requires_grad_(True)
     with torch.enable_grad():
-        points = trace_model(model, x, keep=(target.point,), rules=rules, grad=None)
+        points = Lens.around(model).trace(x, keep=(target.point,), rules=rules, grad=None)
         bound = target.bind(points)
         score = bound(points)
         (grad,) = torch.autograd.grad(score.sum(), x)

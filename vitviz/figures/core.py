@@ -236,6 +236,31 @@ def bars(values: np.ndarray, title: str, x_title: str, y_title: str, labels=None
     return fig
 
 
+def clickable_cells(fig: go.Figure, shape: tuple[int, int], hover, size: int,
+                    selected: tuple[int, int] | None = None, marks: np.ndarray | None = None) -> None:
+    """Give a heatmap of R x C cells on 1-based axes one transparent square marker per cell, which carries the hover
+    and the clicks (Plotly heatmaps send no clicks to Streamlit): its ``customdata`` is [row, column], 0-based.
+
+    Args:
+        shape: (R, C).
+        hover: (R, C) or R * C texts, row by row.
+        size: the markers' side in pixels (about a cell's).
+        selected: (row, column), 0-based: outlined in green.
+        marks: (R, C) a short white text drawn on each cell (``""``: none), e.g. ▲ where a value is clipped.
+    """
+    rows, cols = np.meshgrid(np.arange(shape[0]), np.arange(shape[1]), indexing="ij")
+    text = {} if marks is None else {"text": np.asarray(marks).ravel(), "textfont": dict(color="white", size=11)}
+    fig.add_trace(go.Scatter(
+        x=cols.ravel() + 1, y=rows.ravel() + 1, mode="markers" if marks is None else "markers+text", showlegend=False,
+        hovertext=np.asarray(hover, dtype=object).ravel(), hoverinfo="text",
+        marker=dict(size=size, color="rgba(0, 0, 0, 0)", symbol="square"),
+        customdata=np.stack([rows.ravel(), cols.ravel()], 1), **text))
+    if selected is not None:
+        r, c = selected
+        fig.add_shape(type="rect", x0=c + 0.5, x1=c + 1.5, y0=r + 0.5, y1=r + 1.5,
+                      line=dict(color="rgb(0, 200, 83)", width=3))
+
+
 def similarity_grid(similarity: np.ndarray, selected: tuple[int, int] | None = None, *, height: int = 660,
                     image_px: int = 1400) -> go.Figure:
     """ViT paper Fig. 7 centre: every position's cosine-similarity map as a small tile, with gaps.

@@ -10,6 +10,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .colour import DIVERGING, reference_stops
+from .core import clickable_cells
 
 SEQUENTIAL = "Viridis"
 
@@ -51,17 +52,8 @@ def contribution_heatmap(heads: np.ndarray, colour_bar: str, selected: tuple[int
         z=heads, x=np.arange(1, H + 1), y=np.arange(1, L + 1), zmin=-limit, zmax=limit,
         colorscale=reference_stops(DIVERGING), text=hover, hoverinfo="text",
         colorbar=dict(title=dict(text=colour_bar, side="right"), thickness=14)))
-    ls, hs = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
     marks = np.where(heads > limit, "▲", np.where(heads < -limit, "▼", ""))
-    fig.add_trace(go.Scatter(
-        x=hs.ravel() + 1, y=ls.ravel() + 1, mode="markers+text", showlegend=False, text=marks.ravel(),
-        textfont=dict(color="white", size=11), hovertext=np.asarray(hover, dtype=object).ravel(), hoverinfo="text",
-        marker=dict(size=max(8, min(28, 360 // max(L, H))), color="rgba(0, 0, 0, 0)", symbol="square"),
-        customdata=np.stack([ls.ravel(), hs.ravel()], 1)))
-    if selected is not None:
-        l, h = selected
-        fig.add_shape(type="rect", x0=h + 0.5, x1=h + 1.5, y0=l + 0.5, y1=l + 1.5,
-                      line=dict(color="rgb(0, 200, 83)", width=3))
+    clickable_cells(fig, (L, H), hover, max(8, min(28, 360 // max(L, H))), selected, marks)
     fig.update_layout(height=height, margin=dict(l=50, r=10, t=30, b=40), plot_bgcolor="white",
                       paper_bgcolor="white", font_color="black", clickmode="event+select", dragmode=False,
                       title=dict(text="Direct contribution of each head (click a cell for its patches)", font_size=13))

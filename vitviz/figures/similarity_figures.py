@@ -6,6 +6,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .colour import reference_stops
+from .core import clickable_cells
 
 CMAP = "Inferno"
 
@@ -45,14 +46,7 @@ def cka_heatmap(result, label_a: str = "model A", label_b: str = "model B", *, h
         z=result.cka, x=np.arange(1, lb + 1), y=np.arange(1, la + 1), zmin=0, zmax=1,
         colorscale=reference_stops(CMAP), hoverinfo="skip",
         colorbar=dict(title=dict(text="CKA", side="right"), tickvals=[0, 0.25, 0.5, 0.75, 1])))
-    fig.add_trace(go.Scatter(
-        x=cols.ravel() + 1, y=rows.ravel() + 1, mode="markers", showlegend=False, hovertext=hover, hoverinfo="text",
-        marker=dict(size=max(8, min(30, 400 // max(la, lb))), color="rgba(0, 0, 0, 0)", symbol="square"),
-        customdata=np.stack([rows.ravel(), cols.ravel()], 1)))
-    if selected is not None:
-        i, j = selected
-        fig.add_shape(type="rect", x0=j + 0.5, x1=j + 1.5, y0=i + 0.5, y1=i + 1.5,
-                      line=dict(color="rgb(0, 200, 83)", width=3))
+    clickable_cells(fig, (la, lb), hover, max(8, min(30, 400 // max(la, lb))), selected)
     fig.update_layout(clickmode="event+select", dragmode=False, plot_bgcolor="white", paper_bgcolor="white",
                       font_color="black")
     fig.update_layout(title=f"CKA over {result.images} images: {label_a} (rows) against {label_b} (columns)",

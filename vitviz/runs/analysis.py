@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..trace import trace_for_analysis
+from ..analyses.per_image import analysis_trace
+from ..lens import Lens
 from ..sources.preprocess import preprocess
 from ..trace import Trace
 from ..analyses.batched import (batch_artifacts, batch_gradient_rollout, batch_rollout, batch_sinks,
@@ -130,7 +131,7 @@ def analyze_batch(loaded: LoadedModel, images: list[Image.Image], settings: Anal
     (flow and faithfulness copy one image's at a time). ``edit``, ``layout``: a repair run in the forward
     and the gradient rollout, and the token layout it makes (:mod:`vitviz.analyses.registers`).
     """
-    trace = trace_for_analysis(loaded.model, preprocess(images, loaded.data_config), edit=edit, layout=layout)
+    trace = analysis_trace(Lens(loaded), preprocess(images, loaded.data_config), edit=edit, layout=layout)
     return analyze_trace(loaded, trace, settings, keep_attention, edit)
 
 
@@ -216,7 +217,6 @@ def attribution_arrays(loaded: LoadedModel, inputs: torch.Tensor, settings: Anal
     method read a coarser grid (Grad-CAM on a later Swin stage) ``attribution_<method>_coarse`` (b, gh', gw')."""
     from ..explainers.targets import default_target
     from ..explainers import explain
-    from ..lens import Lens
 
     target, lens = default_target(loaded.model, settings.target_class), Lens(loaded)
     explained = None

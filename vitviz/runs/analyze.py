@@ -187,7 +187,7 @@ def save(trace, folder: str | Path, settings=None, lens=None) -> Path:
         VitvizError: a trace without its model, input or batch axis, an edited one missing points, or settings that
             do not apply to a window model.
     """
-    from ..trace import trace_for_analysis
+    from ..analyses.per_image import analysis_trace
     from ..io.lock import output_lock
     from .analysis import AnalysisSettings
 
@@ -206,7 +206,7 @@ def save(trace, folder: str | Path, settings=None, lens=None) -> Path:
             needed = [*_block_kinds(window), "final_norm"] + (["logits"] if lens.has_head else [])
             raise VitvizError("this trace ran with edit= and lacks what analyze reads: keep "
                               f"{', '.join(map(repr, needed[:-1]))} and {needed[-1]!r}.")
-        analysed = trace_for_analysis(lens.model, trace.inputs, layout=trace.layout)
+        analysed = analysis_trace(lens, trace.inputs, layout=trace.layout)
     inputs = trace.inputs
     sources = inputs.sources or [_Unnamed(f"image {i + 1}") for i in range(len(inputs.tensor))]
     folder = Path(folder)

@@ -1,7 +1,7 @@
 """``python -m vitviz stats`` on the engine (:mod:`vitviz.runs.engines`): each batch captured and reduced to rows.
 
 Files are decoded by the engine (:func:`vitviz.io.images.load_image`: the same rules and messages as ``analyze``),
-each batch runs through :func:`vitviz.trace.trace_for_analysis` and is reduced with
+each batch runs through :func:`vitviz.analyses.per_image.analysis_trace` (the lens's one forward) and is reduced with
 :func:`vitviz.analyses.stats.capture_tables` (here in a thread while the next batch runs through the model, or
 in the Ray actor); the caller writes each finished batch (:class:`FileBatch`).
 """
@@ -39,9 +39,9 @@ class StatsWork:
     model: str  # the --model string: the tables' model column
 
     def __call__(self, lens, batch):
-        from ..trace import trace_for_analysis
+        from ..analyses.per_image import analysis_trace
 
-        return batch.names, trace_for_analysis(lens.loaded.model, batch.x)
+        return batch.names, analysis_trace(lens, batch.x)
 
     def finish(self, value) -> StatsTables:
         names, out = value

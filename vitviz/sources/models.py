@@ -58,7 +58,7 @@ class ModelSpec:
 
 @dataclass
 class LoadedModel:
-    """A model ready for :func:`vitviz.trace.trace_model`, with what the UI needs to describe it."""
+    """A model ready to run (:class:`vitviz.Lens` wraps one), with what the UI needs to describe it."""
 
     model: torch.nn.Module
     spec: ModelSpec
