@@ -108,6 +108,31 @@ def app_servers():
 
 
 @pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray (2 CPUs) for every Ray test of this test process, started once (~10 s of two cores each time)
+    and shut down at the end. A command run with ``--engine ray`` in this process joins it
+    (:func:`vitviz.runs.engines.start_ray` reuses a running Ray), so a test calls the CLI's ``main(argv)`` here
+    rather than a new process that starts a Ray of its own."""
+    ray = pytest.importorskip("ray")
+    from vitviz.runs.engines import start_ray
+
+    start_ray(None, 2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def ray_session(ray_cluster):
+    """The shared Ray, with this process's torch on one thread during the test, as a one-CPU actor's torch is
+    (OMP_NUM_THREADS=1): both run the same kernels on the same inputs in the same order, so values computed on Ray
+    equal the ones computed here to the bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield ray_cluster
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
 def bundled():
     from vitviz.sources.models import ModelSpec, load_model
 

@@ -24,6 +24,28 @@ def _run(args: list[str], cwd: Path, timeout: int = 900) -> str:
     return done.stdout
 
 
+@pytest.fixture
+def run_here(monkeypatch, capsys):
+    """``_run`` in this process: ``run_here(args, cwd)`` runs ``python *args`` from ``cwd`` with runpy as the
+    interpreter would (``sys.argv``, the script's folder first on ``sys.path``, ``__main__``) and returns what it
+    printed; no interpreter, torch import and model load of its own (~10 s of CPU each). The tutorials' first line
+    and the README's example still run in a process of their own, as typed."""
+    import runpy
+
+    def run(args: list[str], cwd: Path) -> str:
+        monkeypatch.chdir(cwd)
+        script = Path(args[0]) if Path(args[0]).is_absolute() else cwd / args[0]
+        monkeypatch.setattr(sys, "argv", [args[0], *args[1:]])
+        monkeypatch.syspath_prepend(str(script.parent))
+        capsys.readouterr()
+        runpy.run_path(str(script), run_name="__main__")
+        printed, err = capsys.readouterr()
+        assert "Traceback" not in err
+        return printed
+
+    return run
+
+
 def _example(text: str) -> tuple[str, str]:
     """The first ```python block of ``text`` and the ```text block after it (what it prints)."""
     code = re.search(r"```python\n(.*?)```", text, re.S)
@@ -32,11 +54,11 @@ def _example(text: str) -> tuple[str, str]:
 
 
 @pytest.mark.slow
-def test_the_from_python_page_example_prints_what_the_page_says(tmp_path, bundled):
+def test_the_from_python_page_example_prints_what_the_page_says(tmp_path, bundled, run_here):
     code, printed = _example((ROOT / "docs" / "guide" / "python.md").read_text())
     (tmp_path / "assets").symlink_to(ROOT / "assets")
     (tmp_path / "example.py").write_text(code)
-    assert _run(["example.py"], tmp_path) == printed
+    assert run_here(["example.py"], tmp_path) == printed
     assert (tmp_path / "out" / "trace" / "trace.npz").is_file()
 
 
@@ -51,20 +73,20 @@ def test_the_readme_python_example_prints_what_the_readme_says(tmp_path, bundled
 
 
 @pytest.mark.slow
-def test_the_heads_figure_example_writes_one_row_per_image(tmp_path, bundled):
+def test_the_heads_figure_example_writes_one_row_per_image(tmp_path, bundled, run_here):
     from PIL import Image
 
-    out = _run([str(ROOT / "examples" / "heads_figure.py"), str(ROOT / "assets"), "--layer", "12", "--max-images", "2",
-                "--out", str(tmp_path / "heads.png")], tmp_path)
+    out = run_here([str(ROOT / "examples" / "heads_figure.py"), str(ROOT / "assets"), "--layer", "12",
+                    "--max-images", "2", "--out", str(tmp_path / "heads.png")], tmp_path)
     assert out.strip() == f"wrote {tmp_path / 'heads.png'}: 2 images x 6 heads, layer 12"
     with Image.open(tmp_path / "heads.png") as im:
         assert im.size[0] > 2 * im.size[1]  # 7 columns (the image and 6 heads) by 2 rows
 
 
 @pytest.mark.slow
-def test_the_faithfulness_example_prints_a_verdict_per_method(tmp_path, bundled):
-    out = _run([str(ROOT / "examples" / "attnlrp_vs_rollout.py"), str(ROOT / "assets"), "--max-images", "2",
-                "--steps", "3"], tmp_path).splitlines()
+def test_the_faithfulness_example_prints_a_verdict_per_method(tmp_path, bundled, run_here):
+    out = run_here([str(ROOT / "examples" / "attnlrp_vs_rollout.py"), str(ROOT / "assets"), "--max-images", "2",
+                    "--steps", "3"], tmp_path).splitlines()
     assert out[0].startswith("2 images, DINOv2 ViT-S/14")
     rows = {line.split()[0]: line for line in out[2:]}
     assert set(rows) == {"attnlrp", "random", "rollout"}
@@ -92,13 +114,14 @@ def assert_same_printout(printed: str, expected: str) -> None:
             assert abs(float(a) - float(b)) <= 1.01 * unit, (line, page)
 
 
-def _check_tutorial(args: list[str], script: str, page: str, figures: list[str], out: Path) -> None:
+def _check_tutorial(args: list[str], script: str, page: str, figures: list[str], out: Path, run=_run) -> None:
     """docs/tutorials/<script>.py run with ``args`` (its documented line, --out pointed at ``out``) from the
-    repository root: its printed lines are docs/tutorials/<script>.txt, which the page includes; its page shows
-    ``figures`` in that order, and the script writes each at the size of the one kept in docs/tutorials/img/."""
+    repository root (by ``run``: ``_run``, or the ``run_here`` fixture): its printed lines are
+    docs/tutorials/<script>.txt, which the page includes; its page shows ``figures`` in that order, and the script
+    writes each at the size of the one kept in docs/tutorials/img/."""
     from PIL import Image
 
-    printed = _run(args, ROOT)
+    printed = run(args, ROOT)
     assert_same_printout(printed, (ROOT / "docs" / "tutorials" / f"{script}.txt").read_text())
     text = (ROOT / "docs" / "tutorials" / page).read_text()
     assert f'--8<-- "docs/tutorials/{script}.txt"' in text and f'--8<-- "docs/tutorials/{script}.py"\n' in text
@@ -120,44 +143,46 @@ def test_the_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path
 
 
 @pytest.mark.slow
-def test_the_probe_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+def test_the_probe_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled, run_here):
     from conftest import readme_command
 
     args = readme_command(".venv/bin/python docs/tutorials/probe_layer.py", tmp_path)
-    _check_tutorial(args, "probe_layer", "probe-layer.md", ["probe_accuracy.png", "probe_maps.png"], tmp_path)
+    _check_tutorial(args, "probe_layer", "probe-layer.md", ["probe_accuracy.png", "probe_maps.png"], tmp_path, run_here)
 
 
 @pytest.mark.slow
-def test_the_readout_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+def test_the_readout_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled, run_here):
     from conftest import readme_command
 
     args = readme_command(".venv/bin/python docs/tutorials/readout_parts.py", tmp_path)
-    _check_tutorial(args, "readout_parts", "readout-parts.md", ["readout_heads.png", "logit_lens.png"], tmp_path)
+    _check_tutorial(args, "readout_parts", "readout-parts.md", ["readout_heads.png", "logit_lens.png"], tmp_path,
+                    run_here)
 
 
 @pytest.mark.slow
-def test_the_sae_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+def test_the_sae_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled, run_here):
     from conftest import readme_command
 
     args = readme_command(".venv/bin/python docs/tutorials/sae_features.py", tmp_path)
-    _check_tutorial(args, "sae_features", "sae-features.md", ["sae_image.png", "sae_latent.png"], tmp_path)
+    _check_tutorial(args, "sae_features", "sae-features.md", ["sae_image.png", "sae_latent.png"], tmp_path, run_here)
 
 
 @pytest.mark.slow
-def test_the_heads_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+def test_the_heads_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled, run_here):
     from conftest import readme_command
 
     args = readme_command(".venv/bin/python docs/tutorials/what_heads_do.py", tmp_path)
-    _check_tutorial(args, "what_heads_do", "what-heads-do.md", ["heads_qk.png", "heads_effects.png"], tmp_path)
+    _check_tutorial(args, "what_heads_do", "what-heads-do.md", ["heads_qk.png", "heads_effects.png"], tmp_path,
+                    run_here)
 
 
 @pytest.mark.slow
-def test_the_registers_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled):
+def test_the_registers_tutorial_prints_what_its_page_shows_and_writes_its_figures(tmp_path, bundled, run_here):
     from conftest import readme_command
 
     args = readme_command(".venv/bin/python docs/tutorials/repair_registers.py", tmp_path)
     _check_tutorial(args, "repair_registers", "repair-registers.md", ["registers_sinks.png", "registers_planted.png"],
-                    tmp_path)
+                    tmp_path, run_here)
 
 
 def test_every_app_screenshot_was_taken_of_its_page_as_it_is():

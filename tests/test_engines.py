@@ -1,6 +1,6 @@
 """The engine (vitviz.runs.engines): batches in file order with the decoded inputs a user's preprocessing gives,
-resuming skips whole batches, bad files are listed, part files appear together; on Ray (one local Ray session for
-the module, slow): the same values as here, for the engine, the SAE's token stream and float16 shards, and the
+resuming skips whole batches, bad files are listed, part files appear together; on Ray (the test session's one local
+Ray, slow): the same values as here, for the engine, the SAE's token stream and float16 shards, and the
 features train, probe and qk commands; Ray runs killed and started again end as uninterrupted local runs."""
 from __future__ import annotations
 
@@ -121,22 +121,16 @@ def test_parts_of_a_batch_appear_together_or_not_at_all(tmp_path, monkeypatch):
     assert not (tmp_path / ".parts").exists()
 
 
-# --- Ray: one local session for the module ---------------------------------------------------------------
+# --- Ray: the session's one local Ray (conftest.ray_cluster) ----------------------------------------------
 
-@pytest.fixture(scope="module")
-def ray_session():
+@pytest.fixture
+def ray_session(ray_session):
+    """conftest's ray_session, whose workers can also run this module's per-batch functions (Ray's workers cannot
+    import test modules: they get them pickled by value)."""
     import sys
 
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray's workers cannot import test modules
-    # Ray runs a one-CPU actor's torch on one thread (OMP_NUM_THREADS=1); with this process on one thread too, both
-    # run the same kernels on the same inputs in the same order, so Ray's values equal the local ones to the bit.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield ray
-    torch.set_num_threads(threads)
-    ray.shutdown()
+    ray_session.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    return ray_session
 
 
 @pytest.mark.slow

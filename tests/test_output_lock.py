@@ -121,7 +121,9 @@ def _cli(*args):
 
 
 @pytest.mark.slow  # three faithfulness runs in fresh interpreters (torch's import alone is seconds)
-def test_two_runs_started_at_once_on_one_folder_one_writes_the_other_is_refused(tmp_path, tiny_checkpoint):
+def test_two_runs_started_at_once_on_one_folder_one_writes_the_other_is_refused(tmp_path, tiny_checkpoint, capsys):
+    from vitviz.cli import main
+
     make_images(tmp_path / "img", 2)
     shared, single = tmp_path / "shared", tmp_path / "single"
     started = time.monotonic()
@@ -142,7 +144,9 @@ def test_two_runs_started_at_once_on_one_folder_one_writes_the_other_is_refused(
     assert err.strip().startswith(f"error: {shared} is being written by another run (pid {procs[winners[0]].pid}, "
                                   "started at ") and err.strip().endswith("wait for it or choose another --out."), err
     assert ended[loser] < 5, ended
-    assert _cli(*faithfulness_args([tmp_path / "img"], single, tiny_checkpoint), "--engine", "local", "--methods", "rollout,random").wait() == 0
+    # The reference run here: two racing runs and one killed outright need processes of their own, it does not.
+    assert main([*faithfulness_args([tmp_path / "img"], single, tiny_checkpoint), "--engine", "local", "--methods",
+                 "rollout,random"]) == 0
     for name in ("faithfulness.parquet", "auc.parquet"):
         pd.testing.assert_frame_equal(pd.read_parquet(shared / name), pd.read_parquet(single / name))
     assert not (shared / LOCK_NAME).exists() and not (shared / SIDECAR_NAME).exists()
@@ -157,9 +161,11 @@ def test_two_runs_started_at_once_on_one_folder_one_writes_the_other_is_refused(
     proc.kill()
     proc.communicate()
     assert (killed / SIDECAR_NAME).exists()
-    again = _cli(*faithfulness_args([tmp_path / "img"], killed, tiny_checkpoint), "--engine", "local", "--methods", "rollout,random")
-    _, err = again.communicate()
-    assert again.returncode == 0 and f"note: took over {killed} from a run that stopped without releasing it " \
+    capsys.readouterr()
+    code = main([*faithfulness_args([tmp_path / "img"], killed, tiny_checkpoint), "--engine", "local", "--methods",
+                 "rollout,random"])
+    err = capsys.readouterr().err
+    assert code == 0 and f"note: took over {killed} from a run that stopped without releasing it " \
         f"(pid {proc.pid}, faithfulness, started at " in err, err
     for name in ("faithfulness.parquet", "auc.parquet"):
         pd.testing.assert_frame_equal(pd.read_parquet(killed / name), pd.read_parquet(single / name))

@@ -126,7 +126,7 @@ def test_the_readmes_python_lines_for_the_readout_run_as_written(probe_folder, m
     np.testing.assert_array_equal(scope["ll1"].logits, scope["ll"].logits)
 
 
-def test_readout_on_ray_writes_the_tables_the_local_engine_writes(tmp_path):
+def test_readout_on_ray_writes_the_tables_the_local_engine_writes(tmp_path, ray_session):
     """One Ray actor holding a tiny ViT with a head: the same rows and values as this process computes."""
     import timm
     from safetensors.torch import save_file

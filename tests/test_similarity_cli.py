@@ -101,8 +101,7 @@ def test_a_second_run_on_the_same_folder_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_ray_engine_gives_the_local_engines_numbers(tmp_path, tiny_checkpoint):
-    pytest.importorskip("ray")
+def test_ray_engine_gives_the_local_engines_numbers(tmp_path, tiny_checkpoint, ray_session, capsys):
     folder = tmp_path / "img"
     make_images(folder, 8)
     (folder / "broken.png").write_bytes(b"")  # nine files: minibatches of 5 and 4, the first left with 4 images
@@ -111,14 +110,14 @@ def test_ray_engine_gives_the_local_engines_numbers(tmp_path, tiny_checkpoint):
         return cka_args([folder], tmp_path / engine, tiny_checkpoint, "--img-size", "112", "--engine", engine,
                         "--workers", workers)
 
-    # Both in their own process with one thread, as a Ray actor of one CPU has: the same kernels, the same numbers.
-    # Ray's own process also ends the Ray instance (2 CPUs, 2 actors) with it.
+    # The local run here with one thread (ray_session), as a Ray actor of one CPU has: the same kernels, the same
+    # numbers. The Ray run joins the session's Ray (2 CPUs, 2 actors).
     for engine, workers in (("local", "1"), ("ray", "2")):
-        result = subprocess.run([sys.executable, "-m", "vitviz", *args(engine, workers)], cwd=ROOT,
-                                capture_output=True, text=True, env=ENV | {"OMP_NUM_THREADS": "1"}, timeout=600)
-        assert result.returncode == 0, result.stderr
-    assert "skipped broken.png: is empty (0 bytes)" in result.stderr and "Traceback" not in result.stderr
+        capsys.readouterr()
+        assert main(args(engine, workers)) == 0
+    err = capsys.readouterr().err
+    assert "skipped broken.png: is empty (0 bytes)" in err and "Traceback" not in err
     (ray, ray_settings), (local, _) = read(tmp_path / "ray"), read(tmp_path / "local")
     assert ray_settings["engine"] == "ray" and ray_settings["images"] == 8 and ray_settings["minibatches"] == 2
-    assert ray_settings["layers_a"] == [f"block {i}" for i in range(1, 13)]  # from the actors: no model loaded here
+    assert ray_settings["layers_a"] == [f"block {i}" for i in range(1, 13)]
     pd.testing.assert_frame_equal(ray, local, check_exact=True)

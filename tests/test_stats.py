@@ -299,8 +299,7 @@ def test_stats_killed_after_some_batches_resumes_to_the_uninterrupted_table(tmp_
 
 
 @pytest.mark.slow
-def test_ray_engine_writes_the_local_engines_table(tmp_path, tiny_checkpoint):
-    pytest.importorskip("ray.data")
+def test_ray_engine_writes_the_local_engines_table(tmp_path, tiny_checkpoint, ray_session, capsys):
     folder = tmp_path / "img"
     make_images(folder, 6)
     (folder / "broken.png").write_bytes(b"")
@@ -310,17 +309,15 @@ def test_ray_engine_writes_the_local_engines_table(tmp_path, tiny_checkpoint):
         return stats_args([folder], tmp_path / engine, tiny_checkpoint, "--batch-size", "3", "--img-size", "112",
                           "--engine", engine, "--workers", workers)
 
-    # The local engine in this process (torch is imported already); Ray in its own, as a user starts it, so the
-    # Ray instance (2 CPUs, 2 actors) ends with it.
     assert main(args("local", "1")) == 0
-    result = subprocess.run([sys.executable, "-m", "vitviz", *args("ray", "2")], cwd=ROOT, capture_output=True,
-                            text=True, env=os.environ | {"HF_HUB_OFFLINE": "1"}, timeout=600)
-    assert result.returncode == 0, result.stderr
+    capsys.readouterr()
+    assert main(args("ray", "2")) == 0  # joins the session's Ray (2 CPUs), 2 actors
+    err = capsys.readouterr().err
     tables = {engine: read_table(tmp_path / engine) for engine in ("local", "ray")}
     assert len(tables["ray"]) == 6 * 12 * 3
     pd.testing.assert_frame_equal(tables["ray"], tables["local"], rtol=1e-5)
-    assert "skipped broken.png: is empty (0 bytes)" in result.stderr
-    assert "Traceback" not in result.stderr
+    assert "skipped broken.png: is empty (0 bytes)" in err
+    assert "Traceback" not in err
 
 
 def test_ray_engine_without_ray_says_how_to_install_it(tmp_path, monkeypatch, capsys):
