@@ -259,7 +259,7 @@ def test_registers_page_with_outliers_but_none_in_the_detection_layer_says_so_an
     at.slider(key="registers_factor").set_value(2.0).run()
     assert not at.exception, [e.message for e in at.exception]
     assert not at.error, [e.value for e in at.error]
-    assert any("Outliers emerge in layer 1 (1 of 2 images have one there)" in c.value for c in at.caption)
+    assert any("Outliers emerge in layer 1 (1 of 2 images has one there)" in c.value for c in at.caption)
     said = [i.value for i in at.info if i.value.startswith("No image of the set has an outlier in layer 12")]
     assert said and "outliers appear only in layers 1, 2, 3, 4" in said[0], [i.value for i in at.info]
     assert not any("Test-time register" in s.value for s in at.subheader)

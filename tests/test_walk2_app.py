@@ -2,6 +2,7 @@
 downloads of the heads page, padding patches kept out of rollout, the Registers tables' headers and numbers.
 (The sidebar's way back after a failed load: tests/test_sidebar.py; what only a browser shows: test_walk2_browser.py.)"""
 import hashlib
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,10 @@ def downloads(monkeypatch) -> dict:
         return real(name, arrays, settings, png, **kwargs)
 
     monkeypatch.setattr(ui.downloads, "download_row", spy)  # pages import it on every run
+    # ui modules (ui/heads.py, ...) bound it when first imported, perhaps by an earlier test of this process.
+    for module in [m for name, m in list(sys.modules.items())
+                   if name.startswith("ui.") and getattr(m, "download_row", None) is real]:
+        monkeypatch.setattr(module, "download_row", spy)
     return seen
 
 

@@ -91,6 +91,13 @@ class _Backbone(Hooks):
     def plain_blocks(self, depth: int) -> bool:
         return False  # the forward must stop at the probe's layer
 
+    def edits(self, name: str) -> bool:
+        return self.outer.edits(name)
+
+    def destination(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor | None:
+        return self.outer.destination(name, shape, dtype, device)
+
     def __call__(self, name: str, value: torch.Tensor) -> torch.Tensor:
         if name == "pooled":
             self.pooled = value
