@@ -318,6 +318,9 @@ def test_distance_plot_click_opens_the_head(page):
     expect(message).to_be_visible(timeout=90_000)
     _wait_idle(page)
     _shot(page, "heads_opened_from_distance")
+    # The note stays while the page shows the head it names: a rerun after the switch (CI, 2026-11-29: the note was
+    # visible, then gone 120 s later) must not take it away.
+    expect(message).to_be_visible(timeout=10_000)
     m = re.search(r"layer (\d+), head (\d+)", message.inner_text())
     layer, head = int(m.group(1)), int(m.group(2))
     # The dot's own (layer, head) must be readable: a None here used to skip the check silently.

@@ -35,6 +35,19 @@ PIXELS_JS = """(c) => { const d = c.getContext('2d').getImageData(0, 0, c.width,
   return btoa(s); }"""
 TILES_JS = f"""() => [...{ROOT_JS}.querySelectorAll('canvas.vv-tile')].map(c => ({{head: Number(c.dataset.head),
   w: c.width, h: c.height, px: ({PIXELS_JS})(c)}}))"""
+# Every message the page sends to the server, timed in the page (an init script): whether one left before a repaint
+# is read from the page's own clock, not from when the test got round to counting (CI, 2026-11-29: hashing the canvases
+# took longer than the view's 400 ms debounce, and a message sent well after the repaint was counted as before it).
+# Playwright's route puts its own WebSocket class in the page, so the spy wraps whichever class is there when a test
+# acts (once per class); it returns how many sends it has timed so far.
+SEND_SPY_JS = """() => { const proto = window.WebSocket.prototype;
+  if (!proto.__vvSpied) { const send = proto.send; proto.__vvSpied = true;
+    proto.send = function (data) { (window.__vvSent = window.__vvSent || []).push(performance.now());
+      return send.call(this, data); }; }
+  return (window.__vvSent || []).length; }"""
+# The send times (from the ``sent``-th on) earlier than the ``paints``-th repaint (0-based), or null if unknown.
+SENT_BEFORE_PAINT_JS = """([sent, paints]) => { const p = (window.__vvPaints || [])[paints];
+  return p ? (window.__vvSent || []).slice(sent).filter((t) => t <= p.t) : null; }"""
 VIEW_JS = f"""() => {{ const r = {ROOT_JS}; return r ? {{view: JSON.parse(r.dataset.view || 'null'),
   paints: Number(r.dataset.paints || 0)}} : null; }}"""
 
@@ -220,7 +233,7 @@ def _tile_hash(pg) -> str:
 def test_layer_move_repaints_with_the_server_cut_off(browser_page):
     pg, held, server = browser_page
     _open(pg, server, "/heads?intro=0&layer=12", unless=_heads_at(12))
-    before, paints = _tile_hash(pg), pg.evaluate(VIEW_JS)["paints"]
+    before, paints, sent = _tile_hash(pg), pg.evaluate(VIEW_JS)["paints"], pg.evaluate(SEND_SPY_JS)
     held["on"], held["held"] = True, 0
     try:
         slider = pg.locator('.vv-explorer input[data-key="layer"]')
@@ -230,7 +243,8 @@ def test_layer_move_repaints_with_the_server_cut_off(browser_page):
         state = pg.evaluate(VIEW_JS)
         assert state["view"]["layer"] == 11
         assert _tile_hash(pg) != before  # new pixels, drawn while no message could reach the server
-        assert held["held"] == 0  # the repaint did not wait for the server: nothing was sent before it
+        # The repaint did not wait for the server: nothing was sent before it (by the page's clock).
+        assert pg.evaluate(SENT_BEFORE_PAINT_JS, [sent, paints]) == []
         _wait_until_held(pg, held)  # afterwards the view went out (and was held back here)
     finally:
         held["on"] = False
@@ -396,13 +410,14 @@ def _canvas_hash(pg, cls: str) -> str:
 def _repaints_offline(pg, held, act, cls: str) -> dict:
     """Run ``act`` (a slider key press, a click) with every message to the server held back: the canvases of class
     ``cls`` are repainted before anything is sent, and the view goes out afterwards. Returns the new view."""
-    before, paints = _canvas_hash(pg, cls), pg.evaluate(VIEW_JS)["paints"]
+    before, paints, sent = _canvas_hash(pg, cls), pg.evaluate(VIEW_JS)["paints"], pg.evaluate(SEND_SPY_JS)
     held["on"], held["held"] = True, 0
     try:
         act()
         pg.wait_for_function(f"() => ({VIEW_JS})().paints > {paints}", timeout=10_000)
         assert _canvas_hash(pg, cls) != before  # new pixels, drawn while no message could reach the server
-        assert held["held"] == 0  # the repaint did not wait for the server: nothing was sent before it
+        # The repaint did not wait for the server: nothing was sent before it (by the page's clock).
+        assert pg.evaluate(SENT_BEFORE_PAINT_JS, [sent, paints]) == []
         _wait_until_held(pg, held)  # afterwards the view went out (and was held back here)
     finally:
         held["on"] = False

@@ -34,17 +34,32 @@ from vitviz.residual import why_not as residual_why_not
 DINO_KEEP = 0.6  # the DINO mask style's share of the mass when the keep slider says 0 (no mask)
 
 
+OPENED_NOTE = "opened_from_distance_note"  # (layer, head) the note below speaks of, while the page shows that head
+
+
 def open_from_distance() -> None:
     """A head clicked on the distance plot (``opened_from_distance``: 1-based layer and head) becomes this run's
-    Layer and Compare head, in the URL and in the widgets, and the page says so."""
+    Layer and Compare head, in the URL and in the widgets, and the page says so while it shows that head: a rerun
+    (another widget, the browser's view coming in) keeps the note, a move to another layer or head ends it."""
     if opened := st.session_state.pop("opened_from_distance", None):
         set_view(layer=opened[0], chead=opened[1])  # the browser-drawn grid reads its layer and Compare head from the URL
         # The server-drawn grid's widgets are set here, in the run that draws them, not on the distance page before
         # switch_page: a value set in a run that switch_page cut short reached the server's widget but not always the
         # browser's (the Layer slider showed 12 over a layer-4 grid; streamlit/streamlit#7338).
         st.session_state["heads_layer"], st.session_state["compare_head"] = opened
-        st.success(f"Opened from the distance plot: layer {opened[0]}, head {opened[1]} (outlined in the grid and "
-                   "picked below under Compare layers).")
+        st.session_state[OPENED_NOTE] = tuple(int(v) for v in opened)
+    note = st.session_state.get(OPENED_NOTE)
+    if note is None:
+        return
+    layer, head = note
+    # The server-drawn grid moves its widgets; the browser-drawn one moves the URL (ui.persist.remember_view).
+    shown = (st.session_state.get("heads_layer"), st.session_state.get("compare_head"),
+             st.query_params.get("layer"), st.query_params.get("chead"))
+    if shown != (layer, head, str(layer), str(head)):
+        del st.session_state[OPENED_NOTE]
+        return
+    st.success(f"Opened from the distance plot: layer {layer}, head {head} (outlined in the grid and "
+               "picked below under Compare layers).")
 
 
 def _compare_head() -> int | None:
