@@ -1,0 +1,22 @@
+"""Counts on screen in plain words: one thing in the singular, with the verb that agrees, in every sentence a page
+builds from a count."""
+from ui.words import counted, part_of, subject
+
+
+def test_counts_and_their_verbs_agree_with_one_and_with_two():
+    assert counted(1, "image") == "1 image" and counted(2, "image") == "2 images"
+    assert counted(1, "patch") == "1 patch" and counted(2, "patch") == "2 patches"
+    assert subject(1, "image", ("gives", "give")) == "1 image gives"
+    assert subject(2, "image", ("gives", "give")) == "2 images give"
+    assert part_of(1, 3, "image") == "1 of 3 images has" and part_of(2, 3, "image") == "2 of 3 images have"
+    assert part_of(1, 1, "image") == "1 of 1 image has"
+
+
+def test_the_probes_sentences_count_images_and_groups_in_words():
+    from ui.probes import accuracy_caption, accuracy_title
+
+    assert accuracy_title(1, 1, "cls") == "Linear-probe accuracy per layer · 1 image, 1 group · cls pooling"
+    assert accuracy_title(4, 2, "cls") == "Linear-probe accuracy per layer · 4 images, 2 groups · cls pooling"
+    assert accuracy_caption("M", 0.5, "cls", 1).endswith("With few images the intervals are wide: 1 image gives a "
+                                                         "step of 100% per image.")
+    assert accuracy_caption("M", 0.5, "cls", 2).endswith("2 images give a step of 50% per image.")
