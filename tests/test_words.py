@@ -20,3 +20,29 @@ def test_the_probes_sentences_count_images_and_groups_in_words():
     assert accuracy_caption("M", 0.5, "cls", 1).endswith("With few images the intervals are wide: 1 image gives a "
                                                          "step of 100% per image.")
     assert accuracy_caption("M", 0.5, "cls", 2).endswith("2 images give a step of 50% per image.")
+
+
+def test_painted_patches_are_counted_in_words():
+    from ui.probes import painted_counts
+
+    assert painted_counts(1, 0) == "concept 1 patch, not concept 0 patches"
+    assert painted_counts(2, 1) == "concept 2 patches, not concept 1 patch"
+
+
+def test_queries_keys_and_features_sentences_count_in_words():
+    from types import SimpleNamespace
+
+    from ui.features import extra_label, firing_sentence, training_caption
+    from ui.queries_keys import ablation_title, heading_text
+
+    assert heading_text(SimpleNamespace(images=[0])) == "1 image"
+    assert heading_text(SimpleNamespace(images=list(range(12)))) == "8 images"  # the first MAX_IMAGES
+    assert ablation_title("zero", True, 1).endswith("change of the top-1 logit, mean over 1 image")
+    assert ablation_title("mean", False, 2) == ("Each head set to its image-set mean alone: 1 − cosine(pooled after, "
+                                                "before), mean over 2 images")
+    assert firing_sentence("Patch 3", 1).startswith("**Patch 3**: 1 latent fires there, strongest first.")
+    assert firing_sentence("Patch 3", 2).startswith("**Patch 3**: 2 latents fire there,")
+    assert training_caption(2, 1, 1, None).startswith("Trains on 2 images (the sidebar's 1 and 1 sample photo); ")
+    assert training_caption(1, 1, 0, None).startswith("Trains on 1 image (the sidebar's 1); ")
+    assert extra_label(1) == "Also the other bundled sample photo"
+    assert extra_label(3) == "Also the 3 other bundled sample photos"
