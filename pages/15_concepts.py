@@ -8,6 +8,8 @@ from ui.concepts import BRUSHES, backbone_spec, fit, fitted, paint_picker, paint
 from ui.downloads import button_row
 from ui.state import setup
 from ui.navigation import concepts_link, heading
+from ui.probes import painted_counts
+from ui.words import counted
 from vitviz.errors import VitvizError
 from vitviz.figures.core import panel_width
 from vitviz.probes.concepts import HOLDOUT, LABEL_RULE, MAPS
@@ -56,7 +58,7 @@ with right:
     counts = []
     for im in ctx.images:
         p = painting(im.sha256, grid)
-        counts.append(f"- {im.name}: {len(p['concept'])} concept, {len(p['not'])} not concept"
+        counts.append(f"- {im.name}: {painted_counts(len(p['concept']), len(p['not']))}"
                       + ("" if p["concept"] or p["not"] else " (maps only)"))
     st.markdown("\n".join(counts))
     st.caption(f"Which patches count: {LABEL_RULE}. Hold-out: {HOLDOUT['images']} when two or more images are "
@@ -68,7 +70,7 @@ if run:
     try:
         bar = st.progress(0.0, text="Tokens of every layer ...")
         fit(ctx, lens, painted, key, lambda done: bar.progress(
-            done / len(ctx.images), text=f"Tokens: {done} of {len(ctx.images)} images (one forward each)"))
+            done / len(ctx.images), text=f"Tokens: {done} of {counted(len(ctx.images), 'image')} (one forward each)"))
         bar.empty()
     except VitvizError as exc:
         st.error(str(exc))
