@@ -8,7 +8,6 @@ from ui.concepts import BRUSHES, backbone_spec, fit, fitted, paint_picker, paint
 from ui.downloads import button_row
 from ui.state import setup
 from ui.navigation import concepts_link, heading
-from ui.probes import painted_counts
 from ui.words import counted
 from vitviz.errors import VitvizError
 from vitviz.figures.core import panel_width
@@ -58,7 +57,7 @@ with right:
     counts = []
     for im in ctx.images:
         p = painting(im.sha256, grid)
-        counts.append(f"- {im.name}: {painted_counts(len(p['concept']), len(p['not']))}"
+        counts.append(f"- {im.name}: {len(p['concept'])} concept, {len(p['not'])} not concept"
                       + ("" if p["concept"] or p["not"] else " (maps only)"))
     st.markdown("\n".join(counts))
     st.caption(f"Which patches count: {LABEL_RULE}. Hold-out: {HOLDOUT['images']} when two or more images are "

@@ -26,3 +26,4 @@ def test_without_a_classifier_the_effect_is_one_minus_the_mean_cosine():
     s = summarise_ablation(_effects("pooled_cosine", table), False, 2, 2, 1, pairs)
     np.testing.assert_array_equal(s.values, [[0.5, 0.125], [0.0, 0.25]])
     assert s.kind == "pooled_cosine" and s.strongest == (0, 0)
+

@@ -22,13 +22,6 @@ def test_the_probes_sentences_count_images_and_groups_in_words():
     assert accuracy_caption("M", 0.5, "cls", 2).endswith("2 images give a step of 50% per image.")
 
 
-def test_painted_patches_are_counted_in_words():
-    from ui.probes import painted_counts
-
-    assert painted_counts(1, 0) == "concept 1 patch, not concept 0 patches"
-    assert painted_counts(2, 1) == "concept 2 patches, not concept 1 patch"
-
-
 def test_queries_keys_and_features_sentences_count_in_words():
     from types import SimpleNamespace
 

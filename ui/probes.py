@@ -185,7 +185,3 @@ def head_section(ctx, result: ProbeResult) -> None:
     if ctx.spec.head:
         st.caption(f"The model's head now: {Path(ctx.spec.head).name} ({ctx.lens.label}).")
 
-
-def painted_counts(concept: int, not_concept: int) -> str:
-    """The patches painted on one image, in words: "concept 1 patch, not concept 3 patches"."""
-    return f"concept {counted(concept, 'patch')}, not concept {counted(not_concept, 'patch')}"

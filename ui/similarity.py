@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import streamlit as st
 
 from ui.cache import _model_run, model_run, store
@@ -16,7 +15,7 @@ from ui.words import counted
 from vitviz.analyses.clusters import K_RANGE, token_clusters
 from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import cluster_figure
-from vitviz.figures.similarity_figures import cka_diagonal, cka_heatmap
+from vitviz.figures.similarity_figures import cka_diagonal, cka_heatmap, median_interval_width
 from vitviz.lens import Lens
 from vitviz.runs.layer_features import POOLINGS, TOKEN_POINTS, CNNFeatures, LensFeatures, is_cnn_name, layer_tokens
 from vitviz.runs.similarity_run import MIN_BATCH, similarity
@@ -91,9 +90,9 @@ def similarity_section(ctx) -> None:
                f"pooling {pooling} ({POOLINGS[pooling]}). One colour scale, 0 to 1; an estimate below 0 (possible "
                f"with few images) is drawn as 0 and keeps its value in the hover. Interval: "
                f"{result.settings['interval']}.")
-    widths = (result.high - result.low)[np.isfinite(result.high - result.low)]
-    if widths.size and np.median(widths) > 0.3:
-        st.warning(f"With {counted(result.images, 'image')} the 95 % intervals are wide (median width {np.median(widths):.2f}; "
+    width = median_interval_width(result.low, result.high)
+    if width is not None and width > 0.3:
+        st.warning(f"With {counted(result.images, 'image')} the 95 % intervals are wide (median width {width:.2f}; "
                    "hover a cell for its own): the map's broad structure may hold, but not which cells differ. Dozens "
                    "of images narrow them (`python -m vitviz similarity` runs over thousands).")
     with guarded("the token clusters"):
