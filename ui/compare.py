@@ -96,7 +96,8 @@ def _session_runs(ctx, local) -> dict:
             bar = st.progress(0.0, text=f"{label}: running the model on the image set ...")
             table = table_for_images(
                 ctx.loaded, [im.image for im in ctx.images], [im.name for im in ctx.images], model=label,
-                progress=lambda done, total: bar.progress(done / total, f"{label}: {done} of {counted(total, 'image')}"))
+                progress=lambda done, total: bar.progress(done / total,
+                                                          f"{label}: {done} of {counted(total, 'image')}"))
             bar.empty()
             runs[label] = check_stats_table(table, f"{label} (this session)")
     if runs and local.button("Remove this session's runs", key="compare_forget"):

@@ -81,7 +81,8 @@ def dataset_view() -> None:
     seeds = block["random_seeds"]
     if seeds:
         st.caption(f"Grey band: the random floor's mean AUC over the {counted(images, 'image')} for each of "
-                   f"{counted(seeds['seeds'], 'seed')}, mean {seeds['mean']:.3f} ± 2 × {seeds['sd_over_seeds']:.3f} (s.d. over seeds). "
+                   f"{counted(seeds['seeds'], 'seed')}, mean {seeds['mean']:.3f} ± 2 × "
+                   f"{seeds['sd_over_seeds']:.3f} (s.d. over seeds). "
                    f"{'Lower' if block['better'] == 'lower' else 'Higher'} AUC is more faithful under this protocol.")
     rows = pd.DataFrame([{"method": method_label(r["method"]), "mean AUC": r["mean"], "95 % low": r["low"],
                           "95 % high": r["high"], "images": r["images"],

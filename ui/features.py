@@ -329,7 +329,8 @@ def _open(latent: int) -> None:
 
 def firing_sentence(name: str, firing: int) -> str:
     """Above the latents firing at a patch: "Patch 3 (row 1, col 4): 1 latent fires there, strongest first." """
-    return f"**{name}**: {subject(firing, 'latent', ('fires', 'fire'))} there, strongest first. Click one to open it below."
+    return (f"**{name}**: {subject(firing, 'latent', ('fires', 'fire'))} there, strongest first. Click one to open "
+            "it below.")
 
 
 def patch_section(ctx, codes: Codes, top: TopLatents) -> list[tuple[int, float]]:

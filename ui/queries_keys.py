@@ -137,7 +137,8 @@ def _token_attention(inp: QKInputs, c: QKChoice, selected: tuple[int, int, bool]
     what = (f"the attention {name} receives as a key from each patch query" if is_key else
             f"the attention of {name} as a query over the patches")
     _, fig = map_figure(inp.x.images[image], layout.to_grid(row[layout.patch_slice])[None], layout, Display(),
-                        titles=[inp.names[image]], title=f"Head {c.head + 1}, {name} as a {'key' if is_key else 'query'}",
+                        titles=[inp.names[image]],
+                        title=f"Head {c.head + 1}, {name} as a {'key' if is_key else 'query'}",
                         columns=1, query=patch, tile_px=300)
     show_chart(fig, "qk_token_map", file_stem("qk_token", inp.names[image], token))
     st.caption(f"{layout.token_name(token)} of {inp.names[image]}, outlined (prefix tokens have no patch to outline): "

@@ -44,8 +44,8 @@ def similarity_section(ctx) -> None:
         st.info("Add images in the sidebar: CKA compares layers over an image set.")
         return
     if len(ctx.images) < MIN_BATCH:
-        st.info(f"CKA needs {MIN_BATCH} or more images (the sidebar holds {counted(len(ctx.images), 'image')}): add images in the "
-                "sidebar. More images give a narrower interval.")
+        st.info(f"CKA needs {MIN_BATCH} or more images (the sidebar holds {counted(len(ctx.images), 'image')}): add "
+                "images in the sidebar. More images give a narrower interval.")
         return
     c1, c2, c3 = st.columns([2, 1, 2])
     other = c1.text_input("Compare with", key="cka_other", placeholder="the same model (within-model map)",
@@ -60,7 +60,8 @@ def similarity_section(ctx) -> None:
     name_b = canonical_model_name(other) if other else name_a
     key = ("cka", ctx.spec, other, point, pooling, tuple(im.sha256 for im in ctx.images))
     button = st.empty()  # emptied once the map is computed: the clicked button does not stay above it
-    if cached(key) is None and not button.button(f"Compute CKA over the {counted(len(ctx.images), 'image')}", key="cka_run",
+    label = f"Compute CKA over the {counted(len(ctx.images), 'image')}"
+    if cached(key) is None and not button.button(label, key="cka_run",
                                                  help="Runs each model once over the images, "
                                                       f"{BATCH_SIZE} at a time."):
         return
