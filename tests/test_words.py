@@ -39,3 +39,12 @@ def test_queries_keys_and_features_sentences_count_in_words():
     assert training_caption(1, 1, 0, None).startswith("Trains on 1 image (the sidebar's 1); ")
     assert extra_label(1) == "Also the other bundled sample photo"
     assert extra_label(3) == "Also the 3 other bundled sample photos"
+
+
+def test_the_painted_concepts_title_counts_patches_in_words():
+    from ui.concepts_page import accuracy_title, painted_line
+
+    assert accuracy_title(1, 1).endswith("· 1 concept patch and 1 not-concept patch")
+    assert accuracy_title(24, 2).endswith("· 24 concept patches and 2 not-concept patches")
+    assert painted_line("a.jpg", 24, 0) == "- a.jpg: 24 concept, 0 not concept"
+    assert painted_line("a.jpg", 0, 0) == "- a.jpg: 0 concept, 0 not concept (maps only)"
