@@ -35,7 +35,7 @@ UPLOADER_PAGE = "uploader_page"  # the page whose uploader that was
 UPLOADS_SEEN = "uploads_seen"  # file_ids a run has stored or refused
 UPLOADS_REFUSED = "uploads_refused"  # file_id -> the sentence refusing it
 UPLOAD_WATCH_PAGE = "upload_watch_page"  # the page the upload watch belongs to (ui.uploads.watch_uploads)
-UPLOAD_WATCH_SINCE = "upload_watch_since"  # time.monotonic() of the switch to that page (-inf: the session's first)
+UPLOAD_WATCH_LEFT = "upload_watch_left"  # looks the upload watch has left on that page (ui.uploads.UPLOAD_WATCH_LOOKS)
 SAMPLES_BY_DEFAULT = "samples_by_default"  # "shown"/"hidden" while the sample set is the app's choice, not the user's
 
 # The model (ui.model_box, ui.recovery)

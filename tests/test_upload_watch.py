@@ -1,0 +1,53 @@
+"""The upload watch (ui.uploads.watch_uploads): after a page switch it looks a fixed number of times for an upload
+that landed after its own rerun was dropped, however long the page's runs take (AppTest, the watch's look counted)."""
+import time
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from ui import uploads
+
+
+def _script():
+    import streamlit as st
+
+    from ui import uploads
+
+    uploads.watch_uploads()
+    st.write("ran")
+
+
+@pytest.fixture
+def looks(monkeypatch):
+    """The watch's looks counted; the page each run draws is the session's "page"; every run 100 s later than the
+    last (a page's run on a busy server)."""
+    import streamlit as st
+
+    count = {"looks": 0, "now": 1000.0}
+
+    def unclaimed(seen):
+        count["looks"] += 1
+        return []
+
+    def later():
+        count["now"] += 100.0
+        return count["now"]
+
+    monkeypatch.setattr(uploads, "_unclaimed_images", unclaimed)
+    monkeypatch.setattr(uploads, "_page_id", lambda: st.session_state.get("page", "landing"))
+    monkeypatch.setattr(time, "monotonic", later)
+    return count
+
+
+def test_a_switch_gives_the_watch_its_looks_however_slow_the_runs_and_the_first_page_none(looks):
+    at = AppTest.from_function(_script, default_timeout=30)
+    at.run()
+    assert looks["looks"] == 0  # the session's first page: its own uploader reruns it
+    at.session_state["page"] = "heads"  # a page switch
+    for _ in range(uploads.UPLOAD_WATCH_LOOKS + 5):
+        at.run()
+        assert not at.exception, [e.message for e in at.exception]
+    assert looks["looks"] == uploads.UPLOAD_WATCH_LOOKS
+    at.session_state["page"] = "rollout"  # another switch: a new window
+    at.run()
+    assert looks["looks"] == uploads.UPLOAD_WATCH_LOOKS + 1
