@@ -133,6 +133,19 @@ def head_scores(attention: np.ndarray | torch.Tensor, layout: TokenLayout, dista
     return scores
 
 
+def head_notes(scores: dict[str, np.ndarray], distance: np.ndarray) -> np.ndarray:
+    """Each head's note under its tile: entropy (nats), CLS focus (share) and mean attention distance (pixels).
+
+    scores: :func:`head_scores` (``"entropy"`` and ``"cls_focus"``, each (L, H)); distance: (L, H) pixels
+    -> (L, H) object array of str, e.g. ``"H 4.12 nats · focus 0.31 · 57 px"``.
+    """
+    entropy, focus = np.asarray(scores["entropy"]), np.asarray(scores["cls_focus"])
+    notes = np.empty(entropy.shape, dtype=object)
+    for (layer, head), h in np.ndenumerate(entropy):
+        notes[layer, head] = f"H {h:.2f} nats · focus {focus[layer, head]:.2f} · {distance[layer, head]:.0f} px"
+    return notes
+
+
 def rank_heads(scores: np.ndarray, descending: bool) -> np.ndarray:
     """Head indices of one layer ordered by score: (H,) -> (H,)."""
     order = np.argsort(scores, kind="stable")
