@@ -125,6 +125,14 @@ RANKINGS = {
 }
 
 
+def mean_head_map(attention: np.ndarray, layout: TokenLayout, layer: int, query: str | int = "cls") -> np.ndarray:
+    """One layer's attention of a query over the patch keys, averaged over heads (not renormalised).
+
+    attention: (L, H, N, N); query as in :func:`query_attention_map` -> (gh, gw) in the attention's precision.
+    """
+    return layer_maps(attention, layout, layer, query).mean(axis=0)
+
+
 def head_scores(attention: np.ndarray | torch.Tensor, layout: TokenLayout, distance: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-head scores for ranking: entropy, CLS focus and (if given) mean distance, each (L, H)."""
     scores = {"entropy": head_entropy(attention, layout), "cls_focus": cls_focus(attention, layout)}
