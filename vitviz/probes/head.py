@@ -120,18 +120,19 @@ _LOCK = threading.Lock()
 
 
 def _backbone_facts(loaded) -> tuple[dict, dict]:
-    from ..lens import Lens  # here, not at the top: vitviz.lens imports this module through the loader
+    from ..trace import trace_model
     from .probe import model_identity
 
     with _LOCK:
         found = _BACKBONES.get(loaded.model)
     if found is not None and found[0]["name"] == loaded.spec.name:
         return found
-    # The widths from one forward of a blank image.
+    # The widths from one forward of a blank image, through the adapters (vitviz.lens imports this module through
+    # the loader, so no Lens here).
     param = next(loaded.model.parameters())
     blank = torch.zeros(1, 3, *loaded.data_config["input_size"][-2:], device=param.device, dtype=param.dtype)
     with torch.inference_mode():
-        points = Lens(loaded).trace(blank, keep=("final_norm", "pooled"), grad=None)
+        points = trace_model(loaded.model, blank, keep=("final_norm", "pooled"), grad=None)
     d, p = points["final_norm"].shape[-1], points["pooled"].shape[-1]
     facts = (model_identity(loaded), {"cls": p, "mean": d, "cls+mean": p + d})
     with _LOCK:
