@@ -47,8 +47,8 @@ import torch
 
 from ..errors import OptionError, ViewNotApplicable
 from .curves import (PROTOCOL_AUC, PROTOCOL_ORDER, Faithfulness, Score, auc, default_fractions, default_score,
-                     model_logits, patch_masks, patch_order, pixel_masks, read_point, score_inputs, step_counts,
-                     _to_model)
+                     model_logits, patch_masks, patch_order, pixel_masks, score_inputs, step_counts, _to_model)
+from ..trace import trace_model
 from ..layout import TokenLayout
 
 PROTOCOLS = ("morf", "lerf", "insertion")
@@ -333,7 +333,7 @@ def _score_rows(model, rows: list, batch_size: int) -> None:
             if first.point is None:  # one score object for the whole group
                 scored = first(model, x)
             else:
-                values = read_point(model, x, first.point)
+                values = trace_model(model, x, keep=(first.point,), fast=True, grad=None)[first.point]
         start = 0
         for k, inputs in parts:
             end = start + len(inputs)
