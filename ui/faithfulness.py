@@ -20,6 +20,7 @@ from ui.image_faithfulness import (FaithfulnessSettings, attribution_options, fa
 from ui.navigation import concepts_link
 from ui.progress import cached
 from ui.uploads import upload_too_large
+from ui.words import counted
 from vitviz.analyses.flow import FLOW_DEFINITION
 from vitviz.analyses.rollout import FUSIONS
 from vitviz.analyses.tokens import top_classes
@@ -79,8 +80,9 @@ def dataset_view() -> None:
                file_stem("faithfulness_dataset", protocol, f"{images}images"))
     seeds = block["random_seeds"]
     if seeds:
-        st.caption(f"Grey band: the random floor's mean AUC over the {images} images for each of {seeds['seeds']} seeds, "
-                   f"mean {seeds['mean']:.3f} ± 2 × {seeds['sd_over_seeds']:.3f} (s.d. over seeds). "
+        st.caption(f"Grey band: the random floor's mean AUC over the {counted(images, 'image')} for each of "
+                   f"{counted(seeds['seeds'], 'seed')}, mean {seeds['mean']:.3f} ± 2 × "
+                   f"{seeds['sd_over_seeds']:.3f} (s.d. over seeds). "
                    f"{'Lower' if block['better'] == 'lower' else 'Higher'} AUC is more faithful under this protocol.")
     rows = pd.DataFrame([{"method": method_label(r["method"]), "mean AUC": r["mean"], "95 % low": r["low"],
                           "95 % high": r["high"], "images": r["images"],
@@ -222,8 +224,8 @@ def perturbation_run(ctx, s: FaithChoice) -> FoldedSeeds | None:
     settings, with the random seeds folded into one row; None (and a line saying why) until the button is pressed."""
     key, forwards = s.key(ctx), s.settings().forwards()
     run_slot = st.empty()  # the button goes away once the result is there
-    if cached(key) is None and not run_slot.button(f"Run the perturbation test ({len(s.methods)} methods, {forwards} "
-                                                   "forward passes)", type="primary", key="faith_run"):
+    label = f"Run the perturbation test ({counted(len(s.methods), 'method')}, {counted(forwards, 'forward pass')})"
+    if cached(key) is None and not run_slot.button(label, type="primary", key="faith_run"):
         st.info("Each method's curves need its perturbed inputs run through the model; press the button to start. "
                 "Results are kept for this image and these settings.")
         return None
@@ -273,7 +275,7 @@ def auc_section(ctx, s: FaithChoice, run: FoldedSeeds) -> None:
     signed = _signed()
     named = {m: method_label(m) + (f" ({s.ordering} order)" if m in signed else "") for m in result.methods}
     if band is not None:
-        named["random"] = f"random (mean of {band.seeds} seeds)"
+        named["random"] = f"random (mean of {counted(band.seeds, 'seed')})"
     table = _auc_table(run, named)
     st.dataframe(screen_table(table), hide_index=True, key="faith_table", column_config=AUC_COLUMNS)
     reference = result.reference()
@@ -291,9 +293,9 @@ def auc_section(ctx, s: FaithChoice, run: FoldedSeeds) -> None:
                "insertion's up to rounding); LeRF − MoRF is the AttnLRP paper's summary. Click a column header to "
                "sort. One image: no claim beyond it; the dataset view above gives intervals over an image set.")
     if band is not None:
-        st.markdown("**Against chance** (random maps over "
-                    f"{band.seeds} seeds, seeds {s.seed}–{s.seed + band.seeds - 1}; a method counts as better or "
-                    "worse only outside the seeds' mean ± 2 standard deviations):")
+        st.markdown(f"**Against chance** (random maps over {counted(band.seeds, 'seed')}, seeds "
+                    f"{s.seed}–{s.seed + band.seeds - 1}; a method counts as better or worse only outside the seeds' "
+                    "mean ± 2 standard deviations):")
         st.markdown("\n".join(f"- {band.sentence(named[m], d, i)}" for m, d, i in
                               zip(result.methods, result.deletion_auc, result.insertion_auc) if m != "random"))
     settings = {"image": ctx.image.name, "model": ctx.loaded.card()["spec"], "protocol": protocol_text(s.replacement),
@@ -322,7 +324,7 @@ def model_saw_section(ctx, s: FaithChoice, result: Faithfulness) -> None:
     m1, m2 = st.columns([2, 3])
     shown_method = m1.selectbox("Order of", result.methods, format_func=method_label, key="faith_shown_method")
     step = m2.select_slider("Step", options=list(range(len(result.fractions))), value=len(result.fractions) // 2,
-                            format_func=lambda s: f"{result.fractions[s]:.0%} ({result.counts[s]} patches)",
+                            format_func=lambda s: f"{result.fractions[s]:.0%} ({counted(result.counts[s], 'patch')})",
                             key="faith_step")
     m = result.methods.index(shown_method)
     model_input = preprocess([ctx.image.image], loaded.data_config).tensor[0]
@@ -333,7 +335,7 @@ def model_saw_section(ctx, s: FaithChoice, result: Faithfulness) -> None:
     p1.image(pictures[0], caption=f"deletion: top {result.counts[step]} of {layout.num_patches} patches replaced by "
                                   f"{REPLACEMENT_TEXT[s.replacement]} · score {result.deletion[m, step]:.4f}",
              width="stretch")
-    p2.image(pictures[1], caption=f"insertion: only the top {result.counts[step]} patches kept · score "
+    p2.image(pictures[1], caption=f"insertion: only the top {counted(result.counts[step], 'patch')} kept · score "
                                   f"{result.insertion[m, step]:.4f}", width="stretch")
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import streamlit as st
 
 from ui.cache import _model_run, model_run, store
@@ -12,10 +11,11 @@ from ui.charts import file_stem, point_customdata, show_chart
 from ui.downloads import download_row
 from ui.guard import guarded
 from ui.progress import cached, with_progress
+from ui.words import counted
 from vitviz.analyses.clusters import K_RANGE, token_clusters
 from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import cluster_figure
-from vitviz.figures.similarity_figures import cka_diagonal, cka_heatmap
+from vitviz.figures.similarity_figures import cka_diagonal, cka_heatmap, median_interval_width
 from vitviz.lens import Lens
 from vitviz.runs.layer_features import POOLINGS, TOKEN_POINTS, CNNFeatures, LensFeatures, is_cnn_name, layer_tokens
 from vitviz.runs.similarity_run import MIN_BATCH, similarity
@@ -44,8 +44,8 @@ def similarity_section(ctx) -> None:
         st.info("Add images in the sidebar: CKA compares layers over an image set.")
         return
     if len(ctx.images) < MIN_BATCH:
-        st.info(f"CKA needs {MIN_BATCH} or more images (the sidebar holds {len(ctx.images)}): add images in the "
-                "sidebar. More images give a narrower interval.")
+        st.info(f"CKA needs {MIN_BATCH} or more images (the sidebar holds {counted(len(ctx.images), 'image')}): add "
+                "images in the sidebar. More images give a narrower interval.")
         return
     c1, c2, c3 = st.columns([2, 1, 2])
     other = c1.text_input("Compare with", key="cka_other", placeholder="the same model (within-model map)",
@@ -60,7 +60,8 @@ def similarity_section(ctx) -> None:
     name_b = canonical_model_name(other) if other else name_a
     key = ("cka", ctx.spec, other, point, pooling, tuple(im.sha256 for im in ctx.images))
     button = st.empty()  # emptied once the map is computed: the clicked button does not stay above it
-    if cached(key) is None and not button.button(f"Compute CKA over the {len(ctx.images)} images", key="cka_run",
+    label = f"Compute CKA over the {counted(len(ctx.images), 'image')}"
+    if cached(key) is None and not button.button(label, key="cka_run",
                                                  help="Runs each model once over the images, "
                                                       f"{BATCH_SIZE} at a time."):
         return
@@ -90,9 +91,9 @@ def similarity_section(ctx) -> None:
                f"pooling {pooling} ({POOLINGS[pooling]}). One colour scale, 0 to 1; an estimate below 0 (possible "
                f"with few images) is drawn as 0 and keeps its value in the hover. Interval: "
                f"{result.settings['interval']}.")
-    widths = (result.high - result.low)[np.isfinite(result.high - result.low)]
-    if widths.size and np.median(widths) > 0.3:
-        st.warning(f"With {result.images} images the 95 % intervals are wide (median width {np.median(widths):.2f}; "
+    width = median_interval_width(result.low, result.high)
+    if width is not None and width > 0.3:
+        st.warning(f"With {counted(result.images, 'image')} the 95 % intervals are wide (median width {width:.2f}; "
                    "hover a cell for its own): the map's broad structure may hold, but not which cells differ. Dozens "
                    "of images narrow them (`python -m vitviz similarity` runs over thousands).")
     with guarded("the token clusters"):
@@ -130,7 +131,7 @@ def _clusters_side_by_side(ctx, sides, names, point: str, cell: tuple[int, int],
                 f"Clustering {name}'s {what} ...", lambda side=side, layer=layer: _cluster(side, point, ctx.image.image,
                                                                                          layer, k)))
             at = f"{what}, {point}" if isinstance(side, Lens) else what
-            title = f"{name}: {at}, {k} clusters"
+            title = f"{name}: {at}, {counted(k, 'cluster')}"
             show_chart(cluster_figure(tokens.image, clusters.labels, tokens.layout, title=title, height=430),
                        f"cka_clusters_{tag}", file_stem("cka_clusters", ctx.image.name, name, what, f"k{k}"))
     st.caption(f"One image (the sidebar's {ctx.image.name}) on each model's own input; k-means of its "

@@ -85,3 +85,14 @@ def cka_diagonal(result, label_a: str = "model A", label_b: str = "model B", *, 
                       yaxis=dict(title="CKA", range=[low - 0.02, high + 0.02]), height=height,
                       margin=dict(l=70, r=10, t=50, b=50), showlegend=False)
     return fig
+
+
+def median_interval_width(low: np.ndarray, high: np.ndarray) -> float | None:
+    """The median width ``high - low`` of a CKA map's intervals over its finite cells, or None when none is finite.
+
+    Args:
+        low, high: (La, Lb) interval bounds per pair of layers; NaN where a cell has no interval.
+    """
+    widths = np.asarray(high, dtype=float) - np.asarray(low, dtype=float)
+    widths = widths[np.isfinite(widths)]
+    return float(np.median(widths)) if widths.size else None
