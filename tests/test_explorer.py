@@ -138,3 +138,41 @@ def test_rollout_payload_with_discard_sends_the_clicked_patchs_own_chain():
     want = rollout_reference(attention, layout, discard=0.5, query=5)
     _close_as_float16(arrays["row"], want.per_layer.reshape(L, -1))
     _close_as_float16(arrays["readout"], rollout_reference(attention, layout, discard=0.5).per_layer.reshape(L, -1))
+
+
+def test_head_notes_name_each_heads_entropy_focus_and_distance():
+    from vitviz.analyses.maps import head_notes
+
+    # Asymmetric in layer and head: a swapped index or a wrong score in a slot reads another tile's numbers.
+    scores = {"entropy": np.array([[1.234, 2.0], [3.5, 0.004]]), "cls_focus": np.array([[0.1, 0.25], [0.5, 0.987]])}
+    distance = np.array([[10.4, 20.6], [30.0, 99.5]])
+    notes = head_notes(scores, distance)
+    assert notes.shape == (2, 2)
+    assert notes.tolist() == [["H 1.23 nats · focus 0.10 · 10 px", "H 2.00 nats · focus 0.25 · 21 px"],
+                              ["H 3.50 nats · focus 0.50 · 30 px", "H 0.00 nats · focus 0.99 · 100 px"]]
+
+
+def test_heads_tile_notes_agree_on_the_server_grid_and_in_the_browser(bundled, sample_images):
+    from types import SimpleNamespace
+
+    from ui.display import Display
+    from ui.explorer import heads_payload
+    from ui.heads import HeadsView, heads_panel
+    from vitviz.analyses.per_image import analyse_images
+
+    r = analyse_images(bundled, [sample_images[0].image]).image(0)
+    ctx = SimpleNamespace(result=r, padding=np.zeros(0, int))
+    header, _ = unpack(heads_payload(ctx, None).data)
+    L, H = r.attention.shape[:2]
+    for layer in (0, L - 1):
+        # Ranked by entropy: the server's tiles come in another order than the browser's (L, H) table.
+        panel = heads_panel(ctx, HeadsView(layer, "cls", "query", 0.0, "entropy (low = focused)", Display()))
+        assert sorted(panel.order) == list(range(H)) and panel.order != list(range(H))
+        assert panel.notes == [header["notes"][layer][h] for h in panel.order]
+        # The entropy in a note is the patch queries' mean entropy over patch keys, computed here in numpy.
+        h = panel.order[0]
+        rows = np.asarray(r.attention[layer, h], np.float64)[r.layout.patch_slice, r.layout.patch_slice]
+        p = rows / rows.sum(axis=1, keepdims=True)
+        entropy = float(-(p * np.log(np.where(p > 0, p, 1))).sum(axis=1).mean())
+        assert panel.notes[0].startswith(f"H {entropy:.2f} nats · focus "), (panel.notes[0], entropy)
+

@@ -68,6 +68,36 @@ def test_rollout_equals_the_papers_matrix_product_written_in_numpy(fusion, disca
     np.testing.assert_allclose(ours.map, paper_rollout(attention, fusion, discard, exclude), rtol=1e-10, atol=1e-15)
 
 
+def test_kept_out_patches_are_their_tokens_and_hold_the_plain_rollouts_mass_on_them():
+    from vitviz.analyses.rollout import mass_on, patch_tokens, rollout, token_patches
+
+    # Patches 1, 8 and 11 of the 3 x 5 grid sit at (row, col) (0, 1), (1, 3) and (2, 1): after the 3 prefix tokens.
+    assert patch_tokens(LAYOUT, np.array([8, 1, 11])) == (11, 4, 14)
+    # Prefix tokens (CLS 0, register 2) are no patches; repeats count once; the patches come back sorted.
+    assert token_patches(LAYOUT, (14, 0, 11, 2, 11, 4)) == [1, 8, 11]
+    attention = random_attention(layers=4, prefix_mass=np.random.default_rng(3).random((4, 4, N)) * 0.6)
+    R = paper_rollout(attention)  # the CLS row over the patches, (gh, gw)
+    held = R[0, 1] + R[1, 3] + R[2, 1]
+    ours = rollout(attention, LAYOUT).map
+    # float64 rollout as in the test above (rtol 1e-10 covers its 1.6e-14), and a sum of 3 of its values
+    np.testing.assert_allclose(mass_on(ours, [1, 8, 11]), held, rtol=1e-10)
+    assert mass_on(ours, []) == 0.0
+    # Kept out, they hold none of it: their columns are zeroed in every A' (only their own 0.5 I remains).
+    kept_out = rollout(attention, LAYOUT, exclude_tokens=patch_tokens(LAYOUT, [1, 8, 11])).map
+    assert mass_on(kept_out, [1, 8, 11]) == 0.0
+
+
+def test_mean_head_map_is_the_heads_mean_of_the_query_row_over_patch_keys():
+    from vitviz.analyses.maps import mean_head_map
+
+    attention = random_attention(layers=3, heads=4)
+    for query, row in (("cls", attention[1, :, 0]), (7, attention[1, :, PREFIX + 7]),
+                       ("mean", attention[1, :, PREFIX:].mean(axis=1))):
+        want = row[:, PREFIX:].mean(axis=0).reshape(GH, GW)  # not renormalised: the prefix keys' mass is left out
+        # float64 means of 4 (and 15) values: a few ulps
+        np.testing.assert_allclose(mean_head_map(attention, LAYOUT, 1, query), want, rtol=1e-14)
+
+
 # --- attention flow (Abnar & Zuidema 2020), against networkx ---------------------------------------------------
 
 def paper_capacities(attention, exclude=()):

@@ -215,3 +215,20 @@ def test_a_transformers_dinov2_probe_on_cls_and_mean_equals_dinov2_for_image_cla
         expected = twin(pixel_values=x).logits
     torch.testing.assert_close(probed.trace(x, keep="logits")["logits"], expected, rtol=1e-5, atol=1e-6)
     assert probed.num_layers == layer and probed.has_head
+
+
+def test_the_backbones_hooks_in_a_probe_run_are_the_probed_runs_but_for_the_stop_and_its_own_head():
+    from vitviz.adapters.base import Hooks
+    from vitviz.adapters.probe_head import _Backbone
+
+    outer = Hooks(keep=("blocks.0.attn",), edit={"blocks.1.q": lambda value, point: value}, fast=True)
+    inner = _Backbone(outer, "blocks.1.resid_post")
+    own = {"wants", "plain_blocks"}  # stop at the probe's layer; the backbone's pooled and logits are not the run's
+    public = [n for n in dir(Hooks) if not n.startswith("_")] + [n for n in vars(outer) if not n.startswith("_")]
+    # Every other method and attribute is the probed run's own (bound to it): one Hooks grows, both answer.
+    assert {"edits", "destination", "rules", "kept"} <= set(public)
+    for name in set(public) - own:
+        assert getattr(inner, name) == getattr(outer, name), name
+    assert inner.edits("blocks.1.q") and not inner.edits("blocks.0.q")
+    assert inner.wants("blocks.1.resid_post") and inner.wants("blocks.0.attn") and not inner.wants("blocks.0.q")
+    assert not inner.wants("logits") and not inner.plain_blocks(12)

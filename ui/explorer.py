@@ -18,7 +18,7 @@ from ui import keys
 from ui.numbers import number
 from ui.persist import remember_view, saved_view
 from vitviz.figures.explorer import ExplorerPayload, explorer_payload, rollout_payload
-from vitviz.analyses.maps import RANKINGS
+from vitviz.analyses.maps import RANKINGS, head_notes
 
 ASSETS = Path(__file__).resolve().parent.parent / "components" / "explorer"
 _component = st.components.v2.component("vitviz_explorer", js=(ASSETS / "explorer.js").read_text(),
@@ -55,23 +55,29 @@ def _mount(key: str, payload: Callable[[], ExplorerPayload]) -> tuple[ExplorerPa
     return data, view
 
 
+def heads_payload(ctx, selected: int | None) -> ExplorerPayload:
+    """The heads grid's payload for the page's image: every layer's maps, sinks, tile notes and rankings;
+    ``selected``: the clicked patch (0-based), whose rows are sent when not every patch's are."""
+    r, layout = ctx.result, ctx.result.layout
+    scores = r.head_scores
+    return explorer_payload(r.attention, layout, r.model_input,
+                            sinks=[r.sinks.patch_sinks(layout, [l]) for l in range(r.attention.shape[0])],
+                            notes=head_notes(scores, r.distance),
+                            scores={label: (scores[key], key != "entropy") for label, key in RANKINGS.items()},
+                            selected=selected, padding=ctx.padding)
+
+
 def heads_explorer(ctx, key: str = "heads_explorer") -> tuple[ExplorerPayload, dict | None]:
     """Mount the heads grid (and Compare layers) for the page's image; returns the payload and the view the
     browser last reported."""
-    r, layout = ctx.result, ctx.result.layout
-    L, H = r.attention.shape[:2]
-
-    def build() -> ExplorerPayload:
-        scores = r.head_scores
-        notes = np.array([[f"H {scores['entropy'][l, h]:.2f} nats · focus {scores['cls_focus'][l, h]:.2f} · "
-                           f"{r.distance[l, h]:.0f} px" for h in range(H)] for l in range(L)], dtype=object)
-        return explorer_payload(r.attention, layout, r.model_input,
-                                sinks=[r.sinks.patch_sinks(layout, [l]) for l in range(L)], notes=notes,
-                                scores={label: (scores[key], key != "entropy") for label, key in RANKINGS.items()},
-                                selected=st.session_state.get(keys.PATCH), padding=ctx.padding)
-
+    r = ctx.result
     name = (ctx.image.sha256, ctx.loaded.card()["spec"], tuple(r.attention.shape), tuple(ctx.padding.tolist()))
-    return _mount(key, lambda: _held(key, name, st.session_state.get(keys.PATCH), build))
+
+    def payload() -> ExplorerPayload:
+        selected = st.session_state.get(keys.PATCH)  # read after _mount took the view the browser reported
+        return _held(key, name, selected, lambda: heads_payload(ctx, selected))
+
+    return _mount(key, payload)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from ui.paper import paper_downloads
 from ui.persist import saved_view, set_view
 from ui.readout import names_grid, set_head_names
 from ui.repair import repair_view
-from vitviz.analyses.maps import RANKINGS, layer_maps, rank_heads, threshold_mask
+from vitviz.analyses.maps import RANKINGS, head_notes, layer_maps, rank_heads, threshold_mask
 from vitviz.figures.colour import SCALE_MODES, SEQUENTIAL
 from vitviz.figures.overlay import OVERLAY_STYLES
 from vitviz.figures.paper_figure import heads_groups, paper_figure
@@ -172,8 +172,7 @@ def heads_panel(ctx, v: HeadsView) -> HeadsPanel:
     masks = np.stack([threshold_mask(maps[h], keep) for h in order]) if keep > 0 else None
     sinks = r.sinks.patch_sinks(layout, [v.layer]) if v.display.exclude_sinks else None
     titles = [f"head {h + 1}" for h in order]
-    notes = [f"H {scores['entropy'][v.layer, h]:.2f} nats · focus {scores['cls_focus'][v.layer, h]:.2f} · "
-             f"{r.distance[v.layer, h]:.0f} px" for h in order]
+    notes = list(head_notes(scores, r.distance)[v.layer, order])
     title = f"Layer {v.layer + 1}, every head, {v.what}" + (f", DINO mask keeping {keep:.0%} of the mass" if keep else "")
     return HeadsPanel(maps, order, keep, masks, sinks, titles, notes, title)
 

@@ -23,8 +23,8 @@ from ui.navigation import concepts_link
 from ui.progress import cached, with_progress
 from ui.repair import repair_view
 from vitviz.analyses.flow import FLOW_DEFINITION, attention_flow
-from vitviz.analyses.maps import layer_maps
-from vitviz.analyses.rollout import FUSIONS, rollout
+from vitviz.analyses.maps import mean_head_map
+from vitviz.analyses.rollout import FUSIONS, mass_on, patch_tokens, rollout, token_patches
 from vitviz.analyses.tokens import top_classes
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
 
@@ -87,7 +87,7 @@ def rollout_controls(ctx) -> RolloutChoice:
         f"Keep the {ctx.padding.size} padding patches out of rollout", True, key="rollout_exclude_padding",
         help="Patches that hold no pixel of the photo (the grey bands added by \"resize whole image (pad)\"): dropped "
              "as keys in every layer of the range, as kept-out sinks are.")
-    padding_tokens = tuple(int(p) + layout.num_prefix_tokens for p in ctx.padding) if padding_out else ()
+    padding_tokens = patch_tokens(layout, ctx.padding) if padding_out else ()
     return RolloutChoice(fusion, discard, start, end, exclude_sinks, exclude_artifacts, padding_out, padding_tokens)
 
 
@@ -152,12 +152,8 @@ def rollout_maps(ctx, choice: RolloutChoice, query: int | None) -> RolloutMaps:
     sinks = r.sinks.patch_sinks(layout, range(choice.start - 1, choice.end))
     result = cached_rollout(ctx.spec, ctx.image.sha256, r, choice.settings, query, extra_tokens=choice.padding_tokens)
     plain = cached_rollout(ctx.spec, ctx.image.sha256, r, choice.plain, query)
-    artifacts = np.asarray(r.artifacts, dtype=int) - layout.num_prefix_tokens
-    dropped = sorted(set(sinks.tolist() if choice.exclude_sinks else [])
-                     | set(artifacts.tolist() if choice.exclude_artifacts else [])
-                     | (set(ctx.padding.tolist()) if choice.padding_out else set()))
-    held = float(plain.map.ravel()[dropped].sum()) if dropped else 0.0
-    return RolloutMaps(result, plain, sinks, dropped, held)
+    dropped = token_patches(layout, choice.kept_out(r.artifacts, r.sinks, layout))
+    return RolloutMaps(result, plain, sinks, dropped, mass_on(plain.map, dropped))
 
 
 @dataclass
@@ -224,7 +220,7 @@ def _rollout_map(ctx, choice: RolloutChoice, query: int | None, maps: RolloutMap
                + (f"Kept out of rollout: {_named(ctx, choice, maps.dropped)}, which held {maps.held:.1%} of the "
                   "readout's patch mass without the exclusion. " if maps.dropped else
                   f"Attention sinks in these layers: patches {maps.sinks.tolist() or 'none'}; "
-                  f"they hold {float(maps.plain.map.ravel()[maps.sinks].sum()):.1%} of the readout's patch mass. ")
+                  f"they hold {mass_on(maps.plain.map, maps.sinks):.1%} of the readout's patch mass. ")
                + ("" if browser else rendered.caption()))  # the browser's view has its own
     download_row(stem, {"rollout": result.map, "rollout_per_layer": result.per_layer},
                  display.settings(rendered) | {"image": ctx.image.name, "model": ctx.loaded.card()["spec"],
@@ -247,7 +243,7 @@ def _raw_attention(ctx, query: int | None, display: Display) -> None:
     else:
         raw_query, raw_name = query, f"patch{query}"
         raw_title = f"Layer {L}, patch {query} as query, mean over heads"
-    raw = layer_maps(r.attention, layout, L - 1, raw_query).mean(axis=0)[None]
+    raw = mean_head_map(r.attention, layout, L - 1, raw_query)[None]
     rendered_raw, fig_raw = map_figure(r.model_input, raw, layout, display, titles=[""], title=raw_title,
                                        sinks=r.sinks.patch_sinks(layout, [L - 1]) if display.exclude_sinks else None,
                                        query=query, columns=1)

@@ -72,14 +72,25 @@ class _Reached(Exception):
         self.tokens = tokens
 
 
-class _Backbone(Hooks):
+class _Backbone:
     """The backbone's forward seen through the probed model's hooks: its named points go to ``outer`` (kept and
     edited there), the forward ends after ``stop`` (the probe layer's ``resid_post``), the backbone's own
-    ``pooled`` is held here (not the probed model's ``pooled``) and its own logits are never computed."""
+    ``pooled`` is held here (not the probed model's ``pooled``) and its own logits are never computed.
 
-    def __init__(self, outer: Hooks, stop: str | None, want_pooled: bool = False):  # Hooks' own state is outer's
+    It wraps the probed model's :class:`Hooks` rather than being one: what it does not answer itself (``rules``,
+    ``edits``, ``destination``, and whatever Hooks learns next) is ``outer``'s, so the backbone's forward asks the
+    probed model's run and nothing is forwarded by hand.
+    """
+
+    def __init__(self, outer: Hooks, stop: str | None, want_pooled: bool = False):
         self.outer, self.stop, self.want_pooled = outer, stop, want_pooled
-        self.rules, self.fast, self.kept, self.pooled, self.final_norm = outer.rules, False, {}, None, None
+        self.pooled: torch.Tensor | None = None
+        self.final_norm: torch.Tensor | None = None
+
+    def __getattr__(self, name: str):
+        if name == "outer":  # not set yet (a copy being built): no endless lookup
+            raise AttributeError(name)
+        return getattr(self.outer, name)  # only reached for what this class does not define
 
     def wants(self, name: str) -> bool:
         if name == "pooled":
@@ -90,13 +101,6 @@ class _Backbone(Hooks):
 
     def plain_blocks(self, depth: int) -> bool:
         return False  # the forward must stop at the probe's layer
-
-    def edits(self, name: str) -> bool:
-        return self.outer.edits(name)
-
-    def destination(self, name: str, shape: tuple[int, ...], dtype: torch.dtype,
-                    device: torch.device) -> torch.Tensor | None:
-        return self.outer.destination(name, shape, dtype, device)
 
     def __call__(self, name: str, value: torch.Tensor) -> torch.Tensor:
         if name == "pooled":

@@ -125,12 +125,33 @@ RANKINGS = {
 }
 
 
+def mean_head_map(attention: np.ndarray, layout: TokenLayout, layer: int, query: str | int = "cls") -> np.ndarray:
+    """One layer's attention of a query over the patch keys, averaged over heads (not renormalised).
+
+    attention: (L, H, N, N); query as in :func:`query_attention_map` -> (gh, gw) in the attention's precision.
+    """
+    return layer_maps(attention, layout, layer, query).mean(axis=0)
+
+
 def head_scores(attention: np.ndarray | torch.Tensor, layout: TokenLayout, distance: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-head scores for ranking: entropy, CLS focus and (if given) mean distance, each (L, H)."""
     scores = {"entropy": head_entropy(attention, layout), "cls_focus": cls_focus(attention, layout)}
     if distance is not None:
         scores["distance"] = distance
     return scores
+
+
+def head_notes(scores: dict[str, np.ndarray], distance: np.ndarray) -> np.ndarray:
+    """Each head's note under its tile: entropy (nats), CLS focus (share) and mean attention distance (pixels).
+
+    scores: :func:`head_scores` (``"entropy"`` and ``"cls_focus"``, each (L, H)); distance: (L, H) pixels
+    -> (L, H) object array of str, e.g. ``"H 4.12 nats · focus 0.31 · 57 px"``.
+    """
+    entropy, focus = np.asarray(scores["entropy"]), np.asarray(scores["cls_focus"])
+    notes = np.empty(entropy.shape, dtype=object)
+    for (layer, head), h in np.ndenumerate(entropy):
+        notes[layer, head] = f"H {h:.2f} nats · focus {focus[layer, head]:.2f} · {distance[layer, head]:.0f} px"
+    return notes
 
 
 def rank_heads(scores: np.ndarray, descending: bool) -> np.ndarray:

@@ -188,6 +188,28 @@ def rollout_patch_rows(attention: np.ndarray | torch.Tensor, layout: TokenLayout
         yield M[ps, ps]
 
 
+def patch_tokens(layout: TokenLayout, patches) -> tuple[int, ...]:
+    """Sequence indices of patches: (P,) raster indices over the grid (0-based) -> the tokens rollout's
+    ``exclude_tokens`` takes (offset by the prefix tokens), in the order given."""
+    return tuple(int(p) + layout.num_prefix_tokens for p in patches)
+
+
+def token_patches(layout: TokenLayout, tokens) -> list[int]:
+    """The patches among sequence indices ``tokens``: raster indices over the grid (0-based), sorted, unique;
+    prefix tokens (CLS, registers) are left out. The inverse of :func:`patch_tokens` on patch tokens."""
+    return sorted({int(t) - layout.num_prefix_tokens for t in tokens if int(t) >= layout.num_prefix_tokens})
+
+
+def mass_on(grid_map: np.ndarray, patches) -> float:
+    """The readout's rollout mass on ``patches``: the sum of a (gh, gw) map (e.g. :attr:`Rollout.map`, raw mass, the
+    readout's row summing to 1 over all tokens) over raster indices ``patches`` (0-based); 0 for none.
+
+    With the map of a rollout run without exclusions, it is what the patches would take away if kept out.
+    """
+    patches = np.asarray(patches, dtype=int).ravel()
+    return float(np.asarray(grid_map, dtype=np.float64).ravel()[patches].sum()) if patches.size else 0.0
+
+
 def rollout_reference(attention: np.ndarray, layout: TokenLayout, *, fusion: str = "mean", discard: float = 0.0,
                       start: int = 0, end: int | None = None, exclude_tokens: tuple[int, ...] = (),
                       query: int | None = None) -> Rollout:

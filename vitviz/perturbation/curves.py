@@ -26,8 +26,8 @@ import torch
 from PIL import Image
 
 from ..adapters import adapter_for
-from ..trace import trace_model
 from ..errors import OptionError
+from ..trace import trace_model
 from ..layout import TokenLayout
 from ..analyses.maps import query_attention_map
 
@@ -92,6 +92,16 @@ def perturb(image: torch.Tensor, masks: np.ndarray, mode: str) -> torch.Tensor:
     return image[None] * keep[:, None].to(image.dtype)
 
 
+def read_point(model, x: torch.Tensor, point: str) -> torch.Tensor:
+    """One model-level point (``"logits"`` (B, C) or ``"pooled"`` (B, D)) of a batch (B, 3, H, W), the one forward
+    every score here runs: fused where the family has a fused path (nothing inside the blocks is read).
+
+    Not :meth:`vitviz.Lens.trace`: a Lens reads the model's token layout, and a score reads only the model's output,
+    so any model an adapter runs can be scored, one without a patch grid too.
+    """
+    return trace_model(model, x, keep=(point,), fast=True, grad=None)[point]
+
+
 class Score:
     """What a perturbed input is scored by. Subclasses set ``name`` and either ``point`` (the model point read:
     ``"logits"`` or ``"pooled"``) with :meth:`of` (that point's rows -> scores; rows of different images and scores
@@ -108,7 +118,7 @@ class Score:
         raise NotImplementedError
 
     def __call__(self, model, x: torch.Tensor) -> np.ndarray:  # (B, 3, H, W) -> (B,)
-        return self.of(trace_model(model, x, keep=(self.point,), fast=True, grad=None)[self.point])
+        return self.of(read_point(model, x, self.point))
 
 
 class ClassProbability(Score):
@@ -129,12 +139,12 @@ class ClassProbability(Score):
 
 def model_logits(model, x: torch.Tensor) -> torch.Tensor:
     """The classifier's logits of the model's forward (its adapter's): (B, 3, H, W) -> (B, C)."""
-    return trace_model(model, x, keep=("logits",), fast=True, grad=None)["logits"]
+    return read_point(model, x, "logits")
 
 
 def pre_logits(model, x: torch.Tensor) -> torch.Tensor:
     """The pooled vector the head reads (the adapter's ``pooled`` point): (B, 3, H, W) -> (B, D)."""
-    return trace_model(model, x, keep=("pooled",), fast=True, grad=None)["pooled"]
+    return read_point(model, x, "pooled")
 
 
 def pre_logits_text(model) -> str:
