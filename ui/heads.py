@@ -17,9 +17,9 @@ from ui.attribution import attribution_panel
 from ui.charts import file_stem, show_chart
 from ui.display import Display, display_controls, map_figure, panel_download, patch_picker, render
 from ui.downloads import download_row
-from ui.explorer import heads_explorer
+from ui.explorer import browser_draws, heads_explorer
 from ui.guard import guarded
-from ui.numbers import number
+from ui.numbers import number, whole
 from ui.paper import paper_downloads
 from ui.persist import saved_view, set_view
 from ui.readout import names_grid, set_head_names
@@ -51,15 +51,22 @@ def open_from_distance() -> None:
     note = st.session_state.get(OPENED_NOTE)
     if note is None:
         return
-    layer, head = note
-    # The server-drawn grid moves its widgets; the browser-drawn one moves the URL (ui.persist.remember_view).
-    shown = (st.session_state.get("heads_layer"), st.session_state.get("compare_head"),
-             st.query_params.get("layer"), st.query_params.get("chead"))
-    if shown != (layer, head, str(layer), str(head)):
+    if _shown_head() != tuple(note):
         del st.session_state[OPENED_NOTE]
         return
-    st.success(f"Opened from the distance plot: layer {layer}, head {head} (outlined in the grid and "
+    st.success(f"Opened from the distance plot: layer {note[0]}, head {note[1]} (outlined in the grid and "
                "picked below under Compare layers).")
+
+
+def _shown_head() -> tuple[int | None, int | None]:
+    """The layer and Compare head (both 1-based) the page shows: the server-drawn grid's widgets, or the view the
+    browser-drawn grid last reported (ui.persist). Each mode has one source: the URL can lag behind the server-drawn
+    widgets (a rerun sent before the browser applied the new query string), and the browser-drawn grid has no widgets.
+    """
+    if browser_draws():
+        saved = saved_view()
+        return whole(saved.get("layer")), whole(saved.get("chead"))
+    return st.session_state.get("heads_layer"), st.session_state.get("compare_head")
 
 
 def _compare_head() -> int | None:
