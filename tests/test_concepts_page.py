@@ -28,7 +28,7 @@ def test_a_painted_concept_is_probed_on_every_layer_mapped_on_every_image_and_ex
     sha = load_image(ROOT / "assets" / "chelsea.jpg", "chelsea.jpg").sha256
     at.session_state["concept_paint"] = {(sha, 16, 16): {"concept": set(EYES), "not": set()}}  # what clicks paint
     at.run()
-    assert any("chelsea.jpg: 24 concept, 0 not concept" in m.value for m in at.markdown)
+    assert any("chelsea.jpg: 24 concept patches, 0 not-concept patches" in m.value for m in at.markdown)
     next(b for b in at.button if "Fit the concept" in b.label).click().run()
     assert not at.exception and not at.error
     charts = {c.proto.id: json.loads(c.proto.spec) for c in at.get("plotly_chart")}

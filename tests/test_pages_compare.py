@@ -150,7 +150,7 @@ def test_the_cka_tab_draws_the_front_doors_map_of_the_sidebars_images(page, bund
     labels = [d.proto.label for d in page.get("download_button")]
     assert {"Chart (svg)", "Chart (pdf)"} <= set(labels)
     caption = next(c.value for c in page.caption if "minibatch" in c.value)
-    assert caption.startswith("4 images in 1 minibatch(es)") and "95 % percentile Bayesian bootstrap" in caption
+    assert caption.startswith("4 images in 1 minibatch;") and "95 % percentile Bayesian bootstrap" in caption
 
     # The cell's two layers, clustered side by side: first the curve's middle pair (layer 6 with layer 7, for one
     # model the curve pairs each layer with the next), then the cell a click picks.

@@ -397,7 +397,7 @@ def test_stats_of_two_models_offline_writes_the_bundled_rows_and_names_the_hub_m
     table = pd.read_parquet("stats/stats.parquet")
     assert set(table["model"]) == {"bundled"} and len(table) == 2 * 12 * 6
     assert sorted(set(table["image"])) == ["n09472597/0.jpg", "n09472597/1.jpg"]
-    assert "stats/stats.parquet holds 2 image(s) for bundled" in err
+    assert "stats/stats.parquet holds 2 images for bundled" in err
     summary = json.loads(Path("stats/summary.json").read_text())
     assert summary["complete"] is False and list(summary["models"]) == ["bundled"]
 

@@ -78,7 +78,7 @@ def test_the_probe_line_writes_parts_that_add_up_to_the_probe_applied_by_hand(pr
     tuned = pd.read_parquet(out / "tuned_lens.parquet")
     assert list(tuned.layer) == list(range(9)) and {"kl_plain", "kl_tuned", "top1_plain", "top1_tuned"} <= set(tuned)
     printed = capsys.readouterr().out
-    assert re.search(r"3 image\(s\), target logit of class 1 \(class b\): the head with the largest mean direct share "
+    assert re.search(r"3 images, target logit of class 1 \(class b\): the head with the largest mean direct share "
                      r"is layer \d+ head \d+", printed)
 
 

@@ -49,14 +49,14 @@ def test_similarity_killed_after_some_minibatches_resumes_to_the_uninterrupted_n
     assert "Traceback" not in err
     said = [line for line in err.splitlines() if "interrupted" in line]
     assert len(said) == 1, err
-    assert re.fullmatch(rf"interrupted: {re.escape(str(out))} keeps (\d+) of 12 finished minibatch\(es\); run the "
+    assert re.fullmatch(rf"interrupted: {re.escape(str(out))} keeps (\d+) of 12 minibatches finished; run the "
                         r"same command again to go on\.", said[0]), said
     kept = int(re.search(r"keeps (\d+)", said[0]).group(1))
     assert 0 < kept < 12
     assert not (out / "cka.parquet").exists()  # no estimate over part of the images is passed off as the result
 
     assert main(args) == 0
-    assert f"resuming: {kept} of 12 minibatch(es) already done." in capsys.readouterr().err
+    assert f"resuming: {kept} of 12 minibatches already done." in capsys.readouterr().err
     assert main(cka_args([folder], tmp_path / "whole", tiny_checkpoint, "--workers", "1")) == 0
     (resumed, settings), (whole, _) = read(out), read(tmp_path / "whole")
     # The same minibatches through the same kernels, each one's bootstrap weights drawn from (seed, its index) and

@@ -46,5 +46,6 @@ def test_the_painted_concepts_title_counts_patches_in_words():
 
     assert accuracy_title(1, 1).endswith("· 1 concept patch and 1 not-concept patch")
     assert accuracy_title(24, 2).endswith("· 24 concept patches and 2 not-concept patches")
-    assert painted_line("a.jpg", 24, 0) == "- a.jpg: 24 concept, 0 not concept"
-    assert painted_line("a.jpg", 0, 0) == "- a.jpg: 0 concept, 0 not concept (maps only)"
+    assert painted_line("a.jpg", 24, 0) == "- a.jpg: 24 concept patches, 0 not-concept patches"
+    assert painted_line("a.jpg", 1, 1) == "- a.jpg: 1 concept patch, 1 not-concept patch"
+    assert painted_line("a.jpg", 0, 0) == "- a.jpg: 0 concept patches, 0 not-concept patches (maps only)"

@@ -59,8 +59,9 @@ def canvas(ctx, lens) -> Canvas:
 
 
 def painted_line(name: str, concept: int, not_concept: int) -> str:
-    """One image's painting in the list: "- a.jpg: 3 concept, 0 not concept" ("(maps only)" when none)."""
-    return f"- {name}: {concept} concept, {not_concept} not concept" + ("" if concept or not_concept else " (maps only)")
+    """One image's painting in the list: "- a.jpg: 3 concept patches, 1 not-concept patch" ("(maps only)" when none)."""
+    line = f"- {name}: {counted(concept, 'concept patch')}, {counted(not_concept, 'not-concept patch')}"
+    return line + ("" if concept or not_concept else " (maps only)")
 
 
 def _painter(ctx, c: Canvas) -> None:

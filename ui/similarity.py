@@ -87,7 +87,7 @@ def similarity_section(ctx) -> None:
     with guarded("the CKA map"):
         show_chart(cka_heatmap(result, name_a, name_b, selected=cell), "cka_map", stem, on_select=_pick_cell,
                    selection_mode="points")
-    st.caption(f"{result.images} images in {result.settings['minibatches']} minibatch(es); point {point}, "
+    st.caption(f"{counted(result.images, 'image')} in {counted(result.settings['minibatches'], 'minibatch')}; point {point}, "
                f"pooling {pooling} ({POOLINGS[pooling]}). One colour scale, 0 to 1; an estimate below 0 (possible "
                f"with few images) is drawn as 0 and keeps its value in the hover. Interval: "
                f"{result.settings['interval']}.")

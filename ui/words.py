@@ -1,8 +1,8 @@
-"""Counts in words: "1 image", "2 images" (:func:`vitviz.figures.core.counted`), "1 image gives", "2 images give"
+"""Counts in words: "1 image", "2 images" (:func:`vitviz.words.counted`), "1 image gives", "2 images give"
 (:func:`subject`) and "1 of 3 images has" (:func:`part_of`)."""
 from __future__ import annotations
 
-from vitviz.figures.core import counted
+from vitviz.words import counted
 
 __all__ = ["counted", "part_of", "subject"]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import VitvizError
 from ..io.output import check_writable
 from .options import EXIT_NO_IMAGE, Progress, add_model, add_out, skipped_records, spec_of
+from ..words import counted
 
 # Options of analyses defined on attention over the whole sequence, with their defaults.
 GLOBAL_ATTENTION_OPTIONS = {"fusion": "mean", "discard": 0.0, "start_layer": 1, "end_layer": None,
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
                         skipped=_Skipped(problems), progress=progress.update, **extra)
     finally:
         progress.close()
-    print(f"analysed {len(written.images)} image(s) with {loaded.label} on {loaded.device}"
+    print(f"analysed {counted(len(written.images), 'image')} with {loaded.label} on {loaded.device}"
           f"{' (window attention)' if window else ''}; wrote {args.out}/analysis.npz")
     return 0
 

@@ -9,6 +9,7 @@ from ..errors import VitvizError
 from ..io.output import check_writable
 from .options import (Progress, add_engine, add_inputs, add_model, add_out, check_batch_size, engine_of, expand,
                       interrupted_code, no_image, read_json, spec_of, versions)
+from ..words import counted
 
 
 def add_parser(sub) -> None:
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if not len(auc):
         return no_image()
     print("\n".join(summary_lines(summary)))
-    print(f"{auc['image'].nunique()} image(s) in {args.out / AUC_NAME}")
+    print(f"{counted(auc['image'].nunique(), 'image')} in {args.out / AUC_NAME}")
     return 0
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from ..errors import VitvizError
 from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, batch_inputs,
                       decode, expand, open_lens, skipped_records, versions)
+from ..words import counted
 
 QK_POINTS, QK_CORRELATIONS, EFFECTS, SETTINGS = "qk.parquet", "correlations.json", "effects.parquet", "settings.json"
 
@@ -171,7 +172,7 @@ def run_heads(args: argparse.Namespace) -> int:
         "head": pd.array([h + 1 if h >= 0 else None for _, _, h, *_ in effects.rows], dtype="Int32"),
         "kind": [k for *_, k, _ in effects.rows], "effect": [e for *_, e in effects.rows]})
     _write(args.out, table, EFFECTS, settings)
-    print(f"{len(pairs)} head(s), {len(table)} effects; wrote {args.out / EFFECTS}")
+    print(f"{counted(len(pairs), 'head')}, {counted(len(table), 'effect')}; wrote {args.out / EFFECTS}")
     return 0
 
 

@@ -10,6 +10,7 @@ import sys
 from ..errors import ImageError, VitvizError
 from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, batch_inputs, decode,
                       no_image, open_lens, skipped_records, versions)
+from ..words import counted
 
 READOUT, LOGIT_LENS, HEAD_MAPS, TUNED, SETTINGS = ("readout.parquet", "logit_lens.parquet", "head_patches.npz",
                                                    "tuned_lens.parquet", "settings.json")
@@ -167,6 +168,6 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_bytes(args.out / SETTINGS, (json.dumps(settings, indent=2, default=float) + "\n").encode())
     top = readout_table[readout_table.component == "attn_head"].groupby(["layer", "head"]).value.mean()
     best = top.abs().idxmax()
-    print(f"{len(names)} image(s), target {text}: the head with the largest mean direct share is layer "
+    print(f"{counted(len(names), 'image')}, target {text}: the head with the largest mean direct share is layer "
           f"{best[0] + 1} head {best[1] + 1} ({top[best]:+.4g}); wrote {args.out / READOUT}")
     return 0

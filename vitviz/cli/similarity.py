@@ -19,6 +19,7 @@ from ..io.atomic import atomic_write_bytes, signals_held
 from ..io.output import check_writable
 from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, engine_of, expand,
                       interrupted_code, no_image, read_json, spec_of, versions)
+from ..words import counted
 
 CKA_NAME = "cka.parquet"
 SETTINGS_NAME = "settings.json"
@@ -90,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.out} held the sums of a run with other images or settings: they were removed.", file=sys.stderr)
     state = state or {"next": 0, "accumulator": None, "sides": None, "skipped": {}}
     if state["next"]:
-        print(f"resuming: {state['next']} of {len(sizes)} minibatch(es) already done.", file=sys.stderr)
+        print(f"resuming: {state['next']} of {counted(len(sizes), 'minibatch')} already done.", file=sys.stderr)
     skipped = state["skipped"] | {p.name: p.reason for p in problems}
     accumulator, described = state["accumulator"], state["sides"]
     progress = Progress(len(files), desc="similarity")
@@ -118,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt as exc:
         progress.close()
         done = sums.read()[0]
-        print(f"\ninterrupted: {args.out} keeps {done['next'] if done else 0} of {len(sizes)} finished "
-              "minibatch(es); run the same command again to go on.", file=sys.stderr)
+        print(f"\ninterrupted: {args.out} keeps {done['next'] if done else 0} of {counted(len(sizes), 'minibatch')} "
+              "finished; run the same command again to go on.", file=sys.stderr)
         return interrupted_code(exc)
     progress.close()
     if accumulator is None:
@@ -138,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
     _write_results(args.out, result, settings, key)
     sums.clear()
     shape = result.cka.shape
-    print(f"{shape[0]} x {shape[1]} layers over {result.images} image(s) in {result.settings['minibatches']} "
-          f"minibatch(es): {args.out / CKA_NAME}")
+    print(f"{shape[0]} x {shape[1]} layers over {counted(result.images, 'image')} in "
+          f"{counted(result.settings['minibatches'], 'minibatch')}: {args.out / CKA_NAME}")
     return 0
 
 

@@ -11,6 +11,7 @@ from ..errors import VitvizError
 from ..io.output import check_writable
 from .options import (ENGINE_WORKERS_HELP, Progress, add_engine, add_inputs, add_model, add_out, check_batch_size,
                       engine_of, expand, interrupted_code, no_image, read_json, specs_of, versions)
+from ..words import counted
 
 COLUMN_DOCS = {
     "image": "the file as given, or relative to the folder given",
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     _write_summary(args, store, table, in_table, specs, workers, cards, files, skipped, counts,
                    complete=interrupted is None and failed is None)
     store.close()
-    held = ", ".join(f"{n} image(s) for {m}" for m, n in in_table.items()) or "no image"
+    held = ", ".join(f"{counted(n, 'image')} for {m}" for m, n in in_table.items()) or "no image"
     if interrupted is not None:
         print(f"\ninterrupted: {args.out / STATS_NAME} holds every finished batch ({held}); "
               "run the same command again to go on.", file=sys.stderr)
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if not in_table:
         return no_image()
     added = sum(c["added"] for c in counts.values())
-    print(f"analysed {added} new image(s) over {len(specs)} model(s); {args.out / STATS_NAME} holds {held}")
+    print(f"analysed {counted(added, 'new image')} over {counted(len(specs), 'model')}; {args.out / STATS_NAME} holds {held}")
     return 0
 
 

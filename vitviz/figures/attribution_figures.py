@@ -12,7 +12,8 @@ from PIL import Image
 from ..explainers import registered
 from ..explainers.base import Map
 from .colour import DIVERGING, ROBUST_PERCENTILE, lookup_table, reference_stops
-from .core import counted, image_data_uri
+from .core import image_data_uri
+from ..words import counted
 
 SEQUENTIAL_MAP = "Inferno"
 

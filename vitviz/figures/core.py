@@ -17,13 +17,6 @@ from ..layout import TokenLayout
 from .overlay import colour_bar_ticks
 
 
-def counted(n: int, noun: str, plural: str | None = None) -> str:
-    """``n`` and ``noun``, singular for exactly one: ``counted(1, "image")`` -> "1 image", ``counted(3, "patch")`` ->
-    "3 patches"; ``plural`` where adding "s" or "es" is wrong. Every count a figure or page shows goes through it."""
-    if n == 1:
-        return f"{n} {noun}"
-    return f"{n} {plural or noun + ('es' if noun.endswith(('s', 'sh', 'ch', 'x')) else 's')}"
-
 AXES_OFF = dict(visible=False)
 
 

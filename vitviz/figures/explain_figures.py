@@ -13,7 +13,8 @@ from plotly.colors import hex_to_rgb
 from ..analyses.anatomy import AttentionAnatomy
 from ..analyses.clusters import cluster_overlay
 from .colour import ColourScale
-from .core import counted, image_data_uri, map_panel
+from .core import image_data_uri, map_panel
+from ..words import counted
 from ..layout import TokenLayout
 from .overlay import render_overlay
 

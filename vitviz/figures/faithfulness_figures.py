@@ -7,7 +7,8 @@ from plotly.subplots import make_subplots
 
 from ..explainers import registered
 from ..perturbation.curves import MODES
-from .core import counted, qualitative_colours
+from .core import qualitative_colours
+from ..words import counted
 
 FLOOR = "random"
 

@@ -26,6 +26,7 @@ import pandas as pd
 from ..analyses.similarity import KERNELS, MinibatchCKA
 from ..errors import ImageError, VitvizError
 from .layer_features import POOLINGS, features_of, grams
+from ..words import counted
 
 MIN_BATCH = 4  # the unbiased HSIC needs four examples
 
@@ -91,7 +92,7 @@ def _check_options(pooling: str, kernel: str, batch_size: int, images: int) -> N
     if batch_size < MIN_BATCH:
         raise VitvizError(f"batch size {batch_size}: minibatch CKA needs {MIN_BATCH} or more images per minibatch.")
     if images < MIN_BATCH:
-        raise VitvizError(f"{images} image(s): CKA needs {MIN_BATCH} or more (the unbiased HSIC compares "
+        raise VitvizError(f"{counted(images, 'image')}: CKA needs {MIN_BATCH} or more (the unbiased HSIC compares "
                           "pairs of pairs of images).")
 
 
