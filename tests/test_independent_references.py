@@ -87,6 +87,17 @@ def test_kept_out_patches_are_their_tokens_and_hold_the_plain_rollouts_mass_on_t
     assert mass_on(kept_out, [1, 8, 11]) == 0.0
 
 
+def test_the_readout_is_named_once_for_files_and_once_for_pages():
+    from vitviz.analyses.rollout import readout_label, readout_name
+
+    pooled = TokenLayout(prefix_tokens=("reg0",), grid_size=(3, 5), patch_size=(14, 16), global_pool="avg",
+                         pos_embed_prefix_rows=0)
+    assert [readout_name(LAYOUT), readout_name(pooled), readout_name(LAYOUT, 7)] == [
+        "cls", "mean over patch rows", "patch 7 (raster order, 0-based)"]  # what results and files record
+    assert [readout_label(LAYOUT), readout_label(pooled), readout_label(pooled, 7)] == [
+        "CLS", "mean over patch rows", "patch 7"]  # what the pages and the explorer show
+
+
 def test_mean_head_map_is_the_heads_mean_of_the_query_row_over_patch_keys():
     from vitviz.analyses.maps import mean_head_map
 

@@ -24,7 +24,7 @@ from ui.progress import cached, with_progress
 from ui.repair import repair_view
 from vitviz.analyses.flow import FLOW_DEFINITION, attention_flow
 from vitviz.analyses.maps import mean_head_map
-from vitviz.analyses.rollout import FUSIONS, mass_on, patch_tokens, rollout, token_patches
+from vitviz.analyses.rollout import FUSIONS, mass_on, patch_tokens, readout_label, rollout, token_patches
 from vitviz.analyses.tokens import top_classes
 from vitviz.runs.analysis import AnalysisSettings, excluded_tokens
 
@@ -32,11 +32,6 @@ EXCLUDE = {"nothing": (False, False), "attention sinks": (True, False), "high-no
            "sinks and high-norm tokens": (True, True)}
 BESIDE_RAW, BESIDE_ATTRIBUTION = "last layer's attention", "attribution"
 CLICKED = "clicked patch"
-
-
-def readout_name(layout) -> str:
-    """The model's readout in words: its CLS token, or the mean over the patch rows."""
-    return "CLS" if layout.has_class_token else "mean over patch rows"
 
 
 @dataclass
@@ -119,7 +114,7 @@ def readout_controls(ctx, choice: RolloutChoice) -> Readout | None:
             return None  # the view says: click a patch first
         return Readout(patch if view.reads_patch else None, view.depth, display)
     readout_col, picker_col, _ = st.columns([1, 1, 2])
-    reads_patch = readout_col.radio("Read out", [readout_name(layout), CLICKED], key="rollout_readout",
+    reads_patch = readout_col.radio("Read out", [readout_label(layout), CLICKED], key="rollout_readout",
                                     help="Whose row of R = A'_end ⋯ A'_start is shown: the model's readout, or the row "
                                          "of a patch you click (where that patch's representation drew its mass from). "
                                          + concepts_link("definitions-used")) == CLICKED
@@ -271,7 +266,7 @@ def repair_section(ctx, choice: RolloutChoice, query: int | None, display: Displ
                       end=choice.end, query=query, exclude_tokens=choice.kept_out(res.artifacts, res.sinks, res.layout))
         return {f"rollout, layers {choice.start}–{choice.end}": out.map}
 
-    what = readout_name(ctx.result.layout) if query is None else f"patch {query}"
+    what = readout_label(ctx.result.layout, query)
     repair_view(ctx, "rollout", maps_of, what=f"Rollout of the {what}", value_name="rollout mass",
                 padding=display.padding)
 
@@ -313,7 +308,7 @@ def flow_section(ctx, choice: RolloutChoice, query: int | None, maps: RolloutMap
     flow_tokens = choice.kept_out(r.artifacts, r.sinks, layout)
     flow_key = ("flow", ctx.spec, ctx.image.sha256, fusion, discard, start - 1, end, flow_tokens, query)
     # Flow reads out what rollout reads out above (the model's readout or the clicked patch); the titles say which.
-    reads = readout_name(layout) if query is None else f"patch {query}"
+    reads = readout_label(layout, query)
     flow_slot = st.empty()  # the button goes away once the result is there
     if cached(flow_key) is None and not flow_slot.button(f"Compute attention flow, layers {start}–{end} "
                                                          f"({layout.num_patches} max-flow problems)", key="flow_run"):

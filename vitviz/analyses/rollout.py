@@ -109,9 +109,18 @@ def readout_vector(layout: TokenLayout, query: int | None = None) -> np.ndarray:
 
 
 def readout_name(layout: TokenLayout, query: int | None = None) -> str:
+    """What a rollout reads out, as its result and files record it: "cls", "mean over patch rows" (no class token)
+    or "patch 7 (raster order, 0-based)"."""
     if query is not None:
         return f"patch {int(query)} (raster order, 0-based)"
     return "cls" if layout.has_class_token else "mean over patch rows"
+
+
+def readout_label(layout: TokenLayout, query: int | None = None) -> str:
+    """The same readout as a page or a figure title names it: "CLS", "mean over patch rows" or "patch 7"."""
+    if query is not None:
+        return f"patch {int(query)}"
+    return "CLS" if layout.has_class_token else "mean over patch rows"
 
 
 def _check_range(L: int, start: int, end: int | None) -> int:

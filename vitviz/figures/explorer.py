@@ -26,7 +26,7 @@ from .colour import SCALE_MODES, SEQUENTIAL, ROBUST_PERCENTILE, lookup_table
 from ..layout import TokenLayout
 from .overlay import (CLIPPED_COLOUR, OVERLAY_HELP, OVERLAY_LABELS, OVERLAY_STYLES, PADDING_COLOUR, QUERY_COLOUR,
                       SINK_COLOUR)
-from ..analyses.rollout import readout_name, rollout, rollout_patch_rows
+from ..analyses.rollout import readout_label, rollout, rollout_patch_rows
 from ..tensors import as_tensor
 
 # All patch rows go to the browser while they fit in this many bytes (bundled model @224: 9.4 MB);
@@ -222,7 +222,7 @@ def rollout_payload(attention, layout: TokenLayout, image: Image.Image, *, fusio
                "sinks": True, "smooth": False, "clip": True} | (display or {})
     header = {
         "version": 1, "view": "rollout", "layers": L, "start": start + 1, "end": end, "grid": [gh, gw], "patches": P,
-        "size": [image.width, image.height], "readout": readout_name(layout).replace("cls", "CLS"),
+        "size": [image.width, image.height], "readout": readout_label(layout),
         "fusion": fusion, "discard": float(discard), "patch_rows": patch_rows, "selected": selected,
         "discard_rows": discard != 0,
         "sinks": [] if sinks is None else np.asarray(sinks, dtype=int).tolist(), "display": display,
