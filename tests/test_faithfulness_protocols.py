@@ -176,3 +176,20 @@ def test_perturbed_inputs_take_each_patch_from_the_image_or_the_replacement():
         inside, outside = (image, base) if from_image else (base, image)
         assert torch.equal(x[:, torch.from_numpy(taken)], inside[:, torch.from_numpy(taken)]), protocol
         assert torch.equal(x[:, ~torch.from_numpy(taken)], outside[:, ~torch.from_numpy(taken)]), protocol
+
+
+def test_what_the_model_saw_at_a_step_is_the_top_patches_removed_and_kept_alone():
+    from vitviz.layout import TokenLayout
+    from vitviz.perturbation.protocols import step_inputs
+
+    # a 2 x 3 grid of 2 x 3-pixel patches; every pixel its own value, none zero
+    layout = TokenLayout(prefix_tokens=("cls",), grid_size=(2, 3), patch_size=(2, 3), global_pool="token",
+                         pos_embed_prefix_rows=1)
+    image = torch.arange(1, 3 * 4 * 9 + 1, dtype=torch.float32).reshape(3, 4, 9)
+    grid_map = np.array([[0.1, 0.9, 0.2], [0.3, 0.05, 0.8]])  # most relevant first: patches 1, 5, 3, ...
+    deletion, insertion = step_inputs(image, grid_map, 2, layout, "mean").numpy()
+    top = np.zeros((4, 9), bool)
+    top[0:2, 3:6] = True  # patch 1: row 0, column 1
+    top[2:4, 6:9] = True  # patch 5: row 1, column 2
+    np.testing.assert_array_equal(deletion, np.where(top, 0.0, image.numpy()))  # "mean" of a normalised input is 0
+    np.testing.assert_array_equal(insertion, np.where(top, image.numpy(), 0.0))

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import streamlit as st
-import torch
 
 from ui.cache import operator_settings, store
 from ui.charts import file_stem, show_chart
@@ -31,8 +30,7 @@ from vitviz.figures.faithfulness_figures import (curves_figure, dataset_figure, 
 from vitviz.perturbation.curves import (ORDERINGS, RANDOM_SEEDS, Faithfulness, FoldedSeeds, fold_random_seeds,
                                         qualify_best, to_rgb)
 from vitviz.perturbation.curves import auc as auc_of
-from vitviz.perturbation.protocols import (REPLACEMENT_TEXT, REPLACEMENTS, protocol_inputs, protocol_order,
-                                           protocol_text, replacement_of)
+from vitviz.perturbation.protocols import REPLACEMENT_TEXT, REPLACEMENTS, protocol_text, step_inputs
 from vitviz.perturbation.protocols import LABELS as PROTOCOL_LABELS
 from vitviz.perturbation.stats import RESAMPLES, SEED, Interval, auc_path, read_auc_table, sentence, summarise
 from vitviz.runs.faithfulness_run import DEFAULT_METHODS
@@ -328,9 +326,8 @@ def model_saw_section(ctx, s: FaithChoice, result: Faithfulness) -> None:
                             key="faith_step")
     m = result.methods.index(shown_method)
     model_input = preprocess([ctx.image.image], loaded.data_config).tensor[0]
-    base, order = replacement_of(model_input, s.replacement), protocol_order(result.maps[m], "morf")
-    pictures = to_rgb(torch.cat([protocol_inputs(model_input, base, order, result.counts[step:step + 1], layout, p)
-                                 for p in ("morf", "insertion")]), loaded.data_config)
+    pictures = to_rgb(step_inputs(model_input, result.maps[m], int(result.counts[step]), layout, s.replacement),
+                      loaded.data_config)
     p1, p2, _ = st.columns([1, 1, 1])
     p1.image(pictures[0], caption=f"deletion: top {result.counts[step]} of {layout.num_patches} patches replaced by "
                                   f"{REPLACEMENT_TEXT[s.replacement]} · score {result.deletion[m, step]:.4f}",

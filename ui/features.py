@@ -340,7 +340,7 @@ def patch_section(ctx, codes: Codes, top: TopLatents) -> list[tuple[int, float]]
     st.subheader("Which latents fire at a patch")
     gh, gw = layout.grid_size
     clicked = st.session_state.get(keys.PATCH)  # shared with the other pages that pick patches
-    patch = int(top.maps[0].argmax()) if clicked is None or clicked >= gh * gw else int(clicked)
+    patch = codes.strongest_patch(top.index, top.latents[0]) if clicked is None or clicked >= gh * gw else int(clicked)
     pick, listed = st.columns([1, 2])
     with pick:
         patch_picker(ctx.result.model_input, layout, "features_patch_click", shown=patch)

@@ -42,6 +42,11 @@ class Codes:
         """Image ``i``'s ``n`` latents with the largest max (or sum) over its patches, largest first."""
         return image_top_latents(self.image_maps(i), n, by)
 
+    def strongest_patch(self, i: int, latent: int) -> int:
+        """Image ``i``'s patch (0-based raster) where ``latent`` fires most; the lower index on a tie, patch 0 when
+        it does not fire there at all."""
+        return int(self.latent_maps(latent)[i].reshape(-1).argmax())
+
     def patch_latents(self, i: int, patch: int) -> list[tuple[int, float]]:
         """(latent, activation) of the latents firing at image ``i``'s ``patch`` (0-based raster), strongest first."""
         pairs = [(int(j), float(v)) for j, v in zip(self.index[i, patch], self.values[i, patch]) if v > 0]

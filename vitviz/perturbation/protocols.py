@@ -123,6 +123,14 @@ def protocol_inputs(image: torch.Tensor, base: torch.Tensor, order: np.ndarray, 
     return torch.where(sel, base[None], image[None])
 
 
+def step_inputs(image: torch.Tensor, grid_map: np.ndarray, count: int, layout: TokenLayout,
+                replacement: str) -> torch.Tensor:
+    """What the model sees at one step of a map's curves (2, 3, H, W): the deletion input (the map's ``count`` most
+    relevant patches replaced by ``replacement``) and the insertion input (only those patches kept)."""
+    base, order, counts = replacement_of(image, replacement), protocol_order(grid_map, "morf"), np.array([count])
+    return torch.cat([protocol_inputs(image, base, order, counts, layout, p) for p in ("morf", "insertion")])
+
+
 class Top1Agreement(Score):
     """1 when the input's top-1 class is ``label``, else 0 (Chefer's per-image accuracy)."""
 
