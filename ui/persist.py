@@ -71,7 +71,7 @@ def restore_params() -> None:
     view that arrived in the URL (F5, a shared link) as the session's own."""
     saved = st.session_state.setdefault(SAVED, {})
     # ``intro`` too: a session started by F5 on ``?intro=0`` must carry it to the next page, or F5 there (a new
-    # session on a URL without it) showed the first-visit box again (issue 34: close, F5, switch page, F5).
+    # session on a URL without it) would show the first-visit box again (close, F5, switch page, F5).
     for key in (*VIEW_PARAMS, INTRO_PARAM):
         if key in st.query_params:
             saved[key] = st.query_params[key]

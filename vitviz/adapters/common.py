@@ -111,3 +111,13 @@ def mlp(hooks: Hooks, layer: int, module: torch.nn.Module, x: torch.Tensor) -> t
 def norm(hooks: Hooks, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A norm module through the run's rules (an Identity stays the identity)."""
     return x if isinstance(module, torch.nn.Identity) else hooks.rules.norm(module, x)
+
+
+def block_mismatch(where: str, blk: torch.nn.Module, blocks: tuple[type, ...], attentions: tuple[type, ...]) -> str | None:
+    """Why a block is not one the adapter's forward rewrites ("block 3 is a Block with Attention2 attention"), or None
+    when ``blk`` and its ``attn`` are exactly of the listed classes (subclasses may change the forward)."""
+    attn = getattr(blk, "attn", None)
+    if type(blk) in blocks and type(attn) in attentions:
+        return None
+    inside = f" with {type(attn).__name__} attention" if attn is not None else " without one attention module"
+    return f"{where} is a {type(blk).__name__}{inside}"

@@ -84,10 +84,9 @@ class TimmSwin(Adapter):
             return f"its patch embedding is a {type(model.patch_embed).__name__}"
         for s, stage in enumerate(model.layers):
             for b, blk in enumerate(stage.blocks):
-                attn = getattr(blk, "attn", None)
-                if type(blk) is not SwinTransformerBlock or type(attn) is not WindowAttention:
-                    inside = f" with {type(attn).__name__} attention" if attn is not None else " without one attention module"
-                    return f"stage {s + 1} block {b + 1} is a {type(blk).__name__}{inside}"
+                if why := common.block_mismatch(f"stage {s + 1} block {b + 1}", blk, (SwinTransformerBlock,),
+                                                (WindowAttention,)):
+                    return why
         return None
 
     def label(self, model) -> str:

@@ -251,10 +251,8 @@ class TimmViT(Adapter):
         if not isinstance(getattr(model, "patch_embed", None), (PatchEmbed, HybridEmbed)):
             return f"its patch embedding is a {type(getattr(model, 'patch_embed', None)).__name__}"
         for i, blk in enumerate(model.blocks):
-            attn = getattr(blk, "attn", None)
-            if type(blk) not in BLOCKS or type(attn) not in ATTENTIONS:
-                inside = f" with {type(attn).__name__} attention" if attn is not None else " without one attention module"
-                return f"block {i} is a {type(blk).__name__}{inside}"
+            if why := common.block_mismatch(f"block {i}", blk, tuple(BLOCKS), tuple(ATTENTIONS)):
+                return why
         return None
 
     def label(self, model) -> str:
