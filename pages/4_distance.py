@@ -6,7 +6,7 @@ from ui.charts import file_stem, point_customdata, show_chart
 from ui.downloads import download_row
 from ui.guard import guarded
 from ui.persist import set_view
-from ui import windows
+from ui import keys, windows
 from ui.state import setup
 from ui.navigation import concepts_link, heading
 from ui.words import counted
@@ -50,7 +50,7 @@ if view == "depth plot":
     if len(picked) >= 2:
         layer, head = int(picked[0]), int(picked[1])
         set_view(layer=layer, chead=head)  # the browser-drawn grid reads its view from the URL
-        st.session_state["opened_from_distance"] = (layer, head)
+        st.session_state[keys.OPENED_FROM_DISTANCE] = (layer, head)
         st.switch_page("pages/2_heads.py")
 else:
     with guarded("the layer x head heatmap"):

@@ -1,6 +1,7 @@
 """Position embeddings: cosine similarity of every position with every other (ViT paper Fig. 7 centre)."""
 import streamlit as st
 
+from ui import keys
 from ui.cache import cached_position_similarity
 from ui.charts import file_stem, show_chart
 from ui.downloads import download_row
@@ -36,17 +37,17 @@ try:
 except VitvizError as exc:
     st.error(str(exc))
     st.stop()
-st.session_state["pos_shape"] = shape
+st.session_state[keys.POS_SHAPE] = shape
 row, col = position_at(st.session_state.setdefault(SELECTED, (0.5, 0.5)), shape)
-st.session_state["pos_row"], st.session_state["pos_col"] = row + 1, col + 1
+st.session_state[keys.POS_ROW], st.session_state[keys.POS_COL] = row + 1, col + 1
 
 with left:
     show_chart(similarity_grid(similarity, (row, col), height=690), "pos_grid_fig",
                file_stem("posembed_similarity", f"{shape[0]}x{shape[1]}"),
                on_select=select_from_click, selection_mode="points")
 with right:
-    st.slider("Row (1-based)", 1, shape[0], key="pos_row", on_change=select_from_sliders)
-    st.slider("Column (1-based)", 1, shape[1], key="pos_col", on_change=select_from_sliders)
+    st.slider("Row (1-based)", 1, shape[0], key=keys.POS_ROW, on_change=select_from_sliders)
+    st.slider("Column (1-based)", 1, shape[1], key=keys.POS_COL, on_change=select_from_sliders)
     show_chart(similarity_map(similarity[row, col], (row, col), height=360), "pos_one",
                file_stem("posembed_similarity", f"{shape[0]}x{shape[1]}", f"row{row + 1}_col{col + 1}"))
 

@@ -38,15 +38,15 @@ OPENED_NOTE = "opened_from_distance_note"  # (layer, head) the note below speaks
 
 
 def open_from_distance() -> None:
-    """A head clicked on the distance plot (``opened_from_distance``: 1-based layer and head) becomes this run's
+    """A head clicked on the distance plot (``keys.OPENED_FROM_DISTANCE``: 1-based layer and head) becomes this run's
     Layer and Compare head, in the URL and in the widgets, and the page says so while it shows that head: a rerun
     (another widget, the browser's view coming in) keeps the note, a move to another layer or head ends it."""
-    if opened := st.session_state.pop("opened_from_distance", None):
+    if opened := st.session_state.pop(keys.OPENED_FROM_DISTANCE, None):
         set_view(layer=opened[0], chead=opened[1])  # the browser-drawn grid reads its layer and Compare head from the URL
         # The server-drawn grid's widgets are set here, in the run that draws them, not on the distance page before
         # switch_page: a value set in a run that switch_page cut short reached the server's widget but not always the
         # browser's (the Layer slider showed 12 over a layer-4 grid; streamlit/streamlit#7338).
-        st.session_state["heads_layer"], st.session_state["compare_head"] = opened
+        st.session_state[keys.HEADS_LAYER], st.session_state[keys.COMPARE_HEAD] = opened
         st.session_state[OPENED_NOTE] = tuple(int(v) for v in opened)
     note = st.session_state.get(OPENED_NOTE)
     if note is None:
@@ -66,12 +66,12 @@ def _shown_head() -> tuple[int | None, int | None]:
     if browser_draws():
         saved = saved_view()
         return whole(saved.get("layer")), whole(saved.get("chead"))
-    return st.session_state.get("heads_layer"), st.session_state.get("compare_head")
+    return st.session_state.get(keys.HEADS_LAYER), st.session_state.get(keys.COMPARE_HEAD)
 
 
 def _compare_head() -> int | None:
     """The head picked under Compare layers (0-based; the selectbox counts from 1), to outline in the grid."""
-    head = st.session_state.get("compare_head")
+    head = st.session_state.get(keys.COMPARE_HEAD)
     return None if head is None else int(head) - 1
 
 
@@ -288,7 +288,7 @@ def compare_section(ctx, v: HeadsView) -> None:
     L, H = r.attention.shape[:2]
     st.subheader("Compare layers")
     cc = st.columns([1, 1, 2])
-    head = cc[0].selectbox("Head", list(range(1, H + 1)), key="compare_head") - 1
+    head = cc[0].selectbox("Head", list(range(1, H + 1)), key=keys.COMPARE_HEAD) - 1
     panels = int(cc[1].number_input("Layers side by side", 2, 4, 2, key="compare_n"))
     cols = st.columns(panels)
     # Keys per panel count: going from 2 to 4 panels spreads the new defaults over the depth (1, 5, 8, 12
@@ -334,8 +334,8 @@ def server_grid(ctx) -> None:
     L = r.attention.shape[0]
     controls, grid_col = st.columns([1, 3.3])
     with controls:
-        st.session_state.setdefault("heads_layer", L)  # the default as state: a head opened from the distance plot sets it
-        layer = st.slider("Layer", 1, L, key="heads_layer") - 1
+        st.session_state.setdefault(keys.HEADS_LAYER, L)  # the default as state: a head opened from the distance plot sets it
+        layer = st.slider("Layer", 1, L, key=keys.HEADS_LAYER) - 1
         queries = (["CLS"] if layout.has_class_token else []) + ["mean over patches", "clicked patch"]
         query_label = st.radio("Query", queries, key="query", horizontal=True)
         direction = st.radio("Direction", ["query → keys", "keys → query"], key="direction", horizontal=True,
@@ -388,7 +388,7 @@ def browser_grid(ctx, payload, saved: dict, patch: int | None) -> None:
 def server_view(ctx) -> None:
     """The server-drawn grid (VITVIZ_DRAW=server): every change is a rerun that draws new tiles."""
     server_grid(ctx)
-    repair_section(ctx, st.session_state.get("heads_layer", ctx.result.attention.shape[0]) - 1, _compare_head() or 0)
+    repair_section(ctx, st.session_state.get(keys.HEADS_LAYER, ctx.result.attention.shape[0]) - 1, _compare_head() or 0)
 
 
 @st.fragment

@@ -52,6 +52,11 @@ PROBE_HEAD = "probe_head"  # the probe.safetensors the Probes page trained, when
 PATCH = "patch"  # the clicked patch: a raster index (0-based) of the grid it was picked on
 PERSIST_RESTORED = "persist_restored"  # a link's uploads were brought back (once per session)
 PERSIST_MODEL_SEEDED = "persist_model_seeded"  # a link's model seeded the model boxes (once per session)
+OPENED_FROM_DISTANCE = "opened_from_distance"  # (layer, head), 1-based: a dot clicked on the distance plot (ui.heads)
+HEADS_LAYER = "heads_layer"  # the heads page's Layer slider (1-based)
+COMPARE_HEAD = "compare_head"  # the heads page's Compare layers head (1-based)
+# The position-embedding page's selected position (ui.posembed): the grid's shape and the Row / Column sliders
+POS_SHAPE, POS_ROW, POS_COL = "pos_shape", "pos_row", "pos_col"
 
 RAN = "_vitviz_ran"  # this session has run a page (ui.state's legacy-navigation check)
 

@@ -17,11 +17,11 @@ from ui.numbers import whole
 from ui.widgets import choose
 
 # URL key -> (session key of the same choice on the server-drawn pages, or None).
-VIEW_PARAMS = {"layer": "heads_layer", "query": None, "dir": None, "patch": "patch", "keep": "keep",
+VIEW_PARAMS = {"layer": keys.HEADS_LAYER, "query": None, "dir": None, "patch": "patch", "keep": "keep",
                "order": "ranking", "cmap": "cmap", "scale": "scale_mode", "style": "style", "opacity": "opacity",
                "sinks": "exclude_sinks", "clip": "outline_clipped", "pad": "exclude_padding",
                # the heads page's Compare layers (head 1-based, panel count, the panels' layers "1,12")
-               "chead": "compare_head", "cn": "compare_n", "cl": None,
+               "chead": keys.COMPARE_HEAD, "cn": "compare_n", "cl": None,
                # the rollout page (depth 1-based; readout "readout" or "patch")
                "depth": "rollout_depth", "readout": "rollout_readout"}
 SAVED = "persist_params"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from ui import keys
 from ui.numbers import whole
 from vitviz.analyses.posembed import position_fraction
 
@@ -12,12 +13,12 @@ SELECTED = "pos_selected"  # the chosen position as fractions of the grid height
 
 
 def _shape() -> tuple[int, int]:
-    return tuple(st.session_state["pos_shape"])
+    return tuple(st.session_state[keys.POS_SHAPE])
 
 
 def select_from_sliders() -> None:
     """The Row and Column sliders' position (1-based on screen) becomes the chosen one."""
-    position = (st.session_state["pos_row"] - 1, st.session_state["pos_col"] - 1)
+    position = (st.session_state[keys.POS_ROW] - 1, st.session_state[keys.POS_COL] - 1)
     st.session_state[SELECTED] = position_fraction(position, _shape())
 
 
