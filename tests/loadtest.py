@@ -210,6 +210,8 @@ class SessionResult:
     error: str | None = None
     path: str = "heads"  # where the image was uploaded: "heads" or "landing"
     reopened: int = 0  # landing path: clicks on "Attention heads" again after a late upload rerun went back
+    seen: list[str] = field(default_factory=list)  # a failed session: its path and script state, the page's text
+    sockets: list[str] = field(default_factory=list)  # when the page's websockets opened and closed
 
 
 async def _upload(page, name: str, data: bytes) -> None:
@@ -241,6 +243,11 @@ async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int, p
         page = await context.new_page()
         page.set_default_timeout(timeout_ms)
         start = time.monotonic()
+
+        def socket_opened(ws) -> None:  # a failed session says whether its connection to the server dropped
+            result.sockets.append(f"opened {time.monotonic() - start:.0f} s")
+            ws.on("close", lambda _: result.sockets.append(f"closed {time.monotonic() - start:.0f} s"))
+        page.on("websocket", socket_opened)
         await page.goto(url, timeout=timeout_ms)
         if path == "landing":
             await _upload(page, name, data)
@@ -266,12 +273,25 @@ async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int, p
         result.exceptions = await page.locator('[data-testid="stException"]').all_inner_texts()
     except Exception as exc:  # noqa: BLE001 - reported per session, the test asserts on it
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        try:
-            result.exceptions = await page.locator('[data-testid="stException"]').all_inner_texts()
-            result.header = await page.locator("h2").first.inner_text(timeout=5000)
-            await page.screenshot(path=str(ROOT / "test-artifacts" / f"load_failed_{name}.png"))
-        except Exception:  # noqa: BLE001
-            pass
+        # What the session showed, each read on its own: a page without a heading must still leave its screenshot.
+        for read in (lambda: page.screenshot(path=str(ROOT / "test-artifacts" / f"load_failed_{name}.png")),
+                     lambda: page.locator('[data-testid="stException"]').all_inner_texts(),
+                     lambda: page.locator("h2").first.inner_text(timeout=5000),
+                     lambda: page.evaluate("() => location.pathname + ' · ' + (document.querySelector("
+                                           "'[data-testid=stApp]')?.getAttribute('data-test-script-state') || '')"
+                                           " + ' · ' + (document.querySelector('[data-testid=stStatusWidget]')"
+                                           "?.innerText || 'no status widget')"),
+                     lambda: page.locator("body").inner_text(timeout=5000)):
+            try:
+                got = await read()
+            except Exception as exc:  # noqa: BLE001 - one unreadable part does not hide the others
+                got = f"({type(exc).__name__})"
+            if isinstance(got, list):
+                result.exceptions = got
+            elif isinstance(got, str) and not result.header:
+                result.header = got
+            elif isinstance(got, str):
+                result.seen.append(got[:300])
     finally:
         await context.close()
     return result
