@@ -1,5 +1,4 @@
 """Attention anatomy: one query's attention in one head, step by step, with this image's numbers."""
-import numpy as np
 import streamlit as st
 
 from ui import keys
@@ -9,7 +8,7 @@ from ui.downloads import download_row
 from ui.explain import cached_layer_qkv
 from ui.state import view_applies, setup
 from ui.navigation import heading
-from vitviz.analyses.anatomy import attention_anatomy
+from vitviz.analyses.anatomy import attention_anatomy, span
 from vitviz.errors import VitvizError
 from vitviz.figures.explain_figures import (contributions_figure, score_map_figure, softmax_figure, sorted_scores_figure,
                                     vector_figure)
@@ -41,7 +40,7 @@ with picker:
     # The heads page's clicked patch is this page's too; the centre patch until one is clicked.
     patch = st.session_state.get(keys.PATCH)
     if patch is None:
-        patch = (layout.grid_size[0] // 2) * layout.grid_size[1] + layout.grid_size[1] // 2
+        patch = layout.centre_patch
     patch_picker(r.model_input, layout, "anatomy_click", shown=patch)
     st.caption(f"Click a patch to make it the query (choose \"clicked patch\"). Patch: "
                f"{layout.token_name(layout.num_prefix_tokens + patch)}.")
@@ -65,7 +64,7 @@ first.caption("Each token's vector is projected three ways: a query (what it loo
            f"value (what it passes on). Each head works in its own d = {d} dimensions. "
            + (" ".join(s[0].upper() + s[1:] + "." for s in qkv.steps) if qkv.steps else ""))
 with first:
-    show_chart(vector_figure(a.q, f"q of {name}, ‖q‖ = {np.linalg.norm(a.q):.2f}", "component"),
+    show_chart(vector_figure(a.q, f"q of {name}, ‖q‖ = {a.q_norm:.2f}", "component"),
                "anatomy_q", file_stem(stem, "q"))
 
 st.subheader("2 · Scores: the dot product q·k with every key")
@@ -83,10 +82,9 @@ with bar_col:
     show_chart(sorted_scores_figure(a, layout), "anatomy_sorted", file_stem(stem, "sorted_scores"))
 
 st.subheader(f"3 · Scaling by 1/√d = 1/√{d} = {a.scale:.4g}")
-scaled_only = a.scores * a.scale  # before any relative position bias
-spread, spread_scaled = np.ptp(a.scores), np.ptp(scaled_only)
-st.markdown(f"The scores span **{a.scores.min():.2f} … {a.scores.max():.2f}** (a range of {spread:.2f}); "
-            f"multiplied by {a.scale:.4g} they span **{scaled_only.min():.2f} … {scaled_only.max():.2f}** "
+(lo, hi, spread), (lo_scaled, hi_scaled, spread_scaled) = span(a.scores), span(a.scores_times_scale)
+st.markdown(f"The scores span **{lo:.2f} … {hi:.2f}** (a range of {spread:.2f}); "
+            f"multiplied by {a.scale:.4g} they span **{lo_scaled:.2f} … {hi_scaled:.2f}** "
             f"(a range of {spread_scaled:.2f}). Dot products of d-dimensional vectors grow with √d; the scaling "
             "keeps the softmax out of the region where one token takes everything and gradients vanish. "
             "It acts like a temperature √d on the softmax."
@@ -97,13 +95,14 @@ st.markdown(f"The scores span **{a.scores.min():.2f} … {a.scores.max():.2f}** 
 st.subheader("4 · Softmax: scores become weights that sum to 1")
 top_unscaled, top_scaled = a.unscaled_weights.max(), a.weights.max()
 st.caption(f"softmax(x)ⱼ = exp(xⱼ) / Σ exp(x). Without the scaling the largest weight would be {top_unscaled:.1%} "
-           f"and the row's entropy {a.entropy(a.unscaled_weights):.2f} nats (≈ {np.exp(a.entropy(a.unscaled_weights)):.1f} "
+           f"and the row's entropy {a.entropy(a.unscaled_weights):.2f} nats (≈ {a.tokens_worth(a.unscaled_weights):.1f} "
            f"tokens' worth); with it, {top_scaled:.1%} and {a.entropy(a.weights):.2f} nats "
-           f"(≈ {np.exp(a.entropy(a.weights)):.1f} tokens; uniform over {N} tokens = ln {N} = {np.log(N):.2f}).")
+           f"(≈ {a.tokens_worth(a.weights):.1f} tokens; uniform over {N} tokens = ln {N} = "
+           f"{a.uniform_entropy:.2f}).")
 show_chart(softmax_figure(a, layout), "anatomy_softmax", file_stem(stem, "softmax"))
 
 st.subheader("5 · The attention row")
-row_map = layout.to_grid(a.weights[layout.patch_slice].astype(np.float32))[None]
+row_map = a.patch_row(layout)
 sinks = r.sinks.patch_sinks(layout, [layer]) if display.exclude_sinks else None
 title = f"Attention of {name}, layer {layer + 1}, head {head + 1}"
 rendered, fig = map_figure(r.model_input, row_map, layout, display, titles=[""], title=title,
@@ -119,19 +118,18 @@ with prefix_col:
                 f"The weights sum to {a.weights.sum():.6f}.")
 
 st.subheader("6 · The output: a weighted sum of the value vectors")
-norm_out = np.linalg.norm(a.output)
+norm_out = a.output_norm
 st.caption(f"output = Σⱼ wⱼ vⱼ over all {N} tokens: each token passes on its value vector, scaled by its weight. "
            f"‖output‖ = {norm_out:.3f} (this head's {d} dimensions of the block's output before the projection back "
            f"to the embedding). Share of output: the projection of wⱼvⱼ on the output, as a share of ‖output‖²; "
            "the shares of all tokens sum to 100%.")
 order = a.top_contributors(TOP)
-contrib_norms = np.linalg.norm(a.contributions, axis=1)
-share = a.contributions @ a.output / max(norm_out ** 2, 1e-30)
+contrib_norms, value_norms, share = a.contribution_norms, a.value_norms, a.output_shares
 table_col, chart_col = st.columns([1, 1.3])
 with table_col:
     st.dataframe({"token": [layout.token_name(int(j)) for j in order],
                   "weight wⱼ": [f"{a.weights[j]:.4f}" for j in order],
-                  "‖vⱼ‖": [f"{np.linalg.norm(a.values[j]):.3f}" for j in order],
+                  "‖vⱼ‖": [f"{value_norms[j]:.3f}" for j in order],
                   "‖wⱼ vⱼ‖": [f"{contrib_norms[j]:.3f}" for j in order],
                   "share of output": [f"{share[j]:.1%}" for j in order]},
                  hide_index=True, key="anatomy_table")

@@ -248,3 +248,44 @@ def test_anatomy_right_axes_draw_their_own_round_ticks_not_fractions_of_the_left
     for fig in (sorted_scores_figure(a, layout), contributions_figure(a, layout)):
         right = fig.layout.yaxis2
         assert right.overlaying == "y" and right.tickmode == "auto" and right.tickformat is None
+
+
+def test_the_anatomy_pages_numbers_on_a_row_worked_by_hand():
+    """One head, three tokens (CLS + a 1 x 2 grid), d = 2: every number the Attention anatomy page prints, from the
+    definitions (the weights are chosen so the softmax is [1/2, 1/4, 1/4])."""
+    from vitviz.analyses.anatomy import LayerQKV, span
+    from vitviz.layout import TokenLayout
+
+    layout = TokenLayout(prefix_tokens=("cls",), grid_size=(1, 2), patch_size=(16, 16), global_pool="token",
+                         pos_embed_prefix_rows=1)
+    q = np.zeros((1, 3, 2))
+    q[0, 0] = [np.log(2) * 2, 0.0]  # with keys (1, 0), (0, 1), (0, 1) and scale 1/2: scaled scores ln 2, 0, 0
+    k = np.array([[[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]])
+    v = np.array([[[4.0, 0.0], [0.0, 3.0], [0.0, -1.0]]])
+    a = attention_anatomy(LayerQKV(q=q, k=k, v=v, scale=0.5, steps=[], bias=None), head=0, query=0)
+    np.testing.assert_allclose(a.weights, [0.5, 0.25, 0.25], rtol=1e-15)
+    np.testing.assert_allclose(a.scores_times_scale, [np.log(2), 0, 0], atol=1e-15)
+    assert span(a.scores) == (0.0, 2 * np.log(2), 2 * np.log(2))
+    # output = 0.5 (4, 0) + 0.25 (0, 3) + 0.25 (0, -1) = (2, 0.5); ‖output‖² = 4.25
+    np.testing.assert_allclose(a.output, [2.0, 0.5], rtol=1e-15)
+    assert a.output_norm == pytest.approx(np.sqrt(4.25), rel=1e-15)
+    np.testing.assert_allclose(a.output_shares, [4 / 4.25, 0.375 / 4.25, -0.125 / 4.25], rtol=1e-14)
+    np.testing.assert_allclose(a.contribution_norms, [2.0, 0.75, 0.25], rtol=1e-15)
+    np.testing.assert_allclose(a.value_norms, [4.0, 3.0, 1.0], rtol=1e-15)
+    assert a.q_norm == pytest.approx(2 * np.log(2), rel=1e-15)
+    entropy = -(0.5 * np.log(0.5) + 2 * 0.25 * np.log(0.25))  # = 1.5 ln 2
+    assert a.tokens_worth(a.weights) == pytest.approx(np.exp(entropy), rel=1e-14)  # 2^1.5 tokens' worth
+    assert a.uniform_entropy == pytest.approx(np.log(3), rel=1e-15)
+    np.testing.assert_array_equal(a.patch_row(layout), np.array([[[0.25, 0.25]]], np.float32))
+    assert layout.centre_patch == 1  # a 1 x 2 grid: the right one of the two middle patches
+
+
+def test_the_centre_patch_of_odd_and_even_grids():
+    from vitviz.layout import TokenLayout
+
+    def centre(gh, gw):
+        return TokenLayout(prefix_tokens=("cls",), grid_size=(gh, gw), patch_size=(16, 16), global_pool="token",
+                           pos_embed_prefix_rows=1).centre_patch
+    assert centre(3, 5) == 1 * 5 + 2  # row 1, column 2: the middle
+    assert centre(16, 16) == 8 * 16 + 8
+    assert centre(2, 7) == 1 * 7 + 3

@@ -69,6 +69,11 @@ class TokenLayout:
         return self.prefix_tokens.index("cls") if self.has_class_token else None
 
     @property
+    def centre_patch(self) -> int:
+        """The patch (0-based raster) at the grid's centre; below and right of it on an even side."""
+        return (self.grid_size[0] // 2) * self.grid_size[1] + self.grid_size[1] // 2
+
+    @property
     def patch_slice(self) -> slice:
         return slice(self.num_prefix_tokens, self.num_tokens)
 

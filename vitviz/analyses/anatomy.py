@@ -16,6 +16,7 @@ import torch
 
 from ..adapters import adapter_for, point_name
 from ..errors import OptionError
+from ..layout import TokenLayout
 from ..lens import Lens
 from ..types import to_model_input
 
@@ -128,6 +129,53 @@ class AttentionAnatomy:
     def top_contributors(self, k: int = 10) -> np.ndarray:
         """Token indices of the ``k`` largest weights, largest first."""
         return np.argsort(-self.weights, kind="stable")[:k]
+
+    def tokens_worth(self, weights: np.ndarray) -> float:
+        """exp(entropy): how many tokens' worth of attention a row spreads over (N for uniform, 1 for one token)."""
+        return float(np.exp(self.entropy(weights)))
+
+    @property
+    def scores_times_scale(self) -> np.ndarray:
+        """(N,) the scores times 1/sqrt(d), before any relative position bias."""
+        return self.scores * self.scale
+
+    @property
+    def output_shares(self) -> np.ndarray:
+        """(N,) each token's share of the output: (w_j v_j · output) / ‖output‖², summing to 1 (0 for a zero output)."""
+        return self.contributions @ self.output / max(float(self.output @ self.output), 1e-30)
+
+    @property
+    def uniform_entropy(self) -> float:
+        """ln N: the entropy of a row spread evenly over all N tokens."""
+        return float(np.log(len(self.scores)))
+
+    @property
+    def q_norm(self) -> float:
+        return float(np.linalg.norm(self.q))
+
+    @property
+    def output_norm(self) -> float:
+        return float(np.linalg.norm(self.output))
+
+    @property
+    def contribution_norms(self) -> np.ndarray:
+        """(N,) ‖w_j v_j‖."""
+        return np.linalg.norm(self.contributions, axis=1)
+
+    @property
+    def value_norms(self) -> np.ndarray:
+        """(N,) ‖v_j‖."""
+        return np.linalg.norm(self.values, axis=1)
+
+    def patch_row(self, layout: TokenLayout) -> np.ndarray:
+        """(1, gh, gw) float32 the attention row over the patches, as the heads page draws it."""
+        return layout.to_grid(self.weights[layout.patch_slice].astype(np.float32))[None]
+
+
+def span(values: np.ndarray) -> tuple[float, float, float]:
+    """(lowest, highest, highest - lowest) of ``values``."""
+    lo, hi = float(np.min(values)), float(np.max(values))
+    return lo, hi, hi - lo
 
 
 def attention_anatomy(qkv: LayerQKV, head: int, query: int) -> AttentionAnatomy:
