@@ -1,19 +1,18 @@
 """Registers: the high-norm outlier tokens and attention sinks that distort the maps, and their repair
 (test-time register, Jiang et al. 2025; sink masking), before and after side by side."""
-import numpy as np
 import streamlit as st
 
 from ui.charts import file_stem, show_chart
 from ui.display import display_in_use
 from ui.downloads import download_row
 from ui.guard import guarded
-from ui.repair import NORMS_AXES, faithfulness_view, offer_register, show_table
-from ui.registers import cached_neuron_maps, cached_register, cached_search, cached_sink_masking
+from ui.repair import faithfulness_view, offer_register
+from ui.registers import before_after, cached_neuron_maps, cached_register, cached_search, cached_sink_masking
 from ui.state import setup, view_applies
 from ui.navigation import heading
 from ui.words import counted, part_of
 from vitviz.analyses.registers import OUTLIER_FACTOR, SEARCH_RULE, Repair, TestTimeRegister, outlier_rule
-from vitviz.figures.registers_figures import maps_figure, norm_by_layer, output_change_table
+from vitviz.figures.registers_figures import maps_figure, norm_by_layer
 
 
 
@@ -41,7 +40,7 @@ current = [im.sha256 for im in ctx.images].index(ctx.image.sha256)
 n_images = len(ctx.images)
 
 st.subheader(f"Token norms by layer · {counted(n_images, 'image')} in the set")
-ratio = out.ratio.max(axis=0)
+ratio = out.largest_ratio_per_layer
 with guarded("the token norms by layer"):
     stem = file_stem("norms_by_layer", f"{n_images}images")
     show_chart(norm_by_layer(out), "registers_norms", stem)
@@ -61,7 +60,7 @@ else:
     st.subheader("Outliers on the image")
     detect = search.detect_layer
     patches = out.positions(detect)[current]
-    norms_map = layout.to_grid(out.norms[current, detect, layout.patch_slice])[None]
+    norms_map = out.norm_map(current, detect)
     fig, caption = maps_figure(r.model_input, norms_map, [f"layer {detect + 1} output norm"], layout,
                                f"Outlier patches of layer {detect + 1} (crossed): {len(patches)}",
                                value_name="norm", marked=patches, columns=1, tile_px=300, marked_what="outliers",
@@ -73,7 +72,7 @@ else:
     st.subheader("Register neurons")
     if not search.neurons:
         # Outliers somewhere, none in the detection layer: no position to score the neurons at.
-        layers = [i + 1 for i, n in enumerate(out.images_per_layer) if n]
+        layers = [i + 1 for i in out.layers_with_outliers]
         repaired = (f"No image of the set has an outlier in layer {detect + 1}, the layer whose outliers are the "
                     "positions the neurons are scored at, so no register neuron is ranked and there is no test-time "
                     f"register to try. At {factor:g}× the median, outliers appear only in layer"
@@ -114,56 +113,14 @@ else:
             _before_after = repaired
 
 
-@guarded("the maps before and after the repair")
-def before_after(name: str, maps, key: str, marked, marked_what: str) -> None:
-    """Last-layer heads and rollout before and after one repair, on shared scales, and the output change;
-    ``marked``: the patches the repair acts on (crossed; they set no colour limit), ``marked_what`` what they are."""
-    H = len(maps.heads_before)
-    head = st.selectbox("Head (last layer)", ["mean over heads"] + [f"head {h + 1}" for h in range(H)], key=f"{key}_head")
-    pick = (lambda a: a.mean(axis=0)) if head == "mean over heads" else (lambda a: a[int(head.split()[1]) - 1])
-    readout = "CLS" if maps.layout_before.has_class_token else "mean patch query"
-    tiles = np.stack([pick(maps.heads_before), pick(maps.heads_after)])
-    cols = st.columns(2)
-    with cols[0]:
-        fig, caption = maps_figure(r.model_input, tiles, ["before", f"after ({name})"], layout,
-                                   f"Last layer, {head}, {readout} → patches", value_name="attention", columns=2,
-                                   tile_px=260, marked=marked, marked_what=marked_what, padding=padding)
-        show_chart(fig, f"{key}_heads", file_stem(key, "heads", ctx.image.name))
-        st.caption(caption + " One colour scale for both.")
-    with cols[1]:
-        fig, caption = maps_figure(r.model_input, np.stack([maps.rollout_before, maps.rollout_after]),
-                                   ["before", f"after ({name})"], layout, f"Rollout of the {readout}, all layers",
-                                   value_name="rollout", columns=2, tile_px=260, marked=marked,
-                                   marked_what=marked_what, padding=padding)
-        show_chart(fig, f"{key}_rollout", file_stem(key, "rollout", ctx.image.name))
-        st.caption(caption + " One colour scale for both.")
-    def last_ratio(norms, lay):
-        patch = norms[-1, lay.patch_slice]
-        return patch.max() / np.median(patch)
-
-    extra = [i for i, n in enumerate(maps.layout_after.prefix_tokens) if n not in maps.layout_before.prefix_tokens]
-    st.caption("Crossed: the patches the repair acts on. Largest patch norm / median in the last layer: "
-               f"before {last_ratio(maps.norms_before, maps.layout_before):.2f}, after "
-               f"{last_ratio(maps.norms_after, maps.layout_after):.2f}"
-               + (f"; the extra token's norm there: {maps.norms_after[-1, extra[0]]:.3g} (the median patch's "
-                  f"{np.median(maps.norms_after[-1, maps.layout_after.patch_slice]):.3g})." if extra else "."))
-    st.markdown("**Output change** (this image)")
-    show_table(output_change_table(maps.change, [ctx.image.name]))
-    download_row(file_stem(key, ctx.image.name), {
-        "heads_before": maps.heads_before, "heads_after": maps.heads_after, "rollout_before": maps.rollout_before,
-        "rollout_after": maps.rollout_after, "norms_before": maps.norms_before, "norms_after": maps.norms_after},
-        {"image": ctx.image.name, "repair": name, "model": loaded.card()["spec"],
-         "token_layout_after": maps.layout_after.to_dict(), "axes": NORMS_AXES + "; heads_*[head - 1]: the last layer",
-         "output_change": maps.change.to_dict()})
-
-
 if out.any and not isinstance(repaired, str):
-    before_after("test-time register", _before_after, "register", patches, f"the outliers of layer {detect + 1}")
+    before_after(ctx, "test-time register", _before_after, "register", patches, f"the outliers of layer {detect + 1}",
+                 padding)
     faithfulness_view(ctx, Repair("register", TestTimeRegister(tuple((n.layer, n.index) for n in search.neurons[:k]),
                                                                init)), "register")
 
 st.subheader("Sink masking: before and after")
-sinks = [len(s[s >= layout.num_prefix_tokens]) for s in r.sinks.sinks]
+sinks = r.sinks.patch_counts(layout)
 st.caption("Each layer's patch sinks (a robust z-score above 8 and at least 10× the uniform share of attention) "
            "dropped as keys in that layer, every row renormalised, and the forward run on, so the output changes "
            "too (the analyses' *exclude sinks* drops the same tokens from the maps only). Patch sinks per layer on "
@@ -171,6 +128,6 @@ st.caption("Each layer's patch sinks (a robust z-score above 8 and at least 10×
 if sum(sinks) == 0:
     st.info("No patch sinks in any layer of this image: nothing to mask.")
 else:
-    before_after("sink masking", cached_sink_masking(ctx.spec, ctx.image.sha256, ctx.image.image, r), "sinks",
-                 r.sinks.patch_sinks(layout), "attention sinks")
+    before_after(ctx, "sink masking", cached_sink_masking(ctx.spec, ctx.image.sha256, ctx.image.image, r), "sinks",
+                 r.sinks.patch_sinks(layout), "attention sinks", padding)
     faithfulness_view(ctx, Repair("sinks"), "sinks")

@@ -416,3 +416,45 @@ def test_cli_registers_on_the_bundled_model_finds_nothing_to_repair(tmp_path, mo
     assert main(["analyze", str(ASSETS / "rocket.jpg"), "--registers", str(tmp_path / "registers.json"),
                  "--out", str(tmp_path / "a")]) == 2
     assert "nothing to repair" in capsys.readouterr().err
+
+
+def test_the_registers_pages_numbers_on_maps_written_by_hand():
+    """What the Registers page prints about a repair, on arrays with known answers: a CLS + 2 x 2 grid before, the
+    same plus a register token after."""
+    from vitviz.analyses.outliers import Outliers
+    from vitviz.analyses.tokens import AttentionSinks
+
+    before = TokenLayout(prefix_tokens=("cls",), grid_size=(2, 2), patch_size=(16, 16), global_pool="token",
+                         pos_embed_prefix_rows=1)
+    after = TokenLayout(prefix_tokens=("cls", "reg0"), grid_size=(2, 2), patch_size=(16, 16), global_pool="token",
+                        pos_embed_prefix_rows=1)
+    heads_before = np.arange(3 * 4, dtype=float).reshape(3, 2, 2)  # 3 heads
+    heads_after = heads_before[::-1] * 10
+    norms_before = np.array([[9.0, 1, 2, 3, 4], [9.0, 1, 2, 3, 12]])  # last layer: patches 1 2 3 12, median 2.5
+    norms_after = np.array([[9.0, 5, 1, 2, 3, 4], [9.0, 20, 1, 2, 3, 4]])  # last layer: register 20, patches 1-4
+    maps = R.RepairMaps(heads_before, heads_after, np.zeros((2, 2)), np.zeros((2, 2)), norms_before, norms_after,
+                        before, after, R.OutputChange(np.ones(1)))
+    np.testing.assert_array_equal(maps.last_layer(2), np.stack([heads_before[2], heads_after[2]]))
+    np.testing.assert_allclose(maps.last_layer(None), np.stack([heads_before.mean(0), heads_after.mean(0)]))
+    assert maps.norm_ratio(after=False) == 12 / 2.5
+    assert maps.norm_ratio(after=True) == 4 / 2.5
+    assert maps.extra_token_norm() == (20.0, 2.5)
+    plain = R.RepairMaps(heads_before, heads_before, np.zeros((2, 2)), np.zeros((2, 2)), norms_before, norms_before,
+                         before, before, R.OutputChange(np.ones(1)))
+    assert plain.extra_token_norm() is None  # sink masking adds no token
+
+    sinks = AttentionSinks(received=np.zeros((3, 5)), z=np.zeros((3, 5)),
+                           sinks=[np.array([0, 3]), np.array([], int), np.array([0, 1, 2, 4])])
+    assert sinks.patch_counts(before) == [1, 0, 3]  # the CLS (token 0) is no patch
+
+    # two images, two layers; patch norms per (image, layer) and their outliers at 3x the median
+    norms = np.zeros((2, 2, 5))
+    norms[0, 0, 1:] = [1, 1, 1, 1]
+    norms[0, 1, 1:] = [1, 2, 2, 8]  # ratio 4: patch 3 an outlier
+    norms[1, 0, 1:] = [1, 1, 6, 1]  # ratio 6: patch 2 an outlier
+    norms[1, 1, 1:] = [2, 2, 2, 2]
+    median = np.median(norms[:, :, 1:], axis=-1)
+    out = Outliers(norms, before, 3.0, median, norms[:, :, 1:] > 3.0 * median[..., None])
+    np.testing.assert_allclose(out.largest_ratio_per_layer, [6.0, 4.0])
+    assert out.layers_with_outliers == [0, 1]
+    np.testing.assert_array_equal(out.norm_map(0, 1), [[[1, 2], [2, 8]]])

@@ -203,6 +203,9 @@ def test_attribution_page_after_map_is_the_attribution_of_the_repaired_forward(p
     at.switch_page("pages/11_registers.py").run()
     assert not at.exception, [e.message for e in at.exception]
     at.slider(key="registers_k").set_value(1).run()  # offers the best neuron to the other pages
+    assert not at.error, [e.value for e in at.error]
+    assert any("Largest patch norm / median in the last layer: before" in c.value and "the extra token's norm there"
+               in c.value for c in at.caption)  # the register's before and after, drawn
     at.switch_page("pages/10_attribution.py").run()
     assert not at.exception, [e.message for e in at.exception]
     assert set(at.multiselect(key="attr_methods").value) >= {"attnlrp", "legrad", "gradcam"}
@@ -260,6 +263,8 @@ def test_registers_page_with_outliers_but_none_in_the_detection_layer_says_so_an
     assert not at.exception, [e.message for e in at.exception]
     assert not at.error, [e.value for e in at.error]
     assert any("Outliers emerge in layer 1 (1 of 2 images has one there)" in c.value for c in at.caption)
+    assert any("Largest patch norm / median in the last layer: before" in c.value and "extra token" not in c.value
+               for c in at.caption)  # sink masking's before and after: no token added
     said = [i.value for i in at.info if i.value.startswith("No image of the set has an outlier in layer 12")]
     assert said and "outliers appear only in layers 1, 2, 3, 4" in said[0], [i.value for i in at.info]
     assert not any("Test-time register" in s.value for s in at.subheader)

@@ -102,6 +102,20 @@ class Outliers:
             return None
         return int(np.flatnonzero(counts >= EMERGENCE_SHARE * counts.max())[0])
 
+    @property
+    def largest_ratio_per_layer(self) -> np.ndarray:
+        """(L,) the largest patch norm over the median, per layer, over the whole set."""
+        return self.ratio.max(axis=0)
+
+    @property
+    def layers_with_outliers(self) -> list[int]:
+        """The layers (0-based) where at least one image has an outlier."""
+        return [int(i) for i in np.flatnonzero(self.images_per_layer)]
+
+    def norm_map(self, image: int, layer: int) -> np.ndarray:
+        """(1, gh, gw) image ``image``'s patch-token norms leaving ``layer`` (both 0-based), over the grid."""
+        return self.layout.to_grid(self.norms[image, layer, self.layout.patch_slice])[None]
+
     def positions(self, layer: int) -> list[np.ndarray]:
         """Per image, the outlier patches of ``layer`` (raster indices, 0-based)."""
         return [np.flatnonzero(m) for m in self.mask[:, layer]]

@@ -322,6 +322,27 @@ class RepairMaps:
     layout_after: TokenLayout
     change: OutputChange
 
+    def last_layer(self, head: int | None = None) -> np.ndarray:
+        """(2, gh, gw) the last layer's readout attention before and after: head ``head`` (0-based), or the mean over
+        the heads (None)."""
+        pick = (lambda a: a.mean(axis=0)) if head is None else (lambda a: a[head])
+        return np.stack([pick(self.heads_before), pick(self.heads_after)])
+
+    def norm_ratio(self, after: bool) -> float:
+        """The largest patch-token norm over the median in the last layer, before or after the repair."""
+        norms, layout = (self.norms_after, self.layout_after) if after else (self.norms_before, self.layout_before)
+        patch = norms[-1, layout.patch_slice]
+        return float(patch.max() / np.median(patch))
+
+    def extra_token_norm(self) -> tuple[float, float] | None:
+        """The repair's extra token's norm in the last layer and the median patch norm there (after the repair); None
+        when the repair adds no token."""
+        extra = [i for i, n in enumerate(self.layout_after.prefix_tokens) if n not in self.layout_before.prefix_tokens]
+        if not extra:
+            return None
+        last = self.norms_after[-1]
+        return float(last[extra[0]]), float(np.median(last[self.layout_after.patch_slice]))
+
 
 def _readout_maps(attention: np.ndarray, layout: TokenLayout) -> tuple[np.ndarray, np.ndarray]:
     from .maps import query_attention_map

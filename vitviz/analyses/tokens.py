@@ -37,6 +37,10 @@ class AttentionSinks:
         tokens = np.unique(np.concatenate([self.sinks[layer] for layer in picked] + [np.zeros(0, int)]))
         return (tokens[tokens >= layout.num_prefix_tokens] - layout.num_prefix_tokens).astype(int)
 
+    def patch_counts(self, layout: TokenLayout) -> list[int]:
+        """Per layer, how many of its sinks are patches (prefix tokens not counted)."""
+        return [int((s >= layout.num_prefix_tokens).sum()) for s in self.sinks]
+
     def share(self, layer: int, tokens) -> float:
         """The share of all attention in ``layer`` that ``tokens`` (full-sequence indices) receive."""
         return float(self.received[layer, list(tokens)].sum()) if len(tokens) else 0.0
