@@ -1,7 +1,6 @@
 """Overview: the image as the model sees it, the model card, classes, token norms, feature PCA, token clusters."""
 from dataclasses import replace
 
-import numpy as np
 import streamlit as st
 
 from ui.cache import cached_feature_pca, cached_top_classes
@@ -55,11 +54,11 @@ with right, guarded("the model card and classes"):
 view_applies(ctx, "overview")
 st.subheader("Tokens that distort maps: high norms and attention sinks")
 layer = st.slider("Layer", 1, len(r.token_norms), len(r.token_norms), key="norm_layer") - 1
-norms = layout.to_grid(r.token_norms[layer][layout.patch_slice])[None]
-received = layout.to_grid(r.sinks.received[layer][layout.patch_slice] * layout.num_tokens)[None]
+norms = r.norm_map(layer)
+received = r.sinks.received_map(layout, layer)
 sinks = r.sinks.sinks[layer]
 patch_sinks = r.sinks.patch_sinks(layout, [layer])
-artifacts = np.asarray(r.artifacts, dtype=int) - layout.num_prefix_tokens
+artifacts = r.artifact_patches
 plain = Display(cmap="Viridis", scale_mode="full range per map", style="heatmap", opacity=0.85)
 norm_col, sink_col = st.columns(2)
 with norm_col, guarded("the output-token norms"):

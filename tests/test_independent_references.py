@@ -262,3 +262,31 @@ def test_cluster_inertia_is_scikit_learns_inertia_and_the_labels_its_partition()
     assert ours.inertia == pytest.approx(km.inertia_, rel=1e-9)
     assert ours.inertia == pytest.approx(numpy_inertia(points, km.labels_), rel=1e-12)
     np.testing.assert_array_equal(ours.sizes, sorted(np.bincount(km.labels_), reverse=True))
+
+
+def test_the_overviews_token_maps_are_timms_block_outputs_and_the_received_share_over_uniform(bundled, sample_images):
+    """The Overview page's three maps of one image: the patch tokens' output norms of a layer (against timm's own
+    blocks run here by hand), the artifact patches and the attention received as a multiple of 1/N (from the
+    analysis's own shares: the page's arithmetic only)."""
+    from vitviz.analyses.per_image import analyse_images
+    from vitviz.sources.preprocess import preprocess
+
+    r = analyse_images(bundled, [sample_images[2].image]).image(0)
+    layout, layer = r.layout, 4
+    x = preprocess([sample_images[2].image], bundled.data_config).tensor
+    with torch.no_grad():
+        m = bundled.model
+        h = m.norm_pre(m._pos_embed(m.patch_embed(x)))
+        for blk in m.blocks[:layer + 1]:
+            h = blk(h)
+    expected = h[0, layout.num_prefix_tokens:].norm(dim=-1).double().numpy().reshape(layout.grid_size)
+    # two float32 forwards of the same blocks (a fused and a hooked path): 1e-5 relative covers their summation orders
+    np.testing.assert_allclose(r.norm_map(layer)[0], expected, rtol=1e-5)
+    # the artifact patches by their definition: last-layer patch norms above 10x the median (none on this photo; the
+    # token-to-patch step is token_patches, tested above)
+    last = r.norm_map(len(r.token_norms) - 1)[0].reshape(-1)
+    np.testing.assert_array_equal(r.artifact_patches, np.flatnonzero(last > 10 * np.median(last)))
+    received = r.sinks.received_map(layout, layer)[0]
+    np.testing.assert_allclose(received.reshape(-1), r.sinks.received[layer, layout.num_prefix_tokens:] * layout.num_tokens,
+                               rtol=1e-15)
+    assert received.shape == layout.grid_size

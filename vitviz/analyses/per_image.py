@@ -128,6 +128,17 @@ class ImageAnalyses(_OfTrace):
         return getattr(self.findings, "sinks", None)
 
     @property
+    def artifact_patches(self) -> np.ndarray:
+        """The high-norm artifact tokens as patches (raster indices, 0-based); empty for window attention."""
+        from .rollout import token_patches
+
+        return np.asarray(token_patches(self.layout, () if self.artifacts is None else self.artifacts), dtype=int)
+
+    def norm_map(self, layer: int) -> np.ndarray:
+        """(1, gh, gw) the patch tokens' output norms leaving ``layer`` (0-based), over the grid."""
+        return self.layout.to_grid(self.token_norms[layer][self.layout.patch_slice])[None]
+
+    @property
     def distance(self) -> np.ndarray | None:
         """Global attention: (L, H) :attr:`GlobalFindings.distance`; None for window attention."""
         return getattr(self.findings, "distance", None)

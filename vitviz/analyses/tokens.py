@@ -37,6 +37,10 @@ class AttentionSinks:
         tokens = np.unique(np.concatenate([self.sinks[layer] for layer in picked] + [np.zeros(0, int)]))
         return (tokens[tokens >= layout.num_prefix_tokens] - layout.num_prefix_tokens).astype(int)
 
+    def received_map(self, layout: TokenLayout, layer: int) -> np.ndarray:
+        """(1, gh, gw) the share of attention each patch receives in ``layer``, as a multiple of the uniform share 1/N."""
+        return layout.to_grid(self.received[layer][layout.patch_slice] * layout.num_tokens)[None]
+
     def patch_counts(self, layout: TokenLayout) -> list[int]:
         """Per layer, how many of its sinks are patches (prefix tokens not counted)."""
         return [int((s >= layout.num_prefix_tokens).sum()) for s in self.sinks]
