@@ -55,10 +55,7 @@ if ctx.lens.has_head and st.session_state.get("readout_names"):
         st.info(str(exc))
         table = None
     if table is not None:
-        first = table[table["rank"] == 1]
-        names = np.full(r.heads.shape[1:], "", dtype=object)
-        for row in first.itertuples():
-            names[row.layer, row.head] = row.label
+        names = residual.first_names(table, *r.heads.shape[1:])
 
 state = st.session_state.get("readout_heatmap")
 points = state.selection.points if state is not None and state.selection else []

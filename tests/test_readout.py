@@ -331,3 +331,24 @@ def test_a_shared_trace_gives_both_readouts_of_their_own_forwards_and_the_cli_ru
     batch = ReadoutWork()(lens, SimpleNamespace(x=x, names=["a", "b", "c"]))
     assert len(calls) == 1
     assert batch.lens is not None and len(batch.table) > 0
+
+
+def test_head_names_rank_each_heads_classes_relative_to_its_mean_and_the_first_fill_a_grid():
+    """Two layers x two heads, three classes: a head adding the same to every class names nothing in particular (its
+    relative values are 0: the first by index), one adding most to class 2 in absolute terms but less than its mean to
+    class 0 is named by class 2."""
+    from vitviz.residual import first_names, names_table
+
+    heads = np.array([[[1.0, 1.0, 1.0], [-3.0, 0.0, 6.0]],
+                      [[2.0, 5.0, 2.0], [0.5, 0.25, 0.0]]])
+    table = names_table(heads, ("cat", "dog", "cup"), k=2)
+    first = table[table["rank"] == 1].set_index(["layer", "head"])
+    assert first.loc[(0, 1), "label"] == "cup" and first.loc[(0, 1), "value"] == pytest.approx(6.0 - 1.0)
+    assert first.loc[(1, 0), "label"] == "dog" and first.loc[(1, 0), "value"] == pytest.approx(5.0 - 3.0)
+    assert first.loc[(1, 1), "label"] == "cat" and first.loc[(1, 1), "value"] == pytest.approx(0.5 - 0.25)
+    assert first.loc[(0, 0), "label"] == "cat" and first.loc[(0, 0), "value"] == 0.0  # a tie: the lower class
+    second = table[table["rank"] == 2].set_index(["layer", "head"])
+    assert second.loc[(0, 1), "label"] == "dog"
+    np.testing.assert_array_equal(first_names(table, 2, 2), np.array([["cat", "cup"], ["dog", "cat"]], dtype=object))
+    np.testing.assert_array_equal(first_names(table[table["layer"] == 0], 2, 2),
+                                  np.array([["cat", "cup"], ["", ""]], dtype=object))

@@ -383,6 +383,15 @@ def names_table(heads: np.ndarray, labels: tuple[str, ...] | None, k: int = 3) -
     return pd.DataFrame(rows, columns=["layer", "head", "rank", "class", "label", "value"])
 
 
+def first_names(table: pd.DataFrame, layers: int, heads: int) -> np.ndarray:
+    """(layers, heads) object array of each head's first class label in a :func:`names_table` ("" for a head the
+    table does not name)."""
+    names = np.full((layers, heads), "", dtype=object)
+    for row in table[table["rank"] == 1].itertuples():
+        names[row.layer, row.head] = row.label
+    return names
+
+
 def head_names(lens, x, k: int = 3) -> pd.DataFrame:
     """What each head writes toward, in class names, over the images ``x`` (:func:`names_table` of the mean of
     :func:`direct_vectors`' heads)."""
