@@ -1,8 +1,8 @@
 """Attribution: which pixels and patches made the model give its output (AttnLRP, CP-LRP, LeGrad, Grad-CAM)."""
 import streamlit as st
 
-from ui.attribution import (attribution_methods, attributions, keep_available, label, overlay_choices, scale_caption,
-                            target_picker, target_title)
+from ui.attribution import (attribution_methods, attributions, keep_available, label, overlay_choices,
+                            repair_maps_of, scale_caption, target_picker, target_title)
 from ui.charts import file_stem, show_chart
 from ui.concepts import concept_refusals, concept_target_picker
 from ui.display import TILE_PX, display_controls
@@ -96,16 +96,8 @@ download_row(stem, {f"attribution_{res.method.replace('-', '_')}": res.patches f
 
 
 # ---- Repair: these attributions before and after (ui/repair.py) ----
-def _repair_maps(side):
-    kept = [m for m in methods if side.compared.kind != "register" or registered()[m].pixels]
-    if side.edit is not None and len(kept) < len(methods):
-        st.caption("LeGrad and Grad-CAM read the patch tokens by position and do not know the extra token yet: "
-                   "they are left out under the test-time register.")
-    return {label(a.method): a.patches[0] for a in attributions(ctx, kept, target_class, side)}
-
-
 if concept is None:
-    repair_view(ctx, "attribution", _repair_maps, what=f"Attribution of {target_text} (patch sums)",
+    repair_view(ctx, "attribution", repair_maps_of(ctx, methods, target_class), what=f"Attribution of {target_text} (patch sums)",
                 value_name="relevance", signed=[label(m) for m in methods if registered()[m].signed],
                 padding=display.padding)
 else:

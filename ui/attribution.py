@@ -49,6 +49,19 @@ def attributions(ctx, methods: list[str], target_class: int | None, side=None, c
     return with_progress(key, "Attribution: method", compute)
 
 
+def repair_maps_of(ctx, methods: list[str], target_class: int | None):
+    """For the repair's before and after (:func:`ui.repair.repair_view`): one side's patch maps of ``methods`` by
+    label. Under a test-time register the methods that read patch tokens by position (LeGrad, Grad-CAM) are left out,
+    and the caption says so."""
+    def maps_of(side) -> dict:
+        kept = [m for m in methods if side.compared.kind != "register" or registered()[m].pixels]
+        if side.edit is not None and len(kept) < len(methods):
+            st.caption("LeGrad and Grad-CAM read the patch tokens by position and do not know the extra token yet: "
+                       "they are left out under the test-time register.")
+        return {label(a.method): a.patches[0] for a in attributions(ctx, kept, target_class, side)}
+    return maps_of
+
+
 def attribution_methods(lens: Lens) -> tuple[list[str], dict[str, str]]:
     """(the attribution methods that apply to ``lens``'s model, method -> the sentence refusing each other one): those
     of :func:`vitviz.methods` whose rules or per-layer gradients act in the forward, in the registry's order except
