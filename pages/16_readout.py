@@ -70,7 +70,7 @@ with left:
                "readout_heatmap", file_stem("readout_heads", ctx.image.name), on_select="rerun",
                selection_mode="points")
 with right:
-    show_chart(component_bars(r.heads[0].sum(-1), r.attn_bias[0], r.mlp[0], float(r.embed[0]), float(r.bias[0]),
+    show_chart(component_bars(r.heads_per_layer(0), r.attn_bias[0], r.mlp[0], float(r.embed[0]), float(r.bias[0]),
                               f"contribution ({unit})"), "readout_bars", file_stem("readout_components", ctx.image.name))
 order = r.top_heads(3, image=0)
 st.caption("Red raises the target, blue lowers it; limits ± the 95th percentile of |value| over the heads, the heads "
@@ -89,11 +89,11 @@ rendered, fig = map_figure(ctx.result.model_input, maps, r.layout, display, sign
                            title="What this head moved from each patch into the target")
 show_chart(fig, "readout_patches", file_stem("readout_patches", ctx.image.name, f"layer{layer + 1}",
                                              f"head{head + 1}"), vector=False, width=panel_width(fig))
-prefix = r.head_sources[0, layer, head, :r.layout.num_prefix_tokens]
+from_patches, from_prefix = r.source_split(layer, head)
 st.caption(f"The head's contribution {r.heads[0, layer, head]:+.4g} split by the token it read from (its attention "
            f"weight times that token's value, through the frozen readout); the patches hold "
-           f"{r.patches(layer, head)[0].sum():+.4g}, the prefix tokens ({', '.join(r.layout.prefix_tokens)}) "
-           f"{prefix.sum():+.4g}. Diverging colours centred on 0, limits ± the 99th percentile of |value|.")
+           f"{from_patches:+.4g}, the prefix tokens ({', '.join(r.layout.prefix_tokens)}) "
+           f"{from_prefix:+.4g}. Diverging colours centred on 0, limits ± the 99th percentile of |value|.")
 
 if has_text:
     st.subheader("TextSpan: each late head in words")
@@ -117,9 +117,7 @@ else:
     lens_result = set_logit_lens(ctx)
     index = next((i for i, im in enumerate(ctx.images) if im.sha256 == ctx.image.sha256), 0)
     scope = st.radio("Images", ["this image", "mean over the image set"], horizontal=True, key="readout_lens_scope")
-    probs = lens_result.probabilities()
-    shown = probs[index] if scope == "this image" else probs.mean(0)
-    logits = lens_result.logits[index] if scope == "this image" else lens_result.logits.mean(0)
+    shown, logits = lens_result.of(index if scope == "this image" else None)
     classes = lens_classes(logits)
     labels = [lens_result.label(c) for c in classes]
     show_chart(logit_lens_figure(shown[:, classes], classes, labels,

@@ -164,6 +164,15 @@ def test_each_heads_source_shares_add_up_to_its_contribution():
     np.testing.assert_allclose(r.head_sources.sum(-1), r.heads, rtol=1e-10, atol=1e-13)
     assert r.patches(1, 2).shape == (2, 4, 4)
     np.testing.assert_array_equal(r.patches(1, 2).reshape(2, -1), r.head_sources[:, 1, 2, 1:])
+    # the Readout page's split of one head (image 1): patches + prefix tokens = the head's contribution
+    from_patches, from_prefix = r.source_split(1, 2, image=1)
+    assert from_patches == pytest.approx(r.patches(1, 2)[1].sum(), rel=1e-12)
+    assert from_patches + from_prefix == pytest.approx(r.heads[1, 1, 2], rel=1e-10, abs=1e-13)
+    # its bars: each block's heads together, with the other parts, add up to the model's own value
+    per_layer = r.heads_per_layer(1)
+    assert per_layer.shape == (r.heads.shape[1],)
+    assert (per_layer.sum() + r.attn_bias[1].sum() + r.mlp[1].sum() + r.embed[1] + r.bias[1]
+            == pytest.approx(r.total[1], rel=1e-10))
 
 
 def planted_model(layer: int = 0, head: int = 1, cls: int = 4, patches=(5, 10)):
@@ -234,6 +243,16 @@ def test_the_logit_lens_last_layer_is_the_logits_bit_for_bit_and_each_layer_is_t
             # per patch: the head on each token's own final norm
             per_token = model.head(model.fc_norm(model.norm(tokens))).numpy()
             np.testing.assert_allclose(ll.patches[:, l], per_token, rtol=1e-5, atol=1e-5 * np.abs(per_token).max())
+    # the Readout page's rows: one image's, or the set's mean
+    probs, logits = ll.of(1)
+    np.testing.assert_array_equal(logits, ll.logits[1])
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-12)
+    assert probs.argmax(-1).tolist() == logits.argmax(-1).tolist()
+    mean_probs, mean_logits = ll.of(None)
+    # float32 logits summed in another order: a few ulps of the largest |logit| (6e-8 relative each)
+    np.testing.assert_allclose(mean_logits, (ll.logits[0] + ll.logits[1] + ll.logits[2]) / 3, rtol=0,
+                               atol=1e-6 * np.abs(ll.logits).max())
+    np.testing.assert_allclose(mean_probs, sum(ll.of(i)[0] for i in range(3)) / 3, rtol=1e-12)
     table = ll.table(top=3)
     assert set(table.columns) == {"image", "name", "layer", "class", "label", "logit", "prob", "rank"}
     top = table[(table.layer == 3) & (table["rank"] == 1)]

@@ -77,6 +77,14 @@ class LogitLens:
         e = np.exp(z - z.max(-1, keepdims=True))
         return e / e.sum(-1, keepdims=True)
 
+    def of(self, image: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """(L, C) probabilities and logits after every block for image ``image``, or their means over the images
+        (None)."""
+        probs = self.probabilities()
+        if image is None:
+            return probs.mean(0), self.logits.mean(0)
+        return probs[image], self.logits[image]
+
     def patch_probabilities(self, layer: int, cls: int, layout, image: int = 0) -> np.ndarray:
         """(1, gh, gw) the probability each patch's token gives class ``cls`` at block ``layer`` (0-based), read
         alone (``per_patch=True``); prefix tokens left out."""
