@@ -114,8 +114,8 @@ with row_col:
 with prefix_col:
     st.markdown("Weights on the prefix tokens (not on the map):")
     st.table({t: f"{a.weights[i]:.2%}" for i, t in enumerate(layout.prefix_tokens)} or {"none": "—"})
-    st.markdown(f"Patches together: **{a.weights[layout.patch_slice].sum():.2%}**. "
-                f"The weights sum to {a.weights.sum():.6f}.")
+    on_patches, _ = a.held_by(layout.patch_slice)
+    st.markdown(f"Patches together: **{on_patches:.2%}**. The weights sum to {a.held_by(slice(None))[0]:.6f}.")
 
 st.subheader("6 · The output: a weighted sum of the value vectors")
 norm_out = a.output_norm
@@ -133,8 +133,8 @@ with table_col:
                   "‖wⱼ vⱼ‖": [f"{contrib_norms[j]:.3f}" for j in order],
                   "share of output": [f"{share[j]:.1%}" for j in order]},
                  hide_index=True, key="anatomy_table")
-    st.caption(f"The top {TOP} tokens hold {a.weights[order].sum():.1%} of the weight and "
-               f"{share[order].sum():.1%} of the output.")
+    top_weight, top_output = a.held_by(order)
+    st.caption(f"The top {TOP} tokens hold {top_weight:.1%} of the weight and {top_output:.1%} of the output.")
 with chart_col:
     show_chart(contributions_figure(a, layout), "anatomy_contributions", file_stem(stem, "contributions"))
 

@@ -277,6 +277,9 @@ def test_the_anatomy_pages_numbers_on_a_row_worked_by_hand():
     assert a.tokens_worth(a.weights) == pytest.approx(np.exp(entropy), rel=1e-14)  # 2^1.5 tokens' worth
     assert a.uniform_entropy == pytest.approx(np.log(3), rel=1e-15)
     np.testing.assert_array_equal(a.patch_row(layout), np.array([[[0.25, 0.25]]], np.float32))
+    assert a.held_by(layout.patch_slice) == pytest.approx((0.5, 0.25 / 4.25), rel=1e-14)
+    assert a.held_by([0, 2]) == pytest.approx((0.75, 3.875 / 4.25), rel=1e-14)
+    assert a.held_by(slice(None)) == pytest.approx((1.0, 1.0), rel=1e-14)
     assert layout.centre_patch == 1  # a 1 x 2 grid: the right one of the two middle patches
 
 

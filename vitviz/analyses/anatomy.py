@@ -167,6 +167,11 @@ class AttentionAnatomy:
         """(N,) ‖v_j‖."""
         return np.linalg.norm(self.values, axis=1)
 
+    def held_by(self, tokens) -> tuple[float, float]:
+        """The share of the weight and the share of the output (:attr:`output_shares`) that ``tokens`` (sequence
+        indices, or a slice) hold together."""
+        return float(self.weights[tokens].sum()), float(self.output_shares[tokens].sum())
+
     def patch_row(self, layout: TokenLayout) -> np.ndarray:
         """(1, gh, gw) float32 the attention row over the patches, as the heads page draws it."""
         return layout.to_grid(self.weights[layout.patch_slice].astype(np.float32))[None]
