@@ -10,13 +10,13 @@ from ui.state import setup
 from ui.navigation import heading
 from vitviz.errors import ViewNotApplicable, VitvizError
 from vitviz.figures.core import similarity_grid, similarity_map
-from vitviz.analyses.posembed import position_at
+from vitviz.analyses.posembed import grid_with_rows, position_at, resampled_rows
 
 ctx = setup()
 if ctx is None:
     st.stop()
 loaded, layout = ctx.loaded, ctx.lens.layout
-gh, gw = layout.grid_size
+gh = layout.grid_size[0]
 native = loaded.native_pos_embed
 heading(__file__)
 try:  # at the model's own grid first: a model without the embedding gets its sentence before any control
@@ -27,11 +27,11 @@ except ViewNotApplicable as exc:
 left, right = st.columns([2, 1], gap="small")
 
 with right:
-    top = min(max(2 * gh, native.grid_size[0] if native else gh), max(gh, MAX_GRID))
+    top = resampled_rows(gh, native.grid_size[0] if native else None, MAX_GRID)
     grid = gh if top == gh else st.slider(
         "Grid rows: the model's own, or resampled from the stored weights as for another input size",
         gh, top, gh, key="pos_grid")
-shape = (grid, grid * gw // gh)
+shape = grid_with_rows(grid, layout.grid_size)
 try:
     embeddings, similarity = cached_position_similarity(ctx.spec, shape)
 except VitvizError as exc:

@@ -263,3 +263,15 @@ def test_filter_tile_figure_draws_tiles_one_to_one_with_every_label_inside_the_c
     assert list(text.text) == labels and all(y_lo <= y <= y_hi for y in text.y)
     assert text.y[7] > 20 and text.x[7] == text.x[0]  # the 8th label: second row, first column
     assert layout.title.text == "First 9 components" and layout.margin.t >= 30  # room for the title: not clipped
+
+
+def test_the_position_page_offers_grids_up_to_twice_the_models_or_the_stored_one_capped():
+    from vitviz.analyses.posembed import grid_with_rows, resampled_rows
+
+    assert resampled_rows(16, None, 40) == 32  # the bundled model: twice its 16 rows
+    assert resampled_rows(16, 37, 40) == 37  # a stored 37-row table (DINOv2 at 518 px) run at 224 px
+    assert resampled_rows(24, None, 40) == 40  # capped at what stays legible
+    assert resampled_rows(48, None, 40) == 48  # never below the model's own grid
+    assert grid_with_rows(20, (16, 16)) == (20, 20)
+    assert grid_with_rows(21, (12, 20)) == (21, 35)  # 12 x 20 keeps its 3 : 5 aspect
+    assert grid_with_rows(5, (3, 4)) == (5, 6)  # 6.67 columns: rounded down

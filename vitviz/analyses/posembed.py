@@ -62,6 +62,18 @@ def position_embedding_similarity(embeddings: np.ndarray, grid_size: tuple[int, 
     return (e @ e.T).reshape(gh, gw, gh, gw)
 
 
+def resampled_rows(rows: int, stored_rows: int | None, most: int) -> int:
+    """The most grid rows worth resampling a position table to, for a model whose own grid has ``rows`` rows and whose
+    stored table ``stored_rows`` (None when the table is the grid's own): twice the model's grid or the stored one,
+    whichever is larger, capped at ``most`` (never below ``rows``)."""
+    return min(max(2 * rows, stored_rows or rows), max(rows, most))
+
+
+def grid_with_rows(rows: int, grid_size: tuple[int, int]) -> tuple[int, int]:
+    """A grid of ``rows`` rows with the aspect of ``grid_size`` (columns rounded down)."""
+    return rows, rows * grid_size[1] // grid_size[0]
+
+
 def position_at(fraction: tuple[float, float], grid_size: tuple[int, int]) -> tuple[int, int]:
     """The (row, col), 0-based, of the grid cell holding a point given as fractions of the grid's height
     and width; clamped, so a position chosen on one grid maps to the same place on another."""
