@@ -6,7 +6,7 @@ from ui.downloads import download_row
 from ui.state import setup
 from ui.navigation import heading
 from vitviz.errors import VitvizError
-from vitviz.figures.core import bars, labelled_tile_image, tile_grid_figure
+from vitviz.figures.core import bars, labelled_tile_image, tile_grid_figure, whole_pixel_tile
 from vitviz.analyses.filters import minmax_tiles, patch_filter_pca, patch_filters
 
 ctx = setup()
@@ -35,7 +35,7 @@ download_row("filter_pca", {"filter_pca": pca.components, "filter_pca_explained"
              {"model": ctx.loaded.card()["spec"], "n_components": k, "components": "0-based in the arrays, "
               "PC1 on screen is filter_pca[0]", "sign": "largest-magnitude entry of each component positive",
               "tiles": "each component min-max scaled to 0..1", "explained": "share of variance, 0..1"},
-             labelled_tile_image(pca.tiles, labels, title, columns=7, tile_px=max(P, PRINT_PX // P * P)), prepared=True)
+             labelled_tile_image(pca.tiles, labels, title, columns=7, tile_px=whole_pixel_tile(P, PRINT_PX)), prepared=True)
 
 left, _ = st.columns([3, 2], gap="medium")
 with left:
@@ -52,5 +52,5 @@ show_chart(tile_grid_figure(raw_tiles, raw_labels, raw_title, columns=16, tile_p
            "raw_filters", width="content")
 download_row("raw_filters", {"filters": filters}, {"model": ctx.loaded.card()["spec"], "shown": n_raw,
                                                    "labels": "1-based; filters[i] is label i + 1"},
-             labelled_tile_image(raw_tiles, raw_labels, raw_title, columns=16, tile_px=max(P, 112 // P * P),
+             labelled_tile_image(raw_tiles, raw_labels, raw_title, columns=16, tile_px=whole_pixel_tile(P, 112),
                                  font_size=14), prepared=True)

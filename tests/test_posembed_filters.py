@@ -275,3 +275,12 @@ def test_the_position_page_offers_grids_up_to_twice_the_models_or_the_stored_one
     assert grid_with_rows(20, (16, 16)) == (20, 20)
     assert grid_with_rows(21, (12, 20)) == (21, 35)  # 12 x 20 keeps its 3 : 5 aspect
     assert grid_with_rows(5, (3, 4)) == (5, 6)  # 6.67 columns: rounded down
+
+
+def test_filter_tiles_draw_every_weight_as_the_same_whole_number_of_pixels():
+    from vitviz.figures.core import whole_pixel_tile
+
+    assert whole_pixel_tile(14, 168) == 168  # 12 px per weight of a 14-pixel filter
+    assert whole_pixel_tile(16, 168) == 160  # 10 px per weight, not 10.5
+    assert whole_pixel_tile(14, 112) == 112 and whole_pixel_tile(16, 112) == 112
+    assert whole_pixel_tile(200, 112) == 200  # at least one pixel per weight

@@ -388,6 +388,12 @@ def tile_grid_figure(tiles: np.ndarray, labels: list[str], title: str, *, column
     return fig
 
 
+def whole_pixel_tile(filter_px: int, target_px: int) -> int:
+    """A tile size near ``target_px`` that draws each of a ``filter_px``-pixel filter's weights as the same whole
+    number of pixels (at least one pixel per weight)."""
+    return max(filter_px, target_px // filter_px * filter_px)
+
+
 def labelled_tile_image(tiles: np.ndarray, labels: list[str], title: str, *, columns: int, tile_px: int = 84,
                         gap: int = 10, font_size: int = 15) -> Image.Image:
     """ViT paper Fig. 7 left: small RGB tiles in a grid, each with its label underneath, a title on top.
