@@ -331,8 +331,7 @@ class RepairMaps:
     def norm_ratio(self, after: bool) -> float:
         """The largest patch-token norm over the median in the last layer, before or after the repair."""
         norms, layout = (self.norms_after, self.layout_after) if after else (self.norms_before, self.layout_before)
-        patch = norms[-1, layout.patch_slice]
-        return float(patch.max() / np.median(patch))
+        return float(find_outliers(norms[None, -1:], layout).ratio[0, 0])  # Outliers.ratio's rule, not a copy
 
     def extra_token_norm(self) -> tuple[float, float] | None:
         """The repair's extra token's norm in the last layer and the median patch norm there (after the repair); None
