@@ -263,19 +263,21 @@ def test_the_anatomy_pages_numbers_on_a_row_worked_by_hand():
     k = np.array([[[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]])
     v = np.array([[[4.0, 0.0], [0.0, 3.0], [0.0, -1.0]]])
     a = attention_anatomy(LayerQKV(q=q, k=k, v=v, scale=0.5, steps=[], bias=None), head=0, query=0)
-    np.testing.assert_allclose(a.weights, [0.5, 0.25, 0.25], rtol=1e-15)
+    # Tolerances: the softmax's exp may round differently by an ulp or two on another CPU's libm; 1e-14 is ~45 ulps of
+    # a number near 1, far below what a wrong formula gives (the weights' shares differ by 25 % and more).
+    np.testing.assert_allclose(a.weights, [0.5, 0.25, 0.25], rtol=1e-14)
     np.testing.assert_allclose(a.scores_times_scale, [np.log(2), 0, 0], atol=1e-15)
     assert span(a.scores) == (0.0, 2 * np.log(2), 2 * np.log(2))
     # output = 0.5 (4, 0) + 0.25 (0, 3) + 0.25 (0, -1) = (2, 0.5); ‖output‖² = 4.25
-    np.testing.assert_allclose(a.output, [2.0, 0.5], rtol=1e-15)
-    assert a.output_norm == pytest.approx(np.sqrt(4.25), rel=1e-15)
+    np.testing.assert_allclose(a.output, [2.0, 0.5], rtol=1e-14)
+    assert a.output_norm == pytest.approx(np.sqrt(4.25), rel=1e-14)
     np.testing.assert_allclose(a.output_shares, [4 / 4.25, 0.375 / 4.25, -0.125 / 4.25], rtol=1e-14)
-    np.testing.assert_allclose(a.contribution_norms, [2.0, 0.75, 0.25], rtol=1e-15)
-    np.testing.assert_allclose(a.value_norms, [4.0, 3.0, 1.0], rtol=1e-15)
-    assert a.q_norm == pytest.approx(2 * np.log(2), rel=1e-15)
+    np.testing.assert_allclose(a.contribution_norms, [2.0, 0.75, 0.25], rtol=1e-14)
+    np.testing.assert_allclose(a.value_norms, [4.0, 3.0, 1.0], rtol=1e-14)
+    assert a.q_norm == pytest.approx(2 * np.log(2), rel=1e-14)
     entropy = -(0.5 * np.log(0.5) + 2 * 0.25 * np.log(0.25))  # = 1.5 ln 2
     assert a.tokens_worth(a.weights) == pytest.approx(np.exp(entropy), rel=1e-14)  # 2^1.5 tokens' worth
-    assert a.uniform_entropy == pytest.approx(np.log(3), rel=1e-15)
+    assert a.uniform_entropy == pytest.approx(np.log(3), rel=1e-14)
     np.testing.assert_array_equal(a.patch_row(layout), np.array([[[0.25, 0.25]]], np.float32))
     assert a.held_by(layout.patch_slice) == pytest.approx((0.5, 0.25 / 4.25), rel=1e-14)
     assert a.held_by([0, 2]) == pytest.approx((0.75, 3.875 / 4.25), rel=1e-14)
