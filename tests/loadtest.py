@@ -212,6 +212,7 @@ class SessionResult:
     reopened: int = 0  # landing path: clicks on "Attention heads" again after a late upload rerun went back
     seen: list[str] = field(default_factory=list)  # a failed session: its path and script state, the page's text
     sockets: list[str] = field(default_factory=list)  # when the page's websockets opened and closed
+    uploads: list[str] = field(default_factory=list)  # the upload requests' answers, and what the uploader showed
 
 
 async def _upload(page, name: str, data: bytes) -> None:
@@ -248,6 +249,11 @@ async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int, p
             result.sockets.append(f"opened {time.monotonic() - start:.0f} s")
             ws.on("close", lambda _: result.sockets.append(f"closed {time.monotonic() - start:.0f} s"))
         page.on("websocket", socket_opened)
+
+        def upload_answered(response) -> None:  # a lost photo: did its bytes reach the server?
+            if "/_stcore/upload_file/" in response.url:
+                result.uploads.append(f"{response.request.method} {response.status} {time.monotonic() - start:.0f} s")
+        page.on("response", upload_answered)
         await page.goto(url, timeout=timeout_ms)
         if path == "landing":
             await _upload(page, name, data)
@@ -256,6 +262,7 @@ async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int, p
             box = page.locator('[data-testid="stFileUploader"]', has_text="Upload images")
             await box.get_by_text(name).wait_for()
             await box.locator('[role="progressbar"]').wait_for(state="detached")
+            result.uploads.append(f"uploader: {' '.join((await box.inner_text()).split())[-120:]}")
             await _open_heads(page, timeout_ms)
         else:
             await page.get_by_role("link", name=PAGE, exact=True).click()
@@ -281,7 +288,8 @@ async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int, p
                                            "'[data-testid=stApp]')?.getAttribute('data-test-script-state') || '')"
                                            " + ' · ' + (document.querySelector('[data-testid=stStatusWidget]')"
                                            "?.innerText || 'no status widget')"),
-                     lambda: page.locator("body").inner_text(timeout=5000)):
+                     lambda: page.locator('[data-testid="stSidebarUserContent"]').inner_text(timeout=5000),
+                     lambda: page.locator('[data-testid="stMain"]').inner_text(timeout=5000)):
             try:
                 got = await read()
             except Exception as exc:  # noqa: BLE001 - one unreadable part does not hide the others
@@ -291,7 +299,7 @@ async def _session(browser, url: str, name: str, data: bytes, timeout_ms: int, p
             elif isinstance(got, str) and not result.header:
                 result.header = got
             elif isinstance(got, str):
-                result.seen.append(got[:300])
+                result.seen.append(" ".join(got.split())[:600])
     finally:
         await context.close()
     return result

@@ -41,7 +41,7 @@ def test_eight_sessions_on_a_cold_server(tmp_path):
           f"server peak RSS {peak:.0f} MiB (bound {bound:.0f} MiB = VITVIZ_CACHE_MB {CACHE_MB} + {SESSIONS} x 2 x "
           f"{ATTENTION_MIB:.0f} MiB attention + {FRAMEWORK_MIB} framework); heads page opened again after a late "
           f"upload rerun went back to the landing page: {sum(r.reopened for r in results)} of {SESSIONS}")
-    failed = {r.name: (r.path, r.error, r.header, r.exceptions, r.seen, r.sockets) for r in results
+    failed = {r.name: (r.path, r.error, r.header, r.exceptions, r.seen, r.sockets, r.uploads) for r in results
               if r.error or r.exceptions or not r.header.startswith(PAGE) or r.name not in r.header}
     assert not failed, f"sessions that failed: {failed}\nserver log:\n{log_tail}"
     assert not errors, "\n\n".join(errors)

@@ -51,3 +51,37 @@ def test_a_switch_gives_the_watch_its_looks_however_slow_the_runs_and_the_first_
     at.session_state["page"] = "rollout"  # another switch: a new window
     at.run()
     assert looks["looks"] == uploads.UPLOAD_WATCH_LOOKS + 1
+
+
+def _stopped_after_the_upload():
+    import streamlit as st
+
+    from ui import state, uploads
+
+    images = uploads.sidebar_images()
+    if st.session_state.pop("stop_here", False):
+        st.stop()  # where a page switch's rerun can stop a busy server's run: the upload stored, no box drawn yet
+    config = {"input_size": (3, 224, 224), "interpolation": "bicubic", "mean": (0.485, 0.456, 0.406),
+              "std": (0.229, 0.224, 0.225), "crop_pct": 0.9, "crop_mode": "center"}
+    _, current, _ = state._current_image(images, config)
+    st.header(current.name)
+
+
+def test_an_upload_stored_by_a_run_stopped_before_the_image_boxes_is_the_current_image():
+    """A run that stores an upload can be stopped at its next Streamlit call (a page switch arriving); the next run
+    must still show the upload: on the old code it stayed in the set, and the image before it stayed current."""
+    from conftest import ASSETS
+
+    def files(*names):
+        return [(name, (ASSETS / name).read_bytes(), "image/jpeg") for name in names]
+
+    at = AppTest.from_function(_stopped_after_the_upload, default_timeout=60).run()
+    at = at.sidebar.file_uploader(key="uploads").set_value(files("chelsea.jpg")).run()
+    assert [h.value for h in at.header] == ["chelsea.jpg"]
+    at.session_state["stop_here"] = True
+    at = at.sidebar.file_uploader(key="uploads").set_value(files("chelsea.jpg", "coffee.jpg")).run()
+    assert not at.header  # stopped before the boxes
+    at = at.run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert [h.value for h in at.header] == ["coffee.jpg"]
+    assert at.sidebar.selectbox(key="current").options == ["chelsea.jpg", "coffee.jpg"]

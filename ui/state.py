@@ -108,11 +108,11 @@ def setup() -> Context | None:
     spec, lens = load(sidebar_spec())
     persist.remember_model(spec.name, spec.img_size)
     st.sidebar.caption(f"**{lens.label}** · {lens.device} · {str(lens.loaded.dtype).removeprefix('torch.')}")
-    images, newest = sidebar_images()
+    images = sidebar_images()
     if not images:
         st.info("Upload an image or pick a sample photo in the sidebar.")
         return None
-    framing, current, images = _current_image(images, newest, lens.loaded.data_config)
+    framing, current, images = _current_image(images, lens.loaded.data_config)
     try:
         result = cached_image_result(spec, current.sha256, current.image)
     except ImageError as exc:
@@ -127,16 +127,13 @@ def setup() -> Context | None:
                    padding=padding)
 
 
-def _current_image(images: list[LoadedImage], newest: str | None,
-                   data_config: dict) -> tuple[str, LoadedImage, list[LoadedImage]]:
+def _current_image(images: list[LoadedImage], data_config: dict) -> tuple[str, LoadedImage, list[LoadedImage]]:
     """The Framing and Current image boxes: (framing, the current image, the image set), framed for the model."""
     framing = st.sidebar.radio("Framing", list(FRAMING_LABELS), format_func=FRAMING_LABELS.get,
                                help="The model sees a square. Crop: its own resize and centre crop (wide or tall "
                                     "images lose their sides). Pad: the whole image, padded to a square with the "
                                     "model's mean colour first.", **kept_args(keys.FRAMING, list(FRAMING_LABELS)))
-    names = [im.name for im in images]
-    if newest in names:
-        choose(keys.CURRENT, newest)  # the newest upload becomes the current image
+    names = [im.name for im in images]  # (the newest upload is already chosen: ui.uploads)
     current = images[names.index(st.sidebar.selectbox("Current image", names, **kept_args(keys.CURRENT, names)))]
     persist.remember_current(current.name)
     caption = _framing_caption(current, framing, data_config)

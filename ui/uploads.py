@@ -39,8 +39,8 @@ def _mark_uploader_changed() -> None:
     st.session_state[keys.UPLOADER_CHANGED] = True
 
 
-def _sync_uploads(store: dict[str, bytes]) -> str | None:
-    """Make the store follow the uploader; return the newest upload's name, if any arrived this run.
+def _sync_uploads(store: dict[str, bytes]) -> None:
+    """Make the store follow the uploader; the newest upload becomes the current image.
 
     A page switch re-creates the uploader empty, which must not forget anything; a click on a
     file's × changes the uploader (its ``on_change`` sets ``uploader_changed``), which must.
@@ -70,7 +70,6 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
     refused: dict[str, str] = st.session_state.setdefault(keys.UPLOADS_REFUSED, {})  # file_id -> sentence
     for file_id in refused.keys() - held.keys():
         refused.pop(file_id)
-    added = []
     # (a file the upload watch's run already took arrives in the uploader later: it is not taken twice)
     arrived = [u for file_id, u in held.items() if file_id not in before and file_id not in seen]
     arrived += list({u.file_id: u for u in left_behind if u.file_id not in held}.values())
@@ -90,11 +89,13 @@ def _sync_uploads(store: dict[str, bytes]) -> str | None:
             refused[file_id] = why
             continue
         store[upload.name] = data
-        added.append(upload)
+        # Chosen in the same breath as it is stored: a run can be stopped at any Streamlit call (a page switch's rerun
+        # arriving on a busy server), and an upload stored by a run stopped before the Current image box was drawn
+        # stayed in the set without becoming the current image.
+        choose(keys.CURRENT, upload.name)
     for why in refused.values():
         st.error(why)
     st.session_state[keys.UPLOADER_HELD] = {file_id: u.name for file_id, u in held.items()}
-    return added[-1].name if added else None
 
 
 def _page_id() -> str:
@@ -210,10 +211,10 @@ def _samples_picked() -> None:
         choose(keys.SAMPLE_PICKS, st.session_state[keys.SAMPLE_PICKS])
 
 
-def sidebar_images() -> tuple[list[LoadedImage], str | None]:
-    """The decoded image set (uploads, then chosen samples) and the newest upload's name."""
+def sidebar_images() -> list[LoadedImage]:
+    """The decoded image set: uploads, then chosen samples."""
     store = image_store()
-    newest = _sync_uploads(store)
+    _sync_uploads(store)
     watch_uploads()
     for gone in persist.keep_images(store):  # first: after F5 the list below then shows the images it brought back
         st.sidebar.warning(gone)
@@ -249,7 +250,7 @@ def sidebar_images() -> tuple[list[LoadedImage], str | None]:
     if store and st.sidebar.button("Forget uploaded images"):
         _forget_uploads(store)
         st.rerun()
-    return images, newest
+    return images
 
 
 def decode(name: str, data: bytes) -> LoadedImage:
