@@ -85,3 +85,27 @@ def test_an_upload_stored_by_a_run_stopped_before_the_image_boxes_is_the_current
     assert not at.exception, [e.message for e in at.exception]
     assert [h.value for h in at.header] == ["coffee.jpg"]
     assert at.sidebar.selectbox(key="current").options == ["chelsea.jpg", "coffee.jpg"]
+
+
+def _samples_box_replayed():
+    import streamlit as st
+
+    from ui import uploads
+
+    if st.session_state.pop("replay", False):
+        uploads._samples_picked()  # the box's callback, fired with the value it already had (a busy page switch)
+    st.write(", ".join(im.name for im in uploads.sidebar_images()))
+
+
+def test_a_samples_callback_carrying_the_kept_set_is_no_choice_and_an_upload_still_replaces_the_default():
+    from conftest import ASSETS
+
+    at = AppTest.from_function(_samples_box_replayed, default_timeout=60).run()
+    assert at.markdown[-1].value == "astronaut.jpg"  # the default sample, so that a first visit shows something
+    at.session_state["replay"] = True
+    at = at.sidebar.file_uploader(key="uploads").set_value(
+        [("chelsea.jpg", (ASSETS / "chelsea.jpg").read_bytes(), "image/jpeg")]).run()
+    assert not at.exception, [e.message for e in at.exception]
+    assert at.markdown[-1].value == "chelsea.jpg"
+    at = at.sidebar.multiselect(key="samples").set_value(["rocket.jpg"]).run()  # a real choice is kept
+    assert at.markdown[-1].value == "chelsea.jpg, rocket.jpg"

@@ -17,7 +17,7 @@ from vitviz.settings import megabytes
 
 from . import keys, persist
 from .cache import operator_settings, store
-from .widgets import choose, kept_args
+from .widgets import choose, chosen, kept_args
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 SAMPLES = sorted(p.name for p in ASSETS.glob("*.jpg"))
@@ -205,7 +205,11 @@ def _upload_watch() -> None:
 
 
 def _samples_picked() -> None:
-    """The user chose the sample set (the sidebar's box)."""
+    """The user chose the sample set (the sidebar's box). A call carrying the set already kept is no choice: on a busy
+    server a page switch can replay the page left's widget values, whose callbacks then fire unchanged; taken for a
+    choice, the default sample stayed in the set beside the user's upload (and stayed the current image)."""
+    if keys.SAMPLE_PICKS in st.session_state and st.session_state[keys.SAMPLE_PICKS] == chosen(keys.SAMPLE_PICKS):
+        return
     st.session_state.pop(keys.SAMPLES_BY_DEFAULT, None)
     if keys.SAMPLE_PICKS in st.session_state:  # (kept as every sidebar widget's value is: ui.widgets)
         choose(keys.SAMPLE_PICKS, st.session_state[keys.SAMPLE_PICKS])
