@@ -94,7 +94,7 @@ def test_a_rejected_upload_is_never_kept_and_each_upload_is_listed_once():
     at.switch_page("pages/4_distance.py").run()  # the uploader is empty here: the box lists chelsea, once
     assert not [e.value for e in at.error if "bad.jpg" in e.value]
     assert [c.value for c in at.sidebar.caption if "jpg ·" in c.value] == [
-        f":material/image: chelsea.jpg · {len(CHELSEA[1]) / 1e6:.1f} MB"]
+        f":material/image: chelsea.jpg · {len(CHELSEA[1]) / 1e3:.1f} KB"]  # 38.7 KB, not "0.0 MB"
     reloaded = _session({"img": at.query_params["img"]})  # F5
     assert not [e.value for e in reloaded.error if "bad.jpg" in e.value]
     assert "bad.jpg" not in _images(reloaded) and "chelsea.jpg" in _images(reloaded)

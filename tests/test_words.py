@@ -49,3 +49,12 @@ def test_the_painted_concepts_title_counts_patches_in_words():
     assert painted_line("a.jpg", 24, 0) == "- a.jpg: 24 concept patches, 0 not-concept patches"
     assert painted_line("a.jpg", 1, 1) == "- a.jpg: 1 concept patch, 1 not-concept patch"
     assert painted_line("a.jpg", 0, 0) == "- a.jpg: 0 concept patches, 0 not-concept patches (maps only)"
+
+
+def test_a_file_size_reads_as_the_uploader_writes_it():
+    from vitviz.words import file_size
+
+    assert file_size(1) == "1 byte" and file_size(999) == "999 bytes"
+    assert file_size(46_021) == "46.0 KB"  # a photo of 46 KB was "0.0 MB" in the sidebar's list
+    assert file_size(999_949) == "999.9 KB" and file_size(999_950) == "1.0 MB"  # never "1000.0 KB"
+    assert file_size(2_540_000) == "2.5 MB" and file_size(3_210_000_000) == "3.2 GB"

@@ -15,6 +15,7 @@ from ui.memo import ByteLRU
 from ui import keys
 from ui.numbers import whole
 from ui.widgets import choose
+from vitviz.words import file_size
 
 # URL key -> (session key of the same choice on the server-drawn pages, or None).
 VIEW_PARAMS = {"layer": keys.HEADS_LAYER, "query": None, "dir": None, "patch": "patch", "keep": "keep",
@@ -179,7 +180,7 @@ def uploads_box(store: dict[str, bytes], in_uploader: set[str] = frozenset()) ->
             continue
         left, right = st.sidebar.columns([5, 1], vertical_alignment="center")
         # A Material icon (Streamlit's own font): the 📄 emoji was a missing glyph where no emoji font is installed.
-        left.caption(f":material/image: {name} · {len(data) / 1e6:.1f} MB")
+        left.caption(f":material/image: {name} · {file_size(len(data))}")
         if right.button("×", key=f"remove_{content_name(data)}", help=f"Remove {name}"):
             store.pop(name)
             removed = name
