@@ -285,6 +285,20 @@ def test_the_anatomy_pages_numbers_on_a_row_worked_by_hand():
     assert layout.centre_patch == 1  # a 1 x 2 grid: the right one of the two middle patches
 
 
+def test_patch_grid_leaves_out_every_prefix_token_and_keeps_the_raster_order():
+    from vitviz.layout import TokenLayout
+
+    # a class token and two registers before a 2 x 3 grid: token 3 is patch 0 (row 0, col 0), token 8 patch 5
+    layout = TokenLayout(prefix_tokens=("cls", "reg0", "reg1"), grid_size=(2, 3), patch_size=(16, 16),
+                         global_pool="token", pos_embed_prefix_rows=1)
+    values = np.array([100., 101., 102., 0., 1., 2., 10., 11., 12.])
+    np.testing.assert_array_equal(layout.patch_grid(values), [[0., 1., 2.], [10., 11., 12.]])
+    stacked = layout.patch_grid(np.stack([values, -values]))  # leading axes kept: (2, 9) -> (2, 2, 3)
+    np.testing.assert_array_equal(stacked[1], [[0., -1., -2.], [-10., -11., -12.]])
+    with pytest.raises(ValueError, match="expected 9 token values, got 6"):
+        layout.patch_grid(values[3:])  # patch values alone are to_grid's
+
+
 def test_the_centre_patch_of_odd_and_even_grids():
     from vitviz.layout import TokenLayout
 

@@ -27,6 +27,7 @@ PROGRAMMING_ERRORS = {
     ("adapters/registry.py", "adapter_for"): "a model no adapter claims reaching the adapters (loaders refuse it "
                                              "first with why_unsupported, as a ModelError)",
     ("layout.py", "TokenLayout.to_grid"): "patch values of another layout handed over by calling code",
+    ("layout.py", "TokenLayout.patch_grid"): "token values of another layout handed over by calling code",
     ("analyses/stats.py", "statistics_table"): "calling code passing as many names as images",
     ("analyses/stats.py", "table_for_images"): "calling code passing as many names as images",
     ("analyses/anatomy.py", "layer_qkv"): "calling code passing a batch where one image is read",

@@ -136,7 +136,7 @@ def _token_attention(inp: QKInputs, c: QKChoice, selected: tuple[int, int, bool]
     name = layout.token_name(token).split(" (")[0]
     what = (f"the attention {name} receives as a key from each patch query" if is_key else
             f"the attention of {name} as a query over the patches")
-    _, fig = map_figure(inp.x.images[image], layout.to_grid(row[layout.patch_slice])[None], layout, Display(),
+    _, fig = map_figure(inp.x.images[image], layout.patch_grid(row)[None], layout, Display(),
                         titles=[inp.names[image]],
                         title=f"Head {c.head + 1}, {name} as a {'key' if is_key else 'query'}",
                         columns=1, query=patch, tile_px=300)

@@ -90,6 +90,13 @@ class TokenLayout:
             raise ValueError(f"expected {self.num_patches} patch values, got {patch_values.shape[-1]}")
         return patch_values.reshape(*patch_values.shape[:-1], *self.grid_size)
 
+    def patch_grid(self, token_values: np.ndarray) -> np.ndarray:
+        """Values over the whole sequence on the patch grid, the prefix tokens left out: (..., num_tokens) ->
+        (..., gh, gw)."""
+        if token_values.shape[-1] != self.num_tokens:
+            raise ValueError(f"expected {self.num_tokens} token values, got {token_values.shape[-1]}")
+        return self.to_grid(token_values[..., self.patch_slice])
+
     def patch_at(self, x: float, y: float, scale: float = 1.0) -> int:
         """The patch under pixel (x, y) of the model input shown ``scale`` times enlarged (raster index)."""
         row = min(max(int(y / scale // self.patch_size[0]), 0), self.grid_size[0] - 1)

@@ -174,7 +174,7 @@ class AttentionAnatomy:
 
     def patch_row(self, layout: TokenLayout) -> np.ndarray:
         """(1, gh, gw) float32 the attention row over the patches, as the heads page draws it."""
-        return layout.to_grid(self.weights[layout.patch_slice].astype(np.float32))[None]
+        return layout.patch_grid(self.weights.astype(np.float32))[None]
 
 
 def span(values: np.ndarray) -> tuple[float, float, float]:

@@ -200,7 +200,7 @@ def _discard_lowest(fused: torch.Tensor, fraction: float, keep_column: int | Non
 def rollouts(rows: torch.Tensor | np.ndarray, layout: TokenLayout, start: int = 0) -> list[Rollout]:
     """Per image, the :class:`vitviz.analyses.rollout.Rollout` of :func:`batch_rollout`'s (B, n, N) rows."""
     rows = rows if isinstance(rows, np.ndarray) else to_host(rows)
-    per_layer = layout.to_grid(rows[..., layout.patch_slice])
+    per_layer = layout.patch_grid(rows)
     layers, readout = (start, start + rows.shape[1]), readout_name(layout)
     return [Rollout(map=p[-1], per_layer=p, layers=layers, readout=readout,
                     prefix_share={name: float(r[-1, i]) for i, name in enumerate(layout.prefix_tokens)})
@@ -300,4 +300,4 @@ def _gradient_rollout_pass(model, inputs: torch.Tensor, layout: TokenLayout, tar
     v = torch.as_tensor(readout_vector(layout), device=fused[0].device).expand(B, 1, -1)
     for m in reversed(fused):
         v = v + v @ m
-    return layout.to_grid(to_host(v[:, 0, layout.patch_slice])), targets.tolist()
+    return layout.patch_grid(to_host(v[:, 0])), targets.tolist()

@@ -32,7 +32,7 @@ def query_attention_map(attention: np.ndarray, layout: TokenLayout, layer: int, 
         row = rows[layout.patch_slice].mean(axis=0)
     else:
         row = rows[layout.num_prefix_tokens + int(query)]
-    return layout.to_grid(row[layout.patch_slice])
+    return layout.patch_grid(row)
 
 
 def key_attention_map(attention: np.ndarray, layout: TokenLayout, layer: int, head: int, key: int) -> np.ndarray:

@@ -114,7 +114,7 @@ class Outliers:
 
     def norm_map(self, image: int, layer: int) -> np.ndarray:
         """(1, gh, gw) image ``image``'s patch-token norms leaving ``layer`` (both 0-based), over the grid."""
-        return self.layout.to_grid(self.norms[image, layer, self.layout.patch_slice])[None]
+        return self.layout.patch_grid(self.norms[image, layer])[None]
 
     def positions(self, layer: int) -> list[np.ndarray]:
         """Per image, the outlier patches of ``layer`` (raster indices, 0-based)."""

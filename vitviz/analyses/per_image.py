@@ -136,7 +136,7 @@ class ImageAnalyses(_OfTrace):
 
     def norm_map(self, layer: int) -> np.ndarray:
         """(1, gh, gw) the patch tokens' output norms leaving ``layer`` (0-based), over the grid."""
-        return self.layout.to_grid(self.token_norms[layer][self.layout.patch_slice])[None]
+        return self.layout.patch_grid(self.token_norms[layer])[None]
 
     @property
     def distance(self) -> np.ndarray | None:

@@ -164,7 +164,7 @@ def rollout(attention: np.ndarray | torch.Tensor, layout: TokenLayout, *, fusion
         step = rollout_step(discard_lowest(fuse_heads(a[layer], fusion), discard, keep), exclude_tokens)
         chains = torch.cat([chains, e[None]]) @ step
     rows = to_host(chains.flip(0))  # rows[j]: readout after layers start..start+j
-    per_layer = layout.to_grid(rows[:, layout.patch_slice])
+    per_layer = layout.patch_grid(rows)
     return Rollout(
         map=per_layer[-1],
         per_layer=per_layer,
@@ -232,7 +232,7 @@ def rollout_reference(attention: np.ndarray, layout: TokenLayout, *, fusion: str
     for layer in range(start, end):
         fused = discard_lowest(fuse_heads(attention[layer], fusion), discard, readout_index(layout, query))
         R = rollout_step(fused, exclude_tokens) @ R
-        per_layer.append(layout.to_grid(readout_row(R, layout, query)[layout.patch_slice]))
+        per_layer.append(layout.patch_grid(readout_row(R, layout, query)))
     row = readout_row(R, layout, query)
     return Rollout(map=per_layer[-1], per_layer=np.stack(per_layer),
                    prefix_share={name: float(row[i]) for i, name in enumerate(layout.prefix_tokens)},
@@ -290,7 +290,7 @@ def gradient_rollout(attention: np.ndarray | torch.Tensor, gradients: np.ndarray
     for layer in range(a.shape[0] - 1, -1, -1):
         m = g[layer].double().mul_(a[layer]).clamp_(min=0).mean(dim=0)
         v = v + v @ m
-    return layout.to_grid(to_host(v)[layout.patch_slice])
+    return layout.patch_grid(to_host(v))
 
 
 def class_gradient_rollout(model, images, layout: TokenLayout, target: int | None = None,
@@ -333,7 +333,7 @@ def class_gradient_rollout(model, images, layout: TokenLayout, target: int | Non
     v = torch.as_tensor(readout_vector(layout), device=fused[0].device)
     for m in reversed(fused):
         v = v + v @ m
-    return layout.to_grid(to_host(v)[layout.patch_slice]), target
+    return layout.patch_grid(to_host(v)), target
 
 
 def _attention_and_logits(model, x: torch.Tensor, edit=None) -> tuple[list[torch.Tensor], torch.Tensor]:
@@ -350,4 +350,4 @@ def gradient_rollout_reference(attention: np.ndarray, gradients: np.ndarray, lay
     R = np.eye(attention.shape[-1])
     for a, g in zip(attention, gradients):
         R = R + np.clip(g.astype(np.float64) * a, 0, None).mean(axis=0) @ R
-    return layout.to_grid(readout_row(R, layout)[layout.patch_slice])
+    return layout.patch_grid(readout_row(R, layout))

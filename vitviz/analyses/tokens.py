@@ -39,7 +39,7 @@ class AttentionSinks:
 
     def received_map(self, layout: TokenLayout, layer: int) -> np.ndarray:
         """(1, gh, gw) the share of attention each patch receives in ``layer``, as a multiple of the uniform share 1/N."""
-        return layout.to_grid(self.received[layer][layout.patch_slice] * layout.num_tokens)[None]
+        return layout.patch_grid(self.received[layer] * layout.num_tokens)[None]
 
     def patch_counts(self, layout: TokenLayout) -> list[int]:
         """Per layer, how many of its sinks are patches (prefix tokens not counted)."""

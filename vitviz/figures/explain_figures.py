@@ -72,7 +72,7 @@ def score_map_figure(image: Image.Image, scores: np.ndarray, layout: TokenLayout
     """
     from .overlay import Marks
 
-    grid = layout.to_grid(scores[layout.patch_slice])
+    grid = layout.patch_grid(scores)
     lo, hi = float(grid.min()), float(grid.max())
     scale = ColourScale(lo, hi if hi > lo else lo + 1.0, rule="the row's lowest to highest score over the patches")
     tile = render_overlay(image, grid, scale, cmap=cmap, style="heatmap", opacity=0.85, marks=Marks(query=query))
