@@ -27,7 +27,7 @@ from .cache import cached_image_result, operator_settings, store
 from .model_box import TIMM_BY_NAME, sidebar_spec
 from .recovery import load
 from .uploads import ASSETS, SAMPLES, decode, padded, sidebar_images
-from .widgets import choose, kept_args
+from .widgets import kept_args
 
 FRAMING_LABELS = {"crop": "crop centre (the model's own)", "pad": "resize whole image (pad)"}
 # A visible share above this is a rounding-level crop, not worth a sentence.
