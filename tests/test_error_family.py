@@ -20,8 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # (file under vitviz/, enclosing function) -> why a ValueError there is a programming error, not a user's.
 PROGRAMMING_ERRORS = {
     ("residual/logit_lens.py", "LogitLens.patch_probabilities"): "a caller reading per-patch ranks of a lens it read without them",
-    ("residual/direct.py", "Readout.patch_maps"): "a caller reading shares it asked not to compute",
-    ("residual/direct.py", "Readout.source_split"): "a caller splitting shares it asked not to compute",
+    ("residual/direct.py", "Readout._sources"): "a caller reading shares it asked not to compute",
     ("explainers/base.py", "register_method"): "a method class registered twice or with an unknown need (import time)",
     ("adapters/registry.py", "register_adapter"): "an adapter class registered twice (import time)",
     ("adapters/registry.py", "adapter_for"): "a model no adapter claims reaching the adapters (loaders refuse it "

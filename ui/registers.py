@@ -11,6 +11,7 @@ from vitviz.sources.models import ModelSpec
 from vitviz.analyses.registers import (RepairMaps, Search, TestTimeRegister, mask_keys, neuron_maps, repair_maps, sink_mask,
                               why_no_register)
 from vitviz.analyses.per_image import ImageAnalyses
+from vitviz.analyses.rollout import readout_label
 from vitviz.runs.registers_run import search_images
 
 from vitviz.figures.registers_figures import maps_figure, output_change_table
@@ -81,7 +82,7 @@ def before_after(ctx, name: str, maps: RepairMaps, key: str, marked, marked_what
     H = len(maps.heads_before)
     head = st.selectbox("Head (last layer)", ["mean over heads"] + [f"head {h + 1}" for h in range(H)], key=f"{key}_head")
     tiles = maps.last_layer(None if head == "mean over heads" else int(head.split()[1]) - 1)
-    readout = "CLS" if maps.layout_before.has_class_token else "mean patch query"
+    readout = readout_label(maps.layout_before)
     cols = st.columns(2)
     with cols[0]:
         fig, caption = maps_figure(r.model_input, tiles, ["before", f"after ({name})"], layout,

@@ -171,5 +171,4 @@ def attention_flow(attention: np.ndarray, layout: TokenLayout, *, fusion: str = 
             progress(p + 1, P)
     end = attention.shape[0] if end is None else end
     return AttentionFlow(map=layout.to_grid(values), error_bound=layout.to_grid(bounds), layers=(start, end),
-                         readout=("cls" if layout.has_class_token else "mean over patch rows") if query is None
-                         else readout_name(layout, query), scale=int(scale))
+                         readout=readout_name(layout, query), scale=int(scale))

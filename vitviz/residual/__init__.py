@@ -7,13 +7,11 @@
   on request); :class:`TunedLens`: one affine map per block fitted to the last block's output first.
 """
 from .direct import (COMPONENTS, DirectVectors, Readout, direct_vectors, first_names, head_effects, head_names,
-                     names_table, readout, readout_points,
-                     target_for, why_not)
+                     names_table, readout, readout_points, target_for, why_not)
 from .frozen import FrozenNorms, ReadoutNotApplicable
 from .logit_lens import LogitLens, TunedLens, logit_lens
 from .logit_lens import why_not as logit_lens_why_not
 
 __all__ = ["COMPONENTS", "DirectVectors", "FrozenNorms", "LogitLens", "Readout", "ReadoutNotApplicable", "TunedLens",
-           "direct_vectors", "first_names", "head_effects", "head_names", "logit_lens", "logit_lens_why_not", "names_table", "readout",
-           "readout_points",
-           "target_for", "why_not"]
+           "direct_vectors", "first_names", "head_effects", "head_names", "logit_lens", "logit_lens_why_not",
+           "names_table", "readout", "readout_points", "target_for", "why_not"]

@@ -100,22 +100,23 @@ class Readout:
 
     def patch_maps(self) -> np.ndarray:
         """(B, L, H, gh, gw) every head's :meth:`patches`."""
-        if self.head_sources is None:
-            raise ValueError("this readout was computed without per-source shares (sources=False)")
-        B, L, H, _ = self.head_sources.shape
-        return self.head_sources[..., self.layout.num_prefix_tokens:].reshape(B, L, H, *self.layout.grid_size)
+        return self.layout.patch_grid(self._sources())
 
     def source_split(self, layer: int, head: int, image: int = 0) -> tuple[float, float]:
         """Head ``head`` of block ``layer``'s contribution (0-based) split in two: what it read from the patches and
         what it read from the prefix tokens; the two add up to the head's contribution."""
-        if self.head_sources is None:
-            raise ValueError("this readout was computed without per-source shares (sources=False)")
-        sources, prefix = self.head_sources[image, layer, head], self.layout.num_prefix_tokens
+        sources, prefix = self._sources()[image, layer, head], self.layout.num_prefix_tokens
         return float(sources[prefix:].sum()), float(sources[:prefix].sum())
 
     def heads_per_layer(self, image: int = 0) -> np.ndarray:
         """(L,) every head of each block together: the block's attention contribution less its bias."""
         return self.heads[image].sum(-1)
+
+    def _sources(self) -> np.ndarray:
+        """(B, L, H, N) :attr:`head_sources`, which a readout computed with ``sources=False`` lacks."""
+        if self.head_sources is None:
+            raise ValueError("this readout was computed without per-source shares (sources=False)")
+        return self.head_sources
 
     def top_heads(self, k: int = 5, image: int | None = None) -> list[tuple[int, int, float]]:
         """The k heads with the largest |contribution| as (layer, head, value), 0-based; over the batch's mean
